@@ -1,0 +1,937 @@
+//! Experiment configuration: TOML with serde defaults, `--set key=value` overrides and validation.
+//!
+//! Every section denies unknown keys, so a typo is an error that names the file, the line and the key
+//! instead of a silently ignored setting. A run directory keeps a frozen copy (`config.toml`) of the
+//! effective configuration, overrides applied.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::{EvalMode, FeedbackMode, MethodKind, Precision};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("--set {assignment}: {message}")]
+    Override { assignment: String, message: String },
+    #[error("config {path}: key `{key}`: {message}")]
+    Invalid {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub run: RunSection,
+    pub dataset: DatasetSection,
+    #[serde(default)]
+    pub method: MethodSection,
+    pub model: ModelSection,
+    #[serde(default)]
+    pub resources: ResourcesSection,
+    #[serde(default)]
+    pub budget: BudgetSection,
+    #[serde(default)]
+    pub eval: EvalSection,
+    #[serde(default)]
+    pub prompt: PromptSection,
+    #[serde(default)]
+    pub output: OutputSection,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RunSection {
+    /// Run name; the run directory is `<output.dir>/<name>`. Defaults to the config file's stem.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetSection {
+    /// A KernelBench checkout, a folder of `{id}_{name}.py` files (or of `level{L}/` folders), or a
+    /// JSONL file with `level, problem_id, name, code`.
+    pub path: PathBuf,
+    #[serde(default = "default_level")]
+    pub level: u32,
+    /// Problem selection such as `"1-10,42"`, or `"all"`.
+    #[serde(default = "default_problems")]
+    pub problems: String,
+}
+
+fn default_level() -> u32 {
+    1
+}
+fn default_problems() -> String {
+    "all".into()
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum HistoryPolicy {
+    /// The paper's: the initial prompt plus the latest generation and its feedback.
+    #[default]
+    Last,
+    /// The whole conversation as chat messages, each feedback a user turn.
+    Full,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MethodSection {
+    #[serde(default = "default_method")]
+    pub kind: MethodKind,
+    /// Turns per task for `refine`.
+    #[serde(default = "default_turns")]
+    pub turns: u32,
+    /// Independent samples per problem for `sampling`.
+    #[serde(default = "default_k")]
+    pub k: u32,
+    #[serde(default = "default_feedback")]
+    pub feedback: FeedbackMode,
+    #[serde(default)]
+    pub history: HistoryPolicy,
+}
+
+fn default_method() -> MethodKind {
+    MethodKind::Refine
+}
+fn default_turns() -> u32 {
+    10
+}
+fn default_k() -> u32 {
+    1
+}
+fn default_feedback() -> FeedbackMode {
+    FeedbackMode::GEP
+}
+
+impl Default for MethodSection {
+    fn default() -> Self {
+        MethodSection {
+            kind: default_method(),
+            turns: default_turns(),
+            k: default_k(),
+            feedback: default_feedback(),
+            history: HistoryPolicy::default(),
+        }
+    }
+}
+
+impl MethodSection {
+    /// Turns each task runs (1 for one-shot and sampling).
+    pub fn turns_per_task(&self) -> u32 {
+        match self.kind {
+            MethodKind::Refine => self.turns,
+            MethodKind::OneShot | MethodKind::Sampling => 1,
+        }
+    }
+    /// Samples (independent conversations) per problem.
+    pub fn samples_per_problem(&self) -> u32 {
+        match self.kind {
+            MethodKind::Sampling => self.k,
+            MethodKind::OneShot | MethodKind::Refine => 1,
+        }
+    }
+    /// Length of the fast_p@N curve: turns for refinement, samples for sampling.
+    pub fn budget_axis(&self) -> u32 {
+        match self.kind {
+            MethodKind::Refine => self.turns,
+            MethodKind::Sampling => self.k,
+            MethodKind::OneShot => 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Provider {
+    /// Answers from a JSONL file (`model.answers`); deterministic, offline.
+    #[default]
+    Scripted,
+    /// Any OpenAI-compatible chat-completions endpoint.
+    Openai,
+    /// Answers recorded in an earlier run (`model.replay_run`, or `krefine run --replay-llm`).
+    Replay,
+}
+
+/// USD per million tokens.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    #[serde(default)]
+    pub prompt: f64,
+    #[serde(default)]
+    pub completion: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    #[serde(default)]
+    pub provider: Provider,
+    #[serde(default)]
+    pub name: String,
+    /// Scripted provider: JSONL with `problem`, `sample`, `turn`, `content`.
+    #[serde(default)]
+    pub answers: Option<PathBuf>,
+    /// Replay provider: the run directory whose answers are served.
+    #[serde(default)]
+    pub replay_run: Option<PathBuf>,
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// Name of the environment variable holding the API key (the key itself is never stored).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub seed: Option<i64>,
+    #[serde(default = "default_request_timeout")]
+    pub request_timeout_s: f64,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub extra_headers: BTreeMap<String, String>,
+    /// Price table: model name → USD per million tokens.
+    #[serde(default)]
+    pub prices: BTreeMap<String, Price>,
+    #[serde(default = "default_max_retries")]
+    pub max_retries: u32,
+    #[serde(default = "default_backoff_base")]
+    pub backoff_base_s: f64,
+    #[serde(default = "default_backoff_max")]
+    pub backoff_max_s: f64,
+}
+
+fn default_request_timeout() -> f64 {
+    600.0
+}
+fn default_max_retries() -> u32 {
+    6
+}
+fn default_backoff_base() -> f64 {
+    1.0
+}
+fn default_backoff_max() -> f64 {
+    60.0
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        ModelSection {
+            provider: Provider::default(),
+            name: String::new(),
+            answers: None,
+            replay_run: None,
+            base_url: None,
+            api_key_env: None,
+            temperature: None,
+            top_p: None,
+            max_tokens: None,
+            seed: None,
+            request_timeout_s: default_request_timeout(),
+            stream: false,
+            extra_headers: BTreeMap::new(),
+            prices: BTreeMap::new(),
+            max_retries: default_max_retries(),
+            backoff_base_s: default_backoff_base(),
+            backoff_max_s: default_backoff_max(),
+        }
+    }
+}
+
+/// `auto` (every GPU cudarc finds, else the CPU), `cpu`, or a list of GPU indices.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum DeviceSelection {
+    #[default]
+    Auto,
+    Cpu,
+    Gpus(Vec<u32>),
+}
+
+impl Serialize for DeviceSelection {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            DeviceSelection::Auto => s.serialize_str("auto"),
+            DeviceSelection::Cpu => s.serialize_str("cpu"),
+            DeviceSelection::Gpus(v) => v.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceSelection {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Word(String),
+            One(u32),
+            List(Vec<u32>),
+        }
+        let expected = "expected \"auto\", \"cpu\", a GPU index or a list of GPU indices";
+        match Raw::deserialize(d).map_err(|_| serde::de::Error::custom(expected))? {
+            Raw::Word(w) => match w.as_str() {
+                "auto" => Ok(DeviceSelection::Auto),
+                "cpu" => Ok(DeviceSelection::Cpu),
+                other => {
+                    // `--set resources.devices=0,1` arrives as a string.
+                    let parsed: Result<Vec<u32>, _> =
+                        other.split(',').map(|p| p.trim().parse::<u32>()).collect();
+                    match parsed {
+                        Ok(v) if !v.is_empty() => Ok(DeviceSelection::Gpus(v)),
+                        _ => Err(serde::de::Error::custom(format!(
+                            "{expected}, got {other:?}"
+                        ))),
+                    }
+                }
+            },
+            Raw::One(i) => Ok(DeviceSelection::Gpus(vec![i])),
+            Raw::List(v) if !v.is_empty() => Ok(DeviceSelection::Gpus(v)),
+            Raw::List(_) => Err(serde::de::Error::custom(format!("{expected}, got []"))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ResourcesSection {
+    /// Maximum LLM requests in flight.
+    #[serde(default = "default_llm_concurrency")]
+    pub llm_concurrency: u32,
+    /// Requests per minute (0 = no limit).
+    #[serde(default)]
+    pub requests_per_minute: u32,
+    /// Tokens per minute (0 = no limit).
+    #[serde(default)]
+    pub tokens_per_minute: u64,
+    /// CPU compile worker processes.
+    #[serde(default = "default_compile_workers")]
+    pub compile_workers: u32,
+    #[serde(default)]
+    pub devices: DeviceSelection,
+    /// Python interpreter for the workers; default: the first `python3` that imports torch.
+    #[serde(default)]
+    pub python: Option<PathBuf>,
+}
+
+fn default_llm_concurrency() -> u32 {
+    16
+}
+fn default_compile_workers() -> u32 {
+    std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(2)
+        .clamp(1, 16)
+}
+
+impl Default for ResourcesSection {
+    fn default() -> Self {
+        ResourcesSection {
+            llm_concurrency: default_llm_concurrency(),
+            requests_per_minute: 0,
+            tokens_per_minute: 0,
+            compile_workers: default_compile_workers(),
+            devices: DeviceSelection::Auto,
+            python: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSection {
+    /// Stop new LLM requests once this much has been spent (USD).
+    #[serde(default)]
+    pub usd: Option<f64>,
+    /// Stop new LLM requests once this many tokens (prompt + completion) have been used.
+    #[serde(default)]
+    pub tokens: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutorKind {
+    /// The Python workers (real compile, correctness, timing, profile).
+    #[default]
+    Worker,
+    /// Simulated compile/execute with scripted verdicts and durations (tests, scheduler benchmark).
+    Simulated,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    #[serde(default = "t_compile")]
+    pub compile_s: f64,
+    #[serde(default = "t_load")]
+    pub load_s: f64,
+    /// Correctness and timing of one candidate (reference included on first use).
+    #[serde(default = "t_execute")]
+    pub execute_s: f64,
+    #[serde(default = "t_profile")]
+    pub profile_s: f64,
+}
+
+fn t_compile() -> f64 {
+    600.0
+}
+fn t_load() -> f64 {
+    120.0
+}
+fn t_execute() -> f64 {
+    300.0
+}
+fn t_profile() -> f64 {
+    180.0
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            compile_s: t_compile(),
+            load_s: t_load(),
+            execute_s: t_execute(),
+            profile_s: t_profile(),
+        }
+    }
+}
+
+/// Simulated services: durations in (unscaled) seconds; verdicts come from `# krefine-sim:` markers
+/// in the candidate code (see `sim`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SimulatedSection {
+    #[serde(default = "sim_compile")]
+    pub compile_s: f64,
+    #[serde(default = "sim_exec_min")]
+    pub execute_min_s: f64,
+    #[serde(default = "sim_exec_max")]
+    pub execute_max_s: f64,
+    #[serde(default = "sim_profile")]
+    pub profile_s: f64,
+    /// Simulated seconds per real second (1 = real time).
+    #[serde(default = "sim_scale")]
+    pub time_scale: f64,
+}
+
+fn sim_compile() -> f64 {
+    0.05
+}
+fn sim_exec_min() -> f64 {
+    0.02
+}
+fn sim_exec_max() -> f64 {
+    0.05
+}
+fn sim_profile() -> f64 {
+    0.02
+}
+fn sim_scale() -> f64 {
+    1.0
+}
+
+impl Default for SimulatedSection {
+    fn default() -> Self {
+        SimulatedSection {
+            compile_s: sim_compile(),
+            execute_min_s: sim_exec_min(),
+            execute_max_s: sim_exec_max(),
+            profile_s: sim_profile(),
+            time_scale: sim_scale(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSection {
+    #[serde(default)]
+    pub executor: ExecutorKind,
+    #[serde(default)]
+    pub precision: Precision,
+    #[serde(default)]
+    pub mode: EvalMode,
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    #[serde(default = "default_correct_trials")]
+    pub correct_trials: u32,
+    #[serde(default = "default_timing_trials")]
+    pub timing_trials: u32,
+    #[serde(default = "default_warmup")]
+    pub warmup: u32,
+    /// `TORCH_CUDA_ARCH_LIST` for builds; default: from the target device's compute capability.
+    #[serde(default)]
+    pub arch_list: Option<String>,
+    /// A KernelBench baseline timing JSON (`{levelN: {file.py: stats}}`) used instead of timing the
+    /// reference.
+    #[serde(default)]
+    pub baseline: Option<PathBuf>,
+    /// Rows of the profiler table fed back in G+E+P.
+    #[serde(default = "default_profile_rows")]
+    pub profile_rows: u32,
+    /// Also collect Nsight Compute metrics when `ncu` exists.
+    #[serde(default)]
+    pub ncu: bool,
+    /// Recycle a GPU worker after this many candidates.
+    #[serde(default = "default_recycle")]
+    pub recycle_after: u32,
+    /// Where compiled extensions are cached (content-addressed); default `<output.dir>/.build-cache`.
+    #[serde(default)]
+    pub build_cache: Option<PathBuf>,
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    #[serde(default)]
+    pub simulated: SimulatedSection,
+}
+
+fn default_seed() -> u64 {
+    42
+}
+fn default_correct_trials() -> u32 {
+    5
+}
+fn default_timing_trials() -> u32 {
+    100
+}
+fn default_warmup() -> u32 {
+    3
+}
+fn default_profile_rows() -> u32 {
+    12
+}
+fn default_recycle() -> u32 {
+    200
+}
+
+impl Default for EvalSection {
+    fn default() -> Self {
+        EvalSection {
+            executor: ExecutorKind::default(),
+            precision: Precision::default(),
+            mode: EvalMode::default(),
+            seed: default_seed(),
+            correct_trials: default_correct_trials(),
+            timing_trials: default_timing_trials(),
+            warmup: default_warmup(),
+            arch_list: None,
+            baseline: None,
+            profile_rows: default_profile_rows(),
+            ncu: false,
+            recycle_after: default_recycle(),
+            build_cache: None,
+            timeouts: Timeouts::default(),
+            simulated: SimulatedSection::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptStyle {
+    ZeroShot,
+    #[default]
+    OneShot,
+    FewShot,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// Inline CUDA through `load_inline`.
+    #[default]
+    Cuda,
+    Triton,
+    /// C++ extensions for the CPU device.
+    Cpu,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PromptSection {
+    /// A folder of templates overriding the built-in ones (same file names).
+    #[serde(default)]
+    pub templates: Option<PathBuf>,
+    #[serde(default)]
+    pub style: PromptStyle,
+    /// Kernel language asked for; default: `cuda` on a GPU, `cpu` on the CPU device.
+    #[serde(default)]
+    pub backend: Option<Backend>,
+    /// Add the GPU's specifications to the prompt.
+    #[serde(default)]
+    pub hardware_info: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSection {
+    /// Parent folder of run directories.
+    #[serde(default = "default_out_dir")]
+    pub dir: PathBuf,
+    /// fsync the event log after every event (slower; survives power loss, not only crashes).
+    #[serde(default)]
+    pub fsync: bool,
+}
+
+fn default_out_dir() -> PathBuf {
+    PathBuf::from("trajectories")
+}
+
+impl Default for OutputSection {
+    fn default() -> Self {
+        OutputSection {
+            dir: default_out_dir(),
+            fsync: false,
+        }
+    }
+}
+
+/// A loaded configuration with where it came from.
+#[derive(Debug, Clone)]
+pub struct LoadedConfig {
+    pub config: Config,
+    /// The config file; relative paths inside it are resolved against its folder.
+    pub path: PathBuf,
+    /// The effective configuration as TOML (overrides applied), frozen into the run directory.
+    pub effective_toml: String,
+}
+
+impl LoadedConfig {
+    /// Resolve a path from the config relative to the config file's folder.
+    pub fn resolve(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            return p.to_path_buf();
+        }
+        let base = self.path.parent().unwrap_or_else(|| Path::new("."));
+        // Configs in the repo's configs/ folder name repo-relative paths; prefer the path as given
+        // when it exists from the working directory, else relative to the config's folder.
+        if p.exists() {
+            p.to_path_buf()
+        } else {
+            base.join(p)
+        }
+    }
+
+    /// The run name: `run.name` or the config file's stem.
+    pub fn run_name(&self) -> String {
+        self.config.run.name.clone().unwrap_or_else(|| {
+            self.path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "run".into())
+        })
+    }
+}
+
+/// Read, override and validate a config file.
+pub fn load(path: &Path, sets: &[String]) -> Result<LoadedConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(&text, path, sets)
+}
+
+/// Parse config text (`path` is only used in messages and to resolve relative paths).
+pub fn parse(text: &str, path: &Path, sets: &[String]) -> Result<LoadedConfig, ConfigError> {
+    let parse_err = |e: toml::de::Error| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e.to_string().trim_end().to_string(),
+    };
+    // Deserialize the file alone first, so errors in it carry its line numbers.
+    let _: Config = toml::from_str(text).map_err(parse_err)?;
+    let mut table: toml::Table = toml::from_str(text).map_err(parse_err)?;
+    for assignment in sets {
+        apply_set(&mut table, assignment)?;
+    }
+    let config: Config = if sets.is_empty() {
+        toml::from_str(text).map_err(parse_err)?
+    } else {
+        toml::Value::Table(table.clone())
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Override {
+                assignment: sets.join(" "),
+                message: e.to_string().trim_end().to_string(),
+            })?
+    };
+    validate(&config, path)?;
+    let effective_toml = toml::to_string_pretty(&config).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: format!("cannot serialise the effective config: {e}"),
+    })?;
+    Ok(LoadedConfig {
+        config,
+        path: path.to_path_buf(),
+        effective_toml,
+    })
+}
+
+/// Apply one `key.path=value` override. The value is read as a TOML value when it parses as one
+/// (`3`, `0.7`, `true`, `[0, 1]`, `"x"`), else taken as a plain string (`GEP`, `refine`).
+fn apply_set(table: &mut toml::Table, assignment: &str) -> Result<(), ConfigError> {
+    let err = |message: String| ConfigError::Override {
+        assignment: assignment.to_string(),
+        message,
+    };
+    let (key, raw) = assignment
+        .split_once('=')
+        .ok_or_else(|| err("expected key=value, e.g. method.turns=5".into()))?;
+    let key = key.trim();
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(err(format!("malformed key {key:?}")));
+    }
+    let value = parse_set_value(raw.trim());
+    let (last, parents) = parts.split_last().ok_or_else(|| err("empty key".into()))?;
+    let mut cur = table;
+    for p in parents {
+        let entry = cur
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cur = match entry {
+            toml::Value::Table(t) => t,
+            _ => return Err(err(format!("`{p}` is not a section"))),
+        };
+    }
+    cur.insert(last.to_string(), value);
+    Ok(())
+}
+
+fn parse_set_value(raw: &str) -> toml::Value {
+    let doc = format!("v = {raw}");
+    match toml::from_str::<toml::Table>(&doc) {
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        Err(_) => toml::Value::String(raw.to_string()),
+    }
+}
+
+fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
+    let invalid = |key: &str, message: &str| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+        message: message.to_string(),
+    };
+    if c.method.turns == 0 {
+        return Err(invalid("method.turns", "expected at least 1 turn"));
+    }
+    if c.method.k == 0 {
+        return Err(invalid("method.k", "expected at least 1 sample"));
+    }
+    if let Some(name) = &c.run.name
+        && (name.is_empty() || name.contains('/') || name.contains('\\') || name == "..")
+    {
+        return Err(invalid("run.name", "expected a plain folder name"));
+    }
+    match c.model.provider {
+        Provider::Scripted if c.model.answers.is_none() => {
+            return Err(invalid(
+                "model.answers",
+                "the scripted provider needs a JSONL file of answers",
+            ));
+        }
+        Provider::Openai if c.model.name.is_empty() => {
+            return Err(invalid(
+                "model.name",
+                "the openai provider needs a model name",
+            ));
+        }
+        _ => {}
+    }
+    if let Some(t) = c.model.temperature
+        && !(0.0..=2.0).contains(&t)
+    {
+        return Err(invalid(
+            "model.temperature",
+            "expected a number from 0 to 2",
+        ));
+    }
+    if let Some(p) = c.model.top_p
+        && !(p > 0.0 && p <= 1.0)
+    {
+        return Err(invalid("model.top_p", "expected a number in (0, 1]"));
+    }
+    if c.model.request_timeout_s.is_nan() || c.model.request_timeout_s <= 0.0 {
+        return Err(invalid(
+            "model.request_timeout_s",
+            "expected a positive number",
+        ));
+    }
+    if c.resources.llm_concurrency == 0 {
+        return Err(invalid("resources.llm_concurrency", "expected at least 1"));
+    }
+    if c.resources.compile_workers == 0 {
+        return Err(invalid("resources.compile_workers", "expected at least 1"));
+    }
+    if c.eval.correct_trials == 0 {
+        return Err(invalid("eval.correct_trials", "expected at least 1"));
+    }
+    if c.eval.timing_trials == 0 {
+        return Err(invalid("eval.timing_trials", "expected at least 1"));
+    }
+    let t = &c.eval.timeouts;
+    for (key, v) in [
+        ("eval.timeouts.compile_s", t.compile_s),
+        ("eval.timeouts.load_s", t.load_s),
+        ("eval.timeouts.execute_s", t.execute_s),
+        ("eval.timeouts.profile_s", t.profile_s),
+    ] {
+        if v.is_nan() || v <= 0.0 {
+            return Err(invalid(key, "expected a positive number of seconds"));
+        }
+    }
+    let s = &c.eval.simulated;
+    if s.time_scale.is_nan() || s.time_scale <= 0.0 {
+        return Err(invalid(
+            "eval.simulated.time_scale",
+            "expected a positive number",
+        ));
+    }
+    if s.execute_min_s > s.execute_max_s {
+        return Err(invalid(
+            "eval.simulated.execute_min_s",
+            "must not be larger than eval.simulated.execute_max_s",
+        ));
+    }
+    if let Some(u) = c.budget.usd
+        && (u.is_nan() || u < 0.0)
+    {
+        return Err(invalid("budget.usd", "expected a non-negative number"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: &str = r#"
+[dataset]
+path = "problems"
+[model]
+provider = "scripted"
+answers = "answers.jsonl"
+"#;
+
+    fn p(text: &str, sets: &[&str]) -> Result<LoadedConfig, ConfigError> {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        parse(text, Path::new("exp.toml"), &sets)
+    }
+
+    #[test]
+    fn defaults_fill_in() {
+        let c = p(MIN, &[]).unwrap().config;
+        assert_eq!(c.method.kind, MethodKind::Refine);
+        assert_eq!(c.method.turns, 10);
+        assert_eq!(c.method.feedback, FeedbackMode::GEP);
+        assert_eq!(c.eval.correct_trials, 5);
+        assert_eq!(c.eval.timing_trials, 100);
+        assert_eq!(c.eval.warmup, 3);
+        assert_eq!(c.eval.precision, Precision::Fp32);
+        assert_eq!(c.resources.devices, DeviceSelection::Auto);
+        assert_eq!(c.dataset.problems, "all");
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_line() {
+        let text = format!("{MIN}\n[method]\nturnz = 3\n");
+        let e = p(&text, &[]).unwrap_err().to_string();
+        assert!(e.contains("exp.toml"), "{e}");
+        assert!(e.contains("turnz"), "{e}");
+        assert!(e.contains("line 9"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_names_key() {
+        let text = format!("{MIN}\n[method]\nturns = \"many\"\n");
+        let e = p(&text, &[]).unwrap_err().to_string();
+        assert!(e.contains("turns"), "{e}");
+        assert!(e.contains("line 9"), "{e}");
+    }
+
+    #[test]
+    fn sets_override_and_parse_types() {
+        let c = p(
+            MIN,
+            &[
+                "method.kind=sampling",
+                "method.k=4",
+                "method.feedback=GE",
+                "model.temperature=0.7",
+                "resources.devices=[0, 1]",
+                "eval.precision=bf16",
+                "dataset.problems=1-3,7",
+            ],
+        )
+        .unwrap()
+        .config;
+        assert_eq!(c.method.kind, MethodKind::Sampling);
+        assert_eq!(c.method.k, 4);
+        assert_eq!(c.method.feedback, FeedbackMode::GE);
+        assert_eq!(c.model.temperature, Some(0.7));
+        assert_eq!(c.resources.devices, DeviceSelection::Gpus(vec![0, 1]));
+        assert_eq!(c.eval.precision, Precision::Bf16);
+        assert_eq!(c.dataset.problems, "1-3,7");
+    }
+
+    #[test]
+    fn devices_forms() {
+        for (v, want) in [
+            ("cpu", DeviceSelection::Cpu),
+            ("auto", DeviceSelection::Auto),
+            ("0,2", DeviceSelection::Gpus(vec![0, 2])),
+            ("3", DeviceSelection::Gpus(vec![3])),
+        ] {
+            let c = p(MIN, &[&format!("resources.devices={v}")]).unwrap().config;
+            assert_eq!(c.resources.devices, want, "{v}");
+        }
+        let e = p(MIN, &["resources.devices=gpu"]).unwrap_err().to_string();
+        assert!(e.contains("devices") || e.contains("auto"), "{e}");
+    }
+
+    #[test]
+    fn bad_set_is_named() {
+        let e = p(MIN, &["method.turns=lots"]).unwrap_err().to_string();
+        assert!(e.contains("--set method.turns=lots"), "{e}");
+        let e = p(MIN, &["method.bogus=1"]).unwrap_err().to_string();
+        assert!(e.contains("bogus"), "{e}");
+        let e = p(MIN, &["noequals"]).unwrap_err().to_string();
+        assert!(e.contains("key=value"), "{e}");
+    }
+
+    #[test]
+    fn semantic_validation_names_key() {
+        let e = p(MIN, &["method.turns=0"]).unwrap_err().to_string();
+        assert!(e.contains("method.turns"), "{e}");
+        let e = p(MIN, &["model.temperature=5"]).unwrap_err().to_string();
+        assert!(e.contains("model.temperature"), "{e}");
+        let text = "[dataset]\npath = \"x\"\n[model]\nprovider = \"scripted\"\n";
+        let e = p(text, &[]).unwrap_err().to_string();
+        assert!(e.contains("model.answers"), "{e}");
+    }
+
+    #[test]
+    fn effective_toml_round_trips() {
+        let l = p(MIN, &["method.turns=3"]).unwrap();
+        let again: Config = toml::from_str(&l.effective_toml).unwrap();
+        assert_eq!(again, l.config);
+    }
+}

@@ -1,0 +1,33 @@
+//! krefine: an orchestrator for LLM kernel-refinement experiments on KernelBench-style problems.
+//!
+//! Rooms (one job each):
+//! - [`types`]: everything that crosses rooms (events, commands, verdicts, results).
+//! - [`config`]: the TOML experiment config, overrides and validation.
+//! - [`dataset`]: loading KernelBench problems (checkout, folder, JSONL) and problem selections.
+//! - [`machine`]: the pure per-task state machine (statig) and folding a log into task states.
+//! - [`engine`]: the async shell that runs machines, performs commands through services and gates.
+//! - [`gpu`]: device discovery (cudarc) and FIFO device leases.
+//! - [`store`]: run directories and the append-only event log.
+//! - [`services`]: the `Llm`, `Compiler` and `Executor` traits.
+//! - [`llm`]: LLM providers (scripted, OpenAI-compatible, replay), the request gate, code extraction.
+//! - [`prompt`]: prompt templates and rendering.
+//! - [`worker`]: the Python worker processes (compile, correctness, timing, profile).
+//! - [`sim`]: simulated compile/execute services for tests and the scheduler benchmark.
+//! - [`metrics`], [`report`]: fast_p@N and friends as pure functions of the log, and their formats.
+//! - [`cli`]: the command-line surface.
+
+pub mod cli;
+pub mod config;
+pub mod dataset;
+pub mod engine;
+pub mod gpu;
+pub mod llm;
+pub mod machine;
+pub mod metrics;
+pub mod prompt;
+pub mod report;
+pub mod services;
+pub mod sim;
+pub mod store;
+pub mod types;
+pub mod worker;

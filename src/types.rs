@@ -1,0 +1,664 @@
+//! Types that cross rooms: identities, settings enums, service results, events, commands.
+//!
+//! Everything written to `events.jsonl` is defined here, so the log format has one home. Adding a field
+//! is fine (give it `#[serde(default)]`); renaming or removing one needs a `SCHEMA_VERSION` bump.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Version of the event-log schema, written into every record.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A problem's identity: KernelBench level and problem id (`"1/19"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProblemKey {
+    pub level: u32,
+    pub problem_id: u32,
+}
+
+impl fmt::Display for ProblemKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.level, self.problem_id)
+    }
+}
+
+impl FromStr for ProblemKey {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (l, p) = s
+            .split_once('/')
+            .ok_or_else(|| format!("expected \"<level>/<problem_id>\", got {s:?}"))?;
+        let level = l
+            .trim()
+            .parse()
+            .map_err(|_| format!("level in {s:?} is not a non-negative integer"))?;
+        let problem_id = p
+            .trim()
+            .parse()
+            .map_err(|_| format!("problem id in {s:?} is not a non-negative integer"))?;
+        Ok(ProblemKey { level, problem_id })
+    }
+}
+
+/// A task is one conversation: a problem and a sample index (`"1/19/0"`). Refinement and one-shot runs
+/// have sample 0 only; repeated sampling has samples `0..k`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskId {
+    pub problem: ProblemKey,
+    pub sample: u32,
+}
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.problem, self.sample)
+    }
+}
+
+impl FromStr for TaskId {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (p, sample) = s
+            .rsplit_once('/')
+            .ok_or_else(|| format!("expected \"<level>/<problem_id>/<sample>\", got {s:?}"))?;
+        let problem = p.parse()?;
+        let sample = sample
+            .parse()
+            .map_err(|_| format!("sample in {s:?} is not a non-negative integer"))?;
+        Ok(TaskId { problem, sample })
+    }
+}
+
+macro_rules! serde_via_string {
+    ($t:ty) => {
+        impl Serialize for $t {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+serde_via_string!(ProblemKey);
+serde_via_string!(TaskId);
+
+/// A reference problem in KernelBench format.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Problem {
+    pub key: ProblemKey,
+    /// File name as KernelBench names it, with `.py` (`19_ReLU.py`); baseline JSON is keyed by it.
+    pub name: String,
+    pub code: String,
+}
+
+impl Problem {
+    /// Content hash of the reference source; keys reference caches in the workers.
+    pub fn code_hash(&self) -> String {
+        blake3::hash(self.code.as_bytes()).to_hex()[..16].to_string()
+    }
+}
+
+/// What of the previous turn goes into the next prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FeedbackMode {
+    /// The previous generation only.
+    G,
+    /// Generation and execution result.
+    GE,
+    /// Generation, execution result and profile (profile only for correct candidates).
+    GEP,
+}
+
+impl FeedbackMode {
+    pub fn includes_execution(self) -> bool {
+        matches!(self, FeedbackMode::GE | FeedbackMode::GEP)
+    }
+    pub fn includes_profile(self) -> bool {
+        matches!(self, FeedbackMode::GEP)
+    }
+}
+
+impl fmt::Display for FeedbackMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FeedbackMode::G => "G",
+            FeedbackMode::GE => "G+E",
+            FeedbackMode::GEP => "G+E+P",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MethodKind {
+    OneShot,
+    Sampling,
+    Refine,
+}
+
+impl fmt::Display for MethodKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MethodKind::OneShot => "one_shot",
+            MethodKind::Sampling => "sampling",
+            MethodKind::Refine => "refine",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    #[default]
+    Fp32,
+    Fp16,
+    Bf16,
+}
+
+impl Precision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Fp16 => "fp16",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+/// `faithful` reproduces KernelBench's checks exactly; `strict` adds the named hardening checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum EvalMode {
+    #[default]
+    Faithful,
+    Strict,
+}
+
+impl EvalMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EvalMode::Faithful => "faithful",
+            EvalMode::Strict => "strict",
+        }
+    }
+}
+
+/// How a turn ended. Only `Correct` turns have a speedup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Correct,
+    Incorrect,
+    NoCode,
+    CompileError,
+    RuntimeError,
+    CudaError,
+    OutOfMemory,
+    Timeout,
+    Crashed,
+    ReferenceError,
+    LlmError,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Correct => "correct",
+            Verdict::Incorrect => "incorrect",
+            Verdict::NoCode => "no_code",
+            Verdict::CompileError => "compile_error",
+            Verdict::RuntimeError => "runtime_error",
+            Verdict::CudaError => "cuda_error",
+            Verdict::OutOfMemory => "out_of_memory",
+            Verdict::Timeout => "timeout",
+            Verdict::Crashed => "crashed",
+            Verdict::ReferenceError => "reference_error",
+            Verdict::LlmError => "llm_error",
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// LLM
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: Role,
+    pub content: String,
+}
+
+/// Token counts reported by the provider (`usage`). Absent fields count as 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub completion_tokens: u64,
+    #[serde(default)]
+    pub reasoning_tokens: u64,
+}
+
+impl Usage {
+    pub fn total(&self) -> u64 {
+        self.prompt_tokens + self.completion_tokens
+    }
+}
+
+/// One finished LLM answer, after retries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlmAnswer {
+    pub content: String,
+    /// `None` when the provider sent no `usage`.
+    #[serde(default)]
+    pub usage: Option<Usage>,
+    #[serde(default)]
+    pub cost_usd: Option<f64>,
+    #[serde(default)]
+    pub model: String,
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+    /// Wall time of the successful attempt.
+    #[serde(default)]
+    pub latency_ms: u64,
+    /// Number of attempts it took (1 = no retry).
+    #[serde(default = "one")]
+    pub attempts: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A request to the LLM layer: the rendered conversation plus enough identity for scripted/replay
+/// providers to find the recorded answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlmRequest {
+    pub task: TaskId,
+    pub turn: u32,
+    pub messages: Vec<ChatMessage>,
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Compile / execute / profile results
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompileStatus {
+    Ok,
+    Error,
+    Timeout,
+    Crashed,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompileOutcome {
+    pub status: CompileStatus,
+    /// True when an identical (source, toolchain, arch) build was found and nothing was compiled.
+    #[serde(default)]
+    pub cached: bool,
+    #[serde(default)]
+    pub error_name: Option<String>,
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Trimmed diagnostics for the prompt.
+    #[serde(default)]
+    pub feedback: String,
+    /// Full compiler log, relative to the run directory when inside it.
+    #[serde(default)]
+    pub log_path: Option<String>,
+    /// Build directory holding the compiled extension (absolute).
+    #[serde(default)]
+    pub build_dir: Option<String>,
+    #[serde(default)]
+    pub duration_ms: u64,
+}
+
+/// Timing statistics in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TimingStats {
+    pub mean: f64,
+    #[serde(default)]
+    pub median: f64,
+    #[serde(default)]
+    pub std: f64,
+    #[serde(default)]
+    pub min: f64,
+    #[serde(default)]
+    pub max: f64,
+    #[serde(default)]
+    pub num_trials: u32,
+}
+
+/// Where and how a result was measured; every result carries it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct EvalEnv {
+    #[serde(default)]
+    pub device_name: String,
+    #[serde(default)]
+    pub torch: Option<String>,
+    #[serde(default)]
+    pub cuda: Option<String>,
+    #[serde(default)]
+    pub driver: Option<String>,
+    #[serde(default)]
+    pub precision: Option<String>,
+    #[serde(default)]
+    pub mode: Option<String>,
+    #[serde(default)]
+    pub timing_method: Option<String>,
+    #[serde(default)]
+    pub grad_mode: Option<String>,
+    #[serde(default)]
+    pub tf32_matmul: Option<bool>,
+    #[serde(default)]
+    pub tf32_cudnn: Option<bool>,
+}
+
+/// Result of evaluating one compiled candidate on a device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecOutcome {
+    pub verdict: Verdict,
+    pub compiled: bool,
+    pub correctness: bool,
+    /// KernelBench-compatible metadata (keys and string formats as KernelBench writes them).
+    #[serde(default)]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// Candidate mean in ms, -1.0 when not measured (KernelBench's convention).
+    #[serde(default = "minus_one")]
+    pub runtime_ms: f64,
+    #[serde(default)]
+    pub runtime_stats: Option<TimingStats>,
+    #[serde(default = "minus_one")]
+    pub ref_runtime_ms: f64,
+    #[serde(default)]
+    pub ref_runtime_stats: Option<TimingStats>,
+    /// `measured`, `cached` or `baseline:<name>`.
+    #[serde(default)]
+    pub ref_source: Option<String>,
+    #[serde(default)]
+    pub speedup: Option<f64>,
+    /// The execution feedback (E) text for the next prompt.
+    #[serde(default)]
+    pub feedback: String,
+    #[serde(default)]
+    pub env: EvalEnv,
+    /// Device the result was measured on (`cuda:0`, `cpu`).
+    #[serde(default)]
+    pub device: String,
+    /// Wall time from execute request to result, in the orchestrator.
+    #[serde(default)]
+    pub wall_ms: u64,
+    /// Time the worker spent in each phase (load, correctness, timing, ...), in seconds.
+    #[serde(default)]
+    pub phases: serde_json::Map<String, serde_json::Value>,
+}
+
+fn minus_one() -> f64 {
+    -1.0
+}
+
+impl ExecOutcome {
+    /// An outcome produced by the orchestrator itself (timeouts, crashes), not by a worker.
+    pub fn failure(verdict: Verdict, device: &str, feedback: String, wall_ms: u64) -> Self {
+        let mut metadata = serde_json::Map::new();
+        metadata.insert("error".into(), serde_json::Value::String(feedback.clone()));
+        ExecOutcome {
+            verdict,
+            compiled: !matches!(verdict, Verdict::CompileError),
+            correctness: false,
+            metadata,
+            runtime_ms: -1.0,
+            runtime_stats: None,
+            ref_runtime_ms: -1.0,
+            ref_runtime_stats: None,
+            ref_source: None,
+            speedup: None,
+            feedback,
+            env: EvalEnv::default(),
+            device: device.to_string(),
+            wall_ms,
+            phases: serde_json::Map::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileOutcome {
+    pub ok: bool,
+    /// Profiler table (P) trimmed for a prompt; empty when profiling failed.
+    #[serde(default)]
+    pub table: String,
+    #[serde(default)]
+    pub ncu: Option<serde_json::Value>,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub duration_ms: u64,
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Events and commands
+
+/// Everything that happens in a run. Events with a task drive that task's machine (the `Llm*`,
+/// `Compiled`, `Executed`, `Profiled` ones) or are informational (attempts, leases); run-level events
+/// have no task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// Written when a run (or a resumed run) starts.
+    RunStarted {
+        run: String,
+        method: MethodKind,
+        #[serde(default)]
+        feedback: Option<FeedbackMode>,
+        /// Every task of the run (the fast_p denominator counts their problems).
+        task_ids: Vec<TaskId>,
+        /// Turns per task (1 for one-shot and sampling).
+        turns: u32,
+        /// Samples per problem (k for sampling, else 1).
+        samples: u32,
+        krefine_version: String,
+        resumed: bool,
+        #[serde(default)]
+        simulated: bool,
+    },
+    /// Written when a run ends (finished, cancelled or stopped by a budget).
+    RunEnded {
+        reason: String,
+    },
+    /// A cap (USD or tokens) was reached; no new LLM requests are made.
+    BudgetExhausted {
+        what: String,
+    },
+
+    /// The LLM answered (after retries). `code` is the extracted candidate, `None` when no usable code.
+    LlmAnswered {
+        turn: u32,
+        answer: LlmAnswer,
+        code: Option<String>,
+        /// Candidate file, relative to the run directory.
+        #[serde(default)]
+        code_file: Option<String>,
+    },
+    /// The LLM could not answer (retries exhausted or fatal error); the turn is spent.
+    LlmFailed {
+        turn: u32,
+        error: String,
+        #[serde(default)]
+        fatal: bool,
+    },
+    Compiled {
+        turn: u32,
+        outcome: CompileOutcome,
+    },
+    Executed {
+        turn: u32,
+        outcome: ExecOutcome,
+    },
+    Profiled {
+        turn: u32,
+        outcome: ProfileOutcome,
+    },
+
+    /// One HTTP attempt against the LLM provider (informational).
+    LlmAttempt {
+        turn: u32,
+        attempt: u32,
+        #[serde(default)]
+        status: Option<u16>,
+        latency_ms: u64,
+        #[serde(default)]
+        error: Option<String>,
+        #[serde(default)]
+        usage: Option<Usage>,
+        #[serde(default)]
+        cost_usd: Option<f64>,
+    },
+    /// A GPU (or CPU) lease was granted after waiting `wait_ms`.
+    LeaseGranted {
+        device: String,
+        wait_ms: u64,
+        turn: u32,
+    },
+    /// The lease was given back after `held_ms`; `busy_ms` is the worker time spent inside it.
+    LeaseReleased {
+        device: String,
+        held_ms: u64,
+        busy_ms: u64,
+        turn: u32,
+    },
+}
+
+impl Event {
+    /// True for the events that move a task's state machine forward (and so must be folded on resume).
+    pub fn drives_machine(&self) -> bool {
+        matches!(
+            self,
+            Event::LlmAnswered { .. }
+                | Event::LlmFailed { .. }
+                | Event::Compiled { .. }
+                | Event::Executed { .. }
+                | Event::Profiled { .. }
+        )
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::RunStarted { .. } => "run_started",
+            Event::RunEnded { .. } => "run_ended",
+            Event::BudgetExhausted { .. } => "budget_exhausted",
+            Event::LlmAnswered { .. } => "llm_answered",
+            Event::LlmFailed { .. } => "llm_failed",
+            Event::Compiled { .. } => "compiled",
+            Event::Executed { .. } => "executed",
+            Event::Profiled { .. } => "profiled",
+            Event::LlmAttempt { .. } => "llm_attempt",
+            Event::LeaseGranted { .. } => "lease_granted",
+            Event::LeaseReleased { .. } => "lease_released",
+        }
+    }
+}
+
+/// One line of `events.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogRecord {
+    /// Schema version.
+    pub v: u32,
+    pub seq: u64,
+    /// Unix time in milliseconds.
+    pub ts_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<TaskId>,
+    pub event: Event,
+}
+
+/// What the prompt of a turn may show of one earlier turn; the machine fills only what the feedback
+/// mode allows (G: `code`; G+E: also `execution`; G+E+P: also `profile`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnFeedback {
+    pub turn: u32,
+    /// The assistant's whole answer, for chat history (`full` policy).
+    pub answer: Option<String>,
+    /// The extracted candidate code (G).
+    pub code: Option<String>,
+    /// Execution result in words (E).
+    pub execution: Option<String>,
+    /// Profiler output (P).
+    pub profile: Option<String>,
+}
+
+/// Everything a prompt for a turn is made from, besides the problem and the templates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptContext {
+    pub turn: u32,
+    pub feedback: FeedbackMode,
+    /// Earlier turns, oldest first.
+    pub history: Vec<TurnFeedback>,
+}
+
+/// What a task's machine asks the engine to do next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    CallLlm {
+        turn: u32,
+        context: PromptContext,
+    },
+    Compile {
+        turn: u32,
+        code: String,
+    },
+    Execute {
+        turn: u32,
+        code: String,
+    },
+    Profile {
+        turn: u32,
+        code: String,
+    },
+    /// The task has used all its turns.
+    Finish,
+}
+
+/// One finished (or in-progress) turn of a task, as folded from the log.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TurnRecord {
+    pub turn: u32,
+    pub answer: Option<LlmAnswer>,
+    pub code: Option<String>,
+    pub llm_error: Option<String>,
+    pub compile: Option<CompileOutcome>,
+    pub exec: Option<ExecOutcome>,
+    pub profile: Option<ProfileOutcome>,
+    /// Set when the turn is over.
+    pub verdict: Option<Verdict>,
+}
+
+impl TurnRecord {
+    /// Speedup of this turn's candidate when it is correct.
+    pub fn correct_speedup(&self) -> Option<f64> {
+        match (&self.verdict, &self.exec) {
+            (Some(Verdict::Correct), Some(e)) => e.speedup,
+            _ => None,
+        }
+    }
+}
