@@ -534,6 +534,8 @@ pub enum Event {
         #[serde(default)]
         cost_usd: Option<f64>,
     },
+    /// Streamed answer text as it arrives. Transient: broadcast to live views, never written to the log.
+    LlmDelta { turn: u32, delta: String },
     /// A GPU (or CPU) lease was granted after waiting `wait_ms`.
     LeaseGranted {
         device: String,
@@ -562,6 +564,11 @@ impl Event {
         )
     }
 
+    /// Transient events are broadcast but not persisted.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Event::LlmDelta { .. })
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Event::RunStarted { .. } => "run_started",
@@ -573,6 +580,7 @@ impl Event {
             Event::Executed { .. } => "executed",
             Event::Profiled { .. } => "profiled",
             Event::LlmAttempt { .. } => "llm_attempt",
+            Event::LlmDelta { .. } => "llm_delta",
             Event::LeaseGranted { .. } => "lease_granted",
             Event::LeaseReleased { .. } => "lease_released",
         }
