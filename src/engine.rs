@@ -1,1 +1,592 @@
-//! engine
+//! The async shell around the pure task machines.
+//!
+//! One tokio task drives each task machine: it performs the machine's command through a service
+//! (behind its gate: LLM concurrency, compile pool, device leases), appends the answering event to the
+//! log, and only then feeds it to the machine. Resume is the same loop started from a folded log, so a
+//! completed turn is never redone and a logged LLM answer is never requested again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use tokio::sync::{Mutex, Semaphore, broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::gpu::{DeviceInfo, DevicePool};
+use crate::llm::extract::extract_code;
+use crate::machine::{MachineError, TaskRunner, TaskSpec};
+use crate::prompt::{PromptSettings, Prompts};
+use crate::services::{
+    CompileJob, Compiler, EventSink, ExecJob, Executor, Llm, LlmError,
+};
+use crate::store::{EventLog, RunDir, StoreError, read_log};
+use crate::types::{
+    Command, Event, FeedbackMode, LlmRequest, LogRecord, MethodKind, Problem, ProblemKey, TaskId,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("resume: {0}")]
+    Machine(#[from] MachineError),
+    #[error("resume: {0}")]
+    Resume(String),
+    #[error("prompt for task {task} turn {turn}: {message}")]
+    Prompt {
+        task: TaskId,
+        turn: u32,
+        message: String,
+    },
+}
+
+/// What to run: the problems, the tasks and their shape.
+#[derive(Debug, Clone)]
+pub struct RunPlan {
+    pub run: String,
+    pub method: MethodKind,
+    pub feedback: FeedbackMode,
+    pub turns: u32,
+    pub samples: u32,
+    pub problems: Vec<Arc<Problem>>,
+    /// Marks runs whose results come from simulated services.
+    pub simulated: bool,
+}
+
+impl RunPlan {
+    pub fn tasks(&self) -> Vec<TaskSpec> {
+        let feedback = self.feedback;
+        self.problems
+            .iter()
+            .flat_map(|p| {
+                (0..self.samples).map(move |sample| TaskSpec {
+                    id: TaskId {
+                        problem: p.key,
+                        sample,
+                    },
+                    max_turns: self.turns,
+                    feedback,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The services and gates an engine runs with.
+pub struct EngineParts {
+    pub llm: Arc<dyn Llm>,
+    pub compiler: Arc<dyn Compiler>,
+    pub executor: Arc<dyn Executor>,
+    pub devices: Vec<DeviceInfo>,
+    pub prompts: Prompts,
+    pub prompt_settings: PromptSettings,
+    pub llm_concurrency: usize,
+    pub compile_workers: usize,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSummary {
+    pub tasks: usize,
+    pub finished: usize,
+    /// Why the run stopped before finishing every task, if it did.
+    pub stopped: Option<String>,
+    pub torn_tail: Option<String>,
+}
+
+struct Shared {
+    dir: RunDir,
+    log: Mutex<EventLog>,
+    bus: broadcast::Sender<Arc<LogRecord>>,
+    sink: EventSink,
+    llm: Arc<dyn Llm>,
+    compiler: Arc<dyn Compiler>,
+    executor: Arc<dyn Executor>,
+    prompts: Prompts,
+    prompt_settings: PromptSettings,
+    problems: HashMap<ProblemKey, Arc<Problem>>,
+    llm_gate: Semaphore,
+    compile_gate: Semaphore,
+    devices: DevicePool,
+    cancel: CancellationToken,
+    /// Set when no new LLM request may start (budget exhausted, fatal provider error).
+    llm_stopped: AtomicBool,
+    stop_reason: std::sync::Mutex<Option<String>>,
+    finished: AtomicU32,
+}
+
+impl Shared {
+    async fn append(&self, task: Option<TaskId>, event: Event) -> Result<(), StoreError> {
+        let rec = self.log.lock().await.append(task, event).await?;
+        // Nobody listening is fine: the log is the record, the bus only feeds live views.
+        let _ = self.bus.send(Arc::new(rec));
+        Ok(())
+    }
+
+    fn stop(&self, reason: String) {
+        self.llm_stopped.store(true, Ordering::SeqCst);
+        let mut r = self.stop_reason.lock().unwrap_or_else(|e| e.into_inner());
+        if r.is_none() {
+            *r = Some(reason);
+        }
+    }
+}
+
+/// A prepared run: log folded (when resuming), ready to drive.
+pub struct Engine {
+    shared: Arc<Shared>,
+    runners: Vec<(TaskRunner, Command)>,
+    info_rx: mpsc::UnboundedReceiver<(Option<TaskId>, Event)>,
+    torn_tail: Option<String>,
+    plan: RunPlan,
+    resumed: bool,
+}
+
+impl Engine {
+    /// Open the run's log (folding it when `resume`) and set up gates and services.
+    pub async fn prepare(
+        plan: RunPlan,
+        parts: EngineParts,
+        dir: RunDir,
+        resume: bool,
+        fsync: bool,
+        cancel: CancellationToken,
+    ) -> Result<Engine, EngineError> {
+        let specs = plan.tasks();
+        let events_path = dir.events_path();
+        let (records, valid_len, torn_tail) = if resume {
+            let p = events_path.clone();
+            let read = tokio::task::spawn_blocking(move || read_log(&p))
+                .await
+                .map_err(|e| EngineError::Resume(format!("reading the log failed: {e}")))??;
+            (read.records, read.valid_len, read.torn_tail)
+        } else {
+            (Vec::new(), 0, None)
+        };
+        let next_seq = records.last().map(|r| r.seq + 1).unwrap_or(0);
+
+        let mut by_task: BTreeMap<TaskId, Vec<&Event>> = BTreeMap::new();
+        for r in &records {
+            if let Some(t) = r.task
+                && r.event.drives_machine()
+            {
+                by_task.entry(t).or_default().push(&r.event);
+            }
+        }
+        let known: std::collections::BTreeSet<TaskId> = specs.iter().map(|s| s.id).collect();
+        if let Some(stray) = by_task.keys().find(|t| !known.contains(t)) {
+            return Err(EngineError::Resume(format!(
+                "the log has events for task {stray}, which this config does not plan; resume with the run's own config ({})",
+                dir.config_path().display()
+            )));
+        }
+        let mut runners = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let evs = by_task.remove(&spec.id).unwrap_or_default();
+            runners.push(TaskRunner::fold(spec, evs)?);
+        }
+
+        let log = EventLog::open(&events_path, valid_len, next_seq, fsync).await?;
+        let (bus, _) = broadcast::channel(4096);
+        let (info_tx, info_rx) = mpsc::unbounded_channel();
+        let problems = plan.problems.iter().map(|p| (p.key, p.clone())).collect();
+        let devices = if parts.devices.is_empty() {
+            vec![DeviceInfo::cpu()]
+        } else {
+            parts.devices
+        };
+        let shared = Arc::new(Shared {
+            dir,
+            log: Mutex::new(log),
+            bus,
+            sink: EventSink::new(info_tx),
+            llm: parts.llm,
+            compiler: parts.compiler,
+            executor: parts.executor,
+            prompts: parts.prompts,
+            prompt_settings: parts.prompt_settings,
+            problems,
+            llm_gate: Semaphore::new(parts.llm_concurrency.max(1)),
+            compile_gate: Semaphore::new(parts.compile_workers.max(1)),
+            devices: DevicePool::new(devices),
+            cancel,
+            llm_stopped: AtomicBool::new(false),
+            stop_reason: std::sync::Mutex::new(None),
+            finished: AtomicU32::new(0),
+        });
+        Ok(Engine {
+            shared,
+            runners,
+            info_rx,
+            torn_tail,
+            plan,
+            resumed: resume,
+        })
+    }
+
+    /// Live events (appended records, plus transient ones such as streamed tokens).
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<LogRecord>> {
+        self.shared.bus.subscribe()
+    }
+
+    /// The sink services report informational events through.
+    pub fn sink(&self) -> EventSink {
+        self.shared.sink.clone()
+    }
+
+    /// (task, stage, turn) of every task before the run continues.
+    pub fn stages(&self) -> Vec<(TaskId, &'static str, u32)> {
+        self.runners
+            .iter()
+            .map(|(r, _)| {
+                let (s, t) = r.stage();
+                (r.spec().id, s, t)
+            })
+            .collect()
+    }
+
+    pub fn torn_tail(&self) -> Option<&str> {
+        self.torn_tail.as_deref()
+    }
+
+    /// Drive every unfinished task to its end (or until cancelled or stopped).
+    pub async fn run(self) -> Result<RunSummary, EngineError> {
+        let Engine {
+            shared,
+            runners,
+            mut info_rx,
+            torn_tail,
+            plan,
+            resumed,
+        } = self;
+        shared
+            .append(
+                None,
+                Event::RunStarted {
+                    run: plan.run.clone(),
+                    method: plan.method,
+                    feedback: Some(plan.feedback),
+                    task_ids: runners.iter().map(|(r, _)| r.spec().id).collect(),
+                    turns: plan.turns,
+                    samples: plan.samples,
+                    krefine_version: env!("CARGO_PKG_VERSION").into(),
+                    resumed,
+                    simulated: plan.simulated,
+                },
+            )
+            .await?;
+
+        // Informational events from services go through the same log, in arrival order.
+        let info_shared = shared.clone();
+        let info_task = tokio::spawn(async move {
+            while let Some((task, event)) = info_rx.recv().await {
+                if event.is_transient() {
+                    let rec = LogRecord {
+                        v: crate::types::SCHEMA_VERSION,
+                        seq: 0,
+                        ts_ms: crate::store::now_ms(),
+                        task,
+                        event,
+                    };
+                    let _ = info_shared.bus.send(Arc::new(rec));
+                } else if let Err(e) = info_shared.append(task, event).await {
+                    tracing::error!("cannot log an informational event: {e}");
+                }
+            }
+        });
+
+        let total = runners.len();
+        let mut handles = Vec::new();
+        for (runner, pending) in runners {
+            if runner.is_done() {
+                shared.finished.fetch_add(1, Ordering::SeqCst);
+                continue;
+            }
+            let shared = shared.clone();
+            handles.push(tokio::spawn(drive(shared, runner, pending)));
+        }
+        let mut first_err = None;
+        for h in handles {
+            match h.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    shared.stop(e.to_string());
+                    shared.cancel.cancel();
+                    first_err.get_or_insert(e);
+                }
+                Err(join) => {
+                    let msg = format!("a task driver failed: {join}");
+                    shared.stop(msg.clone());
+                    first_err.get_or_insert(EngineError::Resume(msg));
+                }
+            }
+        }
+        let finished = shared.finished.load(Ordering::SeqCst) as usize;
+        let stopped = if shared.cancel.is_cancelled() && finished < total {
+            Some(
+                shared
+                    .stop_reason
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+                    .unwrap_or_else(|| "cancelled".into()),
+            )
+        } else if finished < total {
+            Some(
+                shared
+                    .stop_reason
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+                    .unwrap_or_else(|| "stopped".into()),
+            )
+        } else {
+            None
+        };
+        // Let services' last informational events land before the closing record.
+        tokio::task::yield_now().await;
+        shared
+            .append(
+                None,
+                Event::RunEnded {
+                    reason: stopped.clone().unwrap_or_else(|| "finished".into()),
+                },
+            )
+            .await?;
+        info_task.abort();
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        Ok(RunSummary {
+            tasks: total,
+            finished,
+            stopped,
+            torn_tail,
+        })
+    }
+}
+
+/// Run a task's commands until it finishes, the run is cancelled, or LLM requests are stopped.
+async fn drive(
+    shared: Arc<Shared>,
+    mut runner: TaskRunner,
+    mut cmd: Command,
+) -> Result<(), EngineError> {
+    let task = runner.spec().id;
+    loop {
+        let event = match cmd {
+            Command::Finish => {
+                shared.finished.fetch_add(1, Ordering::SeqCst);
+                return Ok(());
+            }
+            Command::CallLlm { turn, context } => {
+                if shared.llm_stopped.load(Ordering::SeqCst) {
+                    return Ok(());
+                }
+                let problem = shared.problems.get(&task.problem).cloned().ok_or_else(|| {
+                    EngineError::Resume(format!("problem {} is not in the dataset", task.problem))
+                })?;
+                let messages = shared
+                    .prompts
+                    .render(&problem, &context, &shared.prompt_settings)
+                    .map_err(|e| EngineError::Prompt {
+                        task,
+                        turn,
+                        message: e.to_string(),
+                    })?;
+                let Some(result) = cancellable(&shared.cancel, async {
+                    let _permit = shared.llm_gate.acquire().await;
+                    if shared.llm_stopped.load(Ordering::SeqCst) {
+                        return None;
+                    }
+                    let req = LlmRequest {
+                        task,
+                        turn,
+                        messages,
+                    };
+                    Some(shared.llm.complete(req, &shared.sink).await)
+                })
+                .await
+                .flatten() else {
+                    return Ok(());
+                };
+                match result {
+                    Ok(answer) => {
+                        let code = extract_code(&answer.content);
+                        let code_file = match &code {
+                            Some(c) => Some(shared.dir.write_kernel(task, turn, c).await?),
+                            None => None,
+                        };
+                        Event::LlmAnswered {
+                            turn,
+                            answer,
+                            code,
+                            code_file,
+                        }
+                    }
+                    Err(LlmError::Failed(error)) => Event::LlmFailed {
+                        turn,
+                        error,
+                        fatal: false,
+                    },
+                    Err(LlmError::Fatal(reason)) => {
+                        // Nothing is logged for the task: after the cause is fixed, a resume asks
+                        // again for exactly this turn.
+                        tracing::error!("LLM requests stopped: {reason}");
+                        shared.stop(reason);
+                        return Ok(());
+                    }
+                    Err(LlmError::Cancelled) => return Ok(()),
+                }
+            }
+            Command::Compile { turn, code } => {
+                let job = CompileJob {
+                    task,
+                    turn,
+                    code,
+                    log_path: shared.dir.compile_log_path(task, turn),
+                };
+                let Some(mut outcome) = cancellable(&shared.cancel, async {
+                    let _permit = shared.compile_gate.acquire().await;
+                    shared.compiler.compile(job).await
+                })
+                .await
+                else {
+                    return Ok(());
+                };
+                outcome.log_path = outcome.log_path.map(|p| relative_to(&shared.dir, &p));
+                Event::Compiled { turn, outcome }
+            }
+            Command::Execute { turn, ref code } | Command::Profile { turn, ref code } => {
+                let profile = matches!(cmd, Command::Profile { .. });
+                let problem = shared.problems.get(&task.problem).cloned().ok_or_else(|| {
+                    EngineError::Resume(format!("problem {} is not in the dataset", task.problem))
+                })?;
+                let build_dir = runner
+                    .turns()
+                    .get(turn as usize - 1)
+                    .and_then(|r| r.compile.as_ref())
+                    .and_then(|c| c.build_dir.clone());
+                let job = ExecJob {
+                    task,
+                    turn,
+                    problem,
+                    code: code.clone(),
+                    build_dir,
+                };
+                let Some(lease) = cancellable(&shared.cancel, shared.devices.acquire()).await
+                else {
+                    return Ok(());
+                };
+                let device = lease.device.id.clone();
+                shared
+                    .append(
+                        Some(task),
+                        Event::LeaseGranted {
+                            device: device.to_string(),
+                            wait_ms: lease.waited_ms,
+                            turn,
+                        },
+                    )
+                    .await?;
+                let started = std::time::Instant::now();
+                let event = if profile {
+                    cancellable(&shared.cancel, shared.executor.profile(job, &device))
+                        .await
+                        .map(|outcome| Event::Profiled { turn, outcome })
+                } else {
+                    cancellable(&shared.cancel, shared.executor.execute(job, &device))
+                        .await
+                        .map(|outcome| Event::Executed { turn, outcome })
+                };
+                let busy_ms = started.elapsed().as_millis() as u64;
+                let held_ms = lease.held_ms();
+                drop(lease);
+                shared
+                    .append(
+                        Some(task),
+                        Event::LeaseReleased {
+                            device: device.to_string(),
+                            held_ms,
+                            busy_ms,
+                            turn,
+                        },
+                    )
+                    .await?;
+                match event {
+                    Some(e) => e,
+                    None => return Ok(()),
+                }
+            }
+        };
+        // Write-ahead: the event is durable before the machine acts on it.
+        shared.append(Some(task), event.clone()).await?;
+        match runner.handle(&event)? {
+            Some(next) => cmd = next,
+            None => {
+                return Err(EngineError::Resume(format!(
+                    "task {task}: the machine issued no command after `{}`",
+                    event.kind()
+                )));
+            }
+        }
+    }
+}
+
+/// Run `fut` unless the run is cancelled first.
+async fn cancellable<F: std::future::Future>(cancel: &CancellationToken, fut: F) -> Option<F::Output> {
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => None,
+        out = fut => Some(out),
+    }
+}
+
+fn relative_to(dir: &RunDir, p: &str) -> String {
+    std::path::Path::new(p)
+        .strip_prefix(dir.root())
+        .map(|r| r.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| p.to_string())
+}
+
+/// Fold a whole log into per-task turn records (for metrics and reports).
+pub fn fold_records(
+    records: &[LogRecord],
+) -> Result<(Option<Event>, BTreeMap<TaskId, Vec<crate::types::TurnRecord>>), MachineError> {
+    let mut started: Option<Event> = None;
+    let mut by_task: BTreeMap<TaskId, Vec<&Event>> = BTreeMap::new();
+    for r in records {
+        if let Event::RunStarted { .. } = r.event {
+            // The first RunStarted fixes the plan; resumes repeat it.
+            if started.is_none() {
+                started = Some(r.event.clone());
+            }
+        }
+        if let Some(t) = r.task
+            && r.event.drives_machine()
+        {
+            by_task.entry(t).or_default().push(&r.event);
+        }
+    }
+    let (turns, feedback, task_ids) = match &started {
+        Some(Event::RunStarted {
+            turns,
+            feedback,
+            task_ids,
+            ..
+        }) => (*turns, feedback.unwrap_or(FeedbackMode::GE), task_ids.clone()),
+        _ => (u32::MAX, FeedbackMode::GE, by_task.keys().copied().collect()),
+    };
+    let mut out = BTreeMap::new();
+    for id in task_ids {
+        let evs = by_task.remove(&id).unwrap_or_default();
+        let spec = TaskSpec {
+            id,
+            max_turns: turns,
+            feedback,
+        };
+        let (runner, _) = TaskRunner::fold(spec, evs)?;
+        out.insert(id, runner.turns().to_vec());
+    }
+    Ok((started, out))
+}

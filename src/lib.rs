@@ -22,6 +22,7 @@ pub mod dataset;
 pub mod engine;
 pub mod gpu;
 pub mod llm;
+pub mod progress;
 pub mod machine;
 pub mod metrics;
 pub mod prompt;

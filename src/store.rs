@@ -1,1 +1,365 @@
-//! store
+//! Run directories and the append-only event log.
+//!
+//! A run directory holds `config.toml` (the frozen effective config), `events.jsonl` (one
+//! [`LogRecord`] a line, flushed per event), `kernels/` (every candidate's code), `logs/` (compiler and
+//! worker logs) and `krefine.log` (tracing). An existing run directory is never overwritten: it is
+//! either resumed (`--resume`) or refused.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::io::AsyncWriteExt;
+
+use crate::types::{Event, LogRecord, SCHEMA_VERSION, TaskId};
+
+pub const CONFIG_FILE: &str = "config.toml";
+pub const EVENTS_FILE: &str = "events.jsonl";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "run directory {0} already holds a run; pass --resume to continue it, or choose another --out"
+    )]
+    Exists(PathBuf),
+    #[error("{0} is not a run directory (no {EVENTS_FILE})")]
+    NotARun(PathBuf),
+    #[error("{path}:{line}: {message}")]
+    Corrupt {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Paths inside one run directory.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    root: PathBuf,
+}
+
+impl RunDir {
+    /// Create a new run directory; refuses one that already holds a run.
+    pub fn create(root: &Path, config_toml: &str) -> Result<Self, StoreError> {
+        if root.join(EVENTS_FILE).exists() || root.join(CONFIG_FILE).exists() {
+            return Err(StoreError::Exists(root.to_path_buf()));
+        }
+        let dir = RunDir {
+            root: root.to_path_buf(),
+        };
+        for d in [dir.root.clone(), dir.kernels_dir(), dir.logs_dir()] {
+            std::fs::create_dir_all(&d).map_err(io(&d))?;
+        }
+        let cfg = dir.config_path();
+        std::fs::write(&cfg, config_toml).map_err(io(&cfg))?;
+        let ev = dir.events_path();
+        std::fs::File::create(&ev).map_err(io(&ev))?;
+        Ok(dir)
+    }
+
+    /// Open an existing run directory (for resume, report, replay).
+    pub fn open(root: &Path) -> Result<Self, StoreError> {
+        if !root.join(EVENTS_FILE).is_file() {
+            return Err(StoreError::NotARun(root.to_path_buf()));
+        }
+        let dir = RunDir {
+            root: root.to_path_buf(),
+        };
+        for d in [dir.kernels_dir(), dir.logs_dir()] {
+            std::fs::create_dir_all(&d).map_err(io(&d))?;
+        }
+        Ok(dir)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    pub fn config_path(&self) -> PathBuf {
+        self.root.join(CONFIG_FILE)
+    }
+    pub fn events_path(&self) -> PathBuf {
+        self.root.join(EVENTS_FILE)
+    }
+    pub fn kernels_dir(&self) -> PathBuf {
+        self.root.join("kernels")
+    }
+    pub fn logs_dir(&self) -> PathBuf {
+        self.root.join("logs")
+    }
+    pub fn trace_log_path(&self) -> PathBuf {
+        self.root.join("krefine.log")
+    }
+
+    /// Candidate file name, KernelBench-style, relative to the run directory.
+    pub fn kernel_rel(task: TaskId, turn: u32) -> String {
+        format!(
+            "kernels/level_{}_problem_{}_sample_{}_turn_{}_kernel.py",
+            task.problem.level, task.problem.problem_id, task.sample, turn
+        )
+    }
+
+    pub fn compile_log_path(&self, task: TaskId, turn: u32) -> PathBuf {
+        self.logs_dir().join(format!(
+            "compile_level_{}_problem_{}_sample_{}_turn_{}.log",
+            task.problem.level, task.problem.problem_id, task.sample, turn
+        ))
+    }
+
+    /// Write a candidate's code; returns its path relative to the run directory.
+    pub async fn write_kernel(
+        &self,
+        task: TaskId,
+        turn: u32,
+        code: &str,
+    ) -> Result<String, StoreError> {
+        let rel = Self::kernel_rel(task, turn);
+        let path = self.root.join(&rel);
+        tokio::fs::write(&path, code).await.map_err(io(&path))?;
+        Ok(rel)
+    }
+}
+
+/// The log as read back: valid records, and what was dropped from a torn tail.
+#[derive(Debug)]
+pub struct ReadLog {
+    pub records: Vec<LogRecord>,
+    /// Byte length of the valid prefix (a torn tail is cut here before appending).
+    pub valid_len: u64,
+    /// A warning when a torn last line was dropped.
+    pub torn_tail: Option<String>,
+}
+
+/// Read `events.jsonl`. A torn last line (a crash mid-write) is dropped with a warning; any other bad
+/// line is an error naming file and line.
+pub fn read_log(path: &Path) -> Result<ReadLog, StoreError> {
+    let file = std::fs::File::open(path).map_err(io(path))?;
+    let mut reader = std::io::BufReader::new(file);
+    let mut records = Vec::new();
+    let mut valid_len = 0u64;
+    let mut torn_tail = None;
+    let mut line_no = 0usize;
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        let n = reader.read_until(b'\n', &mut buf).map_err(io(path))?;
+        if n == 0 {
+            break;
+        }
+        line_no += 1;
+        let complete = buf.last() == Some(&b'\n');
+        let text = String::from_utf8_lossy(&buf);
+        let trimmed = text.trim();
+        if trimmed.is_empty() {
+            if complete {
+                valid_len += n as u64;
+            }
+            continue;
+        }
+        match serde_json::from_str::<LogRecord>(trimmed) {
+            Ok(rec) if complete => {
+                if rec.v > SCHEMA_VERSION {
+                    return Err(StoreError::Corrupt {
+                        path: path.to_path_buf(),
+                        line: line_no,
+                        message: format!(
+                            "schema version {} is newer than this krefine understands ({SCHEMA_VERSION})",
+                            rec.v
+                        ),
+                    });
+                }
+                records.push(rec);
+                valid_len += n as u64;
+            }
+            // A last line without its newline was cut by a crash even when it happens to parse.
+            Ok(_) | Err(_) if !complete => {
+                torn_tail = Some(format!(
+                    "{}:{line_no}: dropped a torn last line ({n} bytes) left by an interrupted run",
+                    path.display()
+                ));
+                break;
+            }
+            Ok(_) => unreachable!("complete lines are handled above"),
+            Err(e) => {
+                // A complete but unparseable line that is the very last one is also a torn write
+                // (the newline made it to disk before the rest); earlier ones are corruption.
+                let mut rest = Vec::new();
+                std::io::Read::read_to_end(&mut reader, &mut rest).map_err(io(path))?;
+                if rest.iter().all(|b| b.is_ascii_whitespace()) {
+                    torn_tail = Some(format!(
+                        "{}:{line_no}: dropped an unreadable last line ({e})",
+                        path.display()
+                    ));
+                    break;
+                }
+                return Err(StoreError::Corrupt {
+                    path: path.to_path_buf(),
+                    line: line_no,
+                    message: format!("expected one event record as JSON: {e}"),
+                });
+            }
+        }
+    }
+    Ok(ReadLog {
+        records,
+        valid_len,
+        torn_tail,
+    })
+}
+
+/// Appends records to `events.jsonl`, one flushed line each.
+pub struct EventLog {
+    path: PathBuf,
+    file: tokio::fs::File,
+    next_seq: u64,
+    fsync: bool,
+}
+
+impl EventLog {
+    /// Open for appending after `valid_len` bytes (cutting a torn tail), continuing at `next_seq`.
+    pub async fn open(
+        path: &Path,
+        valid_len: u64,
+        next_seq: u64,
+        fsync: bool,
+    ) -> Result<Self, StoreError> {
+        let file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .await
+            .map_err(io(path))?;
+        file.set_len(valid_len).await.map_err(io(path))?;
+        let mut file = file;
+        tokio::io::AsyncSeekExt::seek(&mut file, std::io::SeekFrom::Start(valid_len))
+            .await
+            .map_err(io(path))?;
+        Ok(EventLog {
+            path: path.to_path_buf(),
+            file,
+            next_seq,
+            fsync,
+        })
+    }
+
+    /// Append one event; returns the record as written.
+    pub async fn append(
+        &mut self,
+        task: Option<TaskId>,
+        event: Event,
+    ) -> Result<LogRecord, StoreError> {
+        let rec = LogRecord {
+            v: SCHEMA_VERSION,
+            seq: self.next_seq,
+            ts_ms: now_ms(),
+            task,
+            event,
+        };
+        let mut line = serde_json::to_vec(&rec).map_err(|e| StoreError::Io {
+            path: self.path.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        line.push(b'\n');
+        // One write per line so a crash leaves at most one torn line at the end.
+        self.file.write_all(&line).await.map_err(io(&self.path))?;
+        self.file.flush().await.map_err(io(&self.path))?;
+        if self.fsync {
+            self.file.sync_data().await.map_err(io(&self.path))?;
+        }
+        self.next_seq += 1;
+        Ok(rec)
+    }
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Write a whole file synchronously (small files outside the hot path, e.g. reports).
+pub fn write_file(path: &Path, data: &[u8]) -> Result<(), StoreError> {
+    let mut f = std::fs::File::create(path).map_err(io(path))?;
+    f.write_all(data).map_err(io(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(reason: &str) -> Event {
+        Event::RunEnded {
+            reason: reason.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn append_read_and_refuse_overwrite() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("run");
+        let dir = RunDir::create(&root, "x = 1\n").unwrap();
+        let mut log = EventLog::open(&dir.events_path(), 0, 0, false).await.unwrap();
+        log.append(None, ev("a")).await.unwrap();
+        let r = log.append(None, ev("b")).await.unwrap();
+        assert_eq!(r.seq, 1);
+        let read = read_log(&dir.events_path()).unwrap();
+        assert_eq!(read.records.len(), 2);
+        assert!(read.torn_tail.is_none());
+        assert!(matches!(
+            RunDir::create(&root, ""),
+            Err(StoreError::Exists(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn torn_tail_is_dropped_and_cut_on_append() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = RunDir::create(&tmp.path().join("r"), "").unwrap();
+        let mut log = EventLog::open(&dir.events_path(), 0, 0, false).await.unwrap();
+        log.append(None, ev("a")).await.unwrap();
+        drop(log);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.events_path())
+            .unwrap();
+        f.write_all(b"{\"v\":1,\"seq\":1,\"ts_ms\":").unwrap();
+        let read = read_log(&dir.events_path()).unwrap();
+        assert_eq!(read.records.len(), 1);
+        assert!(read.torn_tail.as_deref().unwrap().contains(":2: dropped"));
+        let mut log = EventLog::open(&dir.events_path(), read.valid_len, 1, false)
+            .await
+            .unwrap();
+        log.append(None, ev("b")).await.unwrap();
+        let again = read_log(&dir.events_path()).unwrap();
+        assert_eq!(again.records.len(), 2);
+        assert!(again.torn_tail.is_none());
+    }
+
+    #[test]
+    fn corrupt_middle_line_is_an_error_with_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join(EVENTS_FILE);
+        let good = serde_json::to_string(&LogRecord {
+            v: 1,
+            seq: 0,
+            ts_ms: 0,
+            task: None,
+            event: ev("a"),
+        })
+        .unwrap();
+        std::fs::write(&p, format!("{good}\nnot json\n{good}\n")).unwrap();
+        let e = read_log(&p).unwrap_err().to_string();
+        assert!(e.contains("events.jsonl:2:"), "{e}");
+    }
+}

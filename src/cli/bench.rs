@@ -1,0 +1,284 @@
+//! `krefine bench scheduler`: the engine against simulated services, time scaled down, to measure how
+//! close the schedule comes to its lower bound and what the orchestrator itself costs.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Subcommand;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Backend, HistoryPolicy, PromptStyle, SimulatedSection};
+use crate::engine::{Engine, EngineParts, RunPlan};
+use crate::gpu::DeviceInfo;
+use crate::prompt::{PromptSettings, Prompts};
+use crate::services::DeviceId;
+use crate::sim::{SimLlm, SimServices};
+use crate::store::{RunDir, read_log};
+use crate::types::{Event, FeedbackMode, LogRecord, MethodKind, Precision, Problem, ProblemKey};
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// Scheduler benchmark: simulated LLM, compile pool and GPUs.
+    Scheduler {
+        #[arg(long, default_value_t = 250)]
+        tasks: u32,
+        #[arg(long, default_value_t = 10)]
+        turns: u32,
+        #[arg(long, default_value_t = 8)]
+        gpus: u32,
+        #[arg(long, default_value_t = 16)]
+        compile_slots: u32,
+        /// Median LLM latency in simulated seconds (log-normal, sigma 0.5).
+        #[arg(long, default_value_t = 20.0)]
+        llm_median_s: f64,
+        #[arg(long, default_value_t = 40.0)]
+        compile_s: f64,
+        #[arg(long, default_value_t = 2.0)]
+        execute_min_s: f64,
+        #[arg(long, default_value_t = 15.0)]
+        execute_max_s: f64,
+        /// Simulated seconds per real second.
+        #[arg(long, default_value_t = 200.0)]
+        scale: f64,
+    },
+}
+
+pub fn bench(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
+    match cmd {
+        BenchCmd::Scheduler {
+            tasks,
+            turns,
+            gpus,
+            compile_slots,
+            llm_median_s,
+            compile_s,
+            execute_min_s,
+            execute_max_s,
+            scale,
+        } => {
+            let sim = SimulatedSection {
+                compile_s,
+                execute_min_s,
+                execute_max_s,
+                profile_s: 0.0,
+                time_scale: scale,
+            };
+            let rt = super::runtime()?;
+            let r = rt.block_on(scheduler(tasks, turns, gpus, compile_slots, llm_median_s, sim))?;
+            println!("{r}");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn scheduler(
+    tasks: u32,
+    turns: u32,
+    gpus: u32,
+    compile_slots: u32,
+    llm_median_s: f64,
+    sim: SimulatedSection,
+) -> anyhow::Result<String> {
+    let scale = sim.time_scale;
+    let root = std::env::temp_dir().join(format!("krefine-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let dir = RunDir::create(&root, "# scheduler benchmark\n")?;
+    let problems = (1..=tasks)
+        .map(|i| {
+            Arc::new(Problem {
+                key: ProblemKey {
+                    level: 1,
+                    problem_id: i,
+                },
+                name: format!("{i}_Synthetic.py"),
+                code: format!(
+                    "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x * {i}\n"
+                ),
+            })
+        })
+        .collect();
+    let plan = RunPlan {
+        run: "bench-scheduler".into(),
+        method: MethodKind::Refine,
+        feedback: FeedbackMode::GE,
+        turns,
+        samples: 1,
+        problems,
+        simulated: true,
+    };
+    let services = Arc::new(SimServices::new(sim));
+    let llm = Arc::new(SimLlm::new(llm_median_s, 0.5, scale).map_err(anyhow::Error::msg)?);
+    let devices = (0..gpus)
+        .map(|i| DeviceInfo {
+            id: DeviceId::Gpu(i),
+            name: format!("simulated GPU {i}"),
+            capability: Some((9, 0)),
+            total_memory_bytes: None,
+        })
+        .collect();
+    let parts = EngineParts {
+        llm,
+        compiler: services.clone(),
+        executor: services.clone(),
+        devices,
+        prompts: Prompts::load(None)?,
+        prompt_settings: PromptSettings {
+            style: PromptStyle::OneShot,
+            backend: Backend::Cuda,
+            history: HistoryPolicy::Last,
+            precision: Precision::Fp32,
+            hardware: None,
+        },
+        llm_concurrency: tasks as usize,
+        compile_workers: compile_slots as usize,
+    };
+    let (cpu0, _) = proc_usage();
+    let started = Instant::now();
+    let engine = Engine::prepare(plan, parts, dir.clone(), false, false, CancellationToken::new()).await?;
+    let summary = engine.run().await?;
+    let wall = started.elapsed().as_secs_f64();
+    let (cpu1, peak_kb) = proc_usage();
+    let records = read_log(&dir.events_path())?.records;
+    let _ = std::fs::remove_dir_all(&root);
+
+    let a = analyse(&records, gpus as f64, compile_slots as f64);
+    let makespan = wall * scale;
+    let lower = a.chain_s.max(a.compile_s / compile_slots as f64).max(a.execute_s / gpus as f64);
+    let mut out = String::new();
+    out.push_str(&format!(
+        "scheduler benchmark: {tasks} tasks x {turns} turns, LLM log-normal median {llm_median_s} s, compile {} s on {compile_slots} slots, execute {}-{} s on {gpus} GPUs, time scale {scale}x\n\n",
+        services_cfg_compile(&a),
+        a.exec_min_s,
+        a.exec_max_s
+    ));
+    out.push_str("| figure | value | goal |\n|---|---|---|\n");
+    out.push_str(&format!(
+        "| tasks finished | {} / {} | all |\n",
+        summary.finished, summary.tasks
+    ));
+    out.push_str(&format!(
+        "| makespan (simulated) | {makespan:.0} s | |\n| lower bound | {lower:.0} s (longest chain {:.0} s, compile {:.0} s / {compile_slots}, execute {:.0} s / {gpus}) | |\n",
+        a.chain_s, a.compile_s, a.execute_s
+    ));
+    out.push_str(&format!(
+        "| makespan / lower bound | {:.3} | <= 1.05 |\n",
+        makespan / lower
+    ));
+    out.push_str(&format!(
+        "| GPU occupancy while executions were queued | {:.3} | >= 0.95 |\n",
+        a.occupancy_when_queued
+    ));
+    out.push_str(&format!(
+        "| orchestrator CPU time | {:.2} s (wall {wall:.1} s) | |\n| peak memory (RSS) | {:.1} MB | <= 100 MB |\n| events logged | {} | |\n",
+        cpu1 - cpu0,
+        peak_kb as f64 / 1024.0,
+        records.len()
+    ));
+    Ok(out)
+}
+
+fn services_cfg_compile(a: &Analysis) -> String {
+    format!("{:.0}", a.compile_each_s)
+}
+
+struct Analysis {
+    chain_s: f64,
+    compile_s: f64,
+    compile_each_s: f64,
+    execute_s: f64,
+    exec_min_s: f64,
+    exec_max_s: f64,
+    occupancy_when_queued: f64,
+}
+
+/// Work totals (simulated seconds) and GPU occupancy while executions waited for a lease.
+fn analyse(records: &[LogRecord], gpus: f64, _slots: f64) -> Analysis {
+    let mut chain: BTreeMap<String, f64> = BTreeMap::new();
+    let (mut compile_s, mut execute_s) = (0.0, 0.0);
+    let (mut n_compile, mut exec_min, mut exec_max) = (0.0, f64::MAX, 0.0f64);
+    // (time ms, delta waiting, delta busy)
+    let mut edges: Vec<(u64, i64, i64)> = Vec::new();
+    for r in records {
+        let task = r.task.map(|t| t.to_string()).unwrap_or_default();
+        match &r.event {
+            Event::LlmAnswered { answer, .. } => {
+                *chain.entry(task).or_default() += answer.latency_ms as f64 / 1000.0;
+            }
+            Event::Compiled { outcome, .. } => {
+                let s = outcome.duration_ms as f64 / 1000.0;
+                compile_s += s;
+                n_compile += 1.0;
+                *chain.entry(task).or_default() += s;
+            }
+            Event::Executed { outcome, .. } => {
+                let s = outcome.wall_ms as f64 / 1000.0;
+                execute_s += s;
+                exec_min = exec_min.min(s);
+                exec_max = exec_max.max(s);
+                *chain.entry(task).or_default() += s;
+            }
+            Event::LeaseGranted { wait_ms, .. } if *wait_ms > 0 => {
+                edges.push((r.ts_ms.saturating_sub(*wait_ms), 1, 0));
+                edges.push((r.ts_ms, -1, 0));
+            }
+            Event::LeaseReleased { held_ms, .. } => {
+                edges.push((r.ts_ms.saturating_sub(*held_ms), 0, 1));
+                edges.push((r.ts_ms, 0, -1));
+            }
+            _ => {}
+        }
+    }
+    edges.sort_unstable();
+    let (mut waiting, mut busy) = (0i64, 0i64);
+    let (mut queued_ms, mut busy_when_queued) = (0.0, 0.0);
+    let mut last = edges.first().map(|e| e.0).unwrap_or(0);
+    for (t, dw, db) in edges {
+        let span = (t - last) as f64;
+        if waiting > 0 && span > 0.0 {
+            queued_ms += span;
+            busy_when_queued += span * (busy as f64 / gpus).min(1.0);
+        }
+        waiting += dw;
+        busy += db;
+        last = t;
+    }
+    Analysis {
+        chain_s: chain.values().cloned().fold(0.0, f64::max),
+        compile_s,
+        compile_each_s: if n_compile > 0.0 { compile_s / n_compile } else { 0.0 },
+        execute_s,
+        exec_min_s: if exec_min == f64::MAX { 0.0 } else { exec_min },
+        exec_max_s: exec_max,
+        occupancy_when_queued: if queued_ms > 0.0 {
+            busy_when_queued / queued_ms
+        } else {
+            1.0
+        },
+    }
+}
+
+/// (CPU seconds used by this process, peak resident set in KiB), from /proc on Linux.
+fn proc_usage() -> (f64, u64) {
+    let cpu = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name (which may hold spaces) start after the last ')'.
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let utime: f64 = f.get(11)?.parse().ok()?;
+            let stime: f64 = f.get(12)?.parse().ok()?;
+            Some((utime + stime) / 100.0)
+        })
+        .unwrap_or(0.0);
+    let peak = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0);
+    (cpu, peak)
+}

@@ -1,0 +1,62 @@
+//! The command-line surface: argument parsing and dispatch to one module per command.
+
+mod bench;
+mod doctor;
+mod report;
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "krefine",
+    version,
+    about = "Run, report and compare LLM kernel-refinement experiments on KernelBench problems"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run an experiment from a TOML config (or resume one).
+    Run(run::RunArgs),
+    /// Print fast_p@N, geomean speedup, correct rate, tokens and cost of run directories.
+    Report(report::ReportArgs),
+    /// Show what this machine offers: GPUs, the worker Python (torch, ninja, nvcc), the LLM endpoint.
+    Doctor {
+        /// A config whose Python and LLM endpoint to check.
+        config: Option<PathBuf>,
+    },
+    /// Benchmarks of krefine itself.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Cmd::Run(args) => run::run(args),
+        Cmd::Report(args) => report::report(args),
+        Cmd::Doctor { config } => doctor::doctor(config.as_deref()),
+        Cmd::Bench(cmd) => bench::bench(cmd),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// A multi-threaded tokio runtime for the async commands.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}

@@ -1,0 +1,295 @@
+//! `krefine run`: load the config and dataset, pick devices, start services, drive the engine.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{self, Backend, Config, ExecutorKind, LoadedConfig};
+use crate::engine::{Engine, EngineParts, RunPlan};
+use crate::gpu::{self, DeviceInfo};
+use crate::prompt::{PromptSettings, Prompts};
+use crate::services::{Compiler, DeviceId, Executor};
+use crate::sim::SimServices;
+use crate::store::RunDir;
+use crate::types::{FeedbackMode, MethodKind};
+use crate::{dataset, llm, progress};
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Experiment config (TOML).
+    config: PathBuf,
+    /// Run directory (default: `<output.dir>/<run name>`).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue the run in --out (or the default run directory) from its event log.
+    #[arg(long)]
+    resume: bool,
+    /// Plain progress output instead of the live terminal UI.
+    #[arg(long)]
+    no_tui: bool,
+    /// Override a config key, e.g. `--set method.turns=5` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// Serve the LLM answers recorded in this run directory instead of calling a model.
+    #[arg(long, value_name = "RUN_DIR")]
+    replay_llm: Option<PathBuf>,
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let loaded = config::load(&args.config, &args.sets)?;
+    let cfg = &loaded.config;
+    let out = match &args.out {
+        Some(o) => o.clone(),
+        None => loaded.resolve(&cfg.output.dir).join(loaded.run_name()),
+    };
+    let dir = if args.resume {
+        let dir = RunDir::open(&out)?;
+        check_frozen_config(&dir, &loaded)?;
+        dir
+    } else {
+        RunDir::create(&out, &loaded.effective_toml)?
+    };
+    let _trace_guard = init_tracing(&dir)?;
+
+    let dataset_path = loaded.resolve(&cfg.dataset.path);
+    let problems = dataset::load(&dataset_path, cfg.dataset.level, &cfg.dataset.problems)?;
+    if problems.is_empty() {
+        bail!(
+            "dataset {}: the selection {:?} of level {} has no problems",
+            dataset_path.display(),
+            cfg.dataset.problems,
+            cfg.dataset.level
+        );
+    }
+    let discovery = gpu::discover();
+    let devices = gpu::select(&cfg.resources.devices, &discovery).map_err(anyhow::Error::msg)?;
+    let plan = RunPlan {
+        run: loaded.run_name(),
+        method: cfg.method.kind,
+        // Profiles only feed a next turn, so single-turn methods skip them.
+        feedback: match cfg.method.kind {
+            MethodKind::Refine => cfg.method.feedback,
+            MethodKind::OneShot | MethodKind::Sampling => FeedbackMode::GE,
+        },
+        turns: cfg.method.turns_per_task(),
+        samples: cfg.method.samples_per_problem(),
+        problems: problems.into_iter().map(Arc::new).collect(),
+        simulated: cfg.eval.executor == ExecutorKind::Simulated,
+    };
+    eprintln!(
+        "krefine {}: {} {} on {} problem(s), {} task(s), devices: {}{}",
+        plan.run,
+        plan.method,
+        if plan.method == MethodKind::Refine {
+            format!("{} turns {}", plan.turns, plan.feedback)
+        } else {
+            format!("k={}", plan.samples)
+        },
+        plan.problems.len(),
+        plan.problems.len() as u32 * plan.samples,
+        devices
+            .iter()
+            .map(|d| format!("{} ({})", d.id, d.name))
+            .collect::<Vec<_>>()
+            .join(", "),
+        if plan.simulated {
+            " [SIMULATED executor: verdicts and timings are scripted, not measured]"
+        } else {
+            ""
+        }
+    );
+    eprintln!("run directory: {}", dir.root().display());
+    let rt = super::runtime()?;
+    let code = rt.block_on(drive(args, loaded, dir, plan, devices, discovery))?;
+    Ok(code)
+}
+
+async fn drive(
+    args: RunArgs,
+    loaded: LoadedConfig,
+    dir: RunDir,
+    plan: RunPlan,
+    devices: Vec<DeviceInfo>,
+    discovery: gpu::Discovery,
+) -> anyhow::Result<ExitCode> {
+    let cfg = &loaded.config;
+    let cancel = CancellationToken::new();
+    let llm = llm::build(&loaded, args.replay_llm.as_deref(), cancel.clone())?;
+    let (compiler, executor) = build_eval_services(&loaded, &dir, &devices, &discovery).await?;
+    let on_cpu = devices.iter().all(|d| d.id == DeviceId::Cpu);
+    let prompts = Prompts::load(cfg.prompt.templates.as_deref().map(|p| loaded.resolve(p)).as_deref())?;
+    let prompt_settings = PromptSettings {
+        style: cfg.prompt.style,
+        backend: cfg
+            .prompt
+            .backend
+            .unwrap_or(if on_cpu { Backend::Cpu } else { Backend::Cuda }),
+        history: cfg.method.history,
+        precision: cfg.eval.precision,
+        hardware: if cfg.prompt.hardware_info {
+            devices
+                .iter()
+                .find(|d| d.id != DeviceId::Cpu)
+                .map(|d| d.name.clone())
+        } else {
+            None
+        },
+    };
+    let parts = EngineParts {
+        llm,
+        compiler,
+        executor,
+        devices,
+        prompts,
+        prompt_settings,
+        llm_concurrency: cfg.resources.llm_concurrency as usize,
+        compile_workers: cfg.resources.compile_workers as usize,
+    };
+    let total_turns = plan.problems.len() as u64 * plan.samples as u64 * plan.turns as u64;
+    let engine = Engine::prepare(
+        plan,
+        parts,
+        dir.clone(),
+        args.resume,
+        cfg.output.fsync,
+        cancel.clone(),
+    )
+    .await?;
+    if let Some(w) = engine.torn_tail() {
+        eprintln!("warning: {w}");
+        tracing::warn!("{w}");
+    }
+    let stages = engine.stages();
+    let done_turns: u64 = stages
+        .iter()
+        .map(|(_, stage, turn)| {
+            if *stage == "done" {
+                *turn as u64
+            } else {
+                turn.saturating_sub(1) as u64
+            }
+        })
+        .sum();
+    let progress = tokio::spawn(progress::follow(
+        engine.subscribe(),
+        total_turns,
+        done_turns,
+        stages.iter().map(|(t, s, _)| (*t, *s)).collect(),
+    ));
+    let ctrl_c = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("\ninterrupted: stopping; the event log stays valid, resume with --resume");
+            ctrl_c.cancel();
+        }
+    });
+    let summary = engine.run().await;
+    let _ = progress.await;
+    let summary = summary?;
+    eprintln!(
+        "{} of {} task(s) finished{}",
+        summary.finished,
+        summary.tasks,
+        match &summary.stopped {
+            Some(r) => format!("; stopped: {r}"),
+            None => String::new(),
+        }
+    );
+    match super::report::render_dirs(&[dir.root().to_path_buf()], crate::report::Format::Text) {
+        Ok(text) => println!("{text}"),
+        Err(e) => eprintln!("warning: could not build the report: {e:#}"),
+    }
+    Ok(match summary.stopped {
+        None => ExitCode::SUCCESS,
+        Some(_) if cancel.is_cancelled() => ExitCode::from(130),
+        Some(_) => ExitCode::from(1),
+    })
+}
+
+/// The compile and execute services the config asks for.
+async fn build_eval_services(
+    loaded: &LoadedConfig,
+    _dir: &RunDir,
+    _devices: &[DeviceInfo],
+    _discovery: &gpu::Discovery,
+) -> anyhow::Result<(Arc<dyn Compiler>, Arc<dyn Executor>)> {
+    let cfg = &loaded.config;
+    match cfg.eval.executor {
+        ExecutorKind::Simulated => {
+            let sim = Arc::new(SimServices::new(cfg.eval.simulated.clone()));
+            Ok((sim.clone(), sim))
+        }
+        ExecutorKind::Worker => bail!("the worker executor is not available in this build"),
+    }
+}
+
+/// A resumed run must be the same experiment: everything but resources and output must match the
+/// frozen config in the run directory.
+fn check_frozen_config(dir: &RunDir, loaded: &LoadedConfig) -> anyhow::Result<()> {
+    let path = dir.config_path();
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read the run's frozen config {}", path.display()))?;
+    let frozen: Config = toml::from_str(&text)
+        .with_context(|| format!("the run's frozen config {} is not valid", path.display()))?;
+    let strip = |c: &Config| {
+        let mut c = c.clone();
+        c.resources = Default::default();
+        c.output = Default::default();
+        c
+    };
+    let (a, b) = (strip(&frozen), strip(&loaded.config));
+    if a != b {
+        let mut differs = Vec::new();
+        if a.run != b.run {
+            differs.push("run");
+        }
+        if a.dataset != b.dataset {
+            differs.push("dataset");
+        }
+        if a.method != b.method {
+            differs.push("method");
+        }
+        if a.model != b.model {
+            differs.push("model");
+        }
+        if a.budget != b.budget {
+            differs.push("budget");
+        }
+        if a.eval != b.eval {
+            differs.push("eval");
+        }
+        if a.prompt != b.prompt {
+            differs.push("prompt");
+        }
+        bail!(
+            "cannot resume {}: the config differs from the run's frozen config {} in [{}]; only [resources] and [output] may change on resume",
+            dir.root().display(),
+            path.display(),
+            differs.join("], [")
+        );
+    }
+    Ok(())
+}
+
+/// Tracing to `krefine.log` in the run directory (level from `KREFINE_LOG`, default info).
+fn init_tracing(dir: &RunDir) -> anyhow::Result<tracing_appender::non_blocking::WorkerGuard> {
+    let path = dir.trace_log_path();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    let (writer, guard) = tracing_appender::non_blocking(file);
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KREFINE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A second run in the same process (tests) keeps the first subscriber; that is fine.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer)
+        .with_ansi(false)
+        .try_init();
+    Ok(guard)
+}
