@@ -1,4 +1,0 @@
-//! cli
-pub fn main() -> std::process::ExitCode {
-    std::process::ExitCode::SUCCESS
-}
