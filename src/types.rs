@@ -464,6 +464,9 @@ pub struct ProfileOutcome {
 /// have no task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+// Events are built once per service call and then logged and folded; boxing the big outcomes would
+// only add indirection to every match.
+#[allow(clippy::large_enum_variant)]
 pub enum Event {
     /// Written when a run (or a resumed run) starts.
     RunStarted {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{self, Backend, Config, ExecutorKind, LoadedConfig};
+use crate::config::{self, Config, ExecutorKind, LoadedConfig};
 use crate::engine::{Engine, EngineParts, RunPlan};
 use crate::gpu::{self, DeviceInfo};
 use crate::prompt::{PromptSettings, Prompts};
@@ -119,25 +119,25 @@ async fn drive(
     let cancel = CancellationToken::new();
     let llm = llm::build(&loaded, args.replay_llm.as_deref(), cancel.clone())?;
     let (compiler, executor) = build_eval_services(&loaded, &dir, &devices, &discovery).await?;
-    let on_cpu = devices.iter().all(|d| d.id == DeviceId::Cpu);
-    let prompts = Prompts::load(cfg.prompt.templates.as_deref().map(|p| loaded.resolve(p)).as_deref())?;
-    let prompt_settings = PromptSettings {
-        style: cfg.prompt.style,
-        backend: cfg
-            .prompt
-            .backend
-            .unwrap_or(if on_cpu { Backend::Cpu } else { Backend::Cuda }),
-        history: cfg.method.history,
-        precision: cfg.eval.precision,
-        hardware: if cfg.prompt.hardware_info {
-            devices
-                .iter()
-                .find(|d| d.id != DeviceId::Cpu)
-                .map(|d| d.name.clone())
-        } else {
-            None
-        },
-    };
+    let prompts = Prompts::load(
+        cfg.prompt
+            .templates
+            .as_deref()
+            .map(|p| loaded.resolve(p))
+            .as_deref(),
+    )?;
+    let gpu_name = devices
+        .iter()
+        .find(|d| d.id != DeviceId::Cpu)
+        .map(|d| d.name.as_str());
+    let prompt_settings = PromptSettings::from_config(
+        &cfg.prompt,
+        cfg.method.history,
+        cfg.eval.precision,
+        gpu_name,
+    );
+    // Template errors in user overrides surface now, not in the middle of a run.
+    prompts.check(&prompt_settings)?;
     let parts = EngineParts {
         llm,
         compiler,
