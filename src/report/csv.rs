@@ -1,0 +1,87 @@
+//! The CSV report: one header, one row per (run, turn), full-precision numbers, empty cells for
+//! numbers that do not exist. Quoting follows RFC 4180.
+
+use crate::metrics::FAST_P_LABELS;
+
+use super::{RunReport, axis_name, feedback_key, rows};
+
+fn field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+fn opt(x: Option<f64>) -> String {
+    x.map_or(String::new(), |x| x.to_string())
+}
+
+fn header() -> String {
+    let mut h: Vec<String> = [
+        "run", "method", "feedback", "model", "complete", "axis", "turn", "problems",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    h.extend(FAST_P_LABELS.iter().map(|l| format!("fast_{l}")));
+    h.extend(
+        [
+            "geomean_speedup",
+            "correct_rate",
+            "compiled_rate",
+            "correct",
+            "compiled",
+            "pending",
+            "prompt_tokens",
+            "completion_tokens",
+            "reasoning_tokens",
+            "tokens",
+            "cost_usd",
+            "cumulative_tokens",
+            "cumulative_cost_usd",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    h.join(",")
+}
+
+pub(super) fn render(runs: &[RunReport]) -> String {
+    let mut out = header();
+    out.push('\n');
+    for r in runs {
+        for row in rows(r) {
+            let s = &row.step.summary;
+            let mut c = vec![
+                field(&r.run),
+                r.method.to_string(),
+                r.feedback.map_or("", feedback_key).to_string(),
+                field(&r.model),
+                r.complete.to_string(),
+                axis_name(r.method).to_string(),
+                row.step.n.to_string(),
+                r.metrics.problems.len().to_string(),
+            ];
+            c.extend(s.fast_p.0.iter().map(f64::to_string));
+            c.extend([
+                opt(s.geomean_speedup),
+                s.correct_rate.to_string(),
+                s.compiled_rate.to_string(),
+                s.correct.to_string(),
+                s.compiled.to_string(),
+                row.step.pending.to_string(),
+                row.spend.prompt_tokens.to_string(),
+                row.spend.completion_tokens.to_string(),
+                row.spend.reasoning_tokens.to_string(),
+                row.spend.tokens().to_string(),
+                opt(row.spend.priced().then_some(row.spend.cost_usd)),
+                row.cumulative.tokens().to_string(),
+                opt(row.cumulative.priced().then_some(row.cumulative.cost_usd)),
+            ]);
+            out.push_str(&c.join(","));
+            out.push('\n');
+        }
+    }
+    out
+}

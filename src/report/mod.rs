@@ -1,0 +1,125 @@
+//! `krefine report`: metrics of one or more run directories as text, Markdown, JSON or CSV, and the
+//! KernelBench `eval_results.json` export.
+//!
+//! Rendering is a pure function of [`RunReport`]s; reading run directories and folding logs happens in
+//! the caller. docs/output-formats.md describes every format for users; keep it in step.
+
+mod csv;
+mod json;
+mod kernelbench;
+mod text;
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::metrics::{Ledger, RunMetrics, Spend, StepMetrics, step_spend};
+use crate::types::{FeedbackMode, MethodKind};
+
+pub use kernelbench::{Pick, kernelbench_eval_results};
+
+/// Everything a report shows of one run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunReport {
+    /// Run name (the run directory's name).
+    pub run: String,
+    pub method: MethodKind,
+    /// `None` for methods without feedback (one-shot, sampling).
+    pub feedback: Option<FeedbackMode>,
+    pub model: String,
+    pub metrics: RunMetrics,
+    pub ledger: Ledger,
+    /// False while the run is in progress or when it stopped early (cancelled, budget).
+    pub complete: bool,
+}
+
+/// Output format of `krefine report` (`--format text|md|json|csv`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    #[default]
+    Text,
+    Md,
+    Json,
+    Csv,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown report format {0:?} (expected text, md, json or csv)")]
+pub struct UnknownFormat(pub String);
+
+impl FromStr for Format {
+    type Err = UnknownFormat;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "text" | "txt" => Ok(Format::Text),
+            "md" | "markdown" => Ok(Format::Md),
+            "json" => Ok(Format::Json),
+            "csv" => Ok(Format::Csv),
+            _ => Err(UnknownFormat(s.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Format::Text => "text",
+            Format::Md => "md",
+            Format::Json => "json",
+            Format::Csv => "csv",
+        })
+    }
+}
+
+/// Render `runs` in `format`. JSON prints one object for one run and an array otherwise.
+pub fn render(runs: &[RunReport], format: Format) -> String {
+    match format {
+        Format::Text => text::render(runs, false),
+        Format::Md => text::render(runs, true),
+        Format::Json => json::render(runs),
+        Format::Csv => csv::render(runs),
+    }
+}
+
+/// One row of a run's table: the curve's point and what that step spent.
+pub(crate) struct Row<'a> {
+    pub step: &'a StepMetrics,
+    /// LLM spending of this step alone (turn `n`, or sample `n - 1`).
+    pub spend: Spend,
+    /// LLM spending of steps `1..=n`.
+    pub cumulative: Spend,
+}
+
+pub(crate) fn rows(r: &RunReport) -> Vec<Row<'_>> {
+    let spends = step_spend(r.method, r.metrics.axis, &r.ledger);
+    let mut cumulative = Spend::default();
+    r.metrics
+        .steps
+        .iter()
+        .zip(spends)
+        .map(|(step, spend)| {
+            cumulative.add(&spend);
+            Row {
+                step,
+                spend,
+                cumulative,
+            }
+        })
+        .collect()
+}
+
+/// What the curve's steps count: `turns` or `samples`.
+pub(crate) fn axis_name(method: MethodKind) -> &'static str {
+    match method {
+        MethodKind::Sampling => "samples",
+        MethodKind::Refine | MethodKind::OneShot => "turns",
+    }
+}
+
+/// The feedback mode as the config and the event log spell it (`G`, `GE`, `GEP`).
+pub(crate) fn feedback_key(f: FeedbackMode) -> &'static str {
+    match f {
+        FeedbackMode::G => "G",
+        FeedbackMode::GE => "GE",
+        FeedbackMode::GEP => "GEP",
+    }
+}

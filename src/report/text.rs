@@ -1,0 +1,226 @@
+//! The text and Markdown reports: one table per run, then pass@k and the ledger totals.
+//!
+//! Rates (fast_p, correct, compiled, pass@k) are percentages with one decimal, the geomean has three
+//! decimals, USD four (a cheap model's turn costs fractions of a cent), times are seconds with one
+//! decimal. Numbers that do not exist (no timed correct candidate, no priced answer) print as `-`.
+
+use std::fmt::Write as _;
+
+use crate::metrics::{FAST_P_LABELS, Ledger, Spend};
+
+use crate::types::MethodKind;
+
+use super::{Row, RunReport, rows};
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+fn usd(s: &Spend) -> String {
+    if s.priced() {
+        format!("{:.4}", s.cost_usd)
+    } else {
+        "-".to_string()
+    }
+}
+
+fn secs(ms: u64) -> String {
+    format!("{:.1} s", ms as f64 / 1000.0)
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+fn header(r: &RunReport) -> Vec<String> {
+    let first = match r.method {
+        MethodKind::Sampling => "samples",
+        MethodKind::Refine | MethodKind::OneShot => "turn",
+    };
+    let mut h = vec![first.to_string()];
+    h.extend(FAST_P_LABELS.iter().map(|l| format!("fast_{l}")));
+    h.extend(
+        ["geomean", "correct", "compiled", "tokens", "USD"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    h
+}
+
+fn cells(row: &Row<'_>) -> Vec<String> {
+    let s = &row.step.summary;
+    let mut c = vec![row.step.n.to_string()];
+    c.extend(s.fast_p.0.iter().map(|&x| pct(x)));
+    c.push(s.geomean_speedup.map_or("-".into(), |g| format!("{g:.3}")));
+    c.push(pct(s.correct_rate));
+    c.push(pct(s.compiled_rate));
+    c.push(row.spend.tokens().to_string());
+    c.push(usd(&row.spend));
+    c
+}
+
+fn title(r: &RunReport) -> String {
+    let mut parts = vec![r.method.to_string()];
+    if let Some(f) = r.feedback {
+        parts.push(format!("feedback {f}"));
+    }
+    if !r.model.is_empty() {
+        parts.push(format!("model {}", r.model));
+    }
+    parts.push(plural(
+        r.metrics.problems.len() as u64,
+        "problem",
+        "problems",
+    ));
+    parts.push(if r.complete { "complete" } else { "incomplete" }.to_string());
+    parts.join(", ")
+}
+
+fn pass_at_k_line(r: &RunReport) -> Option<String> {
+    if r.metrics.pass_at_k.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = r
+        .metrics
+        .pass_at_k
+        .iter()
+        .map(|p| format!("pass@{} {}", p.k, pct(p.value)))
+        .collect();
+    Some(parts.join(", "))
+}
+
+/// The ledger totals as (label, value) lines.
+fn totals(l: &Ledger) -> Vec<(&'static str, String)> {
+    let t = &l.total;
+    let mut tokens = format!(
+        "{} (prompt {}, completion {}, reasoning {})",
+        t.tokens(),
+        t.prompt_tokens,
+        t.completion_tokens,
+        t.reasoning_tokens
+    );
+    if t.answers_without_usage > 0 {
+        let _ = write!(
+            tokens,
+            "; {} of {} answers without usage",
+            t.answers_without_usage, t.answers
+        );
+    }
+    let mut cost = usd(t);
+    if t.answers_without_cost > 0 {
+        let _ = write!(
+            cost,
+            " ({} of {} answers without a cost)",
+            t.answers_without_cost, t.answers
+        );
+    }
+    let llm = format!(
+        "{}; {} ({}, {} failed); {}",
+        plural(t.answers, "answer", "answers"),
+        plural(l.llm_attempts, "attempt", "attempts"),
+        plural(l.llm_retries, "retry", "retries"),
+        l.llm_failed_attempts,
+        plural(l.llm_failures, "request given up", "requests given up"),
+    );
+    let d = &l.device_total;
+    let mut devices = format!(
+        "{}, held {}, busy {}",
+        plural(d.leases, "lease", "leases"),
+        secs(d.held_ms),
+        secs(d.busy_ms)
+    );
+    if d.held_ms > 0 {
+        let _ = write!(devices, " ({})", pct(d.busy_ms as f64 / d.held_ms as f64));
+    }
+    let _ = write!(devices, ", lease wait {}", secs(d.wait_ms));
+    let compile = format!(
+        "{} in {} ({} cached)",
+        secs(l.compile_ms),
+        plural(l.compiles, "build", "builds"),
+        l.compiles_cached
+    );
+    vec![
+        ("tokens", tokens),
+        ("USD", cost),
+        ("LLM", llm),
+        ("devices", devices),
+        ("compile", compile),
+        ("wall", secs(l.wall_ms)),
+    ]
+}
+
+/// Right-aligned columns, two spaces apart.
+fn aligned(table: &[Vec<String>]) -> String {
+    let cols = table.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|i| {
+            table
+                .iter()
+                .filter_map(|row| row.get(i))
+                .map(|c| c.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in table {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, &w)| format!("{c:>w$}"))
+            .collect();
+        out.push_str(&line.join("  "));
+        out.push('\n');
+    }
+    out
+}
+
+fn markdown_table(table: &[Vec<String>]) -> String {
+    let mut out = String::new();
+    for (i, row) in table.iter().enumerate() {
+        out.push_str("| ");
+        out.push_str(&row.join(" | "));
+        out.push_str(" |\n");
+        if i == 0 {
+            let rule: Vec<&str> = row.iter().map(|_| "---:").collect();
+            out.push('|');
+            out.push_str(&rule.join("|"));
+            out.push_str("|\n");
+        }
+    }
+    out
+}
+
+fn render_one(r: &RunReport, md: bool) -> String {
+    let mut table = vec![header(r)];
+    table.extend(rows(r).iter().map(cells));
+    let mut out = String::new();
+    if md {
+        let _ = writeln!(out, "### {}\n", r.run);
+        let _ = writeln!(out, "{}\n", title(r));
+        out.push_str(&markdown_table(&table));
+        if let Some(line) = pass_at_k_line(r) {
+            let _ = writeln!(out, "\n{line}");
+        }
+        out.push('\n');
+        for (label, value) in totals(&r.ledger) {
+            let _ = writeln!(out, "- {label}: {value}");
+        }
+    } else {
+        let _ = writeln!(out, "{} ({})", r.run, title(r));
+        out.push_str(&aligned(&table));
+        if let Some(line) = pass_at_k_line(r) {
+            out.push_str(&line);
+            out.push('\n');
+        }
+        for (label, value) in totals(&r.ledger) {
+            let _ = writeln!(out, "{label:<9}{value}");
+        }
+    }
+    out
+}
+
+pub(super) fn render(runs: &[RunReport], md: bool) -> String {
+    let blocks: Vec<String> = runs.iter().map(|r| render_one(r, md)).collect();
+    blocks.join("\n")
+}
