@@ -3,15 +3,21 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::Context;
+
+use crate::config::Config;
 use crate::engine::fold_records;
-use crate::report::Format;
-use crate::store::read_log;
+use crate::metrics::{RunInput, ledger, run_metrics, run_problems};
+use crate::report::{Format, RunReport, render};
+use crate::store::{RunDir, read_log};
+use crate::types::{Event, MethodKind};
 
 #[derive(clap::Args)]
 pub struct ReportArgs {
     /// Run directories.
     #[arg(required = true)]
     runs: Vec<PathBuf>,
+    /// text, md, json or csv.
     #[arg(long, default_value = "text")]
     format: Format,
 }
@@ -21,27 +27,64 @@ pub fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn render_dirs(dirs: &[PathBuf], _format: Format) -> anyhow::Result<String> {
-    let mut out = String::new();
-    for d in dirs {
-        out.push_str(&summary(d)?);
-    }
-    Ok(out)
+/// Render the reports of several run directories in one format.
+pub fn render_dirs(dirs: &[PathBuf], format: Format) -> anyhow::Result<String> {
+    let reports = dirs
+        .iter()
+        .map(|d| load_report(d))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(render(&reports, format))
 }
 
-fn summary(dir: &Path) -> anyhow::Result<String> {
-    let log = read_log(&dir.join(crate::store::EVENTS_FILE))?;
-    let (_, tasks) = fold_records(&log.records)?;
-    let mut s = String::new();
-    for (t, turns) in tasks {
-        s.push_str(&format!(
-            "{t}: {}\n",
-            turns
-                .iter()
-                .map(|r| r.verdict.map(|v| v.to_string()).unwrap_or_default())
-                .collect::<Vec<_>>()
-                .join(" ")
-        ));
+/// Metrics and ledger of one run, as pure functions of its log.
+pub fn load_report(dir: &Path) -> anyhow::Result<RunReport> {
+    let run = RunDir::open(dir)?;
+    let log = read_log(&run.events_path())?;
+    if let Some(w) = &log.torn_tail {
+        eprintln!("warning: {w}");
     }
-    Ok(s)
+    let (started, turns) = fold_records(&log.records)
+        .with_context(|| format!("{} does not fold into task states", run.events_path().display()))?;
+    let Some(Event::RunStarted {
+        run: name,
+        method,
+        feedback,
+        task_ids,
+        turns: n_turns,
+        samples,
+        ..
+    }) = started
+    else {
+        anyhow::bail!("{}: the log has no run_started record", run.events_path().display());
+    };
+    let model = std::fs::read_to_string(run.config_path())
+        .ok()
+        .and_then(|t| toml::from_str::<Config>(&t).ok())
+        .map(|c| c.model.name)
+        .unwrap_or_default();
+    let axis = match method {
+        MethodKind::Refine => n_turns,
+        MethodKind::Sampling => samples,
+        MethodKind::OneShot => 1,
+    };
+    let problems = run_problems(&task_ids);
+    let metrics = run_metrics(&RunInput {
+        method,
+        axis,
+        problems: &problems,
+        turns: &turns,
+    });
+    let complete = matches!(
+        log.records.last().map(|r| &r.event),
+        Some(Event::RunEnded { reason }) if reason == "finished"
+    );
+    Ok(RunReport {
+        run: name,
+        method,
+        feedback: (method == MethodKind::Refine).then_some(feedback).flatten(),
+        model,
+        metrics,
+        ledger: ledger(&log.records),
+        complete,
+    })
 }
