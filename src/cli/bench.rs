@@ -67,7 +67,7 @@ pub fn bench(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
             };
             let rt = super::runtime()?;
             let r = rt.block_on(scheduler(tasks, turns, gpus, compile_slots, llm_median_s, sim))?;
-            println!("{r}");
+            super::print_out(&r)?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -23,7 +23,7 @@ pub struct ReportArgs {
 }
 
 pub fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
-    println!("{}", render_dirs(&args.runs, args.format)?);
+    super::print_out(&render_dirs(&args.runs, args.format)?)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -199,7 +199,7 @@ async fn drive(
         }
     );
     match super::report::render_dirs(&[dir.root().to_path_buf()], crate::report::Format::Text) {
-        Ok(text) => println!("{text}"),
+        Ok(text) => super::print_out(&text)?,
         Err(e) => eprintln!("warning: could not build the report: {e:#}"),
     }
     Ok(match summary.stopped {
