@@ -202,3 +202,24 @@ fn wrong_key_and_type_are_named() {
     assert!(err.contains("turns") && err.contains("line"), "{err}");
     assert!(!tmp.path().join("y").exists(), "a bad config must not leave a run directory");
 }
+
+#[test]
+fn report_into_a_closed_pipe_does_not_panic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = fixture(tmp.path());
+    let out = tmp.path().join("r");
+    assert!(run(&cfg, &out, false).wait().unwrap().success());
+    let mut child = Command::new(bin())
+        .args(["report", "--format", "json"])
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the read end before the report is written, as `| head -0` would.
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(o.status.success(), "{err}");
+}
