@@ -14,7 +14,8 @@
 //!   outside it. A closing tag with no opening one (chat templates that put `<think>` in the prompt)
 //!   makes everything before it reasoning; an opening tag never closed runs to the end.
 //!
-//! Answers without any fenced block give `None`, as in KernelBench.
+//! When this finds no usable block, KernelBench's own rule is tried as it is (fences in the middle of
+//! a line). Answers without any fenced block give `None`, as in KernelBench.
 
 /// The candidate code in an answer, or `None` when it has no usable code block.
 pub fn extract_code(answer: &str) -> Option<String> {
@@ -35,6 +36,22 @@ pub fn extract_code(answer: &str) -> Option<String> {
         .find(|b| defines_model_new(&b.code))
         .or_else(|| usable().next())
         .map(|b| b.code.clone())
+        .or_else(|| kernelbench_rule(&text))
+}
+
+/// KernelBench's own rule, for answers whose fences are not at the start of a line
+/// (`Sure! ```python`): the text between the first two "```", stripped, a leading `python` or
+/// `cpp` removed. Never worse than KernelBench on an answer it can read.
+fn kernelbench_rule(text: &str) -> Option<String> {
+    let (_, rest) = text.split_once("```")?;
+    let (inner, _) = rest.split_once("```")?;
+    let mut code = inner.trim();
+    for tag in ["python", "cpp"] {
+        if let Some(c) = code.strip_prefix(tag) {
+            code = c.trim();
+        }
+    }
+    (!code.is_empty()).then(|| code.to_string())
 }
 
 /// One fenced block: where its opening fence starts (byte offset) and its cleaned content.
@@ -355,6 +372,15 @@ mod tests {
         assert_eq!(x("```python\n```"), None);
         assert_eq!(x("```python\n   \n\n```\ntext"), None);
         assert_eq!(x("```python"), None);
+    }
+
+    #[test]
+    fn fence_in_the_middle_of_a_line_falls_back_to_kernelbench_rule() {
+        assert_eq!(
+            x("Sure! ```python\nimport torch\nclass ModelNew: pass\n```"),
+            some("import torch\nclass ModelNew: pass")
+        );
+        assert_eq!(x("Use ```cpp x = 1;``` here."), some("x = 1;"));
     }
 
     #[test]
