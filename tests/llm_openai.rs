@@ -354,6 +354,29 @@ fn attempts(events: &[Event]) -> Vec<(Option<u16>, Option<String>)> {
         .collect()
 }
 
+/// Sends three requests one after the other: the first two go at once, the third one window after
+/// the first. Measured here, not at the server: the gate lets the third request go one window after
+/// the first one entered, which was after `t0`.
+async fn third_request_waits_one_window(c: &mut Client, window: Duration) {
+    let t0 = Instant::now();
+    c.ask(1).await.unwrap();
+    c.ask(2).await.unwrap();
+    let two = t0.elapsed();
+    assert!(two < window * 5 / 6, "{two:?}");
+    c.ask(3).await.unwrap();
+    let three = t0.elapsed();
+    assert!(three >= window, "{three:?}");
+    c.events();
+}
+
+/// How many `BudgetExhausted` events there are.
+fn budget_stops(events: &[Event]) -> usize {
+    events
+        .iter()
+        .filter(|e| matches!(e, Event::BudgetExhausted { .. }))
+        .count()
+}
+
 fn cost(prompt: u64, completion: u64) -> f64 {
     (prompt as f64 * PROMPT_PRICE + completion as f64 * COMPLETION_PRICE) / 1e6
 }
@@ -792,12 +815,7 @@ async fn usd_budget_stops_new_requests() {
     assert_eq!(e, "budget exhausted: $0.012000 spent, budget.usd = 0.01");
     assert_eq!(fake.seen().len(), 2);
     assert!(close(c.ledger.totals().cost_usd, 2.0 * cost(1000, 500)));
-    let stops = c
-        .events()
-        .into_iter()
-        .filter(|e| matches!(e, Event::BudgetExhausted { .. }))
-        .count();
-    assert_eq!(stops, 1);
+    assert_eq!(budget_stops(&c.events()), 1);
 }
 
 #[tokio::test]
@@ -812,12 +830,7 @@ async fn in_flight_requests_finish_and_count_when_the_budget_runs_out() {
     assert_eq!(c.ledger.totals().tokens(), 200);
     assert!(matches!(c.ask(3).await, Err(LlmError::Fatal(_))));
     assert_eq!(fake.seen().len(), 2);
-    let stops = c
-        .events()
-        .into_iter()
-        .filter(|e| matches!(e, Event::BudgetExhausted { .. }))
-        .count();
-    assert_eq!(stops, 1);
+    assert_eq!(budget_stops(&c.events()), 1);
 }
 
 #[tokio::test]
@@ -827,24 +840,8 @@ async fn requests_per_minute_are_spaced_over_the_window() {
     setup.resources.requests_per_minute = 2;
     setup.window = Duration::from_millis(300);
     let mut c = setup.client("rpm");
-    // Measured here, not at the server: the gate lets the third request go one window after the
-    // first one entered, which was after t0.
-    let t0 = Instant::now();
-    c.ask(1).await.unwrap();
-    c.ask(2).await.unwrap();
-    assert!(
-        t0.elapsed() < Duration::from_millis(250),
-        "{:?}",
-        t0.elapsed()
-    );
-    c.ask(3).await.unwrap();
-    assert!(
-        t0.elapsed() >= Duration::from_millis(300),
-        "{:?}",
-        t0.elapsed()
-    );
+    third_request_waits_one_window(&mut c, Duration::from_millis(300)).await;
     assert_eq!(fake.seen().len(), 3);
-    c.events();
 }
 
 #[tokio::test]
@@ -854,23 +851,10 @@ async fn tokens_per_minute_wait_for_used_tokens_to_leave_the_window() {
     setup.resources.tokens_per_minute = 1000;
     setup.window = Duration::from_millis(300);
     let mut c = setup.client("tpm");
-    let t0 = Instant::now();
-    c.ask(1).await.unwrap();
-    // 600 tokens in the window: the second request (estimated at ~10) still fits, the third does not.
-    c.ask(2).await.unwrap();
-    assert!(
-        t0.elapsed() < Duration::from_millis(250),
-        "{:?}",
-        t0.elapsed()
-    );
-    c.ask(3).await.unwrap();
-    assert!(
-        t0.elapsed() >= Duration::from_millis(300),
-        "{:?}",
-        t0.elapsed()
-    );
+    // 600 tokens in the window after the first answer: the second request (estimated at ~10) still
+    // fits, the third does not.
+    third_request_waits_one_window(&mut c, Duration::from_millis(300)).await;
     assert_eq!(fake.seen().len(), 3);
-    c.events();
 }
 
 #[tokio::test]
