@@ -39,10 +39,6 @@ impl Prices {
             })?;
         Ok(cost_usd(price, usage))
     }
-
-    pub fn has(&self, model: &str) -> bool {
-        self.0.contains_key(model)
-    }
 }
 
 /// Reasoning tokens are part of the completion tokens (OpenAI's accounting), so they are not added
