@@ -536,9 +536,15 @@ pub enum Event {
         usage: Option<Usage>,
         #[serde(default)]
         cost_usd: Option<f64>,
+        /// Why usage or cost is missing from a successful attempt (no `usage` sent, no price).
+        #[serde(default)]
+        note: Option<String>,
     },
     /// Streamed answer text as it arrives. Transient: broadcast to live views, never written to the log.
-    LlmDelta { turn: u32, delta: String },
+    LlmDelta {
+        turn: u32,
+        delta: String,
+    },
     /// A GPU (or CPU) lease was granted after waiting `wait_ms`.
     LeaseGranted {
         device: String,

@@ -1,26 +1,123 @@
 //! LLM providers behind the [`crate::services::Llm`] trait: scripted (tests, quickstart),
-//! OpenAI-compatible, and replay of a recorded run; plus code extraction.
+//! OpenAI-compatible, and replay of a recorded run; the ledger and budget around all of them; and
+//! code extraction.
+//!
+//! - [`openai`]: the OpenAI-compatible provider (retries, attempt events, pricing), built from
+//!   [`http`] (one attempt), [`wire`] (tolerant response shapes), [`gate`] (in-flight and per-minute
+//!   limits), [`retry`] (backoff, `Retry-After`) and [`secret`] (the API key).
+//! - [`metered`] and [`ledger`]: token and USD totals of a run, and its budget stop.
+//! - [`scripted`], [`replay`]: offline providers.
+//! - [`extract`]: the candidate code in an answer.
 
 pub mod extract;
+pub mod gate;
+pub mod http;
+pub mod ledger;
+pub mod metered;
+pub mod openai;
+pub mod replay;
+pub mod retry;
 pub mod scripted;
+pub mod secret;
+pub mod wire;
 
 use std::path::Path;
 use std::sync::Arc;
 
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
 use crate::config::{LoadedConfig, Provider};
 use crate::services::Llm;
 
-/// The configured provider (interim: scripted only, until the provider layer lands).
+pub use ledger::{Ledger, LedgerTotals};
+
+/// The configured provider, wrapped in the run's ledger and budget. `replay_override` (a run
+/// directory or its `events.jsonl`) replaces the configured provider with a replay of that run.
 pub fn build(
     cfg: &LoadedConfig,
-    _replay_override: Option<&Path>,
-    _cancel: tokio_util::sync::CancellationToken,
+    replay_override: Option<&Path>,
+    cancel: CancellationToken,
 ) -> anyhow::Result<Arc<dyn Llm>> {
-    match cfg.config.model.provider {
-        Provider::Scripted => {
-            let p = cfg.config.model.answers.as_deref().unwrap_or(Path::new(""));
-            Ok(Arc::new(scripted::ScriptedLlm::load(&cfg.resolve(p))?))
+    Ok(build_with_ledger(cfg, replay_override, cancel)?.0)
+}
+
+/// [`build`], also handing out the ledger whose [`Ledger::totals`] a progress display shows.
+pub fn build_with_ledger(
+    cfg: &LoadedConfig,
+    replay_override: Option<&Path>,
+    cancel: CancellationToken,
+) -> anyhow::Result<(Arc<dyn Llm>, Arc<Ledger>)> {
+    let c = &cfg.config;
+    let m = &c.model;
+    let inner: Arc<dyn Llm> = match (replay_override, m.provider) {
+        (Some(run), _) => Arc::new(replay::ReplayLlm::load(run)?),
+        (None, Provider::Replay) => {
+            let run = m.replay_run.as_deref().context(
+                "model.provider = \"replay\" needs model.replay_run (a run directory) or --replay-llm",
+            )?;
+            Arc::new(replay::ReplayLlm::load(&cfg.resolve(run))?)
         }
-        other => anyhow::bail!("provider {other:?} is not available in this build"),
+        (None, Provider::Scripted) => {
+            let answers = m
+                .answers
+                .as_deref()
+                .context("model.provider = \"scripted\" needs model.answers")?;
+            Arc::new(scripted::ScriptedLlm::load(&cfg.resolve(answers))?)
+        }
+        (None, Provider::Openai) => {
+            if c.budget.usd.is_some() && !m.prices.contains_key(&m.name) {
+                anyhow::bail!(
+                    "budget.usd is set but model.prices has no price for model.name {:?}, so spending \
+                     cannot be counted: add [model.prices.{:?}] with prompt and completion USD per \
+                     million tokens",
+                    m.name,
+                    m.name
+                );
+            }
+            Arc::new(
+                openai::OpenAiLlm::builder(m)
+                    .resources(&c.resources)
+                    .cancel(cancel)
+                    .build()?,
+            )
+        }
+    };
+    let ledger = Arc::new(Ledger::new(&c.budget));
+    Ok((
+        Arc::new(metered::Metered::new(inner, ledger.clone())),
+        ledger,
+    ))
+}
+
+/// One line for `krefine doctor`: provider, model, endpoint and whether the key variable is set
+/// (never its value).
+pub fn describe_endpoint(cfg: &LoadedConfig) -> String {
+    let m = &cfg.config.model;
+    let resolved = |p: Option<&Path>| match p {
+        Some(p) => cfg.resolve(p).display().to_string(),
+        None => "(not configured)".into(),
+    };
+    match m.provider {
+        Provider::Scripted => format!("scripted: answers from {}", resolved(m.answers.as_deref())),
+        Provider::Replay => format!(
+            "replay: answers recorded in {}",
+            resolved(m.replay_run.as_deref())
+        ),
+        Provider::Openai => {
+            let key = match &m.api_key_env {
+                Some(var) if std::env::var_os(var).is_some_and(|v| !v.is_empty()) => {
+                    format!("API key from ${var} (set)")
+                }
+                Some(var) => format!("API key from ${var} (NOT SET)"),
+                None => "no API key (model.api_key_env not given)".into(),
+            };
+            format!(
+                "openai: model {:?} at {}; {key}{}",
+                m.name,
+                m.base_url.as_deref().unwrap_or(http::DEFAULT_BASE_URL),
+                if m.stream { "; streaming" } else { "" }
+            )
+        }
     }
 }
