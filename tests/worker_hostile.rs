@@ -54,7 +54,7 @@ async fn shared() -> &'static Shared {
                 let _ = tokio::fs::remove_dir_all(work.join(sub)).await;
             }
             let cache = if std::env::var_os("KREFINE_TEST_FRESH_CACHE").is_some() {
-                let c = work.join(format!("build-cache-{}", std::process::id()));
+                let c = work.join("build-cache-fresh");
                 let _ = tokio::fs::remove_dir_all(&c).await;
                 c
             } else {

@@ -437,3 +437,20 @@ async fn worker_logs_live_in_the_log_dir() {
         assert!(text.contains("fake harness starting"), "{name}: {text}");
     }
 }
+
+#[tokio::test]
+async fn shutdown_during_a_request_is_reported_as_shutdown() {
+    let (_tmp, pool) = fake_pool("ok").await;
+    healthy(&pool).await;
+    let busy = {
+        let pool = Arc::clone(&pool);
+        tokio::spawn(async move { exec(&pool, "FAKE:hang").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    pool.shutdown().await;
+    let e = busy.await.expect("task");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert_eq!(e.verdict, Verdict::Crashed, "{e:#?}");
+    assert_eq!(e.feedback, "the worker pool was shut down");
+}

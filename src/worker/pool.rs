@@ -172,6 +172,27 @@ struct Slot {
     /// Process group of the live process (0: none), readable without the lock so `shutdown` can kill
     /// a worker that is busy with a request.
     pgid: AtomicU32,
+    /// The device name the worker reported (GPUs only), for outcomes the orchestrator writes itself.
+    hardware: StdMutex<Option<String>>,
+}
+
+impl Slot {
+    fn hardware(&self) -> Option<String> {
+        match self.hardware.lock() {
+            Ok(h) => h.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn note_ready(&self, process: &WorkerProcess) {
+        if let Some(dev) = &process.ready().device {
+            let mut h = match self.hardware.lock() {
+                Ok(h) => h,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            *h = Some(dev.name.clone());
+        }
+    }
 }
 
 #[derive(Default)]
@@ -344,10 +365,21 @@ impl WorkerPool {
             }
         };
 
-        let make_slot = |spec: SpawnSpec, process: Option<WorkerProcess>| Slot {
-            pgid: AtomicU32::new(process.as_ref().map_or(0, |p| p.pid())),
-            spec,
-            state: Mutex::new(SlotState { process, served: 0 }),
+        let make_slot = |spec: SpawnSpec, process: Option<WorkerProcess>| {
+            let mut slot = Slot {
+                pgid: AtomicU32::new(process.as_ref().map_or(0, |p| p.pid())),
+                spec,
+                state: Mutex::new(SlotState {
+                    process: None,
+                    served: 0,
+                }),
+                hardware: StdMutex::new(None),
+            };
+            if let Some(p) = process {
+                slot.note_ready(&p);
+                slot.state.get_mut().process = Some(p);
+            }
+            slot
         };
         let mut compile_slots = Vec::with_capacity(compile_specs.len());
         let mut first = Some(first_compile);
@@ -480,9 +512,11 @@ impl WorkerPool {
             _ => {
                 state.served = 0;
                 slot.pgid.store(0, Ordering::SeqCst);
-                WorkerProcess::spawn(&slot.spec)
+                let p = WorkerProcess::spawn(&slot.spec)
                     .await
-                    .map_err(CallError::Start)?
+                    .map_err(CallError::Start)?;
+                slot.note_ready(&p);
+                p
             }
         };
         slot.pgid.store(process.pid(), Ordering::SeqCst);
@@ -507,7 +541,12 @@ impl WorkerPool {
         if state.process.is_none() {
             slot.pgid.store(0, Ordering::SeqCst);
         }
-        result.map_err(CallError::Request)
+        match result {
+            Ok(r) => Ok(r),
+            // `shutdown` killed it under our feet: say so rather than blame the candidate.
+            Err(_) if self.closed.load(Ordering::SeqCst) => Err(CallError::Closed),
+            Err(e) => Err(CallError::Request(e)),
+        }
     }
 
     fn eval_slot(&self, device: &DeviceId) -> Option<&Slot> {
@@ -689,7 +728,13 @@ impl WorkerPool {
 
     // ------------------------------------------------------------------------------------- execute
 
-    fn exec_failure(&self, err: CallError, device: &DeviceId, started: Instant) -> ExecOutcome {
+    fn exec_failure(
+        &self,
+        err: CallError,
+        device: &DeviceId,
+        hardware: Option<String>,
+        started: Instant,
+    ) -> ExecOutcome {
         let dev = device.to_string();
         let wall = elapsed_ms(started);
         let (verdict, message, mut metadata) = match err {
@@ -705,7 +750,7 @@ impl WorkerPool {
                 let mut o = ExecOutcome::failure(Verdict::Timeout, &dev, message, wall);
                 o.metadata = m;
                 o.compiled = false;
-                return self.with_device(o, &dev);
+                return self.with_device(o, &dev, hardware);
             }
             CallError::Request(RequestError::Exited { exit, log_tail }) => {
                 // SIGKILL that we did not send: almost always the kernel's out-of-memory killer.
@@ -756,7 +801,7 @@ impl WorkerPool {
                 let mut o = ExecOutcome::failure(Verdict::RuntimeError, &dev, message, wall);
                 o.metadata = m;
                 o.compiled = false;
-                return self.with_device(o, &dev);
+                return self.with_device(o, &dev, hardware);
             }
             CallError::Start(e) => (
                 Verdict::Crashed,
@@ -772,11 +817,16 @@ impl WorkerPool {
         metadata.insert("error".into(), json!(message));
         let mut o = ExecOutcome::failure(verdict, &dev, message, wall);
         o.metadata = metadata;
-        self.with_device(o, &dev)
+        self.with_device(o, &dev, hardware)
     }
 
     /// Orchestrator-made outcomes still say which device they concern.
-    fn with_device(&self, mut o: ExecOutcome, dev: &str) -> ExecOutcome {
+    fn with_device(&self, mut o: ExecOutcome, dev: &str, hardware: Option<String>) -> ExecOutcome {
+        // KernelBench's metadata always names the hardware and the device.
+        if let Some(h) = hardware {
+            o.metadata.insert("hardware".into(), json!(h));
+            o.env.device_name = h;
+        }
         o.metadata.insert("device".into(), json!(dev));
         o.env.driver = self.settings.driver.clone();
         o.env.precision = Some(self.settings.precision.as_str().into());
@@ -955,6 +1005,7 @@ impl Executor for WorkerPool {
             return self.exec_failure(
                 CallError::Start(WorkerError::Settings(msg)),
                 device,
+                None,
                 started,
             );
         };
@@ -989,9 +1040,9 @@ impl Executor for WorkerPool {
                     detail: format!("evaluate answered with `{}`", other.kind()),
                     log_tail: String::new(),
                 });
-                self.exec_failure(err, device, started)
+                self.exec_failure(err, device, slot.hardware(), started)
             }
-            Err(e) => self.exec_failure(e, device, started),
+            Err(e) => self.exec_failure(e, device, slot.hardware(), started),
         }
     }
 

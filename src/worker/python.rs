@@ -15,6 +15,14 @@ const NAMES: [&str; 2] = ["python3", "python"];
 /// so launcher shims (pyenv, asdf) that need the orchestrator's environment are resolved here, before
 /// workers start with a scrubbed one.
 pub async fn find_python(configured: Option<&Path>) -> Result<PathBuf, WorkerError> {
+    find_python_on(configured, std::env::var_os("PATH")).await
+}
+
+/// [`find_python`] with the search path given (testable without touching the process environment).
+pub async fn find_python_on(
+    configured: Option<&Path>,
+    search_path: Option<std::ffi::OsString>,
+) -> Result<PathBuf, WorkerError> {
     if let Some(python) = configured {
         return check_python(python)
             .await
@@ -25,7 +33,7 @@ pub async fn find_python(configured: Option<&Path>) -> Result<PathBuf, WorkerErr
     }
     let mut tried = Vec::new();
     for name in NAMES {
-        let Some(path) = which(name).await else {
+        let Some(path) = which(name, search_path.as_deref()).await else {
             tried.push(format!("{name} (not on PATH)"));
             continue;
         };
@@ -78,10 +86,9 @@ pub async fn check_python(python: &Path) -> Result<PathBuf, String> {
 }
 
 /// First executable file named `name` in PATH.
-async fn which(name: &str) -> Option<PathBuf> {
+async fn which(name: &str, search_path: Option<&std::ffi::OsStr>) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
-    let path = std::env::var_os("PATH")?;
-    for dir in std::env::split_paths(&path) {
+    for dir in std::env::split_paths(search_path?) {
         let candidate = dir.join(name);
         if let Ok(meta) = tokio::fs::metadata(&candidate).await
             && meta.is_file()
@@ -91,4 +98,54 @@ async fn which(name: &str) -> Option<PathBuf> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    #[tokio::test]
+    async fn first_python_that_imports_torch_wins_and_failures_are_listed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = tmp.path().join("a");
+        let b = tmp.path().join("b");
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        script(
+            &a,
+            "python3",
+            "echo \"ModuleNotFoundError: No module named 'torch'\" >&2; exit 1",
+        );
+        script(&b, "python", "echo /opt/real/bin/python3.12");
+        let path = std::env::join_paths([&a, &b]).unwrap();
+        let found = find_python_on(None, Some(path)).await.unwrap();
+        assert_eq!(found, PathBuf::from("/opt/real/bin/python3.12"));
+
+        let only_a = std::env::join_paths([&a]).unwrap();
+        let err = find_python_on(None, Some(only_a))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("python3 ("), "{err}");
+        assert!(err.contains("No module named 'torch'"), "{err}");
+        assert!(err.contains("python (not on PATH)"), "{err}");
+
+        let missing = tmp.path().join("nope/python3");
+        let err = find_python_on(Some(&missing), None)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("nope/python3") && err.contains("cannot run it"),
+            "{err}"
+        );
+    }
 }
