@@ -454,3 +454,18 @@ async fn shutdown_during_a_request_is_reported_as_shutdown() {
     assert_eq!(e.verdict, Verdict::Crashed, "{e:#?}");
     assert_eq!(e.feedback, "the worker pool was shut down");
 }
+
+#[tokio::test]
+async fn a_worker_that_died_while_idle_is_not_blamed_on_the_next_candidate() {
+    let (_tmp, pool) = fake_pool("ok").await;
+    let before = healthy(&pool).await;
+    // Killed from outside between requests (the OOM killer, an operator).
+    krefine::worker::process::kill_group(before as u32);
+    assert!(
+        wait_gone(&[before as u32], Duration::from_secs(5))
+            .await
+            .is_empty()
+    );
+    let after = healthy(&pool).await;
+    assert_ne!(before, after);
+}

@@ -507,9 +507,13 @@ impl WorkerPool {
         }
         // Taken out of the slot for the duration: if this future is dropped mid-request, the process
         // is dropped with it (and killed), never put back half-used.
-        let mut process = match state.process.take() {
-            Some(p) if p.is_alive() => p,
-            _ => {
+        let alive = state
+            .process
+            .take()
+            .and_then(|mut p| (!p.exited_while_idle()).then_some(p));
+        let mut process = match alive {
+            Some(p) => p,
+            None => {
                 state.served = 0;
                 slot.pgid.store(0, Ordering::SeqCst);
                 let p = WorkerProcess::spawn(&slot.spec)

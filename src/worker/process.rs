@@ -416,6 +416,31 @@ impl WorkerProcess {
         &self.log_path
     }
 
+    /// True (and the group is cleaned up) when the worker ended while idle, e.g. killed by the
+    /// out-of-memory killer between requests. Checked before each request so that the next candidate
+    /// is not blamed for it.
+    pub fn exited_while_idle(&mut self) -> bool {
+        if !self.alive {
+            return true;
+        }
+        match self.child.try_wait() {
+            Ok(Some(status)) => {
+                self.alive = false;
+                kill_group(self.pid);
+                tracing::warn!(
+                    "worker {} (pid {}) ended while idle with {}",
+                    self.name,
+                    self.pid,
+                    ExitInfo::from_status(status).describe()
+                );
+                true
+            }
+            Ok(None) => false,
+            // Cannot tell: treat it as alive; a real problem shows up as a failed request.
+            Err(_) => false,
+        }
+    }
+
     /// The last lines this incarnation wrote to its log.
     pub async fn log_tail(&self, max_lines: usize) -> String {
         log_tail(&self.log_path, self.log_start, max_lines).await
