@@ -877,12 +877,15 @@ impl WorkerPool {
                 None => format!("profiling failed ({status})"),
             })
         };
+        if ok && let Some(note) = &r.note {
+            // Informational on success (e.g. ncu not installed); `error` stays for failures only.
+            tracing::info!("profile note: {note}");
+        }
         ProfileOutcome {
             ok,
             table: r.table,
             ncu: r.ncu.and_then(|n| serde_json::to_value(n).ok()),
-            // A note on a successful profile (e.g. "ncu not found") is still worth keeping.
-            error: error.or(r.note),
+            error,
             duration_ms: elapsed_ms(started),
         }
     }
