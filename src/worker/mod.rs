@@ -1,2 +1,80 @@
 //! Python worker processes: the harness shipped in the binary, CPU compile pool, per-device evaluation
 //! workers, timeouts, crash containment and respawn.
+//!
+//! - [`protocol`]: the JSON-lines messages (docs/worker-protocol.md) as serde types.
+//! - [`harness`]: the Python harness embedded with `include_str!` and written to a cache folder.
+//! - [`python`]: finding an interpreter that imports torch.
+//! - [`process`]: one worker process: scrubbed environment, own process group, timeouts, kill, reap.
+//! - [`pool`]: [`WorkerPool`], the `Compiler` and `Executor` the engine uses.
+//! - [`baseline`]: KernelBench baseline timing files.
+
+pub mod baseline;
+pub mod harness;
+pub mod pool;
+pub mod process;
+pub mod protocol;
+pub mod python;
+
+use std::path::PathBuf;
+
+pub use baseline::{BaselineEntry, BaselineTable};
+pub use harness::{HARNESS_ENTRY, HARNESS_FILES, deploy_harness, harness_digest};
+pub use pool::{WorkerPool, WorkerSettings};
+pub use python::find_python;
+
+/// Why the worker machinery could not do its job (as opposed to a candidate failing, which is a verdict).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("cannot {action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("no Python interpreter that imports torch was found; tried: {tried}")]
+    PythonNotFound { tried: String },
+    #[error("Python interpreter {python} cannot be used: {detail}")]
+    PythonUnusable { python: PathBuf, detail: String },
+    #[error("cannot start worker {worker} ({program}): {source}")]
+    Spawn {
+        worker: String,
+        program: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("worker {worker} failed to start: {detail}{}", tail_suffix(.log_tail))]
+    Start {
+        worker: String,
+        detail: String,
+        log_tail: String,
+    },
+    #[error("baseline {path}: {key}: {detail}")]
+    Baseline {
+        path: PathBuf,
+        key: String,
+        detail: String,
+    },
+    #[error("worker settings: {0}")]
+    Settings(String),
+}
+
+fn tail_suffix(tail: &str) -> String {
+    if tail.trim().is_empty() {
+        String::new()
+    } else {
+        format!("\nlast lines of the worker log:\n{tail}")
+    }
+}
+
+impl WorkerError {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
+        WorkerError::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,1160 @@
+//! [`WorkerPool`]: the real `Compiler` and `Executor`.
+//!
+//! - Compile: N persistent CPU workers (role `compile`, GPUs hidden), one job each at a time. Builds
+//!   are content-addressed (`build_cache/<blake3(source, torch, arch list)[..16]>`); a build dir that
+//!   holds a success marker answers `cached: true` without touching Python, and a per-build-dir async
+//!   lock keeps two jobs from ever using one build dir at once.
+//! - Execute/profile: one persistent evaluation worker per device (role `gpu`,
+//!   `CUDA_VISIBLE_DEVICES=<index>`, device `cuda:0` inside; `cpu` for the CPU device). The engine
+//!   holds the device lease while it calls, so each worker sees one request at a time.
+//! - Every request has a deadline. Timeouts, crashes, protocol violations and sticky CUDA errors kill
+//!   the worker's process group; the next request starts a fresh worker. The job gets a verdict that
+//!   says what happened, in KernelBench's metadata shape where one applies.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, json};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{Mutex, OwnedMutexGuard, Semaphore};
+
+use super::WorkerError;
+use super::baseline::BaselineTable;
+use super::process::{RequestError, SpawnSpec, WorkerProcess, kill_group, log_tail};
+use super::protocol::{
+    CandidateSpec, CompileRequest, CompileStatusWire, EvaluateRequest, EvaluateResponse,
+    ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody, ResponseBody,
+    TimingSpec, WorkerRole,
+};
+use crate::config::{EvalSection, Timeouts};
+use crate::services::{CompileJob, Compiler, DeviceId, ExecJob, Executor};
+use crate::types::{
+    CompileOutcome, CompileStatus, EvalMode, ExecOutcome, Precision, Problem, ProfileOutcome,
+    Verdict,
+};
+
+/// Written into a build dir after a good compile; its presence means "this build is usable".
+const SUCCESS_MARKER: &str = "krefine-ok.json";
+/// A copy of the compile log kept with the build, handed to later jobs that hit the cache.
+const CACHED_LOG: &str = "krefine-compile.log";
+/// How long a worker asked to exit (recycling, shutdown) may take before it is killed.
+const EXIT_GRACE: Duration = Duration::from_secs(5);
+/// Lines of a log quoted in a verdict's feedback.
+const TAIL_LINES: usize = 20;
+
+/// Everything the pool needs. Paths should be absolute (the harness gets them verbatim).
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// Interpreter with torch (see [`super::find_python`]).
+    pub python: PathBuf,
+    /// Folder holding the deployed harness (see [`super::deploy_harness`]).
+    pub harness_dir: PathBuf,
+    /// Each worker gets `<scratch_root>/<worker name>/` as HOME, TMPDIR and working directory.
+    pub scratch_root: PathBuf,
+    /// Worker logs: `<log_dir>/<worker name>.log` (`compile-0.log`, `gpu-1.log`, `cpu-0.log`).
+    pub log_dir: PathBuf,
+    /// Content-addressed build directories.
+    pub build_cache: PathBuf,
+    /// Persistent compile worker processes (at least 1).
+    pub compile_workers: usize,
+    /// One evaluation worker per device.
+    pub devices: Vec<DeviceId>,
+    /// `TORCH_CUDA_ARCH_LIST`; `None`: from the GPUs' compute capabilities (none on a CPU-only pool).
+    pub arch_list: Option<String>,
+    pub precision: Precision,
+    pub mode: EvalMode,
+    pub seed: u64,
+    pub correct_trials: u32,
+    pub warmup: u32,
+    /// Timed trials; 0 turns timing off.
+    pub timing_trials: u32,
+    pub timeouts: Timeouts,
+    /// Replace a worker after this many requests (0: never).
+    pub recycle_after: u32,
+    pub profile_rows: u32,
+    pub ncu: bool,
+    /// Reference runtimes from a KernelBench baseline file instead of timing the reference.
+    pub baseline: Option<Arc<BaselineTable>>,
+    /// GPU driver version, recorded in every result's `env`.
+    pub driver: Option<String>,
+}
+
+impl WorkerSettings {
+    /// Settings with `EvalSection`'s defaults, one compile worker, the CPU device, and the scratch,
+    /// log and build-cache folders under `work_dir` (`scratch/`, `workers/`, `build-cache/`).
+    pub fn new(python: PathBuf, harness_dir: PathBuf, work_dir: &Path) -> WorkerSettings {
+        let eval = EvalSection::default();
+        let mut s = WorkerSettings {
+            python,
+            harness_dir,
+            scratch_root: work_dir.join("scratch"),
+            log_dir: work_dir.join("workers"),
+            build_cache: work_dir.join("build-cache"),
+            compile_workers: 1,
+            devices: vec![DeviceId::Cpu],
+            arch_list: None,
+            precision: Precision::default(),
+            mode: EvalMode::default(),
+            seed: 0,
+            correct_trials: 0,
+            warmup: 0,
+            timing_trials: 0,
+            timeouts: Timeouts::default(),
+            recycle_after: 0,
+            profile_rows: 0,
+            ncu: false,
+            baseline: None,
+            driver: None,
+        };
+        s.apply_eval(&eval);
+        s
+    }
+
+    /// Take the evaluation settings of a config's `[eval]` section (the baseline file is loaded
+    /// separately, with [`BaselineTable::load`]).
+    pub fn apply_eval(&mut self, eval: &EvalSection) {
+        self.precision = eval.precision;
+        self.mode = eval.mode;
+        self.seed = eval.seed;
+        self.correct_trials = eval.correct_trials;
+        self.warmup = eval.warmup;
+        self.timing_trials = eval.timing_trials;
+        self.arch_list = eval.arch_list.clone();
+        self.timeouts = eval.timeouts.clone();
+        self.recycle_after = eval.recycle_after;
+        self.profile_rows = eval.profile_rows;
+        self.ncu = eval.ncu;
+        if let Some(dir) = &eval.build_cache {
+            self.build_cache = dir.clone();
+        }
+    }
+}
+
+/// The timeouts as durations, validated once.
+#[derive(Debug, Clone, Copy)]
+struct Deadlines {
+    compile: Duration,
+    load: Duration,
+    execute: Duration,
+    profile: Duration,
+}
+
+impl Deadlines {
+    fn from(t: &Timeouts) -> Result<Deadlines, WorkerError> {
+        let d = |name: &str, secs: f64| {
+            if secs.is_finite() && secs > 0.0 {
+                Duration::try_from_secs_f64(secs)
+                    .map_err(|e| WorkerError::Settings(format!("timeouts.{name} = {secs}: {e}")))
+            } else {
+                Err(WorkerError::Settings(format!(
+                    "timeouts.{name} must be a positive number of seconds, got {secs}"
+                )))
+            }
+        };
+        Ok(Deadlines {
+            compile: d("compile_s", t.compile_s)?,
+            load: d("load_s", t.load_s)?,
+            execute: d("execute_s", t.execute_s)?,
+            profile: d("profile_s", t.profile_s)?,
+        })
+    }
+}
+
+/// One worker position: how to start its process, and the process while it lives.
+struct Slot {
+    spec: SpawnSpec,
+    state: Mutex<SlotState>,
+    /// Process group of the live process (0: none), readable without the lock so `shutdown` can kill
+    /// a worker that is busy with a request.
+    pgid: AtomicU32,
+    /// The device name the worker reported (GPUs only), for outcomes the orchestrator writes itself.
+    hardware: StdMutex<Option<String>>,
+}
+
+impl Slot {
+    fn hardware(&self) -> Option<String> {
+        match self.hardware.lock() {
+            Ok(h) => h.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn note_ready(&self, process: &WorkerProcess) {
+        if let Some(dev) = &process.ready().device {
+            let mut h = match self.hardware.lock() {
+                Ok(h) => h,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            *h = Some(dev.name.clone());
+        }
+    }
+}
+
+#[derive(Default)]
+struct SlotState {
+    process: Option<WorkerProcess>,
+    /// Requests the current process has served (for recycling).
+    served: u32,
+}
+
+/// Why a slot could not produce a response.
+enum CallError {
+    Start(WorkerError),
+    Request(RequestError),
+    Closed,
+}
+
+/// The success marker's content.
+#[derive(Debug, Serialize, Deserialize)]
+struct BuildMarker {
+    key: String,
+    torch: String,
+    arch_list: Option<String>,
+    feedback: String,
+    duration_s: f64,
+}
+
+pub struct WorkerPool {
+    settings: WorkerSettings,
+    deadlines: Deadlines,
+    /// torch version of the workers (part of the build key).
+    torch: String,
+    /// The arch list builds use (settings, or derived from the GPUs).
+    arch_list: Option<String>,
+    compile_slots: Vec<Slot>,
+    compile_free: StdMutex<Vec<usize>>,
+    compile_permits: Semaphore,
+    eval_slots: Vec<(DeviceId, Slot)>,
+    build_locks: StdMutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
+    closed: AtomicBool,
+}
+
+impl std::fmt::Debug for WorkerPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerPool")
+            .field("torch", &self.torch)
+            .field("arch_list", &self.arch_list)
+            .field("compile_workers", &self.compile_slots.len())
+            .field(
+                "devices",
+                &self.eval_slots.iter().map(|(d, _)| d).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+/// Returns a compile slot index to the free list when dropped (also on cancellation).
+struct FreeSlot<'a> {
+    free: &'a StdMutex<Vec<usize>>,
+    index: usize,
+}
+
+impl Drop for FreeSlot<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut free) = self.free.lock() {
+            free.push(self.index);
+        }
+    }
+}
+
+impl WorkerPool {
+    /// Start the pool: the evaluation worker of every device and the first compile worker are started
+    /// (and must report `ready`) before this returns, so a broken Python or harness fails the run at
+    /// once; the other compile workers start on first use.
+    pub async fn start(settings: WorkerSettings) -> Result<Arc<WorkerPool>, WorkerError> {
+        let deadlines = Deadlines::from(&settings.timeouts)?;
+        if settings.compile_workers == 0 {
+            return Err(WorkerError::Settings(
+                "compile_workers must be at least 1".into(),
+            ));
+        }
+        if settings.devices.is_empty() {
+            return Err(WorkerError::Settings("no devices to evaluate on".into()));
+        }
+        for (i, d) in settings.devices.iter().enumerate() {
+            if settings.devices[..i].contains(d) {
+                return Err(WorkerError::Settings(format!("device {d} is listed twice")));
+            }
+        }
+        for (dir, what) in [
+            (&settings.scratch_root, "create scratch root"),
+            (&settings.log_dir, "create worker log folder"),
+            (&settings.build_cache, "create build cache"),
+        ] {
+            tokio::fs::create_dir_all(dir)
+                .await
+                .map_err(|e| WorkerError::io(what, dir, e))?;
+        }
+
+        let spec = |name: String, role, cvd: String, arch: Option<String>| SpawnSpec {
+            scratch: settings.scratch_root.join(&name),
+            log_path: settings.log_dir.join(format!("{name}.log")),
+            name,
+            role,
+            python: settings.python.clone(),
+            harness_dir: settings.harness_dir.clone(),
+            cuda_visible_devices: Some(cvd),
+            arch_list: arch,
+            load_timeout: deadlines.load,
+        };
+        let eval_specs: Vec<(DeviceId, SpawnSpec)> = settings
+            .devices
+            .iter()
+            .map(|d| {
+                let s = match d {
+                    DeviceId::Gpu(i) => spec(
+                        format!("gpu-{i}"),
+                        WorkerRole::Gpu,
+                        i.to_string(),
+                        settings.arch_list.clone(),
+                    ),
+                    // An empty CUDA_VISIBLE_DEVICES hides every GPU: "cpu" means CPU only.
+                    DeviceId::Cpu => spec(
+                        "cpu-0".into(),
+                        WorkerRole::Gpu,
+                        String::new(),
+                        settings.arch_list.clone(),
+                    ),
+                };
+                (d.clone(), s)
+            })
+            .collect();
+        // Compile workers never see a GPU: candidates build on CPU before any device is touched,
+        // and a stray CUDA context per compile worker would eat GPU memory.
+        let compile_specs: Vec<SpawnSpec> = (0..settings.compile_workers)
+            .map(|i| {
+                spec(
+                    format!("compile-{i}"),
+                    WorkerRole::Compile,
+                    String::new(),
+                    settings.arch_list.clone(),
+                )
+            })
+            .collect();
+
+        // Start the device workers and the first compile worker concurrently (each imports torch).
+        let first_compile = WorkerProcess::spawn(&compile_specs[0]);
+        let evals =
+            futures::future::join_all(eval_specs.iter().map(|(_, s)| WorkerProcess::spawn(s)));
+        let (first_compile, evals) = tokio::join!(first_compile, evals);
+        // On error, everything started so far is dropped here, which kills it.
+        let first_compile = first_compile?;
+        let evals: Vec<WorkerProcess> = evals.into_iter().collect::<Result<_, _>>()?;
+
+        let torch = first_compile.ready().torch.clone();
+        let arch_list = match &settings.arch_list {
+            Some(a) => Some(a.clone()),
+            None => {
+                let mut caps: Vec<String> = Vec::new();
+                for w in &evals {
+                    if let Some(dev) = &w.ready().device
+                        && let [major, minor, ..] = dev.capability[..]
+                    {
+                        let cap = format!("{major}.{minor}");
+                        if !caps.contains(&cap) {
+                            caps.push(cap);
+                        }
+                    }
+                }
+                (!caps.is_empty()).then(|| caps.join(";"))
+            }
+        };
+
+        let make_slot = |spec: SpawnSpec, process: Option<WorkerProcess>| {
+            let mut slot = Slot {
+                pgid: AtomicU32::new(process.as_ref().map_or(0, |p| p.pid())),
+                spec,
+                state: Mutex::new(SlotState {
+                    process: None,
+                    served: 0,
+                }),
+                hardware: StdMutex::new(None),
+            };
+            if let Some(p) = process {
+                slot.note_ready(&p);
+                slot.state.get_mut().process = Some(p);
+            }
+            slot
+        };
+        let mut compile_slots = Vec::with_capacity(compile_specs.len());
+        let mut first = Some(first_compile);
+        for s in compile_specs {
+            compile_slots.push(make_slot(s, first.take()));
+        }
+        let eval_slots = eval_specs
+            .into_iter()
+            .zip(evals)
+            .map(|((d, s), p)| (d, make_slot(s, Some(p))))
+            .collect();
+        let n = compile_slots.len();
+        Ok(Arc::new(WorkerPool {
+            deadlines,
+            torch,
+            arch_list,
+            compile_free: StdMutex::new((0..n).rev().collect()),
+            compile_permits: Semaphore::new(n),
+            compile_slots,
+            eval_slots,
+            build_locks: StdMutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+            settings,
+        }))
+    }
+
+    /// The torch version the workers run (part of every build key).
+    pub fn torch_version(&self) -> &str {
+        &self.torch
+    }
+
+    /// The `TORCH_CUDA_ARCH_LIST` builds use.
+    pub fn arch_list(&self) -> Option<&str> {
+        self.arch_list.as_deref()
+    }
+
+    pub fn settings(&self) -> &WorkerSettings {
+        &self.settings
+    }
+
+    /// Content-addressed build directory of a candidate source.
+    pub fn build_dir_for(&self, source: &str) -> PathBuf {
+        self.settings.build_cache.join(self.build_key(source))
+    }
+
+    fn build_key(&self, source: &str) -> String {
+        let mut h = blake3::Hasher::new();
+        for part in [
+            source,
+            self.torch.as_str(),
+            self.arch_list.as_deref().unwrap_or(""),
+        ] {
+            // Length prefixes: ("ab", "c") and ("a", "bc") must not collide.
+            h.update(&(part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+        h.finalize().to_hex()[..16].to_string()
+    }
+
+    /// Process ids of the live workers (for tests and diagnostics).
+    pub async fn worker_pids(&self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        for slot in self
+            .compile_slots
+            .iter()
+            .chain(self.eval_slots.iter().map(|(_, s)| s))
+        {
+            let pid = slot.pgid.load(Ordering::SeqCst);
+            if pid != 0 {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    /// Ask every worker to exit (killing those that do not within a few seconds, and those busy with
+    /// a request). Later requests fail with a clear message.
+    pub async fn shutdown(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let slots = self
+            .compile_slots
+            .iter()
+            .chain(self.eval_slots.iter().map(|(_, s)| s));
+        futures::future::join_all(slots.map(|slot| async move {
+            match tokio::time::timeout(Duration::from_secs(1), slot.state.lock()).await {
+                Ok(mut state) => {
+                    if let Some(p) = state.process.take() {
+                        p.shutdown(EXIT_GRACE).await;
+                    }
+                    slot.pgid.store(0, Ordering::SeqCst);
+                }
+                // Busy: the request in flight sees the worker die and reports it.
+                Err(_) => kill_group(slot.pgid.load(Ordering::SeqCst)),
+            }
+        }))
+        .await;
+    }
+
+    /// Lock a build dir for exclusive use (compile, or the load step of an evaluation, which also
+    /// writes into it and clears torch's lock files there).
+    async fn lock_build(&self, dir: &Path) -> OwnedMutexGuard<()> {
+        let lock = {
+            let mut locks = match self.build_locks.lock() {
+                Ok(l) => l,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            // Drop locks nobody holds or waits for, so the map stays as small as the work in flight.
+            locks.retain(|_, m| Arc::strong_count(m) > 1);
+            locks.entry(dir.to_path_buf()).or_default().clone()
+        };
+        lock.lock_owned().await
+    }
+
+    /// Send one request through a slot, starting its worker if needed, and retire the worker when it
+    /// crashed, timed out, reported a sticky error or served `recycle_after` requests.
+    async fn call(
+        &self,
+        slot: &Slot,
+        body: RequestBody,
+        timeout: Duration,
+    ) -> Result<ResponseBody, CallError> {
+        let mut state = slot.state.lock().await;
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(CallError::Closed);
+        }
+        // Taken out of the slot for the duration: if this future is dropped mid-request, the process
+        // is dropped with it (and killed), never put back half-used.
+        let alive = state
+            .process
+            .take()
+            .and_then(|mut p| (!p.exited_while_idle()).then_some(p));
+        let mut process = match alive {
+            Some(p) => p,
+            None => {
+                state.served = 0;
+                slot.pgid.store(0, Ordering::SeqCst);
+                let p = WorkerProcess::spawn(&slot.spec)
+                    .await
+                    .map_err(CallError::Start)?;
+                slot.note_ready(&p);
+                p
+            }
+        };
+        slot.pgid.store(process.pid(), Ordering::SeqCst);
+        let result = process.request(body, timeout).await;
+        state.served += 1;
+        let recycle =
+            self.settings.recycle_after > 0 && state.served >= self.settings.recycle_after;
+        match &result {
+            Ok(resp) if resp.sticky() => {
+                // The CUDA context is poisoned; nothing graceful is safe any more.
+                process.kill().await;
+            }
+            Ok(_) | Err(RequestError::Harness { .. }) if !recycle => {
+                state.process = Some(process);
+            }
+            Ok(_) | Err(RequestError::Harness { .. }) => {
+                // Exits in the background: the caller (holding a device lease) need not wait.
+                tokio::spawn(process.shutdown(EXIT_GRACE));
+            }
+            Err(_) => {} // already killed and reaped by `request`
+        }
+        if state.process.is_none() {
+            slot.pgid.store(0, Ordering::SeqCst);
+        }
+        match result {
+            Ok(r) => Ok(r),
+            // `shutdown` killed it under our feet: say so rather than blame the candidate.
+            Err(_) if self.closed.load(Ordering::SeqCst) => Err(CallError::Closed),
+            Err(e) => Err(CallError::Request(e)),
+        }
+    }
+
+    fn eval_slot(&self, device: &DeviceId) -> Option<&Slot> {
+        self.eval_slots
+            .iter()
+            .find(|(d, _)| d == device)
+            .map(|(_, s)| s)
+    }
+
+    fn problem_spec(problem: &Problem) -> ProblemSpec {
+        ProblemSpec {
+            key: problem.key.to_string(),
+            code: problem.code.clone(),
+            code_hash: problem.code_hash(),
+        }
+    }
+
+    fn candidate_spec(&self, job: &ExecJob) -> (PathBuf, CandidateSpec) {
+        let dir = match &job.build_dir {
+            Some(d) => PathBuf::from(d),
+            None => self.build_dir_for(&job.code),
+        };
+        let spec = CandidateSpec {
+            source: job.code.clone(),
+            build_dir: dir.to_string_lossy().into_owned(),
+        };
+        (dir, spec)
+    }
+
+    // ------------------------------------------------------------------------------------- compile
+
+    async fn cached_compile(
+        &self,
+        build_dir: &Path,
+        job: &CompileJob,
+        started: Instant,
+    ) -> Option<CompileOutcome> {
+        let text = tokio::fs::read_to_string(build_dir.join(SUCCESS_MARKER))
+            .await
+            .ok()?;
+        let marker: BuildMarker = serde_json::from_str(&text).ok()?;
+        // The job's log says where the build came from, then repeats the original compiler log.
+        let mut log = format!(
+            "krefine: identical build found in {} (compiled earlier in {:.1} s); nothing was compiled.\n",
+            build_dir.display(),
+            marker.duration_s
+        );
+        if let Ok(original) = tokio::fs::read_to_string(build_dir.join(CACHED_LOG)).await {
+            log.push_str("----- original compile log -----\n");
+            log.push_str(&original);
+        }
+        let log_path = match write_file(&job.log_path, log.as_bytes()).await {
+            Ok(()) => Some(job.log_path.to_string_lossy().into_owned()),
+            Err(e) => {
+                tracing::warn!("cannot write compile log {}: {e}", job.log_path.display());
+                None
+            }
+        };
+        Some(CompileOutcome {
+            status: CompileStatus::Ok,
+            cached: true,
+            error_name: None,
+            error: None,
+            feedback: marker.feedback,
+            log_path,
+            build_dir: Some(build_dir.to_string_lossy().into_owned()),
+            duration_ms: elapsed_ms(started),
+        })
+    }
+
+    async fn record_success(
+        &self,
+        build_dir: &Path,
+        job: &CompileJob,
+        feedback: &str,
+        duration_s: f64,
+    ) {
+        if let Err(e) = tokio::fs::copy(&job.log_path, build_dir.join(CACHED_LOG)).await {
+            tracing::warn!(
+                "cannot keep compile log {} with the build: {e}",
+                job.log_path.display()
+            );
+        }
+        let marker = BuildMarker {
+            key: build_dir
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            torch: self.torch.clone(),
+            arch_list: self.arch_list.clone(),
+            feedback: feedback.to_string(),
+            duration_s,
+        };
+        let result = match serde_json::to_vec_pretty(&marker) {
+            Ok(bytes) => write_atomic(&build_dir.join(SUCCESS_MARKER), &bytes).await,
+            Err(e) => Err(std::io::Error::other(e)),
+        };
+        if let Err(e) = result {
+            // Not fatal: the build is fine, the next identical candidate just compiles again.
+            tracing::warn!("cannot write build marker in {}: {e}", build_dir.display());
+        }
+    }
+
+    async fn compile_failure(
+        &self,
+        err: CallError,
+        job: &CompileJob,
+        build_dir: &Path,
+        started: Instant,
+    ) -> CompileOutcome {
+        let log_path = job.log_path.to_string_lossy().into_owned();
+        let (status, error, details) = match err {
+            CallError::Request(RequestError::Timeout { after }) => (
+                CompileStatus::Timeout,
+                format!(
+                    "compilation exceeded {} s; the worker was killed",
+                    secs(after)
+                ),
+                String::new(),
+            ),
+            CallError::Request(RequestError::Exited { exit, log_tail }) => (
+                CompileStatus::Crashed,
+                format!(
+                    "the compile worker exited with {} while compiling",
+                    exit.describe()
+                ),
+                log_tail,
+            ),
+            CallError::Request(RequestError::StreamClosed { log_tail }) => (
+                CompileStatus::Crashed,
+                "the compile worker closed its protocol stream while compiling; it was killed"
+                    .to_string(),
+                log_tail,
+            ),
+            CallError::Request(RequestError::Protocol { detail, log_tail }) => (
+                CompileStatus::Crashed,
+                format!("the compile worker broke the protocol ({detail}); it was killed"),
+                log_tail,
+            ),
+            CallError::Request(RequestError::Harness { error }) => (
+                CompileStatus::Crashed,
+                format!("the compile harness failed: {error}"),
+                String::new(),
+            ),
+            CallError::Start(e) => (
+                CompileStatus::Crashed,
+                format!("no compile worker could be started: {e}"),
+                String::new(),
+            ),
+            CallError::Closed => (
+                CompileStatus::Crashed,
+                "the worker pool was shut down".to_string(),
+                String::new(),
+            ),
+        };
+        // What the build printed before it died is the most useful part for the model.
+        let build_output = log_tail(&job.log_path, 0, TAIL_LINES).await;
+        let _ = append_file(&job.log_path, format!("\nkrefine: {error}\n").as_bytes()).await;
+        let mut feedback = error.clone();
+        if !build_output.trim().is_empty() {
+            feedback.push_str("\nlast lines of the compiler output:\n");
+            feedback.push_str(&build_output);
+        }
+        if !details.trim().is_empty() {
+            feedback.push_str("\nlast lines of the worker log:\n");
+            feedback.push_str(&details);
+        }
+        CompileOutcome {
+            status,
+            cached: false,
+            error_name: None,
+            error: Some(error),
+            feedback,
+            log_path: Some(log_path),
+            build_dir: Some(build_dir.to_string_lossy().into_owned()),
+            duration_ms: elapsed_ms(started),
+        }
+    }
+
+    // ------------------------------------------------------------------------------------- execute
+
+    fn exec_failure(
+        &self,
+        err: CallError,
+        device: &DeviceId,
+        hardware: Option<String>,
+        started: Instant,
+    ) -> ExecOutcome {
+        let dev = device.to_string();
+        let wall = elapsed_ms(started);
+        let (verdict, message, mut metadata) = match err {
+            CallError::Request(RequestError::Timeout { after }) => {
+                let message = format!(
+                    "evaluation exceeded {} s; the worker was killed",
+                    secs(after)
+                );
+                let mut m = Map::new();
+                // KernelBench's batch evaluator records exactly this for a timeout.
+                m.insert("error".into(), json!("Evaluation timed out"));
+                m.insert("timeout_s".into(), json!(after.as_secs_f64()));
+                let mut o = ExecOutcome::failure(Verdict::Timeout, &dev, message, wall);
+                o.metadata = m;
+                o.compiled = false;
+                return self.with_device(o, &dev, hardware);
+            }
+            CallError::Request(RequestError::Exited { exit, log_tail }) => {
+                // SIGKILL that we did not send: almost always the kernel's out-of-memory killer.
+                let oom = exit.signal == Some(9);
+                let mut message =
+                    format!("worker exited with {} while evaluating", exit.describe());
+                if oom {
+                    message.push_str(
+                        " (killed from outside, most likely by the out-of-memory killer)",
+                    );
+                }
+                let mut m = Map::new();
+                if let Some(c) = exit.code {
+                    m.insert("exit_code".into(), json!(c));
+                }
+                if let Some(s) = exit.signal {
+                    m.insert("signal".into(), json!(s));
+                }
+                let verdict = if oom {
+                    Verdict::OutOfMemory
+                } else {
+                    Verdict::Crashed
+                };
+                (verdict, with_tail(message, &log_tail), m)
+            }
+            CallError::Request(RequestError::StreamClosed { log_tail }) => (
+                Verdict::Crashed,
+                with_tail(
+                    "worker closed its protocol stream while evaluating; it was killed".into(),
+                    &log_tail,
+                ),
+                Map::new(),
+            ),
+            CallError::Request(RequestError::Protocol { detail, log_tail }) => (
+                Verdict::Crashed,
+                with_tail(
+                    format!("worker broke the protocol while evaluating ({detail}); it was killed"),
+                    &log_tail,
+                ),
+                Map::new(),
+            ),
+            CallError::Request(RequestError::Harness { error }) => {
+                let mut m = Map::new();
+                // KernelBench's batch script names escaped exceptions `other_error`.
+                m.insert("other_error".into(), json!(error));
+                m.insert("other_error_name".into(), json!("krefine.HarnessError"));
+                let message = format!("the evaluation harness failed: {error}");
+                let mut o = ExecOutcome::failure(Verdict::RuntimeError, &dev, message, wall);
+                o.metadata = m;
+                o.compiled = false;
+                return self.with_device(o, &dev, hardware);
+            }
+            CallError::Start(e) => (
+                Verdict::Crashed,
+                format!("the evaluation worker could not be started: {e}"),
+                Map::new(),
+            ),
+            CallError::Closed => (
+                Verdict::Crashed,
+                "the worker pool was shut down".to_string(),
+                Map::new(),
+            ),
+        };
+        metadata.insert("error".into(), json!(message));
+        let mut o = ExecOutcome::failure(verdict, &dev, message, wall);
+        o.metadata = metadata;
+        self.with_device(o, &dev, hardware)
+    }
+
+    /// Orchestrator-made outcomes still say which device they concern.
+    fn with_device(&self, mut o: ExecOutcome, dev: &str, hardware: Option<String>) -> ExecOutcome {
+        // KernelBench's metadata always names the hardware and the device.
+        if let Some(h) = hardware {
+            o.metadata.insert("hardware".into(), json!(h));
+            o.env.device_name = h;
+        }
+        o.metadata.insert("device".into(), json!(dev));
+        o.env.driver = self.settings.driver.clone();
+        o.env.precision = Some(self.settings.precision.as_str().into());
+        o.env.mode = Some(self.settings.mode.as_str().into());
+        o
+    }
+
+    fn exec_outcome(
+        &self,
+        r: EvaluateResponse,
+        device: &DeviceId,
+        started: Instant,
+    ) -> ExecOutcome {
+        ExecOutcome {
+            verdict: r.status.verdict(),
+            compiled: r.compiled,
+            correctness: r.correctness,
+            metadata: r.metadata,
+            runtime_ms: r.runtime,
+            runtime_stats: r.runtime_stats.map(Into::into),
+            ref_runtime_ms: r.ref_runtime,
+            ref_runtime_stats: r.ref_runtime_stats.map(Into::into),
+            ref_source: r.ref_runtime_source,
+            speedup: r.speedup,
+            feedback: r.feedback,
+            env: r.env.to_eval_env(self.settings.driver.clone()),
+            device: device.to_string(),
+            wall_ms: elapsed_ms(started),
+            phases: r.phases.to_map(),
+        }
+    }
+
+    fn profile_outcome(r: ProfileResponse, started: Instant) -> ProfileOutcome {
+        let ok = r.status == ProfileStatus::Ok;
+        let error = if ok {
+            None
+        } else {
+            let status = serde_json::to_value(r.status)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            Some(match &r.note {
+                Some(note) => format!("profiling failed ({status}): {note}"),
+                None => format!("profiling failed ({status})"),
+            })
+        };
+        if ok && let Some(note) = &r.note {
+            // Informational on success (e.g. ncu not installed); `error` stays for failures only.
+            tracing::info!("profile note: {note}");
+        }
+        ProfileOutcome {
+            ok,
+            table: r.table,
+            ncu: r.ncu.and_then(|n| serde_json::to_value(n).ok()),
+            error,
+            duration_ms: elapsed_ms(started),
+        }
+    }
+
+    fn profile_failure(err: CallError, started: Instant) -> ProfileOutcome {
+        let error = match err {
+            CallError::Request(RequestError::Timeout { after }) => {
+                format!(
+                    "profiling exceeded {} s; the worker was killed",
+                    secs(after)
+                )
+            }
+            CallError::Request(RequestError::Exited { exit, log_tail }) => with_tail(
+                format!("worker exited with {} while profiling", exit.describe()),
+                &log_tail,
+            ),
+            CallError::Request(RequestError::StreamClosed { log_tail }) => with_tail(
+                "worker closed its protocol stream while profiling; it was killed".into(),
+                &log_tail,
+            ),
+            CallError::Request(RequestError::Protocol { detail, log_tail }) => with_tail(
+                format!("worker broke the protocol while profiling ({detail}); it was killed"),
+                &log_tail,
+            ),
+            CallError::Request(RequestError::Harness { error }) => {
+                format!("the profiling harness failed: {error}")
+            }
+            CallError::Start(e) => format!("the evaluation worker could not be started: {e}"),
+            CallError::Closed => "the worker pool was shut down".into(),
+        };
+        ProfileOutcome {
+            ok: false,
+            table: String::new(),
+            ncu: None,
+            error: Some(error),
+            duration_ms: elapsed_ms(started),
+        }
+    }
+
+    fn worker_device(device: &DeviceId) -> &'static str {
+        match device {
+            // The worker sees only its own GPU (CUDA_VISIBLE_DEVICES), as device 0.
+            DeviceId::Gpu(_) => "cuda:0",
+            DeviceId::Cpu => "cpu",
+        }
+    }
+}
+
+#[async_trait]
+impl Compiler for WorkerPool {
+    async fn compile(&self, job: CompileJob) -> CompileOutcome {
+        let started = Instant::now();
+        let build_dir = self.build_dir_for(&job.code);
+        let _build = self.lock_build(&build_dir).await;
+        if let Some(outcome) = self.cached_compile(&build_dir, &job, started).await {
+            return outcome;
+        }
+        let Ok(_permit) = self.compile_permits.acquire().await else {
+            return self
+                .compile_failure(CallError::Closed, &job, &build_dir, started)
+                .await;
+        };
+        let index = match self.compile_free.lock() {
+            Ok(mut free) => free.pop(),
+            Err(poisoned) => poisoned.into_inner().pop(),
+        };
+        // The semaphore has as many permits as free slots, so a permit always finds one.
+        let Some(index) = index else {
+            return self
+                .compile_failure(CallError::Closed, &job, &build_dir, started)
+                .await;
+        };
+        let _slot_guard = FreeSlot {
+            free: &self.compile_free,
+            index,
+        };
+        let request = RequestBody::Compile(CompileRequest {
+            source: job.code.clone(),
+            build_dir: build_dir.to_string_lossy().into_owned(),
+            arch_list: self.arch_list.clone(),
+            log_path: job.log_path.to_string_lossy().into_owned(),
+        });
+        let slot = &self.compile_slots[index];
+        match self.call(slot, request, self.deadlines.compile).await {
+            Ok(ResponseBody::Compile(r)) => {
+                let status = match r.status {
+                    CompileStatusWire::Ok => CompileStatus::Ok,
+                    CompileStatusWire::CompileError => CompileStatus::Error,
+                };
+                if status == CompileStatus::Ok {
+                    self.record_success(&build_dir, &job, &r.feedback, r.duration_s)
+                        .await;
+                }
+                CompileOutcome {
+                    status,
+                    cached: false,
+                    error_name: r.error_name,
+                    error: r.error,
+                    feedback: r.feedback,
+                    log_path: Some(r.log_path),
+                    build_dir: Some(build_dir.to_string_lossy().into_owned()),
+                    duration_ms: elapsed_ms(started),
+                }
+            }
+            // `request` checks that the response kind matches the op, so this cannot happen.
+            Ok(other) => {
+                let err = CallError::Request(RequestError::Protocol {
+                    detail: format!("compile answered with `{}`", other.kind()),
+                    log_tail: String::new(),
+                });
+                self.compile_failure(err, &job, &build_dir, started).await
+            }
+            Err(e) => self.compile_failure(e, &job, &build_dir, started).await,
+        }
+    }
+}
+
+#[async_trait]
+impl Executor for WorkerPool {
+    async fn execute(&self, job: ExecJob, device: &DeviceId) -> ExecOutcome {
+        let started = Instant::now();
+        let Some(slot) = self.eval_slot(device) else {
+            let msg = format!("device {device} is not served by this worker pool");
+            return self.exec_failure(
+                CallError::Start(WorkerError::Settings(msg)),
+                device,
+                None,
+                started,
+            );
+        };
+        let (build_dir, candidate) = self.candidate_spec(&job);
+        let _build = self.lock_build(&build_dir).await;
+        let request = RequestBody::Evaluate(EvaluateRequest {
+            problem: Self::problem_spec(&job.problem),
+            candidate,
+            device: Self::worker_device(device).into(),
+            precision: self.settings.precision.as_str().into(),
+            mode: self.settings.mode.as_str().into(),
+            seed: self.settings.seed,
+            correct_trials: self.settings.correct_trials,
+            timing: TimingSpec {
+                measure: self.settings.timing_trials > 0,
+                warmup: self.settings.warmup,
+                trials: self.settings.timing_trials,
+                // KernelBench's cuda_event defaults: drop the first timed call, flush L2 each time.
+                discard_first: 1,
+                l2_flush: true,
+            },
+            reference_runtime: self
+                .settings
+                .baseline
+                .as_ref()
+                .and_then(|b| b.reference_runtime(&job.problem)),
+        });
+        match self.call(slot, request, self.deadlines.execute).await {
+            Ok(ResponseBody::Evaluate(r)) => self.exec_outcome(*r, device, started),
+            Ok(other) => {
+                let err = CallError::Request(RequestError::Protocol {
+                    detail: format!("evaluate answered with `{}`", other.kind()),
+                    log_tail: String::new(),
+                });
+                self.exec_failure(err, device, slot.hardware(), started)
+            }
+            Err(e) => self.exec_failure(e, device, slot.hardware(), started),
+        }
+    }
+
+    async fn profile(&self, job: ExecJob, device: &DeviceId) -> ProfileOutcome {
+        let started = Instant::now();
+        let Some(slot) = self.eval_slot(device) else {
+            let msg = format!("device {device} is not served by this worker pool");
+            return Self::profile_failure(CallError::Start(WorkerError::Settings(msg)), started);
+        };
+        let (build_dir, candidate) = self.candidate_spec(&job);
+        let _build = self.lock_build(&build_dir).await;
+        let request = RequestBody::Profile(ProfileRequest {
+            problem: Self::problem_spec(&job.problem),
+            candidate,
+            device: Self::worker_device(device).into(),
+            precision: self.settings.precision.as_str().into(),
+            row_limit: self.settings.profile_rows,
+            ncu: self.settings.ncu,
+        });
+        match self.call(slot, request, self.deadlines.profile).await {
+            Ok(ResponseBody::Profile(r)) => Self::profile_outcome(r, started),
+            Ok(other) => Self::profile_failure(
+                CallError::Request(RequestError::Protocol {
+                    detail: format!("profile answered with `{}`", other.kind()),
+                    log_tail: String::new(),
+                }),
+                started,
+            ),
+            Err(e) => Self::profile_failure(e, started),
+        }
+    }
+}
+
+fn elapsed_ms(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Seconds for messages: `300`, or `2.5` when fractional.
+fn secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0}")
+    } else {
+        format!("{s}")
+    }
+}
+
+fn with_tail(message: String, tail: &str) -> String {
+    if tail.trim().is_empty() {
+        message
+    } else {
+        format!("{message}\nlast lines of the worker log:\n{tail}")
+    }
+}
+
+async fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        tokio::fs::create_dir_all(dir).await?;
+    }
+    tokio::fs::write(path, bytes).await
+}
+
+async fn append_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        tokio::fs::create_dir_all(dir).await?;
+    }
+    let mut f = tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .await?;
+    f.write_all(bytes).await?;
+    f.flush().await
+}
+
+/// Write-then-rename, so a reader never sees a half-written marker (a crash mid-write leaves none).
+async fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_os_string();
+    tmp.push(format!(".tmp-{}", std::process::id()));
+    tokio::fs::write(&tmp, bytes).await?;
+    tokio::fs::rename(&tmp, path).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_read_naturally() {
+        assert_eq!(secs(Duration::from_secs(300)), "300");
+        assert_eq!(secs(Duration::from_millis(2500)), "2.5");
+    }
+
+    #[test]
+    fn bad_timeouts_are_refused() {
+        let t = Timeouts {
+            execute_s: f64::NAN,
+            ..Timeouts::default()
+        };
+        let e = Deadlines::from(&t).unwrap_err().to_string();
+        assert!(e.contains("execute_s"), "{e}");
+        let t = Timeouts {
+            compile_s: -1.0,
+            ..Timeouts::default()
+        };
+        assert!(Deadlines::from(&t).is_err());
+    }
+}

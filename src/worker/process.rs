@@ -1,0 +1,804 @@
+//! One worker process: spawn with a scrubbed environment in its own process group, wait for `ready`,
+//! send requests with a deadline, and kill the whole group when anything goes wrong.
+//!
+//! Ownership does the cleanup: dropping a [`WorkerProcess`] (including dropping a future that was in
+//! the middle of a request) SIGKILLs its process group, so a cancelled or panicking caller never leaves
+//! a half-used worker or an orphan behind.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::io::{
+    AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncSeekExt, AsyncWriteExt, BufReader,
+};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+
+use super::WorkerError;
+use super::harness::HARNESS_ENTRY;
+use super::protocol::{
+    Ready, Request, RequestBody, Response, ResponseBody, WorkerRole, parse_response,
+};
+
+/// Longest response line accepted. Real responses are kilobytes (feedback is trimmed to ~4 KB,
+/// tracebacks and metadata a few more); anything this long is a broken or hostile stream.
+const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+/// A worker log is rotated (to `.log.1`) at spawn once it is this big: print floods must not fill the
+/// disk over a long run.
+const LOG_ROTATE_BYTES: u64 = 64 * 1024 * 1024;
+/// How long to wait for a killed process to be reaped. SIGKILL is immediate unless the process is in
+/// uninterruptible sleep (a wedged driver call); then we give up and let tokio reap it later.
+const REAP_TIMEOUT: Duration = Duration::from_secs(10);
+/// After the protocol stream ends, how long to wait for the exit status that says why.
+const EXIT_STATUS_WAIT: Duration = Duration::from_secs(5);
+
+/// Environment variables passed through from the orchestrator when set. Everything else is dropped.
+const PASS_THROUGH: [&str; 8] = [
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "LD_LIBRARY_PATH",
+    "CC",
+    "CXX",
+];
+/// Names that never reach a worker, whatever an allowlist says.
+const SECRET_MARKERS: [&str; 5] = ["KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL"];
+
+mod sys {
+    // The crate has no `libc` dependency and std cannot signal a process group, so declare the one
+    // glibc function needed. `killpg` takes plain integers and touches no memory of ours.
+    unsafe extern "C" {
+        pub safe fn killpg(pgrp: i32, sig: i32) -> i32;
+    }
+    pub const SIGKILL: i32 = 9;
+}
+
+/// SIGKILL every process in group `pgid`. Refuses 0 and 1 (our own group / init), which a bug must
+/// never turn into "kill everything".
+pub fn kill_group(pgid: u32) {
+    if let Ok(pg) = i32::try_from(pgid)
+        && pg > 1
+    {
+        // ESRCH (group already gone) is the common, harmless case; nothing useful to do on error.
+        let _ = sys::killpg(pg, sys::SIGKILL);
+    }
+}
+
+/// How to start one worker.
+#[derive(Debug, Clone)]
+pub struct SpawnSpec {
+    /// `compile-0`, `gpu-1`, `cpu-0`: names the log file and scratch folder.
+    pub name: String,
+    pub role: WorkerRole,
+    pub python: PathBuf,
+    pub harness_dir: PathBuf,
+    /// The worker's own folder (HOME, TMPDIR, working directory); emptied at every spawn.
+    pub scratch: PathBuf,
+    /// stderr (and everything candidates print) goes here, appended across respawns.
+    pub log_path: PathBuf,
+    /// `Some("3")` for the worker of GPU 3, `Some("")` to hide every GPU.
+    pub cuda_visible_devices: Option<String>,
+    /// `TORCH_CUDA_ARCH_LIST`; `None` passes the orchestrator's own value through, if any.
+    pub arch_list: Option<String>,
+    pub load_timeout: Duration,
+}
+
+/// The complete environment of a worker: an allowlist, never anything that looks like a secret.
+pub fn worker_env(spec: &SpawnSpec) -> Vec<(String, OsString)> {
+    let mut env: Vec<(String, OsString)> = Vec::new();
+    for name in PASS_THROUGH {
+        if let Some(v) = std::env::var_os(name) {
+            env.push((name.to_string(), v));
+        }
+    }
+    let scratch = spec.scratch.as_os_str().to_os_string();
+    env.push(("HOME".into(), scratch.clone()));
+    env.push(("TMPDIR".into(), scratch));
+    env.push((
+        "TORCH_EXTENSIONS_DIR".into(),
+        spec.scratch.join("torch_extensions").into_os_string(),
+    ));
+    if let Some(cvd) = &spec.cuda_visible_devices {
+        env.push(("CUDA_VISIBLE_DEVICES".into(), cvd.into()));
+    }
+    match &spec.arch_list {
+        Some(a) => env.push(("TORCH_CUDA_ARCH_LIST".into(), a.into())),
+        None => {
+            if let Some(v) = std::env::var_os("TORCH_CUDA_ARCH_LIST") {
+                env.push(("TORCH_CUDA_ARCH_LIST".into(), v));
+            }
+        }
+    }
+    env.retain(|(k, _)| {
+        let upper = k.to_ascii_uppercase();
+        !SECRET_MARKERS.iter().any(|m| upper.contains(m))
+    });
+    env
+}
+
+/// How a worker process ended, in words and numbers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitInfo {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl ExitInfo {
+    pub fn from_status(status: ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        ExitInfo {
+            code: status.code(),
+            signal: status.signal(),
+        }
+    }
+
+    /// `exit code 3`, `signal 11 (SIGSEGV)`.
+    pub fn describe(&self) -> String {
+        match (self.code, self.signal) {
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(s)) => format!("signal {s} ({})", signal_name(s)),
+            (None, None) => "an unknown status".into(),
+        }
+    }
+}
+
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        5 => "SIGTRAP",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        10 => "SIGUSR1",
+        11 => "SIGSEGV",
+        12 => "SIGUSR2",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        24 => "SIGXCPU",
+        25 => "SIGXFSZ",
+        31 => "SIGSYS",
+        _ => "unknown signal",
+    }
+}
+
+/// Why a request got no usable response. Except for `Harness`, the worker is dead (killed and reaped)
+/// when this is returned.
+#[derive(Debug, Clone)]
+pub enum RequestError {
+    /// The deadline passed; the worker was killed.
+    Timeout { after: Duration },
+    /// The worker ended on its own (crash, `os._exit`, OOM killer).
+    Exited { exit: ExitInfo, log_tail: String },
+    /// The worker closed its protocol stream but would not exit; it was killed.
+    StreamClosed { log_tail: String },
+    /// The worker wrote something that is not a valid response; it was killed.
+    Protocol { detail: String, log_tail: String },
+    /// `ok: false`: the harness refused the request or failed internally. The worker is kept.
+    Harness { error: String },
+}
+
+enum LineRead {
+    Line,
+    Eof,
+    TooLong,
+}
+
+/// Read one `\n`-terminated line into `buf` (without the newline), refusing lines over `max` bytes.
+async fn read_line_capped<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<LineRead> {
+    buf.clear();
+    loop {
+        let available = r.fill_buf().await?;
+        if available.is_empty() {
+            return Ok(LineRead::Eof);
+        }
+        if let Some(i) = available.iter().position(|&b| b == b'\n') {
+            buf.extend_from_slice(&available[..i]);
+            r.consume(i + 1);
+            return Ok(LineRead::Line);
+        }
+        let n = available.len();
+        buf.extend_from_slice(available);
+        r.consume(n);
+        if buf.len() > max {
+            return Ok(LineRead::TooLong);
+        }
+    }
+}
+
+/// The last `max_lines` lines written to `path` after byte `from` (this incarnation's part of a log
+/// shared across respawns), each clipped, for verdict feedback.
+pub async fn log_tail(path: &Path, from: u64, max_lines: usize) -> String {
+    const WINDOW: u64 = 16 * 1024;
+    const LINE_CHARS: usize = 300;
+    let Ok(mut f) = tokio::fs::File::open(path).await else {
+        return String::new();
+    };
+    let Ok(meta) = f.metadata().await else {
+        return String::new();
+    };
+    let start = from.max(meta.len().saturating_sub(WINDOW));
+    if start >= meta.len() || f.seek(std::io::SeekFrom::Start(start)).await.is_err() {
+        return String::new();
+    }
+    let mut bytes = Vec::new();
+    if f.read_to_end(&mut bytes).await.is_err() {
+        return String::new();
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let first = lines.len().saturating_sub(max_lines);
+    lines[first..]
+        .iter()
+        .map(|l| {
+            if l.chars().count() > LINE_CHARS {
+                let cut: String = l.chars().take(LINE_CHARS).collect();
+                format!("{cut} ... [line truncated]")
+            } else {
+                (*l).to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A running worker.
+pub struct WorkerProcess {
+    name: String,
+    child: Child,
+    pid: u32,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    log_path: PathBuf,
+    log_start: u64,
+    ready: Ready,
+    next_id: u64,
+    /// False once the group was killed or the process exited; Drop then has nothing to do.
+    alive: bool,
+    line: Vec<u8>,
+}
+
+impl std::fmt::Debug for WorkerProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerProcess")
+            .field("name", &self.name)
+            .field("pid", &self.pid)
+            .field("alive", &self.alive)
+            .finish()
+    }
+}
+
+impl WorkerProcess {
+    /// Start a worker and wait (up to `spec.load_timeout`) for its `ready` line.
+    pub async fn spawn(spec: &SpawnSpec) -> Result<WorkerProcess, WorkerError> {
+        prepare_scratch(&spec.scratch).await?;
+        let (log_file, log_start) = open_log(spec).await?;
+
+        let script = spec.harness_dir.join(HARNESS_ENTRY);
+        let mut cmd = tokio::process::Command::new(&spec.python);
+        cmd.arg("-u")
+            .arg(&script)
+            .args(["serve", "--role", spec.role.as_str(), "--scratch"])
+            .arg(&spec.scratch)
+            .current_dir(&spec.scratch)
+            .env_clear()
+            .envs(worker_env(spec))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log_file))
+            // Own process group: ninja, nvcc and anything a candidate forks die with the worker.
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|source| WorkerError::Spawn {
+            worker: spec.name.clone(),
+            program: spec.python.clone(),
+            source,
+        })?;
+        let pid = child.id().unwrap_or(0);
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            kill_group(pid);
+            return Err(WorkerError::Start {
+                worker: spec.name.clone(),
+                detail: "stdin/stdout pipes were not created".into(),
+                log_tail: String::new(),
+            });
+        };
+        let mut worker = WorkerProcess {
+            name: spec.name.clone(),
+            child,
+            pid,
+            stdin,
+            stdout: BufReader::with_capacity(64 * 1024, stdout),
+            log_path: spec.log_path.clone(),
+            log_start,
+            ready: Ready {
+                role: spec.role,
+                python: String::new(),
+                torch: String::new(),
+                cuda: None,
+                cuda_available: false,
+                device: None,
+                pid,
+            },
+            next_id: 1,
+            alive: true,
+            line: Vec::new(),
+        };
+        match worker.read_response(spec.load_timeout).await {
+            Ok(Response::Ok(r)) if r.id == 0 => match r.body {
+                ResponseBody::Ready(ready) => {
+                    if ready.role != spec.role {
+                        worker.kill().await;
+                        return Err(worker
+                            .start_error(format!(
+                                "asked for role {}, worker says {}",
+                                spec.role.as_str(),
+                                ready.role.as_str()
+                            ))
+                            .await);
+                    }
+                    worker.ready = ready;
+                    Ok(worker)
+                }
+                other => {
+                    worker.kill().await;
+                    Err(worker
+                        .start_error(format!(
+                            "first message is `{}`, expected `ready`",
+                            other.kind()
+                        ))
+                        .await)
+                }
+            },
+            Ok(other) => {
+                worker.kill().await;
+                Err(worker
+                    .start_error(format!("first message is not a ready message: {other:?}"))
+                    .await)
+            }
+            Err(e) => {
+                let detail = match &e {
+                    RequestError::Timeout { after } => format!(
+                        "no `ready` within {} s (load timeout); the worker was killed",
+                        after.as_secs_f64()
+                    ),
+                    RequestError::Exited { exit, .. } => {
+                        format!("exited with {} before it was ready", exit.describe())
+                    }
+                    RequestError::StreamClosed { .. } => {
+                        "closed its protocol stream before it was ready".into()
+                    }
+                    RequestError::Protocol { detail, .. } => detail.clone(),
+                    RequestError::Harness { error } => error.clone(),
+                };
+                Err(worker.start_error(detail).await)
+            }
+        }
+    }
+
+    async fn start_error(&self, detail: String) -> WorkerError {
+        WorkerError::Start {
+            worker: self.name.clone(),
+            detail,
+            log_tail: log_tail(&self.log_path, self.log_start, 20).await,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Process id, which is also the process group id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    pub fn ready(&self) -> &Ready {
+        &self.ready
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.alive
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// True (and the group is cleaned up) when the worker ended while idle, e.g. killed by the
+    /// out-of-memory killer between requests. Checked before each request so that the next candidate
+    /// is not blamed for it.
+    pub fn exited_while_idle(&mut self) -> bool {
+        if !self.alive {
+            return true;
+        }
+        match self.child.try_wait() {
+            Ok(Some(status)) => {
+                self.alive = false;
+                kill_group(self.pid);
+                tracing::warn!(
+                    "worker {} (pid {}) ended while idle with {}",
+                    self.name,
+                    self.pid,
+                    ExitInfo::from_status(status).describe()
+                );
+                true
+            }
+            Ok(None) => false,
+            // Cannot tell: treat it as alive; a real problem shows up as a failed request.
+            Err(_) => false,
+        }
+    }
+
+    /// The last lines this incarnation wrote to its log.
+    pub async fn log_tail(&self, max_lines: usize) -> String {
+        log_tail(&self.log_path, self.log_start, max_lines).await
+    }
+
+    /// Send one request and wait for its response. Every failure but `Harness` leaves the worker dead.
+    pub async fn request(
+        &mut self,
+        body: RequestBody,
+        timeout: Duration,
+    ) -> Result<ResponseBody, RequestError> {
+        if !self.alive {
+            return Err(RequestError::StreamClosed {
+                log_tail: "the worker was already stopped".into(),
+            });
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let op = body.op();
+        let line = match serde_json::to_string(&Request { id, body }) {
+            Ok(mut s) => {
+                s.push('\n');
+                s
+            }
+            // Our own types always serialize; if that ever breaks, say so instead of panicking.
+            Err(e) => {
+                return Err(RequestError::Harness {
+                    error: format!("cannot encode {op} request: {e}"),
+                });
+            }
+        };
+        let deadline = tokio::time::Instant::now() + timeout;
+        let write = tokio::time::timeout_at(deadline, async {
+            self.stdin.write_all(line.as_bytes()).await?;
+            self.stdin.flush().await
+        })
+        .await;
+        match write {
+            Err(_) => {
+                self.kill().await;
+                return Err(RequestError::Timeout { after: timeout });
+            }
+            // Broken pipe: the worker is gone; find out how it ended.
+            Ok(Err(_)) => return Err(self.ended().await),
+            Ok(Ok(())) => {}
+        }
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let resp = match self.read_response(remaining).await {
+            Err(RequestError::Timeout { .. }) => {
+                return Err(RequestError::Timeout { after: timeout });
+            }
+            Err(e) => return Err(e),
+            Ok(resp) => resp,
+        };
+        if resp.id() != id {
+            self.kill().await;
+            return Err(RequestError::Protocol {
+                detail: format!("response id {} does not match request id {id}", resp.id()),
+                log_tail: self.log_tail(20).await,
+            });
+        }
+        match resp {
+            Response::Error(e) => Err(RequestError::Harness { error: e.error }),
+            Response::Ok(r) if r.body.kind() != op => {
+                self.kill().await;
+                Err(RequestError::Protocol {
+                    detail: format!("`{op}` request answered with a `{}`", r.body.kind()),
+                    log_tail: self.log_tail(20).await,
+                })
+            }
+            Response::Ok(r) => Ok(r.body),
+        }
+    }
+
+    /// Read the next response line within `timeout`, noticing a worker that dies while we wait.
+    async fn read_response(&mut self, timeout: Duration) -> Result<Response, RequestError> {
+        let read = tokio::time::timeout(timeout, async {
+            loop {
+                // Biased: when the worker wrote a line and then exited, the line wins.
+                let outcome = tokio::select! {
+                    biased;
+                    r = read_line_capped(&mut self.stdout, &mut self.line, MAX_LINE_BYTES) => Ok(r),
+                    status = self.child.wait() => Err(status),
+                };
+                match outcome {
+                    Ok(Ok(LineRead::Line)) => {
+                        let text = String::from_utf8_lossy(&self.line);
+                        if text.trim().is_empty() {
+                            continue;
+                        }
+                        return ReadOutcome::Line(text.into_owned());
+                    }
+                    Ok(Ok(LineRead::TooLong)) => return ReadOutcome::TooLong,
+                    Ok(Ok(LineRead::Eof)) | Ok(Err(_)) => return ReadOutcome::Eof,
+                    Err(status) => return ReadOutcome::Exited(status.ok()),
+                }
+            }
+        })
+        .await;
+        match read {
+            Err(_) => {
+                self.kill().await;
+                Err(RequestError::Timeout { after: timeout })
+            }
+            Ok(ReadOutcome::Line(text)) => match parse_response(&text) {
+                Ok(resp) => Ok(resp),
+                Err(why) => {
+                    self.kill().await;
+                    Err(RequestError::Protocol {
+                        detail: format!("unparseable response line ({why}): {}", clip(&text, 300)),
+                        log_tail: self.log_tail(20).await,
+                    })
+                }
+            },
+            Ok(ReadOutcome::TooLong) => {
+                self.kill().await;
+                Err(RequestError::Protocol {
+                    detail: format!("response line longer than {MAX_LINE_BYTES} bytes"),
+                    log_tail: self.log_tail(20).await,
+                })
+            }
+            Ok(ReadOutcome::Eof) => Err(self.ended().await),
+            Ok(ReadOutcome::Exited(Some(status))) => {
+                self.alive = false;
+                // The leader is reaped; candidates' children may still hold the group.
+                kill_group(self.pid);
+                Err(RequestError::Exited {
+                    exit: ExitInfo::from_status(status),
+                    log_tail: self.log_tail(20).await,
+                })
+            }
+            Ok(ReadOutcome::Exited(None)) => {
+                self.kill().await;
+                Err(RequestError::StreamClosed {
+                    log_tail: self.log_tail(20).await,
+                })
+            }
+        }
+    }
+
+    /// The protocol stream ended: wait briefly for the exit status that explains it, then make sure
+    /// the whole group is gone.
+    async fn ended(&mut self) -> RequestError {
+        match tokio::time::timeout(EXIT_STATUS_WAIT, self.child.wait()).await {
+            Ok(Ok(status)) => {
+                self.alive = false;
+                kill_group(self.pid);
+                RequestError::Exited {
+                    exit: ExitInfo::from_status(status),
+                    log_tail: self.log_tail(20).await,
+                }
+            }
+            _ => {
+                self.kill().await;
+                RequestError::StreamClosed {
+                    log_tail: self.log_tail(20).await,
+                }
+            }
+        }
+    }
+
+    /// SIGKILL the process group and reap the worker. Killing before reaping matters: an unreaped
+    /// leader keeps its pid (and so the group id) from being reused by an unrelated process.
+    pub async fn kill(&mut self) {
+        if !self.alive {
+            return;
+        }
+        kill_group(self.pid);
+        let _ = tokio::time::timeout(REAP_TIMEOUT, self.child.wait()).await;
+        self.alive = false;
+    }
+
+    /// Ask the worker to exit; kill it if it has not within `grace`.
+    pub async fn shutdown(mut self, grace: Duration) {
+        if !self.alive {
+            return;
+        }
+        let asked = self.request(RequestBody::Shutdown, grace).await;
+        if asked.is_ok() {
+            match tokio::time::timeout(grace, self.child.wait()).await {
+                Ok(Ok(_)) => {
+                    self.alive = false;
+                    // Anything the worker left running in its group goes too.
+                    kill_group(self.pid);
+                }
+                _ => self.kill().await,
+            }
+        } else {
+            self.kill().await;
+        }
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        if self.alive {
+            // No await in Drop: signal the group now; tokio (kill_on_drop) reaps the leader.
+            kill_group(self.pid);
+        }
+    }
+}
+
+enum ReadOutcome {
+    Line(String),
+    TooLong,
+    Eof,
+    Exited(Option<ExitStatus>),
+}
+
+fn clip(s: &str, max_chars: usize) -> String {
+    if s.chars().count() <= max_chars {
+        s.to_string()
+    } else {
+        let cut: String = s.chars().take(max_chars).collect();
+        format!("{cut} ... [truncated]")
+    }
+}
+
+/// Empty the worker's scratch folder: what one incarnation (or its candidates) left must not leak into
+/// the next, nor pile up over a long run.
+async fn prepare_scratch(scratch: &Path) -> Result<(), WorkerError> {
+    match tokio::fs::remove_dir_all(scratch).await {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(WorkerError::io("clear scratch folder", scratch, e)),
+    }
+    tokio::fs::create_dir_all(scratch)
+        .await
+        .map_err(|e| WorkerError::io("create scratch folder", scratch, e))
+}
+
+/// Open the worker log for appending (rotating an oversized one) and write a header; returns the file
+/// for the child's stderr and the offset where this incarnation's output starts.
+async fn open_log(spec: &SpawnSpec) -> Result<(std::fs::File, u64), WorkerError> {
+    let path = &spec.log_path;
+    if let Some(dir) = path.parent() {
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|e| WorkerError::io("create log folder", dir, e))?;
+    }
+    if let Ok(meta) = tokio::fs::metadata(path).await
+        && meta.len() > LOG_ROTATE_BYTES
+    {
+        let mut rotated = path.as_os_str().to_os_string();
+        rotated.push(".1");
+        tokio::fs::rename(path, &rotated)
+            .await
+            .map_err(|e| WorkerError::io("rotate worker log", path, e))?;
+    }
+    let mut file = tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .await
+        .map_err(|e| WorkerError::io("open worker log", path, e))?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let header = format!(
+        "===== krefine: starting worker {} (role {}, python {}) at unix time {now} =====\n",
+        spec.name,
+        spec.role.as_str(),
+        spec.python.display()
+    );
+    file.write_all(header.as_bytes())
+        .await
+        .map_err(|e| WorkerError::io("write worker log", path, e))?;
+    file.flush()
+        .await
+        .map_err(|e| WorkerError::io("write worker log", path, e))?;
+    let start = file
+        .metadata()
+        .await
+        .map_err(|e| WorkerError::io("stat worker log", path, e))?
+        .len();
+    Ok((file.into_std().await, start))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> SpawnSpec {
+        SpawnSpec {
+            name: "gpu-0".into(),
+            role: WorkerRole::Gpu,
+            python: "/usr/bin/python3".into(),
+            harness_dir: "/h".into(),
+            scratch: "/s/gpu-0".into(),
+            log_path: "/l/gpu-0.log".into(),
+            cuda_visible_devices: Some("0".into()),
+            arch_list: Some("9.0".into()),
+            load_timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn env_is_an_allowlist_with_our_values() {
+        let env = worker_env(&spec());
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        assert_eq!(get("HOME"), Some("/s/gpu-0".into()));
+        assert_eq!(get("TMPDIR"), Some("/s/gpu-0".into()));
+        assert_eq!(get("CUDA_VISIBLE_DEVICES"), Some("0".into()));
+        assert_eq!(get("TORCH_CUDA_ARCH_LIST"), Some("9.0".into()));
+        for (k, _) in &env {
+            let allowed = PASS_THROUGH.contains(&k.as_str())
+                || [
+                    "HOME",
+                    "TMPDIR",
+                    "TORCH_EXTENSIONS_DIR",
+                    "CUDA_VISIBLE_DEVICES",
+                    "TORCH_CUDA_ARCH_LIST",
+                ]
+                .contains(&k.as_str());
+            assert!(allowed, "unexpected variable {k}");
+        }
+    }
+
+    #[test]
+    fn exit_descriptions() {
+        let segv = ExitInfo {
+            code: None,
+            signal: Some(11),
+        };
+        assert_eq!(segv.describe(), "signal 11 (SIGSEGV)");
+        let three = ExitInfo {
+            code: Some(3),
+            signal: None,
+        };
+        assert_eq!(three.describe(), "exit code 3");
+    }
+
+    #[test]
+    fn kill_group_refuses_own_group_and_init() {
+        // Would be catastrophic if it did anything; with the guard it returns without a syscall.
+        kill_group(0);
+        kill_group(1);
+    }
+
+    #[tokio::test]
+    async fn capped_reader_splits_lines_and_refuses_long_ones() {
+        let data: &[u8] = b"{\"a\":1}\n\nabcdefghij\n";
+        let mut r = BufReader::with_capacity(4, data);
+        let mut buf = Vec::new();
+        assert!(matches!(
+            read_line_capped(&mut r, &mut buf, 100).await.unwrap(),
+            LineRead::Line
+        ));
+        assert_eq!(buf, b"{\"a\":1}");
+        assert!(matches!(
+            read_line_capped(&mut r, &mut buf, 100).await.unwrap(),
+            LineRead::Line
+        ));
+        assert!(buf.is_empty());
+        assert!(matches!(
+            read_line_capped(&mut r, &mut buf, 5).await.unwrap(),
+            LineRead::TooLong
+        ));
+    }
+}

@@ -1,0 +1,497 @@
+//! The worker protocol (docs/worker-protocol.md) as serde types.
+//!
+//! The shapes mirror `src/harness/kb_protocol.py` field for field; `tests/fixtures/protocol/*.json`
+//! holds golden messages that both sides test against. Requests are built by the pool and serialized
+//! here; responses are parsed with [`parse_response`], which reads the `ok` flag first so that an error
+//! response (whose `kind` is free text) never reaches the typed bodies.
+//!
+//! Unknown response fields are ignored when parsing (the harness may grow first); the fixture tests
+//! re-serialize every message and compare, which catches a name mismatch on either side.
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value};
+
+// ------------------------------------------------------------------------------------------- requests
+
+/// The reference problem as the harness sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProblemSpec {
+    /// `"<level>/<problem_id>"`.
+    pub key: String,
+    pub code: String,
+    /// Keys the worker's reference cache (outputs, RNG states, timings).
+    pub code_hash: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CandidateSpec {
+    pub source: String,
+    /// Absolute build directory (the content-addressed one the compile step used).
+    pub build_dir: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TimingSpec {
+    pub measure: bool,
+    pub warmup: u32,
+    pub trials: u32,
+    pub discard_first: u32,
+    pub l2_flush: bool,
+}
+
+/// Timing statistics in milliseconds, as the harness reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RuntimeStats {
+    pub mean: f64,
+    pub median: f64,
+    pub std: f64,
+    pub min: f64,
+    pub max: f64,
+    pub num_trials: u32,
+}
+
+impl From<RuntimeStats> for crate::types::TimingStats {
+    fn from(s: RuntimeStats) -> Self {
+        crate::types::TimingStats {
+            mean: s.mean,
+            median: s.median,
+            std: s.std,
+            min: s.min,
+            max: s.max,
+            num_trials: s.num_trials,
+        }
+    }
+}
+
+/// A reference runtime taken from a baseline file instead of being measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BaselineRuntime {
+    pub mean: f64,
+    pub median: f64,
+    pub std: f64,
+    pub min: f64,
+    pub max: f64,
+    pub num_trials: u32,
+    /// `baseline:<file name>`.
+    pub source: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompileRequest {
+    pub source: String,
+    pub build_dir: String,
+    /// `TORCH_CUDA_ARCH_LIST` for the build; `null` keeps the worker's start-up value.
+    pub arch_list: Option<String>,
+    pub log_path: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvaluateRequest {
+    pub problem: ProblemSpec,
+    pub candidate: CandidateSpec,
+    /// `cuda:0` (the worker sees one device) or `cpu`.
+    pub device: String,
+    pub precision: String,
+    pub mode: String,
+    pub seed: u64,
+    pub correct_trials: u32,
+    pub timing: TimingSpec,
+    pub reference_runtime: Option<BaselineRuntime>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileRequest {
+    pub problem: ProblemSpec,
+    pub candidate: CandidateSpec,
+    pub device: String,
+    pub precision: String,
+    pub row_limit: u32,
+    pub ncu: bool,
+}
+
+/// What a request asks for; the `op` field on the wire.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum RequestBody {
+    Compile(CompileRequest),
+    Evaluate(EvaluateRequest),
+    Profile(ProfileRequest),
+    Shutdown,
+}
+
+impl RequestBody {
+    /// The `op` name, which is also the `kind` of the matching response.
+    pub fn op(&self) -> &'static str {
+        match self {
+            RequestBody::Compile(_) => "compile",
+            RequestBody::Evaluate(_) => "evaluate",
+            RequestBody::Profile(_) => "profile",
+            RequestBody::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// One request line: `{"id": 7, "op": "compile", ...}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    pub id: u64,
+    #[serde(flatten)]
+    pub body: RequestBody,
+}
+
+// ------------------------------------------------------------------------------------------ responses
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerRole {
+    /// Builds candidates on CPU.
+    Compile,
+    /// Evaluates and profiles on one device (a GPU, or the CPU when no GPU is used).
+    Gpu,
+}
+
+impl WorkerRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerRole::Compile => "compile",
+            WorkerRole::Gpu => "gpu",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub name: String,
+    /// Compute capability `[major, minor]`.
+    pub capability: Vec<u32>,
+    pub total_memory_bytes: u64,
+}
+
+/// The unasked first line of a worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ready {
+    pub role: WorkerRole,
+    pub python: String,
+    pub torch: String,
+    pub cuda: Option<String>,
+    pub cuda_available: bool,
+    pub device: Option<DeviceInfo>,
+    pub pid: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompileStatusWire {
+    Ok,
+    CompileError,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompileResponse {
+    pub status: CompileStatusWire,
+    /// KernelBench's `get_error_name` (`module.ClassName`), or `SyntaxError`.
+    pub error_name: Option<String>,
+    pub error: Option<String>,
+    /// Trimmed diagnostics for a prompt.
+    pub feedback: String,
+    pub log_path: String,
+    pub duration_s: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvalStatus {
+    Correct,
+    Incorrect,
+    CompileError,
+    RuntimeError,
+    CudaError,
+    OutOfMemory,
+    ReferenceError,
+}
+
+impl EvalStatus {
+    pub fn verdict(self) -> crate::types::Verdict {
+        use crate::types::Verdict;
+        match self {
+            EvalStatus::Correct => Verdict::Correct,
+            EvalStatus::Incorrect => Verdict::Incorrect,
+            EvalStatus::CompileError => Verdict::CompileError,
+            EvalStatus::RuntimeError => Verdict::RuntimeError,
+            EvalStatus::CudaError => Verdict::CudaError,
+            EvalStatus::OutOfMemory => Verdict::OutOfMemory,
+            EvalStatus::ReferenceError => Verdict::ReferenceError,
+        }
+    }
+}
+
+/// Where and how a result was measured, as the harness reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WireEnv {
+    pub device_name: String,
+    pub torch: String,
+    pub cuda: Option<String>,
+    pub precision: String,
+    pub mode: String,
+    /// `cuda_event` or `cpu_perf_counter`.
+    pub timing_method: String,
+    pub grad_mode: String,
+    pub tf32_matmul: bool,
+    pub tf32_cudnn: bool,
+}
+
+impl WireEnv {
+    pub fn to_eval_env(&self, driver: Option<String>) -> crate::types::EvalEnv {
+        crate::types::EvalEnv {
+            device_name: self.device_name.clone(),
+            torch: Some(self.torch.clone()),
+            cuda: self.cuda.clone(),
+            driver,
+            precision: Some(self.precision.clone()),
+            mode: Some(self.mode.clone()),
+            timing_method: Some(self.timing_method.clone()),
+            grad_mode: Some(self.grad_mode.clone()),
+            tf32_matmul: Some(self.tf32_matmul),
+            tf32_cudnn: Some(self.tf32_cudnn),
+        }
+    }
+}
+
+/// Seconds the worker spent in each phase of an evaluation.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EvalPhases {
+    pub load_s: f64,
+    pub reference_s: f64,
+    pub correctness_s: f64,
+    pub timing_s: f64,
+    pub ref_timing_s: f64,
+}
+
+impl EvalPhases {
+    pub fn to_map(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        for (k, v) in [
+            ("load_s", self.load_s),
+            ("reference_s", self.reference_s),
+            ("correctness_s", self.correctness_s),
+            ("timing_s", self.timing_s),
+            ("ref_timing_s", self.ref_timing_s),
+        ] {
+            // A non-finite duration cannot be JSON; leave it out rather than lie.
+            if let Some(n) = serde_json::Number::from_f64(v) {
+                m.insert(k.to_string(), Value::Number(n));
+            }
+        }
+        m
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvaluateResponse {
+    pub status: EvalStatus,
+    pub compiled: bool,
+    pub correctness: bool,
+    /// KernelBench's metadata keys and string formats.
+    pub metadata: Map<String, Value>,
+    /// Candidate mean in ms, -1.0 when not measured.
+    pub runtime: f64,
+    /// `{}` on the wire when not measured.
+    #[serde(with = "stats_or_empty")]
+    pub runtime_stats: Option<RuntimeStats>,
+    pub ref_runtime: f64,
+    #[serde(with = "stats_or_empty")]
+    pub ref_runtime_stats: Option<RuntimeStats>,
+    /// `measured`, `cached`, `baseline:<name>`, or null.
+    pub ref_runtime_source: Option<String>,
+    pub speedup: Option<f64>,
+    pub feedback: String,
+    pub env: WireEnv,
+    pub phases: EvalPhases,
+    /// The CUDA context is poisoned: the worker must be replaced.
+    pub sticky: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProfileStatus {
+    Ok,
+    CompileError,
+    RuntimeError,
+    CudaError,
+    OutOfMemory,
+    ReferenceError,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NcuMetrics {
+    pub duration_ns: f64,
+    pub achieved_occupancy: Option<f64>,
+    pub dram_throughput_pct: Option<f64>,
+    pub sm_throughput_pct: Option<f64>,
+    pub num_kernels: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProfileResponse {
+    pub status: ProfileStatus,
+    pub table: String,
+    pub ncu: Option<NcuMetrics>,
+    /// Why something is missing (no ncu, profiler unavailable, ...).
+    pub note: Option<String>,
+    pub duration_s: f64,
+    pub sticky: bool,
+}
+
+/// The typed part of a successful response; the `kind` field on the wire.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ResponseBody {
+    Ready(Ready),
+    Compile(CompileResponse),
+    Evaluate(Box<EvaluateResponse>),
+    Profile(ProfileResponse),
+    Shutdown,
+}
+
+impl ResponseBody {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ResponseBody::Ready(_) => "ready",
+            ResponseBody::Compile(_) => "compile",
+            ResponseBody::Evaluate(_) => "evaluate",
+            ResponseBody::Profile(_) => "profile",
+            ResponseBody::Shutdown => "shutdown",
+        }
+    }
+
+    /// True when the worker says its CUDA context is poisoned.
+    pub fn sticky(&self) -> bool {
+        match self {
+            ResponseBody::Evaluate(e) => e.sticky,
+            ResponseBody::Profile(p) => p.sticky,
+            _ => false,
+        }
+    }
+}
+
+/// `{"id": .., "ok": true, "kind": .., ...}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OkResponse {
+    pub id: u64,
+    pub ok: bool,
+    #[serde(flatten)]
+    pub body: ResponseBody,
+}
+
+/// `{"id": .., "ok": false, "kind": .., "error": ..}`: the request was malformed or the harness failed
+/// internally. A failing candidate is never reported this way.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorResponse {
+    pub id: u64,
+    pub ok: bool,
+    pub kind: String,
+    pub error: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Response {
+    Ok(OkResponse),
+    Error(ErrorResponse),
+}
+
+impl Response {
+    pub fn id(&self) -> u64 {
+        match self {
+            Response::Ok(r) => r.id,
+            Response::Error(r) => r.id,
+        }
+    }
+
+    pub fn to_value(&self) -> Result<Value, serde_json::Error> {
+        match self {
+            Response::Ok(r) => serde_json::to_value(r),
+            Response::Error(r) => serde_json::to_value(r),
+        }
+    }
+}
+
+/// Parse one response line. The error says what was wrong, for the worker log and the verdict.
+pub fn parse_response(line: &str) -> Result<Response, String> {
+    let value: Value = serde_json::from_str(line).map_err(|e| format!("not JSON ({e})"))?;
+    parse_response_value(value)
+}
+
+pub fn parse_response_value(value: Value) -> Result<Response, String> {
+    let ok = match value.get("ok") {
+        Some(Value::Bool(b)) => *b,
+        Some(other) => return Err(format!("`ok` is not a boolean: {other}")),
+        None => return Err("missing field `ok`".into()),
+    };
+    if ok {
+        serde_json::from_value(value)
+            .map(Response::Ok)
+            .map_err(|e| format!("bad response: {e}"))
+    } else {
+        serde_json::from_value(value)
+            .map(Response::Error)
+            .map_err(|e| format!("bad error response: {e}"))
+    }
+}
+
+/// Serde adapter for "stats, or `{}` when not measured".
+mod stats_or_empty {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(v: &Option<RuntimeStats>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(stats) => stats.serialize(s),
+            None => Map::new().serialize(s),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<RuntimeStats>, D::Error> {
+        let value = Value::deserialize(d)?;
+        match &value {
+            Value::Object(m) if m.is_empty() => Ok(None),
+            Value::Null => Ok(None),
+            _ => RuntimeStats::deserialize(value)
+                .map(Some)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shutdown_request_is_op_and_id_only() {
+        let r = Request {
+            id: 10,
+            body: RequestBody::Shutdown,
+        };
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            serde_json::json!({"id": 10, "op": "shutdown"})
+        );
+    }
+
+    #[test]
+    fn error_response_with_free_kind_parses() {
+        let r =
+            parse_response(r#"{"id": 3, "ok": false, "kind": "bogus", "error": "boom"}"#).unwrap();
+        assert!(matches!(r, Response::Error(ref e) if e.error == "boom" && e.id == 3));
+    }
+
+    #[test]
+    fn empty_stats_are_none() {
+        let v: RuntimeStats = serde_json::from_value(serde_json::json!({
+            "mean": 1.0, "median": 1.0, "std": 0.0, "min": 1.0, "max": 1.0, "num_trials": 3
+        }))
+        .unwrap();
+        assert_eq!(v.num_trials, 3);
+        assert!(parse_response("not json").is_err());
+        assert!(parse_response(r#"{"id": 1}"#).is_err());
+    }
+}

@@ -1,0 +1,471 @@
+//! Process management against a scripted fake harness (standard library Python only, starts in
+//! milliseconds): every way a worker can fail the protocol, and what the pool makes of it.
+//!
+//! The fake answers like the real harness, but the candidate source chooses its behaviour with a
+//! `FAKE:<what>` marker (sticky error, garbage line, wrong id, hang, exit, ...). A `start.txt` file
+//! in the fake's folder chooses how it starts (`ok`, `hang`, `exit`).
+
+mod worker_support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use krefine::config::Timeouts;
+use krefine::services::{Compiler, DeviceId, Executor};
+use krefine::types::{CompileStatus, ExecOutcome, Verdict};
+use krefine::worker::{BaselineTable, WorkerError, WorkerPool, WorkerSettings};
+use tokio::sync::OnceCell;
+use worker_support::*;
+
+const FAKE_HARNESS: &str = r#"
+import json, os, sys, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+role = sys.argv[sys.argv.index("--role") + 1]
+start = open(os.path.join(HERE, "start.txt")).read().strip()
+out = sys.stdout
+
+def send(obj):
+    out.write(json.dumps(obj) + "\n")
+    out.flush()
+
+print("fake harness starting, role", role, file=sys.stderr, flush=True)
+if start == "hang":
+    time.sleep(3600)
+if start == "exit":
+    print("fake harness: cannot start (scripted)", file=sys.stderr, flush=True)
+    os._exit(5)
+send({"id": 0, "ok": True, "kind": "ready", "role": role, "python": "3.11.7", "torch": "0.0-fake",
+      "cuda": None, "cuda_available": False, "device": None, "pid": os.getpid()})
+
+def evaluate(req):
+    src = req["candidate"]["source"]
+    meta = {"hardware": "fake", "device": req["device"], "pid": os.getpid(),
+            "reference_runtime": req["reference_runtime"]}
+    sticky = "FAKE:sticky" in src
+    return {"id": req["id"], "ok": True, "kind": "evaluate",
+            "status": "cuda_error" if sticky else "correct",
+            "compiled": not sticky, "correctness": not sticky, "metadata": meta,
+            "runtime": -1.0 if sticky else 1.5,
+            "runtime_stats": {} if sticky else {"mean": 1.5, "median": 1.4, "std": 0.1, "min": 1.3,
+                                                 "max": 1.9, "num_trials": 5},
+            "ref_runtime": -1.0 if sticky else 3.0,
+            "ref_runtime_stats": {} if sticky else {"mean": 3.0, "median": 3.0, "std": 0.0,
+                                                     "min": 3.0, "max": 3.0, "num_trials": 5},
+            "ref_runtime_source": None if sticky else "measured",
+            "speedup": None if sticky else 2.0,
+            "feedback": "fake feedback",
+            "env": {"device_name": "fake", "torch": "0.0-fake", "cuda": None, "precision": req["precision"],
+                    "mode": req["mode"], "timing_method": "cpu_perf_counter", "grad_mode": "no_grad",
+                    "tf32_matmul": False, "tf32_cudnn": True},
+            "phases": {"load_s": 0.1, "reference_s": 0.2, "correctness_s": 0.3, "timing_s": 0.4,
+                       "ref_timing_s": 0.5},
+            "sticky": sticky}
+
+for line in sys.stdin:
+    if not line.strip():
+        continue
+    req = json.loads(line)
+    op = req["op"]
+    if op == "shutdown":
+        send({"id": req["id"], "ok": True, "kind": "shutdown"})
+        os._exit(0)
+    src = req.get("source") or req.get("candidate", {}).get("source", "")
+    if "FAKE:hang" in src:
+        time.sleep(3600)
+    if "FAKE:exit7" in src:
+        os._exit(7)
+    if "FAKE:kill9" in src:
+        os.kill(os.getpid(), 9)
+    if "FAKE:garbage" in src:
+        out.write("this is not json\n"); out.flush(); continue
+    if "FAKE:huge" in src:
+        out.write("x" * (17 * 1024 * 1024) + "\n"); out.flush(); continue
+    if "FAKE:harness_error" in src:
+        send({"id": req["id"], "ok": False, "kind": op, "error": "internal harness error: boom"}); continue
+    rid = req["id"] + 100 if "FAKE:wrong_id" in src else req["id"]
+    if op == "compile":
+        with open(req["log_path"], "w") as f:
+            f.write("fake compile log\n")
+        send({"id": rid, "ok": True, "kind": "compile", "status": "ok", "error_name": None, "error": None,
+              "feedback": "", "log_path": req["log_path"], "duration_s": 0.01})
+    elif op == "evaluate":
+        resp = evaluate(req)
+        resp["id"] = rid
+        if "FAKE:wrong_kind" in src:
+            resp = {"id": rid, "ok": True, "kind": "shutdown"}
+        send(resp)
+    elif op == "profile":
+        send({"id": rid, "ok": True, "kind": "profile", "status": "ok", "table": "fake table",
+              "ncu": None, "note": None, "duration_s": 0.01, "sticky": False})
+"#;
+
+static PYTHON: OnceCell<PathBuf> = OnceCell::const_new();
+
+async fn python() -> PathBuf {
+    PYTHON.get_or_init(test_python).await.clone()
+}
+
+/// A fresh folder with the fake harness (started as `start`) and settings that use it.
+async fn fake_setup(start: &str) -> (tempfile::TempDir, WorkerSettings) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let harness = tmp.path().join("harness");
+    std::fs::create_dir_all(&harness).expect("harness dir");
+    std::fs::write(harness.join("krefine_harness.py"), FAKE_HARNESS).expect("fake harness");
+    std::fs::write(harness.join("start.txt"), start).expect("start.txt");
+    let work = tmp.path().join("work");
+    let cache = work.join("build-cache");
+    let mut s = cpu_settings(python().await, harness, &work, &cache);
+    s.timeouts = Timeouts {
+        compile_s: 2.0,
+        load_s: 5.0,
+        execute_s: 2.0,
+        profile_s: 2.0,
+    };
+    (tmp, s)
+}
+
+async fn fake_pool(start: &str) -> (tempfile::TempDir, Arc<WorkerPool>) {
+    let (tmp, s) = fake_setup(start).await;
+    let pool = WorkerPool::start(s).await.expect("fake pool starts");
+    (tmp, pool)
+}
+
+async fn exec(pool: &WorkerPool, code: &str) -> ExecOutcome {
+    pool.execute(exec_job(code, None), &DeviceId::Cpu).await
+}
+
+fn answered_by(e: &ExecOutcome) -> u64 {
+    e.metadata
+        .get("pid")
+        .and_then(|v| v.as_u64())
+        .unwrap_or_else(|| panic!("no pid in {e:#?}"))
+}
+
+/// A normal request, answered by the worker with pid `answered_by`.
+async fn healthy(pool: &WorkerPool) -> u64 {
+    let e = exec(pool, "fine").await;
+    assert_eq!(e.verdict, Verdict::Correct, "{e:#?}");
+    answered_by(&e)
+}
+
+#[tokio::test]
+async fn response_fields_are_mapped() {
+    let (tmp, mut s) = fake_setup("ok").await;
+    s.driver = Some("580.159.04".into());
+    let baseline_path = tmp.path().join("H100_Modal/baseline_time_torch.json");
+    std::fs::create_dir_all(baseline_path.parent().unwrap()).unwrap();
+    std::fs::write(
+        &baseline_path,
+        r#"{"level1": {"900_add.py": {"mean": 2.5, "std": 0.1, "min": 2.4, "max": 2.9, "num_trials": 100}}}"#,
+    )
+    .unwrap();
+    s.baseline = Some(Arc::new(
+        BaselineTable::load(&baseline_path).await.expect("baseline"),
+    ));
+    let pool = WorkerPool::start(s).await.expect("pool");
+    let e = exec(&pool, "fine").await;
+    assert_eq!(e.verdict, Verdict::Correct);
+    assert_eq!(
+        (e.runtime_ms, e.ref_runtime_ms, e.speedup),
+        (1.5, 3.0, Some(2.0))
+    );
+    assert_eq!(e.runtime_stats.map(|s| s.median), Some(1.4));
+    assert_eq!(e.ref_source.as_deref(), Some("measured"));
+    assert_eq!(e.env.driver.as_deref(), Some("580.159.04"));
+    assert_eq!(e.env.timing_method.as_deref(), Some("cpu_perf_counter"));
+    assert_eq!(e.phases.get("timing_s").and_then(|v| v.as_f64()), Some(0.4));
+    assert_eq!(e.device, "cpu");
+    let rr = &e.metadata["reference_runtime"];
+    assert_eq!(rr["mean"].as_f64(), Some(2.5));
+    assert_eq!(rr["num_trials"].as_u64(), Some(100));
+    assert_eq!(
+        rr["source"].as_str(),
+        Some("baseline:H100_Modal/baseline_time_torch.json")
+    );
+}
+
+#[tokio::test]
+async fn sticky_error_replaces_the_worker() {
+    let (_tmp, pool) = fake_pool("ok").await;
+    let before = healthy(&pool).await;
+    let e = exec(&pool, "FAKE:sticky").await;
+    assert_eq!(e.verdict, Verdict::CudaError, "{e:#?}");
+    assert_eq!(answered_by(&e), before);
+    assert!(
+        wait_gone(&[before as u32], Duration::from_secs(5))
+            .await
+            .is_empty()
+    );
+    let after = healthy(&pool).await;
+    assert_ne!(before, after, "a poisoned worker must not serve again");
+}
+
+#[tokio::test]
+async fn garbage_line_is_a_protocol_crash() {
+    let (_tmp, pool) = fake_pool("ok").await;
+    let before = healthy(&pool).await;
+    let e = exec(&pool, "FAKE:garbage").await;
+    assert_eq!(e.verdict, Verdict::Crashed, "{e:#?}");
+    assert!(
+        e.feedback.starts_with(
+            "worker broke the protocol while evaluating (unparseable response line (not JSON"
+        ),
+        "{}",
+        e.feedback
+    );
+    assert!(e.feedback.contains("this is not json"), "{}", e.feedback);
+    assert!(!pid_alive(before as u32));
+    assert_ne!(healthy(&pool).await, before);
+}
+
+#[tokio::test]
+async fn oversized_line_is_a_protocol_crash() {
+    let (_tmp, pool) = fake_pool("ok").await;
+    let e = exec(&pool, "FAKE:huge").await;
+    assert_eq!(e.verdict, Verdict::Crashed, "{e:#?}");
+    assert!(e.feedback.contains("longer than"), "{}", e.feedback);
+    healthy(&pool).await;
+}
+
+#[tokio::test]
+async fn wrong_id_and_wrong_kind_are_protocol_crashes() {
+    let (_tmp, pool) = fake_pool("ok").await;
+    let e = exec(&pool, "FAKE:wrong_id").await;
+    assert_eq!(e.verdict, Verdict::Crashed, "{e:#?}");
+    assert!(
+        e.feedback.contains("does not match request id"),
+        "{}",
+        e.feedback
+    );
+    let e = exec(&pool, "FAKE:wrong_kind").await;
+    assert_eq!(e.verdict, Verdict::Crashed, "{e:#?}");
+    assert!(
+        e.feedback
+            .contains("`evaluate` request answered with a `shutdown`"),
+        "{}",
+        e.feedback
+    );
+    healthy(&pool).await;
+}
+
+#[tokio::test]
+async fn harness_error_keeps_the_worker() {
+    let (_tmp, pool) = fake_pool("ok").await;
+    let before = healthy(&pool).await;
+    let e = exec(&pool, "FAKE:harness_error").await;
+    assert_eq!(e.verdict, Verdict::RuntimeError, "{e:#?}");
+    assert_eq!(
+        e.metadata.get("other_error").and_then(|v| v.as_str()),
+        Some("internal harness error: boom")
+    );
+    assert_eq!(
+        healthy(&pool).await,
+        before,
+        "ok:false must not cost a respawn"
+    );
+}
+
+#[tokio::test]
+async fn exit_code_and_outside_sigkill() {
+    let (_tmp, pool) = fake_pool("ok").await;
+    let e = exec(&pool, "FAKE:exit7").await;
+    assert_eq!(e.verdict, Verdict::Crashed, "{e:#?}");
+    assert!(
+        e.feedback
+            .starts_with("worker exited with exit code 7 while evaluating"),
+        "{}",
+        e.feedback
+    );
+    // The worker log's last lines come with it (the fake's start-up line is on stderr).
+    assert!(
+        e.feedback.contains("fake harness starting"),
+        "{}",
+        e.feedback
+    );
+    let e = exec(&pool, "FAKE:kill9").await;
+    assert_eq!(e.verdict, Verdict::OutOfMemory, "{e:#?}");
+    assert!(
+        e.feedback.contains("signal 9 (SIGKILL)") && e.feedback.contains("out-of-memory"),
+        "{}",
+        e.feedback
+    );
+    healthy(&pool).await;
+}
+
+#[tokio::test]
+async fn hang_times_out_with_kernelbench_metadata() {
+    let (_tmp, pool) = fake_pool("ok").await;
+    let before = healthy(&pool).await;
+    let t = Instant::now();
+    let e = exec(&pool, "FAKE:hang").await;
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!(e.verdict, Verdict::Timeout, "{e:#?}");
+    assert_eq!(e.feedback, "evaluation exceeded 2 s; the worker was killed");
+    assert_eq!(
+        e.metadata.get("error").and_then(|v| v.as_str()),
+        Some("Evaluation timed out")
+    );
+    assert!(!e.compiled);
+    assert!(e.wall_ms >= 2000);
+    assert!(!pid_alive(before as u32), "the hung worker must be killed");
+    assert_ne!(healthy(&pool).await, before);
+}
+
+#[tokio::test]
+async fn compile_timeout_and_log_note() {
+    let (tmp, pool) = fake_pool("ok").await;
+    let logs = tmp.path().join("logs");
+    let c = pool.compile(compile_job("FAKE:hang", &logs, "hang")).await;
+    assert_eq!(c.status, CompileStatus::Timeout, "{c:#?}");
+    assert_eq!(
+        c.error.as_deref(),
+        Some("compilation exceeded 2 s; the worker was killed")
+    );
+    let log = std::fs::read_to_string(c.log_path.as_deref().expect("log")).expect("log");
+    assert!(log.contains("compilation exceeded 2 s"), "{log}");
+    // The next compile gets a fresh worker and succeeds, and a failed build is never cached.
+    let ok = pool.compile(compile_job("fine", &logs, "fine")).await;
+    assert_eq!(ok.status, CompileStatus::Ok, "{ok:#?}");
+    let again = pool.compile(compile_job("FAKE:hang", &logs, "hang")).await;
+    assert!(!again.cached);
+}
+
+#[tokio::test]
+async fn workers_recycle_after_n_requests() {
+    let (_tmp, mut s) = fake_setup("ok").await;
+    s.recycle_after = 2;
+    let pool = WorkerPool::start(s).await.expect("pool");
+    let a = healthy(&pool).await;
+    let b = healthy(&pool).await;
+    let c = healthy(&pool).await;
+    assert_eq!(a, b);
+    assert_ne!(b, c, "the third request must be served by a new worker");
+    assert!(
+        wait_gone(&[a as u32], Duration::from_secs(5))
+            .await
+            .is_empty(),
+        "the recycled worker must exit"
+    );
+}
+
+#[tokio::test]
+async fn start_failures_are_precise() {
+    let (_tmp, mut s) = fake_setup("hang").await;
+    s.timeouts.load_s = 1.0;
+    let err = WorkerPool::start(s).await.expect_err("must not start");
+    let msg = err.to_string();
+    assert!(matches!(err, WorkerError::Start { .. }), "{msg}");
+    assert!(msg.contains("no `ready` within 1 s"), "{msg}");
+
+    let (_tmp, s) = fake_setup("exit").await;
+    let err = WorkerPool::start(s)
+        .await
+        .expect_err("must not start")
+        .to_string();
+    assert!(
+        err.contains("exited with exit code 5 before it was ready"),
+        "{err}"
+    );
+    assert!(
+        err.contains("cannot start (scripted)"),
+        "log tail expected: {err}"
+    );
+
+    let (_tmp, mut s) = fake_setup("ok").await;
+    s.python = PathBuf::from("/nonexistent/python3");
+    let err = WorkerPool::start(s)
+        .await
+        .expect_err("must not start")
+        .to_string();
+    assert!(err.contains("/nonexistent/python3"), "{err}");
+}
+
+#[tokio::test]
+async fn cancelled_request_kills_the_worker() {
+    let (_tmp, pool) = fake_pool("ok").await;
+    let before = healthy(&pool).await;
+    // Drop the evaluation half-way (as the engine does when a run is cancelled).
+    let r = tokio::time::timeout(Duration::from_millis(500), exec(&pool, "FAKE:hang")).await;
+    assert!(r.is_err(), "the hang should still be running");
+    assert!(
+        wait_gone(&[before as u32], Duration::from_secs(5))
+            .await
+            .is_empty(),
+        "a worker abandoned mid-request must be killed"
+    );
+    assert_ne!(healthy(&pool).await, before);
+}
+
+#[tokio::test]
+async fn shutdown_stops_everything_and_refuses_later_work() {
+    let (tmp, pool) = fake_pool("ok").await;
+    healthy(&pool).await;
+    let pids = pool.worker_pids().await;
+    assert_eq!(pids.len(), 2);
+    pool.shutdown().await;
+    assert!(wait_gone(&pids, Duration::from_secs(5)).await.is_empty());
+    let e = exec(&pool, "fine").await;
+    assert_eq!(e.verdict, Verdict::Crashed);
+    assert!(e.feedback.contains("shut down"), "{}", e.feedback);
+    let c = pool
+        .compile(compile_job("fine", &tmp.path().join("logs"), "late"))
+        .await;
+    assert_eq!(c.status, CompileStatus::Crashed);
+}
+
+#[tokio::test]
+async fn unknown_device_is_refused() {
+    let (_tmp, pool) = fake_pool("ok").await;
+    let e = pool
+        .execute(exec_job("fine", None), &DeviceId::Gpu(3))
+        .await;
+    assert_eq!(e.verdict, Verdict::Crashed);
+    assert!(e.feedback.contains("cuda:3"), "{}", e.feedback);
+    let p = pool.profile(exec_job("fine", None), &DeviceId::Cpu).await;
+    assert!(p.ok && p.table == "fake table", "{p:#?}");
+}
+
+#[tokio::test]
+async fn worker_logs_live_in_the_log_dir() {
+    let (tmp, pool) = fake_pool("ok").await;
+    healthy(&pool).await;
+    let dir: &Path = &tmp.path().join("work/workers");
+    for name in ["compile-0.log", "cpu-0.log"] {
+        let text = std::fs::read_to_string(dir.join(name)).expect(name);
+        assert!(text.contains("fake harness starting"), "{name}: {text}");
+    }
+}
+
+#[tokio::test]
+async fn shutdown_during_a_request_is_reported_as_shutdown() {
+    let (_tmp, pool) = fake_pool("ok").await;
+    healthy(&pool).await;
+    let busy = {
+        let pool = Arc::clone(&pool);
+        tokio::spawn(async move { exec(&pool, "FAKE:hang").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    pool.shutdown().await;
+    let e = busy.await.expect("task");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert_eq!(e.verdict, Verdict::Crashed, "{e:#?}");
+    assert_eq!(e.feedback, "the worker pool was shut down");
+}
+
+#[tokio::test]
+async fn a_worker_that_died_while_idle_is_not_blamed_on_the_next_candidate() {
+    let (_tmp, pool) = fake_pool("ok").await;
+    let before = healthy(&pool).await;
+    // Killed from outside between requests (the OOM killer, an operator).
+    krefine::worker::process::kill_group(before as u32);
+    assert!(
+        wait_gone(&[before as u32], Duration::from_secs(5))
+            .await
+            .is_empty()
+    );
+    let after = healthy(&pool).await;
+    assert_ne!(before, after);
+}
