@@ -15,6 +15,7 @@ use crate::services::{Compiler, DeviceId, Executor};
 use crate::sim::SimServices;
 use crate::store::RunDir;
 use crate::types::{FeedbackMode, MethodKind};
+use crate::worker::{self, BaselineTable, WorkerPool, WorkerSettings};
 use crate::{dataset, llm, progress};
 
 #[derive(clap::Args)]
@@ -118,7 +119,7 @@ async fn drive(
     let cfg = &loaded.config;
     let cancel = CancellationToken::new();
     let llm = llm::build(&loaded, args.replay_llm.as_deref(), cancel.clone())?;
-    let (compiler, executor) = build_eval_services(&loaded, &dir, &devices, &discovery).await?;
+    let (compiler, executor, pool) = build_eval_services(&loaded, &dir, &devices, &discovery).await?;
     let prompts = Prompts::load(
         cfg.prompt
             .templates
@@ -188,6 +189,9 @@ async fn drive(
     });
     let summary = engine.run().await;
     let _ = progress.await;
+    if let Some(pool) = pool {
+        pool.shutdown().await;
+    }
     let summary = summary?;
     eprintln!(
         "{} of {} task(s) finished{}",
@@ -209,20 +213,53 @@ async fn drive(
     })
 }
 
-/// The compile and execute services the config asks for.
+/// The compile and execute services the config asks for; the worker pool is returned for shutdown.
 async fn build_eval_services(
     loaded: &LoadedConfig,
-    _dir: &RunDir,
-    _devices: &[DeviceInfo],
-    _discovery: &gpu::Discovery,
-) -> anyhow::Result<(Arc<dyn Compiler>, Arc<dyn Executor>)> {
+    dir: &RunDir,
+    devices: &[DeviceInfo],
+    discovery: &gpu::Discovery,
+) -> anyhow::Result<(Arc<dyn Compiler>, Arc<dyn Executor>, Option<Arc<WorkerPool>>)> {
     let cfg = &loaded.config;
     match cfg.eval.executor {
         ExecutorKind::Simulated => {
             let sim = Arc::new(SimServices::new(cfg.eval.simulated.clone()));
-            Ok((sim.clone(), sim))
+            Ok((sim.clone(), sim, None))
         }
-        ExecutorKind::Worker => bail!("the worker executor is not available in this build"),
+        ExecutorKind::Worker => {
+            let configured = cfg.resources.python.as_deref().map(|p| loaded.resolve(p));
+            let python = worker::find_python(configured.as_deref()).await?;
+            // Workers run in their own scratch folders, so every path they get is absolute.
+            let out_dir = std::path::absolute(loaded.resolve(&cfg.output.dir))?;
+            let harness_dir = worker::deploy_harness(&out_dir.join(".harness")).await?;
+            let scratch = std::env::temp_dir().join(format!("krefine-{}", std::process::id()));
+            let mut s = WorkerSettings::new(python, harness_dir, &scratch);
+            s.log_dir = std::path::absolute(dir.logs_dir().join("workers"))?;
+            // Builds are content-addressed, so runs share one cache.
+            s.build_cache = out_dir.join(".build-cache");
+            s.apply_eval(&cfg.eval);
+            if let Some(p) = &cfg.eval.build_cache {
+                s.build_cache = std::path::absolute(loaded.resolve(p))?;
+            }
+            s.compile_workers = cfg.resources.compile_workers as usize;
+            s.devices = devices.iter().map(|d| d.id.clone()).collect();
+            if s.arch_list.is_none() {
+                s.arch_list = gpu::arch_list(devices);
+            }
+            s.driver = discovery.driver_version.clone();
+            if let Some(b) = &cfg.eval.baseline {
+                s.baseline = Some(Arc::new(BaselineTable::load(&loaded.resolve(b)).await?));
+            }
+            let pool = WorkerPool::start(s).await?;
+            eprintln!(
+                "workers: {} compile, {} device; torch {}; TORCH_CUDA_ARCH_LIST {}",
+                cfg.resources.compile_workers,
+                devices.len(),
+                pool.torch_version(),
+                pool.arch_list().unwrap_or("(cpu)")
+            );
+            Ok((pool.clone(), pool.clone(), Some(pool)))
+        }
     }
 }
 

@@ -324,14 +324,25 @@ impl WorkerPool {
                 (d.clone(), s)
             })
             .collect();
-        // Compile workers never see a GPU: candidates build on CPU before any device is touched,
-        // and a stray CUDA context per compile worker would eat GPU memory.
+        // Compile workers see the run's GPUs, as KernelBench's CPU pre-compile does: a candidate
+        // that picks its sources with `torch.cuda.is_available()` at import must build here what
+        // the device will load. They never run kernels; a candidate that allocates on the GPU at
+        // import costs a CUDA context for the length of its build.
+        let run_gpus = settings
+            .devices
+            .iter()
+            .filter_map(|d| match d {
+                DeviceId::Gpu(i) => Some(i.to_string()),
+                DeviceId::Cpu => None,
+            })
+            .collect::<Vec<_>>()
+            .join(",");
         let compile_specs: Vec<SpawnSpec> = (0..settings.compile_workers)
             .map(|i| {
                 spec(
                     format!("compile-{i}"),
                     WorkerRole::Compile,
-                    String::new(),
+                    run_gpus.clone(),
                     settings.arch_list.clone(),
                 )
             })
