@@ -3,14 +3,18 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use crate::gpu;
+use crate::config::{self, LoadedConfig};
+use crate::{gpu, llm, worker};
 
 pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
-    let _ = config;
+    let loaded: Option<LoadedConfig> = config.map(|p| config::load(p, &[])).transpose()?;
     let d = gpu::discover();
     println!("GPUs:");
     if d.gpus.is_empty() {
-        println!("  none ({})", d.note.as_deref().unwrap_or("no GPU"));
+        println!(
+            "  none ({}); runs use the CPU device",
+            d.note.as_deref().unwrap_or("no GPU")
+        );
     }
     for g in &d.gpus {
         println!(
@@ -28,5 +32,49 @@ pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
     if let Some(v) = &d.driver_version {
         println!("  CUDA driver API {v}");
     }
+
+    let configured = loaded.as_ref().and_then(|l| {
+        l.config
+            .resources
+            .python
+            .as_deref()
+            .map(|p| l.resolve(p))
+    });
+    let rt = super::runtime()?;
+    println!("Python:");
+    match rt.block_on(worker::find_python(configured.as_deref())) {
+        Ok(py) => {
+            println!("  {}", py.display());
+            let probe = std::process::Command::new(&py)
+                .args([
+                    "-c",
+                    "import sys, torch\nprint('  python', sys.version.split()[0])\nprint('  torch', torch.__version__, '(CUDA', str(torch.version.cuda) + ',', 'GPU available:', str(torch.cuda.is_available()) + ')')\ntry:\n    import ninja; print('  ninja', ninja.__version__)\nexcept Exception:\n    print('  ninja: missing (load_inline needs it)')\nfrom torch.utils.cpp_extension import CUDA_HOME\nprint('  CUDA_HOME', CUDA_HOME)",
+                ])
+                .output();
+            match probe {
+                Ok(o) => print!("{}", String::from_utf8_lossy(&o.stdout)),
+                Err(e) => println!("  cannot run it: {e}"),
+            }
+        }
+        Err(e) => println!("  {e}"),
+    }
+    match which("nvcc") {
+        Some(p) => println!("  nvcc {}", p.display()),
+        None => println!("  nvcc: not on PATH (needed for CUDA candidates)"),
+    }
+    if let Some(l) = &loaded {
+        println!("LLM endpoint:\n  {}", llm::describe_endpoint(l));
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+fn which(name: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .or_else(|| {
+            let p = Path::new("/usr/local/cuda/bin").join(name);
+            p.is_file().then_some(p)
+        })
 }
