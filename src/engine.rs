@@ -16,9 +16,7 @@ use crate::gpu::{DeviceInfo, DevicePool};
 use crate::llm::extract::extract_code;
 use crate::machine::{MachineError, TaskRunner, TaskSpec};
 use crate::prompt::{PromptSettings, Prompts};
-use crate::services::{
-    CompileJob, Compiler, EventSink, ExecJob, Executor, Llm, LlmError,
-};
+use crate::services::{CompileJob, Compiler, EventSink, ExecJob, Executor, Llm, LlmError};
 use crate::store::{EventLog, RunDir, StoreError, read_log};
 use crate::types::{
     Command, Event, FeedbackMode, LlmRequest, LogRecord, MethodKind, Problem, ProblemKey, TaskId,
@@ -534,7 +532,10 @@ async fn drive(
 }
 
 /// Run `fut` unless the run is cancelled first.
-async fn cancellable<F: std::future::Future>(cancel: &CancellationToken, fut: F) -> Option<F::Output> {
+async fn cancellable<F: std::future::Future>(
+    cancel: &CancellationToken,
+    fut: F,
+) -> Option<F::Output> {
     tokio::select! {
         biased;
         _ = cancel.cancelled() => None,
@@ -549,10 +550,12 @@ fn relative_to(dir: &RunDir, p: &str) -> String {
         .unwrap_or_else(|_| p.to_string())
 }
 
-/// Fold a whole log into per-task turn records (for metrics and reports).
-pub fn fold_records(
-    records: &[LogRecord],
-) -> Result<(Option<Event>, BTreeMap<TaskId, Vec<crate::types::TurnRecord>>), MachineError> {
+/// Turn records of every task of a run, by task.
+pub type TaskTurns = BTreeMap<TaskId, Vec<crate::types::TurnRecord>>;
+
+/// Fold a whole log into per-task turn records (for metrics and reports); also returns the run's
+/// first `RunStarted` event, which fixes its plan.
+pub fn fold_records(records: &[LogRecord]) -> Result<(Option<Event>, TaskTurns), MachineError> {
     let mut started: Option<Event> = None;
     let mut by_task: BTreeMap<TaskId, Vec<&Event>> = BTreeMap::new();
     for r in records {
@@ -574,8 +577,16 @@ pub fn fold_records(
             feedback,
             task_ids,
             ..
-        }) => (*turns, feedback.unwrap_or(FeedbackMode::GE), task_ids.clone()),
-        _ => (u32::MAX, FeedbackMode::GE, by_task.keys().copied().collect()),
+        }) => (
+            *turns,
+            feedback.unwrap_or(FeedbackMode::GE),
+            task_ids.clone(),
+        ),
+        _ => (
+            u32::MAX,
+            FeedbackMode::GE,
+            by_task.keys().copied().collect(),
+        ),
     };
     let mut out = BTreeMap::new();
     for id in task_ids {

@@ -63,6 +63,7 @@ fn attempt(turn: u32, status: Option<u16>, error: Option<&str>) -> Event {
         error: error.map(str::to_string),
         usage: None,
         cost_usd: None,
+        note: None,
     }
 }
 
