@@ -104,7 +104,9 @@ fn discover_unguarded() -> Result<Discovery, String> {
             total_memory_bytes: mem.map(|m| m as u64),
         });
     }
-    let note = gpus.is_empty().then(|| "the CUDA driver reports no GPU".to_string());
+    let note = gpus
+        .is_empty()
+        .then(|| "the CUDA driver reports no GPU".to_string());
     Ok(Discovery {
         gpus,
         driver_version,

@@ -45,7 +45,10 @@ pub struct Task {
     rejected: Option<String>,
 }
 
-#[state_machine(initial = "State::generate(1)", state(derive(Debug, Clone, PartialEq, Eq)))]
+#[state_machine(
+    initial = "State::generate(1)",
+    state(derive(Debug, Clone, PartialEq, Eq))
+)]
 impl Task {
     #[state(entry_action = "enter_generate")]
     fn generate(&mut self, turn: &u32, context: &mut Outbox, event: &Event) -> Outcome<State> {
@@ -342,9 +345,7 @@ fn single(out: Outbox, _task: TaskId) -> Option<Command> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{
-        CompileOutcome, ExecOutcome, LlmAnswer, ProfileOutcome, ProblemKey,
-    };
+    use crate::types::{CompileOutcome, ExecOutcome, LlmAnswer, ProblemKey, ProfileOutcome};
 
     fn spec(turns: u32, feedback: FeedbackMode) -> TaskSpec {
         TaskSpec {
@@ -539,7 +540,10 @@ mod tests {
         ] {
             let (mut m, _) = TaskRunner::start(spec(1, FeedbackMode::GE));
             m.handle(&answered(1, Some("c"))).unwrap();
-            assert_eq!(m.handle(&compiled(1, status)).unwrap(), Some(Command::Finish));
+            assert_eq!(
+                m.handle(&compiled(1, status)).unwrap(),
+                Some(Command::Finish)
+            );
             assert_eq!(m.turns()[0].verdict, Some(verdict));
             assert!(m.is_done());
         }
@@ -594,7 +598,10 @@ mod tests {
             ctx.history.iter().map(|h| h.turn).collect::<Vec<_>>(),
             vec![1, 2]
         );
-        assert_eq!(ctx.history[1].execution.as_deref(), Some("E2: runtime_error"));
+        assert_eq!(
+            ctx.history[1].execution.as_deref(),
+            Some("E2: runtime_error")
+        );
     }
 
     #[test]

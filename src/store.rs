@@ -309,7 +309,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("run");
         let dir = RunDir::create(&root, "x = 1\n").unwrap();
-        let mut log = EventLog::open(&dir.events_path(), 0, 0, false).await.unwrap();
+        let mut log = EventLog::open(&dir.events_path(), 0, 0, false)
+            .await
+            .unwrap();
         log.append(None, ev("a")).await.unwrap();
         let r = log.append(None, ev("b")).await.unwrap();
         assert_eq!(r.seq, 1);
@@ -326,7 +328,9 @@ mod tests {
     async fn torn_tail_is_dropped_and_cut_on_append() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = RunDir::create(&tmp.path().join("r"), "").unwrap();
-        let mut log = EventLog::open(&dir.events_path(), 0, 0, false).await.unwrap();
+        let mut log = EventLog::open(&dir.events_path(), 0, 0, false)
+            .await
+            .unwrap();
         log.append(None, ev("a")).await.unwrap();
         drop(log);
         let mut f = std::fs::OpenOptions::new()

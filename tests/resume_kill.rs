@@ -26,8 +26,16 @@ fn fixture(root: &Path) -> PathBuf {
         .unwrap();
     }
     let markers = [
-        ["compile=error", "verdict=incorrect", "verdict=correct speedup=1.3"],
-        ["verdict=correct speedup=0.7", "verdict=correct speedup=1.6", "verdict=runtime_error"],
+        [
+            "compile=error",
+            "verdict=incorrect",
+            "verdict=correct speedup=1.3",
+        ],
+        [
+            "verdict=correct speedup=0.7",
+            "verdict=correct speedup=1.6",
+            "verdict=runtime_error",
+        ],
         ["verdict=incorrect", "NOCODE", "verdict=correct speedup=2.5"],
     ];
     let mut answers = String::new();
@@ -87,7 +95,10 @@ fn run(cfg: &Path, out: &Path, resume: bool) -> std::process::Child {
     if resume {
         c.arg("--resume");
     }
-    c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
+    c.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
 }
 
 fn report_turns(out: &Path) -> serde_json::Value {
@@ -150,9 +161,16 @@ fn sigkill_at_any_point_then_resume_matches_uninterrupted() {
             resume = true;
         }
         assert_eq!(report_turns(&out), want, "kill point {frac}");
-        assert_eq!(count_answers(&out), 9, "an answer was requested twice (kill point {frac})");
+        assert_eq!(
+            count_answers(&out),
+            9,
+            "an answer was requested twice (kill point {frac})"
+        );
     }
-    assert!(interrupted >= 3, "only {interrupted} kill(s) landed mid-run");
+    assert!(
+        interrupted >= 3,
+        "only {interrupted} kill(s) landed mid-run"
+    );
 }
 
 #[test]
@@ -200,7 +218,10 @@ fn wrong_key_and_type_are_named() {
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("turns") && err.contains("line"), "{err}");
-    assert!(!tmp.path().join("y").exists(), "a bad config must not leave a run directory");
+    assert!(
+        !tmp.path().join("y").exists(),
+        "a bad config must not leave a run directory"
+    );
 }
 
 #[test]

@@ -66,7 +66,14 @@ pub fn bench(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
                 time_scale: scale,
             };
             let rt = super::runtime()?;
-            let r = rt.block_on(scheduler(tasks, turns, gpus, compile_slots, llm_median_s, sim))?;
+            let r = rt.block_on(scheduler(
+                tasks,
+                turns,
+                gpus,
+                compile_slots,
+                llm_median_s,
+                sim,
+            ))?;
             super::print_out(&r)?;
             Ok(ExitCode::SUCCESS)
         }
@@ -136,7 +143,15 @@ async fn scheduler(
     };
     let (cpu0, _) = proc_usage();
     let started = Instant::now();
-    let engine = Engine::prepare(plan, parts, dir.clone(), false, false, CancellationToken::new()).await?;
+    let engine = Engine::prepare(
+        plan,
+        parts,
+        dir.clone(),
+        false,
+        false,
+        CancellationToken::new(),
+    )
+    .await?;
     let summary = engine.run().await?;
     let wall = started.elapsed().as_secs_f64();
     let (cpu1, peak_kb) = proc_usage();
@@ -145,7 +160,10 @@ async fn scheduler(
 
     let a = analyse(&records, gpus as f64, compile_slots as f64);
     let makespan = wall * scale;
-    let lower = a.chain_s.max(a.compile_s / compile_slots as f64).max(a.execute_s / gpus as f64);
+    let lower = a
+        .chain_s
+        .max(a.compile_s / compile_slots as f64)
+        .max(a.execute_s / gpus as f64);
     let mut out = String::new();
     out.push_str(&format!(
         "scheduler benchmark: {tasks} tasks x {turns} turns, LLM log-normal median {llm_median_s} s, compile {} s on {compile_slots} slots, execute {}-{} s on {gpus} GPUs, time scale {scale}x\n\n",
@@ -247,7 +265,11 @@ fn analyse(records: &[LogRecord], gpus: f64, _slots: f64) -> Analysis {
     Analysis {
         chain_s: chain.values().cloned().fold(0.0, f64::max),
         compile_s,
-        compile_each_s: if n_compile > 0.0 { compile_s / n_compile } else { 0.0 },
+        compile_each_s: if n_compile > 0.0 {
+            compile_s / n_compile
+        } else {
+            0.0
+        },
         execute_s,
         exec_min_s: if exec_min == f64::MAX { 0.0 } else { exec_min },
         exec_max_s: exec_max,

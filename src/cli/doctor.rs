@@ -33,13 +33,9 @@ pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         println!("  CUDA driver API {v}");
     }
 
-    let configured = loaded.as_ref().and_then(|l| {
-        l.config
-            .resources
-            .python
-            .as_deref()
-            .map(|p| l.resolve(p))
-    });
+    let configured = loaded
+        .as_ref()
+        .and_then(|l| l.config.resources.python.as_deref().map(|p| l.resolve(p)));
     let rt = super::runtime()?;
     println!("Python:");
     match rt.block_on(worker::find_python(configured.as_deref())) {

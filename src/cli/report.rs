@@ -93,8 +93,12 @@ pub fn load_report(dir: &Path) -> anyhow::Result<RunReport> {
     if let Some(w) = &log.torn_tail {
         eprintln!("warning: {w}");
     }
-    let (started, turns) = fold_records(&log.records)
-        .with_context(|| format!("{} does not fold into task states", run.events_path().display()))?;
+    let (started, turns) = fold_records(&log.records).with_context(|| {
+        format!(
+            "{} does not fold into task states",
+            run.events_path().display()
+        )
+    })?;
     let Some(Event::RunStarted {
         run: name,
         method,
@@ -105,7 +109,10 @@ pub fn load_report(dir: &Path) -> anyhow::Result<RunReport> {
         ..
     }) = started
     else {
-        anyhow::bail!("{}: the log has no run_started record", run.events_path().display());
+        anyhow::bail!(
+            "{}: the log has no run_started record",
+            run.events_path().display()
+        );
     };
     let model = std::fs::read_to_string(run.config_path())
         .ok()

@@ -119,7 +119,8 @@ async fn drive(
     let cfg = &loaded.config;
     let cancel = CancellationToken::new();
     let llm = llm::build(&loaded, args.replay_llm.as_deref(), cancel.clone())?;
-    let (compiler, executor, pool) = build_eval_services(&loaded, &dir, &devices, &discovery).await?;
+    let (compiler, executor, pool) =
+        build_eval_services(&loaded, &dir, &devices, &discovery).await?;
     let prompts = Prompts::load(
         cfg.prompt
             .templates
@@ -219,7 +220,11 @@ async fn build_eval_services(
     dir: &RunDir,
     devices: &[DeviceInfo],
     discovery: &gpu::Discovery,
-) -> anyhow::Result<(Arc<dyn Compiler>, Arc<dyn Executor>, Option<Arc<WorkerPool>>)> {
+) -> anyhow::Result<(
+    Arc<dyn Compiler>,
+    Arc<dyn Executor>,
+    Option<Arc<WorkerPool>>,
+)> {
     let cfg = &loaded.config;
     match cfg.eval.executor {
         ExecutorKind::Simulated => {
