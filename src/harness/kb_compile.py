@@ -1,0 +1,272 @@
+"""Building and importing a candidate (`op: compile`, and the load step of evaluate/profile).
+
+A candidate is imported as a real module from `build_dir/candidate.py` (Triton-style decorators read
+their source from the file). Its `load_inline` call does the nvcc/ninja build during the import; we
+capture fds 1 and 2 at the OS level while it runs, so compiler output lands in the log even when the
+candidate passes `verbose=True` (torch then writes ninja's output straight to fd 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import kb_feedback
+
+CANDIDATE_FILE = "candidate.py"
+BUILD_INFO_FILE = "krefine_build.json"
+SYNTAX_MESSAGE = "Syntax error in custom generated code or ModelNew not found"
+LOG_READ_LIMIT = 2 * 1024 * 1024
+# What the worker was started with: when a request gives no arch list we fall back to this, never to
+# "unset", so an operator-provided TORCH_CUDA_ARCH_LIST keeps working.
+_STARTUP_ARCH_LIST = os.environ.get("TORCH_CUDA_ARCH_LIST")
+# Errors a candidate can raise at our call sites. SystemExit is included because `sys.exit()` in model
+# code must become a failing result, not a silently exiting worker.
+CANDIDATE_ERRORS: tuple[type[BaseException], ...] = (Exception, SystemExit)
+
+
+def get_error_name(exc: BaseException) -> str:
+    """KernelBench's error name: `module.ClassName` of the exception's class."""
+    return f"{exc.__class__.__module__}.{exc.__class__.__name__}"
+
+
+def remove_stale_locks(build_dir: str) -> int:
+    """Delete torch's `lock` batons under build_dir.
+
+    A worker killed mid-build leaves `<ext>/lock` behind and every later build of that extension would
+    wait on it forever. Rust guarantees one builder per build_dir, so any lock found here is stale.
+    """
+    removed = 0
+    for path in Path(build_dir).rglob("lock"):
+        if path.is_file():
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def _flush_all() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    # C code that printf()s without a newline leaves bytes in libc's buffer; flush them into the log
+    # they belong to before we move fd 1 back.
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).fflush(None)
+
+
+@contextlib.contextmanager
+def capture_fds(log_path: str, append: bool = False) -> Iterator[None]:
+    """Point fds 1 and 2 at log_path for the duration (OS level: catches C, ninja and nvcc output)."""
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    log_fd = os.open(log_path, flags, 0o644)
+    _flush_all()
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    saved_streams = sys.stdout, sys.stderr
+    try:
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        # Python-level prints go through sys.stdout/sys.stderr, which someone may have replaced (a test
+        # runner, or the candidate itself); point them at the captured fds too.
+        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        yield
+    finally:
+        _flush_all()
+        sys.stdout, sys.stderr = saved_streams
+        os.dup2(saved_out, 1)
+        os.dup2(saved_err, 2)
+        for fd in (saved_out, saved_err, log_fd):
+            os.close(fd)
+
+
+def read_log(path: str) -> str:
+    """A log's text; for huge logs (print floods) the head and the tail, where diagnostics live."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            if size <= 2 * LOG_READ_LIMIT:
+                data = f.read()
+            else:
+                head = f.read(LOG_READ_LIMIT)
+                f.seek(size - LOG_READ_LIMIT)
+                data = head + b"\n... [log truncated] ...\n" + f.read()
+    except OSError:
+        return ""
+    return data.decode("utf-8", errors="replace")
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text(encoding="utf-8", errors="replace") != text:
+        path.write_text(text, encoding="utf-8")
+
+
+def _reset_extension_versions() -> None:
+    """Forget which extensions this process built before.
+
+    torch bumps an extension to `name_v1` when the same name is built again in one process with other
+    sources. A persistent worker sees many candidates that reuse a name (each in its own build_dir), and
+    the compile worker and the GPU worker must agree on the file name, so every import starts as in a
+    fresh process.
+    """
+    from torch.utils import cpp_extension
+
+    cpp_extension.JIT_EXTENSION_VERSIONER.entries.clear()
+
+
+def _set_build_env(build_dir: str, arch_list: str | None) -> None:
+    os.environ["TORCH_EXTENSIONS_DIR"] = build_dir
+    os.environ["TORCH_USE_CUDA_DSA"] = "1"  # as KernelBench sets before loading
+    chosen = arch_list if arch_list is not None else _STARTUP_ARCH_LIST
+    if chosen is None:
+        os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+    else:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = chosen
+
+
+def _recorded_arch_list(build_dir: str) -> str | None:
+    """The arch list the compile step used, so a later import sees the same ninja flags (no rebuild)."""
+    try:
+        info = json.loads((Path(build_dir) / BUILD_INFO_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    value = info.get("arch_list")
+    return value if isinstance(value, str) else None
+
+
+def _record_build(build_dir: str, arch_list: str | None) -> None:
+    import torch
+
+    info = {"arch_list": arch_list, "torch": torch.__version__}
+    (Path(build_dir) / BUILD_INFO_FILE).write_text(json.dumps(info))
+
+
+def module_name_for(build_dir: str) -> str:
+    digest = hashlib.sha1(os.path.abspath(build_dir).encode()).hexdigest()[:16]
+    return f"krefine_candidate_{digest}"
+
+
+@dataclass
+class LoadResult:
+    """The outcome of importing a candidate. `error_name`/`error` are KernelBench's
+    compilation_error_name/compilation_error when the load failed."""
+
+    module: ModuleType | None
+    model_new: type | None
+    exc: BaseException | None
+    error_name: str | None
+    error: str | None
+    feedback: str
+    candidate_path: str
+    log_path: str
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.model_new is not None
+
+
+def load_candidate(
+    source: str, build_dir: str, log_path: str, arch_list: str | None = None, record: bool = False
+) -> LoadResult:
+    """Write the source to build_dir/candidate.py and import it with fds captured into log_path.
+
+    `record=True` (the compile op) stores the arch list it built with; otherwise the recorded one is
+    reused so the import finds the compile step's build up to date.
+    """
+    started = time.perf_counter()
+    build = os.path.abspath(build_dir)
+    Path(build).mkdir(parents=True, exist_ok=True)
+    remove_stale_locks(build)
+    candidate_path = os.path.join(build, CANDIDATE_FILE)
+    _write_if_changed(Path(candidate_path), source)
+    _set_build_env(build, arch_list if record else _recorded_arch_list(build))
+    _reset_extension_versions()
+    name = module_name_for(build)
+    sys.modules.pop(name, None)
+    module, exc = _import_file(name, candidate_path, log_path)
+    if record and exc is None:
+        _record_build(build, arch_list)
+    model_new = getattr(module, "ModelNew", None) if module is not None else None
+    if exc is None and model_new is None:
+        sys.modules.pop(name, None)
+    error_name, error, feedback = _classify_load(exc, model_new, log_path, candidate_path, build)
+    return LoadResult(
+        module=module if model_new is not None else None,
+        model_new=model_new,
+        exc=exc,
+        error_name=error_name,
+        error=error,
+        feedback=feedback,
+        candidate_path=candidate_path,
+        log_path=log_path,
+        duration_s=time.perf_counter() - started,
+    )
+
+
+def _import_file(name: str, path: str, log_path: str) -> tuple[ModuleType | None, BaseException | None]:
+    cwd = os.getcwd()
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses and Triton look the module up while it executes
+        with capture_fds(log_path):
+            spec.loader.exec_module(module)
+        return module, None
+    except CANDIDATE_ERRORS as exc:
+        sys.modules.pop(name, None)
+        return None, exc
+    finally:
+        with contextlib.suppress(OSError):
+            os.chdir(cwd)  # candidate code may chdir; the worker's scratch dir must stay put
+
+
+def _classify_load(
+    exc: BaseException | None, model_new: Any, log_path: str, candidate_path: str, build_dir: str
+) -> tuple[str | None, str | None, str]:
+    if exc is None and model_new is not None:
+        return None, None, ""
+    if exc is None or isinstance(exc, SyntaxError):
+        # KernelBench's load returns None for both, and reports them with one fixed message.
+        error_name, error = "SyntaxError", SYNTAX_MESSAGE
+    else:
+        error_name, error = get_error_name(exc), str(exc)
+    log_text = read_log(log_path)
+    feedback = kb_feedback.compile_feedback(error_name, exc, log_text, candidate_path, build_dir)
+    return error_name, error, feedback
+
+
+def unload_candidate(result: LoadResult) -> None:
+    if result.module is not None:
+        sys.modules.pop(result.module.__name__, None)
+
+
+def handle_compile(request: dict[str, Any]) -> dict[str, Any]:
+    """`op: compile`: build and import, report KernelBench-style error names and trimmed feedback."""
+    result = load_candidate(
+        request["source"], request["build_dir"], request["log_path"], request["arch_list"], record=True
+    )
+    unload_candidate(result)
+    return {
+        "id": request["id"],
+        "ok": True,
+        "kind": "compile",
+        "status": "ok" if result.ok else "compile_error",
+        "error_name": result.error_name,
+        "error": result.error,
+        "feedback": result.feedback,
+        "log_path": request["log_path"],
+        "duration_s": round(result.duration_s, 6),
+    }

@@ -1,0 +1,343 @@
+"""Message shapes of the worker protocol (docs/worker-protocol.md) and a small runtime checker.
+
+The Rust side holds the same shapes as serde types; tests/fixtures/protocol/*.json are golden examples
+that both sides check. The checker is deliberately tiny: it understands exactly the typing constructs
+used below (TypedDict, Literal, list, dict, X | None, Any) and nothing else.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any, Literal, TypedDict, Union
+
+Precision = Literal["fp32", "fp16", "bf16"]
+Mode = Literal["faithful", "strict"]
+CompileStatus = Literal["ok", "compile_error"]
+EvalStatus = Literal[
+    "correct",
+    "incorrect",
+    "compile_error",
+    "runtime_error",
+    "cuda_error",
+    "out_of_memory",
+    "reference_error",
+]
+ProfileStatus = Literal[
+    "ok", "compile_error", "runtime_error", "cuda_error", "out_of_memory", "reference_error"
+]
+
+
+# ---------------------------------------------------------------------------------------------- requests
+
+
+class ProblemSpec(TypedDict):
+    key: str
+    code: str
+    code_hash: str
+
+
+class CandidateSpec(TypedDict):
+    source: str
+    build_dir: str
+
+
+class TimingSpec(TypedDict):
+    measure: bool
+    warmup: int
+    trials: int
+    discard_first: int
+    l2_flush: bool
+
+
+class RuntimeStats(TypedDict):
+    mean: float
+    median: float
+    std: float
+    min: float
+    max: float
+    num_trials: int
+
+
+class BaselineRuntime(RuntimeStats):
+    source: str
+
+
+class CompileRequest(TypedDict):
+    id: int
+    op: Literal["compile"]
+    source: str
+    build_dir: str
+    arch_list: str | None
+    log_path: str
+
+
+class EvaluateRequest(TypedDict):
+    id: int
+    op: Literal["evaluate"]
+    problem: ProblemSpec
+    candidate: CandidateSpec
+    device: str
+    precision: Precision
+    mode: Mode
+    seed: int
+    correct_trials: int
+    timing: TimingSpec
+    reference_runtime: BaselineRuntime | None
+
+
+class ProfileRequest(TypedDict):
+    id: int
+    op: Literal["profile"]
+    problem: ProblemSpec
+    candidate: CandidateSpec
+    device: str
+    precision: Precision
+    row_limit: int
+    ncu: bool
+
+
+class ShutdownRequest(TypedDict):
+    id: int
+    op: Literal["shutdown"]
+
+
+REQUEST_SHAPES: dict[str, type] = {
+    "compile": CompileRequest,
+    "evaluate": EvaluateRequest,
+    "profile": ProfileRequest,
+    "shutdown": ShutdownRequest,
+}
+
+
+# --------------------------------------------------------------------------------------------- responses
+
+
+class DeviceInfo(TypedDict):
+    name: str
+    capability: list[int]
+    total_memory_bytes: int
+
+
+class ReadyMessage(TypedDict):
+    id: int
+    ok: Literal[True]
+    kind: Literal["ready"]
+    role: Literal["compile", "gpu"]
+    python: str
+    torch: str
+    cuda: str | None
+    cuda_available: bool
+    device: DeviceInfo | None
+    pid: int
+
+
+class ErrorResponse(TypedDict):
+    """A request the harness could not handle at all (malformed, or an internal harness error)."""
+
+    id: int
+    ok: Literal[False]
+    kind: str
+    error: str
+
+
+class CompileResponse(TypedDict):
+    id: int
+    ok: Literal[True]
+    kind: Literal["compile"]
+    status: CompileStatus
+    error_name: str | None
+    error: str | None
+    feedback: str
+    log_path: str
+    duration_s: float
+
+
+class EvalEnv(TypedDict):
+    device_name: str
+    torch: str
+    cuda: str | None
+    precision: Precision
+    mode: Mode
+    timing_method: Literal["cuda_event", "cpu_perf_counter"]
+    grad_mode: Literal["no_grad"]
+    tf32_matmul: bool
+    tf32_cudnn: bool
+
+
+class EvalPhases(TypedDict):
+    load_s: float
+    reference_s: float
+    correctness_s: float
+    timing_s: float
+    ref_timing_s: float
+
+
+class EvaluateResponse(TypedDict):
+    id: int
+    ok: Literal[True]
+    kind: Literal["evaluate"]
+    status: EvalStatus
+    compiled: bool
+    correctness: bool
+    metadata: dict[str, Any]
+    runtime: float
+    runtime_stats: RuntimeStats | dict[str, Any]
+    ref_runtime: float
+    ref_runtime_stats: RuntimeStats | dict[str, Any]
+    ref_runtime_source: str | None
+    speedup: float | None
+    feedback: str
+    env: EvalEnv
+    phases: EvalPhases
+    sticky: bool
+
+
+class NcuMetrics(TypedDict):
+    duration_ns: float
+    achieved_occupancy: float | None
+    dram_throughput_pct: float | None
+    sm_throughput_pct: float | None
+    num_kernels: int
+
+
+class ProfileResponse(TypedDict):
+    id: int
+    ok: Literal[True]
+    kind: Literal["profile"]
+    status: ProfileStatus
+    table: str
+    ncu: NcuMetrics | None
+    note: str | None
+    duration_s: float
+    sticky: bool
+
+
+class ShutdownResponse(TypedDict):
+    id: int
+    ok: Literal[True]
+    kind: Literal["shutdown"]
+
+
+RESPONSE_SHAPES: dict[str, type] = {
+    "ready": ReadyMessage,
+    "compile": CompileResponse,
+    "evaluate": EvaluateResponse,
+    "profile": ProfileResponse,
+    "shutdown": ShutdownResponse,
+}
+
+
+# ------------------------------------------------------------------------------------------------ checker
+
+
+def _is_typeddict(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__required_keys__")
+
+
+def _hints(tp: type) -> dict[str, Any]:
+    # include_extras=False strips NotRequired[...] so we see the plain value type.
+    return typing.get_type_hints(tp)
+
+
+def check_shape(value: Any, tp: Any, path: str = "$", allow_extra: bool = False) -> list[str]:
+    """Return a list of problems (empty when `value` matches `tp`)."""
+    if tp is Any:
+        return []
+    origin = typing.get_origin(tp)
+    if origin is Union or isinstance(tp, types.UnionType):
+        options = typing.get_args(tp)
+        attempts = [check_shape(value, option, path, allow_extra) for option in options]
+        if any(not problems for problems in attempts):
+            return []
+        # Report against the option the value was most likely meant as: never "expected null" for a
+        # present value, and otherwise the attempt with the fewest problems.
+        meant = [
+            a for a, o in zip(attempts, options, strict=True) if value is None or o is not type(None)
+        ] or attempts
+        return min(meant, key=len)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        # `True == 1` in Python, so compare types too: a literal True must be a bool.
+        if any(value == a and type(value) is type(a) for a in allowed):
+            return []
+        return [f"{path}: expected one of {list(allowed)}, got {value!r}"]
+    if tp is type(None):
+        return [] if value is None else [f"{path}: expected null, got {type(value).__name__}"]
+    if tp is bool:
+        return [] if isinstance(value, bool) else [f"{path}: expected bool, got {value!r}"]
+    if tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return [] if ok else [f"{path}: expected int, got {value!r}"]
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return [] if ok else [f"{path}: expected number, got {value!r}"]
+    if tp is str:
+        return [] if isinstance(value, str) else [f"{path}: expected string, got {type(value).__name__}"]
+    if origin is list:
+        if not isinstance(value, list):
+            return [f"{path}: expected list, got {type(value).__name__}"]
+        (item_tp,) = typing.get_args(tp)
+        problems: list[str] = []
+        for index, item in enumerate(value):
+            problems += check_shape(item, item_tp, f"{path}[{index}]", allow_extra)
+        return problems
+    if origin is dict:
+        if not isinstance(value, dict):
+            return [f"{path}: expected object, got {type(value).__name__}"]
+        key_tp, item_tp = typing.get_args(tp)
+        problems = []
+        for key, item in value.items():
+            problems += check_shape(key, key_tp, f"{path}.<key>", allow_extra)
+            problems += check_shape(item, item_tp, f"{path}.{key}", allow_extra)
+        return problems
+    if _is_typeddict(tp):
+        return _check_typeddict(value, tp, path, allow_extra)
+    raise TypeError(f"check_shape does not understand {tp!r}")
+
+
+def _check_typeddict(value: Any, tp: type, path: str, allow_extra: bool) -> list[str]:
+    if not isinstance(value, dict):
+        return [f"{path}: expected object {tp.__name__}, got {type(value).__name__}"]
+    hints = _hints(tp)
+    problems: list[str] = []
+    for key in sorted(tp.__required_keys__):  # type: ignore[attr-defined]
+        if key not in value:
+            problems.append(f"{path}: missing field {key!r}")
+    for key, item in value.items():
+        if key not in hints:
+            if not allow_extra:
+                problems.append(f"{path}: unknown field {key!r}")
+            continue
+        problems += check_shape(item, hints[key], f"{path}.{key}", allow_extra)
+    return problems
+
+
+def check_request(message: Any, allow_extra: bool = True) -> list[str]:
+    """Problems with a request. The serve loop tolerates unknown fields so Rust may add some first;
+    golden fixtures are checked strictly."""
+    if not isinstance(message, dict):
+        return ["$: a request must be a JSON object"]
+    op = message.get("op")
+    shape = REQUEST_SHAPES.get(op) if isinstance(op, str) else None
+    if shape is None:
+        return [f"$.op: unknown op {op!r} (expected one of {sorted(REQUEST_SHAPES)})"]
+    return check_shape(message, shape, allow_extra=allow_extra)
+
+
+def check_response(message: Any) -> list[str]:
+    """Problems with an outgoing response; strict, so the harness never emits an undocumented field."""
+    if isinstance(message, dict) and message.get("ok") is False:
+        return check_shape(message, ErrorResponse)
+    kind = message.get("kind") if isinstance(message, dict) else None
+    shape = RESPONSE_SHAPES.get(kind) if isinstance(kind, str) else None
+    if shape is None:
+        return [f"$.kind: unknown kind {kind!r}"]
+    return check_shape(message, shape)
+
+
+def check_message(message: Any) -> list[str]:
+    """Check any protocol message: requests carry `op`, responses carry `kind`."""
+    if isinstance(message, dict) and "op" in message:
+        return check_request(message, allow_extra=False)
+    return check_response(message)

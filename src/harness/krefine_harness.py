@@ -1,0 +1,222 @@
+"""krefine's worker harness: compiles, checks, times and profiles model-written kernels.
+
+    python -u krefine_harness.py serve --role compile|gpu --scratch DIR   # docs/worker-protocol.md
+    python krefine_harness.py seeds [--seed 42] [--trials 5]              # correctness trial seeds
+
+The Rust side writes this file and its six sibling modules (kb_*.py) into one folder and starts
+`serve`. Only the standard library is imported at module level: the protocol fds must be isolated
+before torch (or any candidate) can write to fd 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import traceback
+from typing import Any
+
+HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class ProtocolChannel:
+    """Requests in, responses out, on private fds that candidate code does not know about."""
+
+    def __init__(self, in_fd: int, out_fd: int) -> None:
+        self._reader = open(in_fd, "rb", buffering=1 << 16, closefd=True)  # noqa: SIM115 - lives as long as the worker
+        self._out_fd = out_fd
+
+    def read_line(self) -> bytes | None:
+        line = self._reader.readline()
+        return line if line else None
+
+    def write(self, message: dict[str, Any]) -> None:
+        data = (encode_json(message) + "\n").encode("utf-8")
+        view = memoryview(data)
+        while view:  # os.write may write less than asked on a pipe
+            written = os.write(self._out_fd, view)
+            view = view[written:]
+
+
+def encode_json(message: dict[str, Any]) -> str:
+    """Strict JSON (serde rejects NaN/Infinity): non-finite floats become null."""
+    try:
+        return json.dumps(message, ensure_ascii=True, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(message), ensure_ascii=True, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def isolate_stdio() -> ProtocolChannel:
+    """Move the protocol to private fds: fd 1 then points at fd 2 (the worker log) and fd 0 at
+    /dev/null, so neither a candidate's prints (Python or C) nor its reads can touch the protocol."""
+    sys.stdout.flush()
+    proto_out = os.dup(1)  # os.dup makes non-inheritable fds: ninja, nvcc and ncu never get them
+    proto_in = os.dup(0)
+    os.dup2(2, 1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    return ProtocolChannel(proto_in, proto_out)
+
+
+def prepare_process(scratch: str) -> None:
+    if HARNESS_DIR not in sys.path:
+        sys.path.insert(0, HARNESS_DIR)
+    os.makedirs(scratch, exist_ok=True)
+    os.chdir(scratch)  # candidates that write files write them here
+    os.environ.setdefault("HOME", scratch)  # a scrubbed environment may lack it; caches need one
+    # torch runs `ninja` from PATH; a virtual environment keeps it next to the interpreter.
+    bin_dir = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "")
+    if bin_dir not in path.split(os.pathsep):
+        os.environ["PATH"] = bin_dir + (os.pathsep + path if path else "")
+
+
+def error_response(request_id: int, kind: str, message: str) -> dict[str, Any]:
+    return {"id": request_id, "ok": False, "kind": kind, "error": message}
+
+
+def ready_message(role: str) -> dict[str, Any]:
+    import torch
+
+    device = None
+    # Only GPU workers touch the device: a compile worker must not create a CUDA context.
+    if role == "gpu" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        device = {
+            "name": props.name,
+            "capability": [props.major, props.minor],
+            "total_memory_bytes": int(props.total_memory),
+        }
+    return {
+        "id": 0,
+        "ok": True,
+        "kind": "ready",
+        "role": role,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": bool(torch.cuda.is_available()),
+        "device": device,
+        "pid": os.getpid(),
+    }
+
+
+class Server:
+    def __init__(self, role: str, scratch: str) -> None:
+        import kb_eval
+
+        self.role = role
+        self.scratch = scratch
+        self.worker = kb_eval.Worker()
+
+    def handle_line(self, line: bytes) -> dict[str, Any]:
+        import kb_protocol
+
+        try:
+            request = json.loads(line)
+        except ValueError as exc:
+            return error_response(0, "error", f"request is not JSON: {exc}")
+        request_id = request.get("id", 0) if isinstance(request, dict) else 0
+        request_id = request_id if isinstance(request_id, int) and not isinstance(request_id, bool) else 0
+        op = request.get("op") if isinstance(request, dict) else None
+        kind = op if isinstance(op, str) and op in kb_protocol.REQUEST_SHAPES else "error"
+        problems = kb_protocol.check_request(request)
+        if problems:
+            return error_response(request_id, kind, "malformed request: " + "; ".join(problems[:5]))
+        refusal = self.refusal(request)
+        if refusal:
+            return error_response(request_id, kind, refusal)
+        try:
+            return self.dispatch(request)
+        except Exception as exc:  # noqa: BLE001 - a harness bug must not kill the worker silently
+            details = traceback.format_exc()
+            print(f"krefine harness: internal error on request {request_id}:\n{details}", file=sys.stderr)
+            return error_response(request_id, kind, f"internal harness error: {type(exc).__name__}: {exc}")
+
+    def refusal(self, request: dict[str, Any]) -> str | None:
+        device = request.get("device")
+        if self.role == "compile" and isinstance(device, str) and device.startswith("cuda"):
+            return "a compile worker does not use the GPU; send evaluate/profile for cuda to a gpu worker"
+        return None
+
+    def dispatch(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = request["op"]
+        if op == "compile":
+            import kb_compile
+
+            return kb_compile.handle_compile(request)
+        if op == "evaluate":
+            import kb_eval
+
+            return kb_eval.evaluate(request, self.worker)
+        if op == "profile":
+            import kb_profile
+
+            return kb_profile.profile(request, self.worker, self.scratch)
+        return {"id": request["id"], "ok": True, "kind": "shutdown"}
+
+
+def serve(role: str, scratch: str) -> int:
+    channel = isolate_stdio()
+    prepare_process(os.path.abspath(scratch))
+    import kb_protocol
+
+    channel.write(ready_message(role))
+    server = Server(role, os.path.abspath(scratch))
+    while True:
+        line = channel.read_line()
+        if line is None:
+            return 0  # Rust closed stdin: leave quietly
+        if not line.strip():
+            continue
+        response = server.handle_line(line)
+        problems = kb_protocol.check_response(response)
+        if problems:  # a harness bug; say so in the log, still answer
+            print(f"krefine harness: response does not match the protocol: {problems}", file=sys.stderr)
+        channel.write(response)
+        if response.get("kind") == "shutdown" and response.get("ok"):
+            return 0
+
+
+def print_seeds(seed: int, trials: int) -> int:
+    sys.path.insert(0, HARNESS_DIR)
+    import kb_eval
+
+    print(json.dumps(kb_eval.trial_seeds(seed, trials)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="krefine_harness.py", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_cmd = commands.add_parser("serve", help="answer JSON-line requests on stdin/stdout")
+    serve_cmd.add_argument("--role", choices=["compile", "gpu"], required=True)
+    serve_cmd.add_argument("--scratch", required=True, help="the worker's own scratch folder")
+    seeds_cmd = commands.add_parser("seeds", help="print the correctness trial seeds as JSON")
+    seeds_cmd.add_argument("--seed", type=int, default=42)
+    seeds_cmd.add_argument("--trials", type=int, default=5)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        code = serve(args.role, args.scratch)
+        # Skip interpreter teardown: candidate threads or CUDA teardown must not hang an exiting worker.
+        sys.stderr.flush()
+        os._exit(code)
+    return print_seeds(args.seed, args.trials)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

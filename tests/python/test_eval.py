@@ -1,0 +1,591 @@
+"""Correctness checking in-process on CPU with pure-Python candidates (no C++ builds needed):
+KernelBench metadata strings, result classes, the reference cache, RNG fidelity, strict mode."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import kb_eval
+import kb_protocol
+from harness_client import HOSTILE, evaluate_request
+
+ADD = (HOSTILE / "problem_add.py").read_text()
+HARDWARE = kb_eval.hardware_name(torch.device("cpu"))
+
+
+def candidate(body: str) -> str:
+    return "import torch\nimport torch.nn as nn\n\n" + textwrap.dedent(body)
+
+
+CORRECT = candidate(
+    """
+    class ModelNew(nn.Module):
+        def forward(self, a, b):
+            return torch.add(a, b)
+    """
+)
+
+
+class Harness:
+    """One in-process worker plus a fresh build dir per call."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.worker = kb_eval.Worker()
+        self.count = 0
+
+    def evaluate(self, source: str, problem: str = ADD, **options: Any) -> dict[str, Any]:
+        self.count += 1
+        request = evaluate_request(self.count, problem, source, self.root / f"c{self.count}", **options)
+        response = kb_eval.evaluate(request, self.worker)
+        assert kb_protocol.check_response(response) == []
+        return response
+
+
+@pytest.fixture()
+def harness(tmp_path: Path) -> Harness:
+    return Harness(tmp_path)
+
+
+def test_trial_seeds_golden_vector() -> None:
+    assert kb_eval.trial_seeds(42, 5) == [734796314, 576165995, 2197670066, 839703249, 2584932063]
+
+
+def test_correct_candidate(harness: Harness) -> None:
+    r = harness.evaluate(CORRECT)
+    assert (r["status"], r["compiled"], r["correctness"], r["sticky"]) == ("correct", True, True, False)
+    assert r["metadata"] == {"hardware": HARDWARE, "device": "cpu", "correctness_trials": "(5 / 5)"}
+    assert r["runtime"] == r["runtime_stats"]["mean"] > 0
+    assert r["runtime_stats"]["num_trials"] == 100
+    assert r["ref_runtime_source"] == "measured"
+    assert math.isclose(r["speedup"], r["ref_runtime"] / r["runtime"])
+    assert r["env"] == {
+        "device_name": HARDWARE,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "precision": "fp32",
+        "mode": "faithful",
+        "timing_method": "cpu_perf_counter",
+        "grad_mode": "no_grad",
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+    }
+    assert "Correctness: 5 / 5 trials passed" in r["feedback"]
+    assert "speedup" in r["feedback"]
+    # The reference is timed once per worker; the next candidate reuses it.
+    again = harness.evaluate(CORRECT)
+    assert again["ref_runtime_source"] == "cached"
+    assert again["ref_runtime_stats"] == r["ref_runtime_stats"]
+
+
+def test_reference_runtime_from_the_request_is_used(harness: Harness, tmp_path: Path) -> None:
+    request = evaluate_request(1, ADD, CORRECT, tmp_path / "b")
+    request["reference_runtime"] = {
+        "mean": 2.0,
+        "median": 2.0,
+        "std": 0.0,
+        "min": 2.0,
+        "max": 2.0,
+        "num_trials": 100,
+        "source": "baseline:H100_Modal/baseline_time_torch.json",
+    }
+    r = kb_eval.evaluate(request, harness.worker)
+    assert r["ref_runtime"] == 2.0
+    assert r["ref_runtime_source"] == "baseline:H100_Modal/baseline_time_torch.json"
+    assert r["ref_runtime_stats"] == {
+        "mean": 2.0,
+        "median": 2.0,
+        "std": 0.0,
+        "min": 2.0,
+        "max": 2.0,
+        "num_trials": 100,
+    }
+    assert r["speedup"] == 2.0 / r["runtime"]
+
+
+def test_no_timing_when_not_asked(harness: Harness) -> None:
+    r = harness.evaluate(CORRECT, measure=False)
+    assert r["status"] == "correct"
+    assert (r["runtime"], r["runtime_stats"], r["ref_runtime"], r["ref_runtime_stats"]) == (
+        -1.0,
+        {},
+        -1.0,
+        {},
+    )
+    assert r["speedup"] is None and r["ref_runtime_source"] is None
+
+
+def test_value_mismatch_metadata_is_kernelbench_exact(harness: Harness) -> None:
+    r = harness.evaluate((HOSTILE / "value_mismatch.py").read_text())
+    assert r["status"] == "incorrect" and r["compiled"] and not r["correctness"]
+    assert r["metadata"] == {
+        "hardware": HARDWARE,
+        "device": "cpu",
+        "max_difference": ["1.000000"] * 5,
+        "avg_difference": ["0.000244"] * 5,
+        "correctness_issue": "Output mismatch",
+        "correctness_trials": "(0 / 5)",
+    }
+    assert r["runtime"] == -1.0
+    lines = r["feedback"].splitlines()
+    assert lines[0].startswith(
+        "Trial 1 of 5: output mismatch: max abs diff 1, mean abs diff 0.000244141; 1 of 4096 elements "
+        "(0.02%) outside tolerance; first mismatch at index (0, 3): expected "
+    )
+    assert lines[3] == "Trials 4, 5 also mismatch."
+    assert lines[4] == "Correctness: 0 / 5 trials passed (fp32, torch.allclose with atol = rtol = 0.0001)."
+
+
+def test_some_trials_pass(harness: Harness) -> None:
+    source = candidate(
+        """
+        calls = [0]
+        class ModelNew(nn.Module):
+            def forward(self, a, b):
+                calls[0] += 1
+                return a + b + (1.0 if calls[0] % 2 == 0 else 0.0)
+        """
+    )
+    r = harness.evaluate(source)
+    assert r["metadata"]["correctness_trials"] == "(3 / 5)"
+    assert r["metadata"]["max_difference"] == ["1.000000", "1.000000"]
+    assert r["status"] == "incorrect"
+
+
+def test_shape_mismatch_metadata(harness: Harness) -> None:
+    r = harness.evaluate((HOSTILE / "shape_mismatch.py").read_text())
+    assert r["status"] == "incorrect"
+    assert r["metadata"] == {
+        "hardware": HARDWARE,
+        "device": "cpu",
+        "correctness_issue": "Output shape mismatch: Expected torch.Size([64, 64]), got torch.Size([32, 64])",
+        "correctness_issue_name": "correctness_issue",
+    }
+    assert r["feedback"] == (
+        "Output shape mismatch in correctness trial 1 of 5: expected torch.Size([64, 64]), "
+        "got torch.Size([32, 64])."
+    )
+
+
+def test_runtime_error_in_forward_is_truncated_like_kernelbench(harness: Harness) -> None:
+    source = candidate(
+        """
+        class ModelNew(nn.Module):
+            def forward(self, a, b):
+                raise ValueError("v" * 300)
+        """
+    )
+    r = harness.evaluate(source)
+    assert (r["status"], r["compiled"], r["correctness"]) == ("runtime_error", True, False)
+    md = r["metadata"]
+    assert md["runtime_error"] == "v" * 197 + "..."
+    assert md["runtime_error_name"] == "builtins.ValueError"
+    assert md["runtime_error_traceback"].startswith("Traceback (most recent call last):")
+    assert "candidate.py" in md["runtime_error_traceback"]
+    assert "correctness_trials" not in md
+    assert r["feedback"].startswith("Runtime error in correctness trial 1 of 5.\n")
+    assert '  File "candidate.py", line 7, in forward' in r["feedback"]
+
+
+def test_sys_exit_in_forward_is_a_runtime_error_not_a_dead_worker(harness: Harness) -> None:
+    source = candidate(
+        """
+        import sys
+        class ModelNew(nn.Module):
+            def forward(self, a, b):
+                sys.exit(4)
+        """
+    )
+    r = harness.evaluate(source)
+    assert r["status"] == "runtime_error"
+    assert r["metadata"]["runtime_error_name"] == "builtins.SystemExit"
+
+
+def test_init_runtime_error_is_compiled_true(harness: Harness) -> None:
+    source = candidate(
+        """
+        class ModelNew(nn.Module):
+            def __init__(self):
+                super().__init__()
+                raise RuntimeError("x" * 300)
+        """
+    )
+    r = harness.evaluate(source)
+    assert (r["status"], r["compiled"], r["correctness"]) == ("runtime_error", True, False)
+    # Untruncated, no traceback key: KernelBench stores the exception itself here.
+    assert r["metadata"] == {
+        "hardware": HARDWARE,
+        "device": "cpu",
+        "runtime_error": "x" * 300,
+        "runtime_error_name": "builtins.RuntimeError",
+    }
+
+
+def test_init_type_error_escapes_like_kernelbench(harness: Harness) -> None:
+    source = candidate(
+        """
+        class ModelNew(nn.Module):
+            def __init__(self, features):
+                super().__init__()
+        """
+    )
+    r = harness.evaluate(source)
+    assert (r["status"], r["compiled"], r["correctness"]) == ("runtime_error", False, False)
+    assert r["metadata"] == {
+        "other_error": "error: ModelNew.__init__() missing 1 required positional argument: 'features'",
+        "other_error_name": "builtins.TypeError",
+        "hardware": HARDWARE,
+        "device": "cpu",
+    }
+    assert r["feedback"].startswith("ModelNew(*get_init_inputs()) failed")
+
+
+def test_compile_errors_in_evaluate(harness: Harness) -> None:
+    for name in ("syntax_error.py", "no_modelnew.py"):
+        r = harness.evaluate((HOSTILE / name).read_text())
+        assert (r["status"], r["compiled"]) == ("compile_error", False)
+        assert r["metadata"] == {
+            "hardware": HARDWARE,
+            "device": "cpu",
+            "compilation_error_name": "SyntaxError",
+            "compilation_error": "Syntax error in custom generated code or ModelNew not found",
+        }
+    r = harness.evaluate("import torch\nimport not_a_real_module_xyz\n")
+    assert r["metadata"]["compilation_error_name"] == "builtins.ModuleNotFoundError"
+    assert r["metadata"]["compilation_error"] == "No module named 'not_a_real_module_xyz'"
+
+
+BROKEN_FORWARD = ADD.replace("return a + b", "raise RuntimeError('reference broke')")
+BROKEN_INIT = ADD.replace("super(Model, self).__init__()", "raise ValueError('no init')")
+
+
+def test_reference_failures(harness: Harness) -> None:
+    r = harness.evaluate(CORRECT, problem=BROKEN_FORWARD)
+    assert (r["status"], r["compiled"], r["correctness"]) == ("reference_error", True, False)
+    assert r["metadata"]["runtime_error"] == "reference broke"
+    assert r["metadata"]["runtime_error_name"] == "builtins.RuntimeError"
+    assert "not your code's fault" in r["feedback"]
+    r = harness.evaluate(CORRECT, problem=BROKEN_INIT)
+    assert (r["status"], r["compiled"]) == ("reference_error", False)
+    assert r["metadata"]["other_error"] == "error: no init"
+    # A compile error still wins over a broken reference forward (KernelBench loads the candidate first).
+    r = harness.evaluate((HOSTILE / "syntax_error.py").read_text(), problem=BROKEN_FORWARD)
+    assert r["status"] == "compile_error"
+
+
+COUNTING = ADD.replace(
+    "        return a + b",
+    "        type(self).calls = getattr(type(self), 'calls', 0) + 1\n        return a + b",
+)
+
+
+def _context(harness: Harness, mode: str = "faithful") -> kb_eval.ProblemContext:
+    (ctx,) = [c for c in harness.worker.references.contexts.values() if c.mode == mode]
+    return ctx
+
+
+def test_the_reference_runs_once_per_problem(harness: Harness) -> None:
+    for _ in range(3):
+        assert harness.evaluate(CORRECT, problem=COUNTING, measure=False)["status"] == "correct"
+    ctx = _context(harness)
+    assert ctx.problem is not None and ctx.problem.model.calls == 5
+
+
+def test_inputs_modified_by_a_candidate_are_restored_for_the_next(harness: Harness) -> None:
+    inplace = (HOSTILE / "inplace_input.py").read_text()
+    r = harness.evaluate(inplace, problem=COUNTING, measure=False)
+    # KernelBench accepts it: the reference already ran on the same tensors.
+    assert r["status"] == "correct"
+    assert "wrote into its input tensors (trials 1, 2, 3, 4, 5)" in r["feedback"]
+    ctx = _context(harness)
+    assert all(entry is not None and entry.dirty for entry in ctx.trials[5])
+    r = harness.evaluate(CORRECT, problem=COUNTING, measure=False)
+    assert r["status"] == "correct", r["feedback"]
+    for entry, seed in zip(ctx.trials[5], kb_eval.trial_seeds(42, 5), strict=True):
+        assert entry is not None and not entry.dirty
+        kb_eval.set_seed(seed)
+        fresh = [torch.rand(64, 64), torch.rand(64, 64)]
+        assert all(torch.equal(a, b) for a, b in zip(entry.inputs or [], fresh, strict=True))
+    assert ctx.problem is not None and ctx.problem.model.calls == 5  # regenerated without re-running it
+
+
+def test_identity_reference_keeps_kernelbench_aliasing_without_corrupting_the_cache(harness: Harness) -> None:
+    identity = ADD.replace("return a + b", "return a")
+    writer = candidate(
+        """
+        class ModelNew(nn.Module):
+            def forward(self, a, b):
+                a.add_(1.0)
+                return a - 1.0
+        """
+    )
+    honest = CORRECT.replace("torch.add(a, b)", "a.clone()")
+    # KernelBench's expected output is the input tensor itself, which the writer moved by +1.
+    assert (
+        harness.evaluate(writer, problem=identity, measure=False)["metadata"]["max_difference"]
+        == ["1.000000"] * 5
+    )
+    assert harness.evaluate(honest, problem=identity, measure=False)["status"] == "correct"
+    assert harness.evaluate(writer, problem=identity, measure=False, mode="strict")["status"] == "incorrect"
+    assert harness.evaluate(honest, problem=identity, measure=False, mode="strict")["status"] == "correct"
+
+
+def test_timing_inputs_modified_during_timing_are_regenerated(harness: Harness) -> None:
+    assert harness.evaluate((HOSTILE / "inplace_input.py").read_text())["status"] == "correct"
+    ctx = _context(harness)
+    kb_eval.set_seed(42)
+    fresh = [torch.rand(64, 64), torch.rand(64, 64)]
+    inputs = ctx.timing_inputs()
+    assert all(torch.equal(a, b) for a, b in zip(inputs, fresh, strict=True))
+
+
+DROPOUT = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, p):
+        super(Model, self).__init__()
+        self.dropout = nn.Dropout(p)
+
+    def forward(self, x):
+        return self.dropout(x) * 2.0
+
+
+def get_inputs():
+    return [torch.rand(16, 16)]
+
+
+def get_init_inputs():
+    return [0.5]
+"""
+
+DROPOUT_CANDIDATE = candidate(
+    """
+    class ModelNew(nn.Module):
+        def __init__(self, p):
+            super().__init__()
+            self.dropout = nn.Dropout(p)
+
+        def forward(self, x):
+            return self.dropout(x) * 2.0
+    """
+)
+
+
+def kernelbench_order_diffs(problem: str, candidate_source: str, device: str = "cpu") -> list[str]:
+    """KernelBench's interleaved order, written out plainly (no cache): per trial seed, inputs, seed,
+    seed, reference forward, candidate forward on the same tensors. Returns the max_difference list.
+    (Also used by run_gpu_checks.py with device="cuda:0".)"""
+    ns: dict[str, Any] = {}
+    exec(problem, ns)
+    cand: dict[str, Any] = {}
+    exec(candidate_source, cand)
+    kb_eval.set_seed(42)
+    init = ns["get_init_inputs"]()
+    with torch.no_grad():
+        kb_eval.set_seed(42)
+        model = ns["Model"](*init)
+        kb_eval.set_seed(42)
+        model_new = cand["ModelNew"](*init)
+    model, model_new = model.to(device), model_new.to(device)
+    diffs: list[str] = []
+    with torch.no_grad():
+        for seed in kb_eval.trial_seeds(42, 5):
+            kb_eval.set_seed(seed)
+            inputs = [x.to(torch.float32).to(device) for x in ns["get_inputs"]()]
+            kb_eval.set_seed(seed)
+            kb_eval.set_seed(seed)
+            out = model(*inputs)
+            out_new = model_new(*inputs)
+            if not torch.allclose(out, out_new, atol=1e-4, rtol=1e-4):
+                diffs.append(f"{torch.max(torch.abs(out - out_new)).item():.6f}")
+    return diffs
+
+
+def test_rng_consuming_forward_matches_kernelbench_order_fresh_and_cached(harness: Harness) -> None:
+    expected = kernelbench_order_diffs(DROPOUT, DROPOUT_CANDIDATE)
+    assert len(expected) == 5  # different dropout masks: KernelBench fails this candidate in every trial
+    first = harness.evaluate(DROPOUT_CANDIDATE, problem=DROPOUT, measure=False)
+    second = harness.evaluate(DROPOUT_CANDIDATE, problem=DROPOUT, measure=False)
+    assert first["metadata"]["max_difference"] == expected
+    assert second["metadata"] == first["metadata"]
+
+
+def test_memory_tiers_give_identical_results(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    baseline = harness.evaluate(DROPOUT_CANDIDATE, problem=DROPOUT, measure=False)["metadata"]
+    for budgets in [(0, 10**9), (0, 0)]:  # host tier (as for an oversized CUDA problem), then recompute
+        monkeypatch.setattr(kb_eval, "memory_budgets", lambda device, b=budgets: b)
+        other = Harness(harness.root / f"tier{budgets[1]}")
+        assert other.evaluate(DROPOUT_CANDIDATE, problem=DROPOUT, measure=False)["metadata"] == baseline
+        assert other.evaluate(DROPOUT_CANDIDATE, problem=DROPOUT, measure=False)["metadata"] == baseline
+        tiers = {e.tier for e in _context(other).trials[5] if e is not None}
+        assert tiers == {"host" if budgets[1] else "recompute"}
+
+
+def test_contexts_are_evicted_least_recently_used(harness: Harness) -> None:
+    harness.worker.references.max_contexts = 1
+    harness.evaluate(CORRECT, measure=False)
+    harness.evaluate(DROPOUT_CANDIDATE, problem=DROPOUT, measure=False)
+    assert len(harness.worker.references.contexts) == 1
+    assert _context(harness).problem is not None
+
+
+INDEXED = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super(Model, self).__init__()
+
+    def forward(self, x, idx):
+        return x[idx]
+
+
+def get_inputs():
+    return [torch.rand(32, 8), torch.randint(0, 32, (16,))]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_strict_keeps_integer_inputs_faithful_casts_them(harness: Harness) -> None:
+    source = candidate(
+        """
+        class ModelNew(nn.Module):
+            def forward(self, x, idx):
+                return torch.index_select(x, 0, idx)
+        """
+    )
+    faithful = harness.evaluate(source, problem=INDEXED, measure=False)
+    assert faithful["status"] == "reference_error"  # the float-cast index breaks the reference (issue #151)
+    assert faithful["metadata"]["runtime_error_name"] == "builtins.IndexError"
+    strict = harness.evaluate(source, problem=INDEXED, measure=False, mode="strict")
+    assert strict["status"] == "correct", strict["feedback"]
+    assert strict["env"]["mode"] == "strict"
+
+
+def test_strict_rejects_input_modification(harness: Harness) -> None:
+    r = harness.evaluate((HOSTILE / "inplace_input.py").read_text(), mode="strict")
+    assert (r["status"], r["correctness"]) == ("incorrect", False)
+    assert r["metadata"]["correctness_issue"] == "Input modified in place: input 0"
+    assert r["metadata"]["correctness_issue_name"] == "input_modified"
+    assert "modified its input tensor(s) 0 in place in correctness trial 1 of 5" in r["feedback"]
+    # The cached inputs themselves stayed pristine (the candidate only saw clones).
+    assert harness.evaluate(CORRECT, mode="strict", measure=False)["status"] == "correct"
+
+
+def test_strict_uninitialised_output_fails(harness: Harness) -> None:
+    r = harness.evaluate((HOSTILE / "reuse_freed.py").read_text(), mode="strict", measure=False)
+    assert r["status"] == "incorrect"
+
+
+def test_strict_pins_tf32_off_and_restores_it(harness: Harness) -> None:
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    r = harness.evaluate(CORRECT, mode="strict", measure=False)
+    assert (r["env"]["tf32_matmul"], r["env"]["tf32_cudnn"]) == (False, False)
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+    half = harness.evaluate(CORRECT, mode="strict", measure=False, precision="fp16")
+    assert half["env"]["tf32_cudnn"] == before[1]  # only fp32 is pinned
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_low_precision_casts_and_tolerance(harness: Harness, precision: str) -> None:
+    source = candidate(
+        """
+        class ModelNew(nn.Module):
+            def forward(self, a, b):
+                assert a.dtype == b.dtype and a.dtype != torch.float32
+                return (a.float() + b.float() + 0.004).to(a.dtype)
+        """
+    )
+    r = harness.evaluate(source, precision=precision, measure=False)
+    assert r["status"] == "correct", r["feedback"]
+    assert "atol = rtol = 0.01" in r["feedback"]
+    assert r["env"]["precision"] == precision
+
+
+SLOW_REFERENCE = ADD.replace(
+    "        return a + b", "        import time\n        time.sleep(0.002)\n        return a + b"
+)
+
+
+def test_excessive_speedup_is_flagged(harness: Harness) -> None:
+    r = harness.evaluate(CORRECT, problem=SLOW_REFERENCE, timing_trials=5)
+    assert r["status"] == "correct"
+    assert r["speedup"] > 10
+    assert r["metadata"]["excessive_speedup"] is True
+    assert "suspicious" in r["feedback"]
+
+
+def test_checksum_sees_one_changed_element() -> None:
+    x = torch.rand(1000, 3)
+    before = kb_eval.fingerprint([x, 7])
+    assert kb_eval.fingerprint([x, 7]) == before
+    x[999, 2] += 1.0
+    assert kb_eval.fingerprint([x, 7]) != before
+    # Swapping two elements keeps the plain sum but not the position-weighted checksum.
+    y = torch.arange(10, dtype=torch.float32)
+    z = y.clone()
+    z[[0, 1]] = z[[1, 0]]
+    assert kb_eval.tensor_checksum(y) != kb_eval.tensor_checksum(z)
+    odd = torch.ones(3, dtype=torch.uint8)  # byte count not a multiple of 4
+    assert kb_eval.tensor_checksum(odd) != kb_eval.tensor_checksum(torch.zeros(3, dtype=torch.uint8))
+
+
+def test_same_bytes_treats_nan_as_equal_to_itself() -> None:
+    a = torch.tensor([float("nan"), 1.0])
+    assert kb_eval.same_bytes(a, a.clone())
+    assert not kb_eval.same_bytes(a, torch.tensor([float("nan"), 2.0]))
+
+
+def test_prepare_value_casting_rules() -> None:
+    cpu = torch.device("cpu")
+    idx = torch.tensor([1, 2])
+    assert kb_eval.prepare_value(idx, cpu, torch.float16, "faithful").dtype == torch.float16
+    assert kb_eval.prepare_value(idx, cpu, torch.float16, "strict").dtype == torch.int64
+    assert kb_eval.prepare_value(torch.tensor([True]), cpu, torch.float32, "strict").dtype == torch.bool
+    assert kb_eval.prepare_value(3, cpu, torch.float16, "faithful") == 3
+
+
+def test_models_are_never_put_in_eval_mode(harness: Harness) -> None:
+    source = candidate(
+        """
+        class ModelNew(nn.Module):
+            def forward(self, a, b):
+                assert self.training, "KernelBench never calls .eval()"
+                return a + b
+        """
+    )
+    assert harness.evaluate(source, measure=False)["status"] == "correct"
+
+
+def test_module_level_parameters_follow_rng_replay(harness: Harness) -> None:
+    problem = ADD.replace(
+        "        super(Model, self).__init__()",
+        "        super(Model, self).__init__()\n        self.w = nn.Parameter(torch.randn(64))",
+    ).replace("return a + b", "return a + b * self.w")
+    same_init = candidate(
+        """
+        class ModelNew(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(torch.randn(64))
+            def forward(self, a, b):
+                return a + b * self.w
+        """
+    )
+    assert harness.evaluate(same_init, problem=problem, measure=False)["status"] == "correct"
+    other_init = same_init.replace("torch.randn(64)", "torch.rand(64)")
+    assert harness.evaluate(other_init, problem=problem, measure=False)["status"] == "incorrect"
