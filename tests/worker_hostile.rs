@@ -465,11 +465,13 @@ fn dropping_a_pool_leaves_no_processes() {
         let pidfile = work.join("grandchild.pid");
         let _ = std::fs::create_dir_all(&work);
         let _ = std::fs::remove_file(&pidfile);
-        // A candidate that leaves a grandchild behind in the worker's process group.
+        // A candidate that leaves grandchildren behind: one in the worker's process group, one in
+        // a process group of its own (as ninja starts every compiler).
         let code = format!(
             "# orphan test {}\nimport subprocess\nimport torch.nn as nn\n\
              _child = subprocess.Popen(['sleep', '300'])\n\
-             with open({pidfile:?}, 'a') as f:\n    f.write(f'{{_child.pid}}\\n')\n\n\
+             _own_group = subprocess.Popen(['sleep', '300'], process_group=0)\n\
+             with open({pidfile:?}, 'a') as f:\n    f.write(f'{{_child.pid}}\\n{{_own_group.pid}}\\n')\n\n\
              class ModelNew(nn.Module):\n    def forward(self, a, b):\n        return a + b\n",
             std::process::id(),
             pidfile = pidfile.to_string_lossy()
@@ -499,8 +501,8 @@ fn dropping_a_pool_leaves_no_processes() {
             .collect();
         assert_eq!(
             grandchildren.len(),
-            2,
-            "compile and evaluate each imported it"
+            4,
+            "compile and evaluate each imported it, leaving two each"
         );
         pids.extend(&grandchildren);
         assert!(

@@ -48,23 +48,53 @@ const PASS_THROUGH: [&str; 8] = [
 const SECRET_MARKERS: [&str; 5] = ["KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL"];
 
 mod sys {
-    // The crate has no `libc` dependency and std cannot signal a process group, so declare the one
-    // glibc function needed. `killpg` takes plain integers and touches no memory of ours.
+    // The crate has no `libc` dependency and std can neither signal a process group nor start a
+    // session, so declare the glibc functions needed. They take plain integers and touch no memory
+    // of ours.
     unsafe extern "C" {
         pub safe fn killpg(pgrp: i32, sig: i32) -> i32;
+        pub safe fn kill(pid: i32, sig: i32) -> i32;
+        pub safe fn setsid() -> i32;
     }
     pub const SIGKILL: i32 = 9;
 }
 
-/// SIGKILL every process in group `pgid`. Refuses 0 and 1 (our own group / init), which a bug must
-/// never turn into "kill everything".
-pub fn kill_group(pgid: u32) {
-    if let Ok(pg) = i32::try_from(pgid)
-        && pg > 1
-    {
-        // ESRCH (group already gone) is the common, harmless case; nothing useful to do on error.
-        let _ = sys::killpg(pg, sys::SIGKILL);
+/// SIGKILL every process of the worker's session `sid` (the worker is its session and group
+/// leader). ninja starts each compiler in a process group of its own, so killing the worker's group
+/// alone would leave `cc1plus`/`nvcc` running; every descendant stays in the session unless it calls
+/// `setsid` itself. Refuses 0 and 1 (our own group / init), which a bug must never turn into "kill
+/// everything".
+pub fn kill_group(sid: u32) {
+    let Ok(sid) = i32::try_from(sid) else {
+        return;
+    };
+    if sid <= 1 {
+        return;
     }
+    // ESRCH (already gone) is the common, harmless case; nothing useful to do on error.
+    let _ = sys::killpg(sid, sys::SIGKILL);
+    for pid in session_members(sid) {
+        let _ = sys::kill(pid, sys::SIGKILL);
+    }
+}
+
+/// Processes whose session id is `sid`, from /proc (empty where /proc is unavailable).
+fn session_members(sid: i32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| *pid > 1 && session_of(*pid) == Some(sid))
+        .collect()
+}
+
+fn session_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start after the last ')':
+    // state ppid pgrp session ...
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(3)?.parse().ok()
 }
 
 /// How to start one worker.
@@ -297,9 +327,18 @@ impl WorkerProcess {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log_file))
-            // Own process group: ninja, nvcc and anything a candidate forks die with the worker.
-            .process_group(0)
             .kill_on_drop(true);
+        // Own session (and process group): ninja, nvcc and anything a candidate forks die with the
+        // worker, see `kill_group`.
+        // SAFETY: between fork and exec only the async-signal-safe `setsid` is called.
+        unsafe {
+            cmd.pre_exec(|| {
+                if sys::setsid() == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         let mut child = cmd.spawn().map_err(|source| WorkerError::Spawn {
             worker: spec.name.clone(),
             program: spec.python.clone(),
