@@ -244,3 +244,29 @@ fn report_into_a_closed_pipe_does_not_panic() {
     assert!(!err.contains("panicked"), "{err}");
     assert!(o.status.success(), "{err}");
 }
+
+#[test]
+fn ctrl_c_ends_cleanly_and_the_run_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = fixture(tmp.path());
+    // Slow builds so the interrupt lands mid-run.
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, text.replace("compile_s = 0.03", "compile_s = 0.4")).unwrap();
+    let out = tmp.path().join("r");
+    let child = run(&cfg, &out, false);
+    std::thread::sleep(Duration::from_millis(600));
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let status = child.wait_with_output().unwrap().status;
+    assert_eq!(status.code(), Some(130), "an interrupted run exits 130");
+    let log = std::fs::read_to_string(out.join("events.jsonl")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
+    assert_eq!(last["event"]["type"], "run_ended", "{last}");
+    assert_eq!(last["event"]["reason"], "cancelled", "{last}");
+    assert!(count_answers(&out) < 9, "the interrupt came too late to test anything");
+    assert!(run(&cfg, &out, true).wait().unwrap().success());
+    assert_eq!(count_answers(&out), 9);
+}

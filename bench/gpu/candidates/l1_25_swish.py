@@ -1,0 +1,57 @@
+# Swish x * sigmoid(x) in one pass (PyTorch launches two kernels and writes an intermediate).
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+source = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+
+__global__ void swish_f4(const float4* __restrict__ x, float4* __restrict__ y, int64_t n4) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float4 v = x[i];
+        v.x = v.x / (1.f + __expf(-v.x));
+        v.y = v.y / (1.f + __expf(-v.y));
+        v.z = v.z / (1.f + __expf(-v.z));
+        v.w = v.w / (1.f + __expf(-v.w));
+        y[i] = v;
+    }
+}
+
+__global__ void swish_tail(const float* __restrict__ x, float* __restrict__ y, int64_t start, int64_t n) {
+    int64_t i = start + blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] / (1.f + __expf(-x[i]));
+}
+
+torch::Tensor swish(torch::Tensor x) {
+    TORCH_CHECK(x.is_cuda() && x.is_contiguous() && x.scalar_type() == torch::kFloat32);
+    auto y = torch::empty_like(x);
+    int64_t n = x.numel(), n4 = n / 4;
+    auto stream = at::cuda::getCurrentCUDAStream();
+    if (n4 > 0) {
+        int blocks = (int)std::min<int64_t>((n4 + 255) / 256, 132 * 32);
+        swish_f4<<<blocks, 256, 0, stream>>>((const float4*)x.data_ptr<float>(), (float4*)y.data_ptr<float>(), n4);
+    }
+    if (n % 4) {
+        swish_tail<<<1, 4, 0, stream>>>(x.data_ptr<float>(), y.data_ptr<float>(), n4 * 4, n);
+    }
+    return y;
+}
+"""
+
+module = load_inline(
+    name="krefine_swish",
+    cpp_sources="torch::Tensor swish(torch::Tensor x);",
+    cuda_sources=source,
+    functions=["swish"],
+    verbose=False,
+)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return module.swish(x)

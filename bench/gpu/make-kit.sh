@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Build the H100 kit in .gpu/ (git-ignored): the release binary, the KernelBench problems and baselines
+# (from ../shared, never committed), scripted answers assembled from bench/gpu/candidates, and configs.
+# Usage: bench/gpu/make-kit.sh [path/to/shared/kernelbench]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+KB=${1:-../shared/kernelbench}
+K=.gpu
+rm -rf "$K" && mkdir -p "$K"
+cargo build --release
+cp target/release/krefine "$K/" && strip "$K/krefine"
+cp "$KB/problems.jsonl" "$K/problems.jsonl"
+cp "$KB/baseline_timing/H100_Modal/baseline_time_torch.json" "$K/baseline_h100_modal.json"
+
+answer() { # problem sample turn file -> one scripted answer line
+  jq -nc --arg p "$1" --argjson s "$2" --argjson t "$3" --rawfile code "$4" \
+    '{problem: $p, sample: $s, turn: $t, content: ("```python\n" + $code + "\n```")}'
+}
+C=bench/gpu/candidates
+# Reference-equivalent candidates: the reference with Model renamed to ModelNew.
+REFEQ_L1="1,2,3,4,8,9,10,12,13,33,36,40,47"
+REFEQ_L2="1-10"
+jq -c --arg sel "$REFEQ_L1,$REFEQ_L2" '
+  def ids($s): [$s | split(",")[] | if test("-") then (split("-") | map(tonumber) | range(.[0]; .[1] + 1)) else tonumber end];
+  select((.level == 1 and (.problem_id as $i | ids("'"$REFEQ_L1"'") | index($i)))
+      or (.level == 2 and (.problem_id as $i | ids("'"$REFEQ_L2"'") | index($i))))
+  | {problem: "\(.level)/\(.problem_id)", sample: 0, turn: 1,
+     content: ("```python\n" + (.code | gsub("\\bModel\\b"; "ModelNew")) + "\n```")}' \
+  "$KB/problems.jsonl" > "$K/answers-refeq.jsonl"
+{
+  answer 1/19 0 1 $C/l1_19_relu_float4.py
+  answer 1/19 0 2 $C/l1_19_relu_float4.py
+  answer 1/25 0 1 $C/l1_25_swish.py
+  answer 1/25 0 2 $C/l1_25_swish.py
+} > "$K/answers-fused-l1.jsonl"
+{
+  answer 2/1 0 1 $C/l2_1_conv_relu_bias.py
+  answer 2/12 0 1 $C/l2_12_gemm_scale_leaky.py
+} > "$K/answers-fused-l2.jsonl"
+{
+  answer 1/19 0 1 $C/l1_19_illegal_address.py
+  answer 1/19 0 2 $C/l1_19_hang.py
+  answer 1/19 0 3 $C/l1_19_relu_float4.py
+} > "$K/answers-hostile.jsonl"
+
+cfg() { # name level problems method turns answers
+  cat > "$K/$1.toml" <<TOML
+[run]
+name = "$1"
+[dataset]
+path = ".gpu/problems.jsonl"
+level = $2
+problems = "$3"
+[method]
+kind = "$4"
+turns = $5
+feedback = "GE"
+[model]
+provider = "scripted"
+name = "hand-written"
+answers = ".gpu/$6"
+[resources]
+devices = "auto"
+compile_workers = 8
+[eval.timeouts]
+execute_s = 30
+TOML
+}
+cfg refeq-l1 1 "$REFEQ_L1" one_shot 1 answers-refeq.jsonl
+cfg refeq-l2 2 "$REFEQ_L2" one_shot 1 answers-refeq.jsonl
+cfg fused-l1 1 "19,25" refine 2 answers-fused-l1.jsonl
+cfg fused-l2 2 "1,12" one_shot 1 answers-fused-l2.jsonl
+cfg hostile 1 "19" refine 3 answers-hostile.jsonl
+ls -la "$K"
