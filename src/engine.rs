@@ -274,22 +274,20 @@ impl Engine {
             )
             .await?;
 
-        // Informational events from services go through the same log, in arrival order.
+        // Informational events from services go through the same log, in arrival order. `drain`
+        // asks the task to log what is still queued and stop, once every driver has returned.
         let info_shared = shared.clone();
+        let drain = CancellationToken::new();
+        let drain_rx = drain.clone();
         let info_task = tokio::spawn(async move {
-            while let Some((task, event)) = info_rx.recv().await {
-                if event.is_transient() {
-                    let rec = LogRecord {
-                        v: crate::types::SCHEMA_VERSION,
-                        seq: 0,
-                        ts_ms: crate::store::now_ms(),
-                        task,
-                        event,
-                    };
-                    let _ = info_shared.bus.send(Arc::new(rec));
-                } else if let Err(e) = info_shared.append(task, event).await {
-                    tracing::error!("cannot log an informational event: {e}");
-                }
+            loop {
+                let msg = tokio::select! {
+                    biased;
+                    m = info_rx.recv() => m,
+                    _ = drain_rx.cancelled() => info_rx.try_recv().ok(),
+                };
+                let Some((task, event)) = msg else { break };
+                log_info(&info_shared, task, event).await;
             }
         });
 
@@ -341,8 +339,9 @@ impl Engine {
         } else {
             None
         };
-        // Let services' last informational events land before the closing record.
-        tokio::task::yield_now().await;
+        // Services' last informational events land before the closing record.
+        drain.cancel();
+        let _ = info_task.await;
         shared
             .append(
                 None,
@@ -351,7 +350,6 @@ impl Engine {
                 },
             )
             .await?;
-        info_task.abort();
         if let Some(e) = first_err {
             return Err(e);
         }
@@ -361,6 +359,22 @@ impl Engine {
             stopped,
             torn_tail,
         })
+    }
+}
+
+/// Log (or, for transient events, only broadcast) one informational event.
+async fn log_info(shared: &Shared, task: Option<TaskId>, event: Event) {
+    if event.is_transient() {
+        let rec = LogRecord {
+            v: crate::types::SCHEMA_VERSION,
+            seq: 0,
+            ts_ms: crate::store::now_ms(),
+            task,
+            event,
+        };
+        let _ = shared.bus.send(Arc::new(rec));
+    } else if let Err(e) = shared.append(task, event).await {
+        tracing::error!("cannot log an informational event: {e}");
     }
 }
 

@@ -266,7 +266,36 @@ fn ctrl_c_ends_cleanly_and_the_run_resumes() {
     let last: serde_json::Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
     assert_eq!(last["event"]["type"], "run_ended", "{last}");
     assert_eq!(last["event"]["reason"], "cancelled", "{last}");
-    assert!(count_answers(&out) < 9, "the interrupt came too late to test anything");
+    assert!(
+        count_answers(&out) < 9,
+        "the interrupt came too late to test anything"
+    );
     assert!(run(&cfg, &out, true).wait().unwrap().success());
     assert_eq!(count_answers(&out), 9);
+}
+
+#[test]
+fn resume_refuses_a_different_experiment_but_allows_other_resources() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = fixture(tmp.path());
+    let out = tmp.path().join("r");
+    assert!(run(&cfg, &out, false).wait().unwrap().success());
+    let resume_with = |set: &str| {
+        Command::new(bin())
+            .arg("run")
+            .arg(&cfg)
+            .args(["--no-tui", "--resume", "--set", set, "--out"])
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    let o = resume_with("method.turns=5");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("[method]") && err.contains("config.toml"),
+        "{err}"
+    );
+    let o = resume_with("resources.compile_workers=1");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }

@@ -33,10 +33,7 @@ async fn chat(State(f): State<Fake>, headers: HeaderMap, Json(body): Json<Value>
     if n == 0 {
         return (StatusCode::INTERNAL_SERVER_ERROR, "try again").into_response();
     }
-    let turn = body["messages"]
-        .as_array()
-        .map(|m| m.len())
-        .unwrap_or(0);
+    let turn = body["messages"].as_array().map(|m| m.len()).unwrap_or(0);
     let content = format!(
         "Here is a faster version.\n```python\n# krefine-sim: verdict=correct speedup=1.{turn}\nclass ModelNew: pass\n```"
     );
@@ -170,6 +167,15 @@ fn refinement_run_against_an_openai_compatible_server() {
     assert_eq!(v["turns"].as_array().unwrap().len(), 3);
     assert_eq!(v["turns"][2]["fast_p"]["1"], 1.0, "{v}");
 
+    // Every attempt is logged, before the closing record.
+    let log = std::fs::read_to_string(out.join("events.jsonl")).unwrap();
+    let types: Vec<String> = log
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["event"]["type"].to_string())
+        .collect();
+    assert_eq!(types.iter().filter(|t| *t == "\"llm_attempt\"").count(), 7);
+    assert_eq!(types.last().map(String::as_str), Some("\"run_ended\""));
+
     assert_eq!(files_containing(&out, KEY), Vec::<String>::new());
     assert!(!stderr.contains(KEY));
 }
@@ -188,10 +194,19 @@ fn a_refused_key_stops_the_run_early() {
         .env("KREFINE_E2E_KEY", "sk-wrong-key-000")
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("KREFINE_E2E_KEY"), "{stderr}");
     // The first request per task may be in flight when the 401 arrives; none retries after it.
-    assert!(calls.load(Ordering::SeqCst) <= 3, "{}", calls.load(Ordering::SeqCst));
+    assert!(
+        calls.load(Ordering::SeqCst) <= 3,
+        "{}",
+        calls.load(Ordering::SeqCst)
+    );
     assert!(files_containing(&out, "sk-wrong-key-000").is_empty());
 }

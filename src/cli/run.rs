@@ -276,36 +276,18 @@ fn check_frozen_config(dir: &RunDir, loaded: &LoadedConfig) -> anyhow::Result<()
         .with_context(|| format!("cannot read the run's frozen config {}", path.display()))?;
     let frozen: Config = toml::from_str(&text)
         .with_context(|| format!("the run's frozen config {} is not valid", path.display()))?;
-    let strip = |c: &Config| {
-        let mut c = c.clone();
-        c.resources = Default::default();
-        c.output = Default::default();
-        c
-    };
-    let (a, b) = (strip(&frozen), strip(&loaded.config));
-    if a != b {
-        let mut differs = Vec::new();
-        if a.run != b.run {
-            differs.push("run");
-        }
-        if a.dataset != b.dataset {
-            differs.push("dataset");
-        }
-        if a.method != b.method {
-            differs.push("method");
-        }
-        if a.model != b.model {
-            differs.push("model");
-        }
-        if a.budget != b.budget {
-            differs.push("budget");
-        }
-        if a.eval != b.eval {
-            differs.push("eval");
-        }
-        if a.prompt != b.prompt {
-            differs.push("prompt");
-        }
+    let table =
+        |c: &Config| toml::Table::try_from(c).with_context(|| "cannot compare configs".to_string());
+    let (a, b) = (table(&frozen)?, table(&loaded.config)?);
+    let mut differs: Vec<&str> = a
+        .keys()
+        .chain(b.keys())
+        .map(String::as_str)
+        .filter(|k| !matches!(*k, "resources" | "output") && a.get(*k) != b.get(*k))
+        .collect();
+    differs.sort_unstable();
+    differs.dedup();
+    if !differs.is_empty() {
         bail!(
             "cannot resume {}: the config differs from the run's frozen config {} in [{}]; only [resources] and [output] may change on resume",
             dir.root().display(),
