@@ -299,3 +299,26 @@ fn resume_refuses_a_different_experiment_but_allows_other_resources() {
     let o = resume_with("resources.compile_workers=1");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+#[test]
+fn replaying_a_run_reproduces_its_answers_and_results() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = fixture(tmp.path());
+    let first = tmp.path().join("first");
+    assert!(run(&cfg, &first, false).wait().unwrap().success());
+    // The scripted answers are gone: every answer must come from the recorded run.
+    std::fs::write(tmp.path().join("answers.jsonl"), "").unwrap();
+    let replayed = tmp.path().join("replayed");
+    let o = Command::new(bin())
+        .arg("run")
+        .arg(&cfg)
+        .args(["--no-tui", "--replay-llm"])
+        .arg(&first)
+        .arg("--out")
+        .arg(&replayed)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(report_turns(&replayed), report_turns(&first));
+    assert_eq!(count_answers(&replayed), 9);
+}
