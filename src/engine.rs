@@ -17,7 +17,7 @@ use crate::llm::extract::extract_code;
 use crate::machine::{MachineError, TaskRunner, TaskSpec};
 use crate::prompt::{PromptSettings, Prompts};
 use crate::services::{CompileJob, Compiler, EventSink, ExecJob, Executor, Llm, LlmError};
-use crate::store::{EventLog, RunDir, StoreError, read_log};
+use crate::store::{EventLog, ReadLog, RunDir, StoreError};
 use crate::types::{
     Command, Event, FeedbackMode, LlmRequest, LogRecord, MethodKind, Problem, ProblemKey, TaskId,
 };
@@ -141,25 +141,22 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Open the run's log (folding it when `resume`) and set up gates and services.
+    /// Set up gates and services and open the run's log. `prior` is the log as read back when the
+    /// run is resumed (folded here so finished turns are never redone), `None` for a new run.
     pub async fn prepare(
         plan: RunPlan,
         parts: EngineParts,
         dir: RunDir,
-        resume: bool,
+        prior: Option<ReadLog>,
         fsync: bool,
         cancel: CancellationToken,
     ) -> Result<Engine, EngineError> {
         let specs = plan.tasks();
         let events_path = dir.events_path();
-        let (records, valid_len, torn_tail) = if resume {
-            let p = events_path.clone();
-            let read = tokio::task::spawn_blocking(move || read_log(&p))
-                .await
-                .map_err(|e| EngineError::Resume(format!("reading the log failed: {e}")))??;
-            (read.records, read.valid_len, read.torn_tail)
-        } else {
-            (Vec::new(), 0, None)
+        let resume = prior.is_some();
+        let (records, valid_len, torn_tail) = match prior {
+            Some(read) => (read.records, read.valid_len, read.torn_tail),
+            None => (Vec::new(), 0, None),
         };
         let next_seq = records.last().map(|r| r.seq + 1).unwrap_or(0);
 

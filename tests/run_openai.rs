@@ -210,3 +210,67 @@ fn a_refused_key_stops_the_run_early() {
     );
     assert!(files_containing(&out, "sk-wrong-key-000").is_empty());
 }
+
+#[test]
+fn a_token_budget_stops_the_run_and_counts_across_resumes() {
+    let (addr, calls) = serve();
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_fixture(tmp.path(), addr);
+    let out = tmp.path().join("run");
+    let run = |resume: bool, budget: u64| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_krefine"));
+        c.arg("run")
+            .arg(&cfg)
+            .args([
+                "--no-tui",
+                "--set",
+                &format!("budget.tokens={budget}"),
+                "--out",
+            ])
+            .arg(&out)
+            .env("KREFINE_E2E_KEY", KEY);
+        if resume {
+            c.arg("--resume");
+        }
+        c.output().unwrap()
+    };
+    let answers = || {
+        std::fs::read_to_string(out.join("events.jsonl"))
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("\"type\":\"llm_answered\""))
+            .count()
+    };
+    // Each answer is 1,200 tokens: the cap is reached after the second or third answer.
+    let o = run(false, 2500);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let first = answers();
+    assert!((2..=4).contains(&first), "{first} answers");
+    let log = std::fs::read_to_string(out.join("events.jsonl")).unwrap();
+    assert_eq!(log.matches("\"type\":\"budget_exhausted\"").count(), 1);
+    assert!(
+        log.contains("budget exhausted"),
+        "the run's end names the budget"
+    );
+
+    // Resuming under the same cap spends nothing: earlier answers count against it.
+    let before = calls.load(Ordering::SeqCst);
+    let o = run(true, 2500);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        before,
+        "no request may be sent"
+    );
+    assert_eq!(answers(), first);
+
+    // A larger budget lets the run finish; no answer is requested twice.
+    let o = run(true, 100_000);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(answers(), 6);
+}

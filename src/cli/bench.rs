@@ -147,7 +147,7 @@ async fn scheduler(
         plan,
         parts,
         dir.clone(),
-        false,
+        None,
         false,
         CancellationToken::new(),
     )

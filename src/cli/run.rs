@@ -13,8 +13,8 @@ use crate::gpu::{self, DeviceInfo};
 use crate::prompt::{PromptSettings, Prompts};
 use crate::services::{Compiler, DeviceId, Executor};
 use crate::sim::SimServices;
-use crate::store::RunDir;
-use crate::types::{FeedbackMode, MethodKind};
+use crate::store::{ReadLog, RunDir, read_log};
+use crate::types::{Event, FeedbackMode, MethodKind};
 use crate::worker::{self, BaselineTable, WorkerPool, WorkerSettings};
 use crate::{dataset, llm, progress};
 
@@ -46,12 +46,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(o) => o.clone(),
         None => loaded.resolve(&cfg.output.dir).join(loaded.run_name()),
     };
-    let dir = if args.resume {
+    let (dir, prior) = if args.resume {
         let dir = RunDir::open(&out)?;
         check_frozen_config(&dir, &loaded)?;
-        dir
+        let prior = read_log(&dir.events_path())?;
+        (dir, Some(prior))
     } else {
-        RunDir::create(&out, &loaded.effective_toml)?
+        (RunDir::create(&out, &loaded.effective_toml)?, None)
     };
     let _trace_guard = init_tracing(&dir)?;
 
@@ -104,7 +105,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     );
     eprintln!("run directory: {}", dir.root().display());
     let rt = super::runtime()?;
-    let code = rt.block_on(drive(args, loaded, dir, plan, devices, discovery))?;
+    let code = rt.block_on(drive(args, loaded, dir, prior, plan, devices, discovery))?;
     Ok(code)
 }
 
@@ -112,13 +113,21 @@ async fn drive(
     args: RunArgs,
     loaded: LoadedConfig,
     dir: RunDir,
+    prior: Option<ReadLog>,
     plan: RunPlan,
     devices: Vec<DeviceInfo>,
     discovery: gpu::Discovery,
 ) -> anyhow::Result<ExitCode> {
     let cfg = &loaded.config;
     let cancel = CancellationToken::new();
-    let llm = llm::build(&loaded, args.replay_llm.as_deref(), cancel.clone())?;
+    let (llm, ledger) =
+        llm::build_with_ledger(&loaded, args.replay_llm.as_deref(), cancel.clone())?;
+    // Budgets cover the whole run: what was spent before a resume counts.
+    for rec in prior.iter().flat_map(|p| &p.records) {
+        if let Event::LlmAnswered { answer, .. } = &rec.event {
+            ledger.record(answer);
+        }
+    }
     let (compiler, executor, pool) =
         build_eval_services(&loaded, &dir, &devices, &discovery).await?;
     let prompts = Prompts::load(
@@ -155,7 +164,7 @@ async fn drive(
         plan,
         parts,
         dir.clone(),
-        args.resume,
+        prior,
         cfg.output.fsync,
         cancel.clone(),
     )
@@ -268,8 +277,8 @@ async fn build_eval_services(
     }
 }
 
-/// A resumed run must be the same experiment: everything but resources and output must match the
-/// frozen config in the run directory.
+/// A resumed run must be the same experiment: everything but resources, budget and output must
+/// match the frozen config in the run directory.
 fn check_frozen_config(dir: &RunDir, loaded: &LoadedConfig) -> anyhow::Result<()> {
     let path = dir.config_path();
     let text = std::fs::read_to_string(&path)
@@ -283,13 +292,13 @@ fn check_frozen_config(dir: &RunDir, loaded: &LoadedConfig) -> anyhow::Result<()
         .keys()
         .chain(b.keys())
         .map(String::as_str)
-        .filter(|k| !matches!(*k, "resources" | "output") && a.get(*k) != b.get(*k))
+        .filter(|k| !matches!(*k, "resources" | "output" | "budget") && a.get(*k) != b.get(*k))
         .collect();
     differs.sort_unstable();
     differs.dedup();
     if !differs.is_empty() {
         bail!(
-            "cannot resume {}: the config differs from the run's frozen config {} in [{}]; only [resources] and [output] may change on resume",
+            "cannot resume {}: the config differs from the run's frozen config {} in [{}]; only [resources], [budget] and [output] may change on resume",
             dir.root().display(),
             path.display(),
             differs.join("], [")
