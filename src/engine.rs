@@ -16,7 +16,9 @@ use crate::gpu::{DeviceInfo, DevicePool};
 use crate::llm::extract::extract_code;
 use crate::machine::{MachineError, TaskRunner, TaskSpec};
 use crate::prompt::{PromptSettings, Prompts};
-use crate::services::{CompileJob, Compiler, EventSink, ExecJob, Executor, Llm, LlmError};
+use crate::services::{
+    CompileJob, Compiler, DeviceId, EventSink, ExecJob, Executor, Llm, LlmError,
+};
 use crate::store::{EventLog, ReadLog, RunDir, StoreError};
 use crate::types::{
     Command, Event, FeedbackMode, LlmRequest, LogRecord, MethodKind, Problem, ProblemKey, TaskId,
@@ -105,6 +107,7 @@ struct Shared {
     problems: HashMap<ProblemKey, Arc<Problem>>,
     llm_gate: Semaphore,
     compile_gate: Semaphore,
+    compile_slots: u32,
     devices: DevicePool,
     cancel: CancellationToken,
     /// Set when no new LLM request may start (budget exhausted, fatal provider error).
@@ -203,6 +206,7 @@ impl Engine {
             problems,
             llm_gate: Semaphore::new(parts.llm_concurrency.max(1)),
             compile_gate: Semaphore::new(parts.compile_workers.max(1)),
+            compile_slots: parts.compile_workers.max(1) as u32,
             devices: DevicePool::new(devices),
             cancel,
             llm_stopped: AtomicBool::new(false),
@@ -486,6 +490,17 @@ async fn drive(
                 let Some(lease) = cancellable(&shared.cancel, shared.devices.acquire()).await
                 else {
                     return Ok(());
+                };
+                // On the CPU device, builds would run on the cores being timed: the whole compile
+                // pool pauses while a CPU lease is held (FIFO, so builds queue behind, not starve).
+                let _quiet = if lease.device.id == DeviceId::Cpu {
+                    let all = shared.compile_slots;
+                    match cancellable(&shared.cancel, shared.compile_gate.acquire_many(all)).await {
+                        Some(p) => Some(p),
+                        None => return Ok(()),
+                    }
+                } else {
+                    None
                 };
                 let device = lease.device.id.clone();
                 shared

@@ -1,0 +1,198 @@
+//! The engine's gates, observed through instrumented services: LLM concurrency, the compile pool
+//! size, one candidate per device at a time, and no build running while the CPU device is timing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use krefine::engine::{Engine, EngineParts, RunPlan};
+use krefine::gpu::DeviceInfo;
+use krefine::prompt::{PromptSettings, Prompts};
+use krefine::services::{
+    CompileJob, Compiler, DeviceId, EventSink, ExecJob, Executor, Llm, LlmError,
+};
+use krefine::store::RunDir;
+use krefine::types::{
+    CompileOutcome, CompileStatus, ExecOutcome, FeedbackMode, LlmAnswer, LlmRequest, MethodKind,
+    Problem, ProblemKey, ProfileOutcome, Verdict,
+};
+
+/// Counts how many calls are inside a section at once, and the most there ever were.
+#[derive(Default)]
+struct Meter {
+    now: AtomicUsize,
+    max: AtomicUsize,
+}
+
+impl Meter {
+    fn enter(&self) -> usize {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(n, Ordering::SeqCst);
+        n
+    }
+    fn leave(&self) {
+        self.now.fetch_sub(1, Ordering::SeqCst);
+    }
+    fn max(&self) -> usize {
+        self.max.load(Ordering::SeqCst)
+    }
+}
+
+#[derive(Default)]
+struct Probe {
+    llm: Meter,
+    compile: Meter,
+    execute: Meter,
+    /// Times a build was running while a candidate was being timed.
+    overlaps: AtomicUsize,
+}
+
+struct Services(Arc<Probe>);
+
+#[async_trait]
+impl Llm for Services {
+    fn describe(&self) -> String {
+        "probe".into()
+    }
+    async fn complete(&self, _req: LlmRequest, _sink: &EventSink) -> Result<LlmAnswer, LlmError> {
+        self.0.llm.enter();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        self.0.llm.leave();
+        Ok(LlmAnswer {
+            content: "```python\nclass ModelNew: pass\n```".into(),
+            usage: None,
+            cost_usd: None,
+            model: "probe".into(),
+            finish_reason: None,
+            latency_ms: 5,
+            attempts: 1,
+        })
+    }
+}
+
+#[async_trait]
+impl Compiler for Services {
+    async fn compile(&self, _job: CompileJob) -> CompileOutcome {
+        self.0.compile.enter();
+        tokio::time::sleep(Duration::from_millis(15)).await;
+        self.0.compile.leave();
+        CompileOutcome {
+            status: CompileStatus::Ok,
+            cached: false,
+            error_name: None,
+            error: None,
+            feedback: String::new(),
+            log_path: None,
+            build_dir: None,
+            duration_ms: 15,
+        }
+    }
+}
+
+#[async_trait]
+impl Executor for Services {
+    async fn execute(&self, _job: ExecJob, device: &DeviceId) -> ExecOutcome {
+        self.0.execute.enter();
+        for _ in 0..5 {
+            if self.0.compile.now.load(Ordering::SeqCst) > 0 {
+                self.0.overlaps.fetch_add(1, Ordering::SeqCst);
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        self.0.execute.leave();
+        let mut o = ExecOutcome::failure(Verdict::Correct, &device.to_string(), "ok".into(), 10);
+        o.correctness = true;
+        o.speedup = Some(1.0);
+        o
+    }
+    async fn profile(&self, _job: ExecJob, _device: &DeviceId) -> ProfileOutcome {
+        ProfileOutcome {
+            ok: true,
+            table: String::new(),
+            ncu: None,
+            error: None,
+            duration_ms: 0,
+        }
+    }
+}
+
+async fn run(
+    devices: Vec<DeviceInfo>,
+    llm_concurrency: usize,
+    compile_workers: usize,
+) -> Arc<Probe> {
+    let probe = Arc::new(Probe::default());
+    let services = Arc::new(Services(probe.clone()));
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = RunDir::create(&tmp.path().join("run"), "").unwrap();
+    let problems = (1..=12)
+        .map(|i| {
+            Arc::new(Problem {
+                key: ProblemKey {
+                    level: 1,
+                    problem_id: i,
+                },
+                name: format!("{i}_P.py"),
+                code: "class Model: pass\n".into(),
+            })
+        })
+        .collect();
+    let plan = RunPlan {
+        run: "gates".into(),
+        method: MethodKind::Refine,
+        feedback: FeedbackMode::GE,
+        turns: 3,
+        samples: 1,
+        problems,
+        simulated: true,
+    };
+    let parts = EngineParts {
+        llm: services.clone(),
+        compiler: services.clone(),
+        executor: services,
+        devices,
+        prompts: Prompts::load(None).unwrap(),
+        prompt_settings: PromptSettings::default(),
+        llm_concurrency,
+        compile_workers,
+    };
+    let engine = Engine::prepare(plan, parts, dir, None, false, CancellationToken::new())
+        .await
+        .unwrap();
+    let summary = engine.run().await.unwrap();
+    assert_eq!((summary.finished, summary.tasks), (12, 12));
+    probe
+}
+
+fn gpu(i: u32) -> DeviceInfo {
+    DeviceInfo {
+        id: DeviceId::Gpu(i),
+        name: format!("G{i}"),
+        capability: Some((9, 0)),
+        total_memory_bytes: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gates_bound_concurrency_per_resource() {
+    let p = run(vec![gpu(0), gpu(1)], 3, 4).await;
+    assert_eq!(p.llm.max(), 3, "LLM requests in flight");
+    assert_eq!(p.compile.max(), 4, "compile pool");
+    assert_eq!(p.execute.max(), 2, "one candidate per device");
+    // With GPUs, builds go on while candidates are timed.
+    assert!(p.overlaps.load(Ordering::SeqCst) > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_build_runs_while_the_cpu_device_is_timing() {
+    let p = run(vec![DeviceInfo::cpu()], 8, 4).await;
+    assert_eq!(p.execute.max(), 1);
+    assert_eq!(p.overlaps.load(Ordering::SeqCst), 0);
+    assert!(
+        p.compile.max() > 1,
+        "builds still run in parallel between timings"
+    );
+}
