@@ -487,6 +487,7 @@ async fn drive(
                     code: code.clone(),
                     build_dir,
                 };
+                let asked = std::time::Instant::now();
                 let Some(lease) = cancellable(&shared.cancel, shared.devices.acquire()).await
                 else {
                     return Ok(());
@@ -503,17 +504,18 @@ async fn drive(
                     None
                 };
                 let device = lease.device.id.clone();
+                let granted = std::time::Instant::now();
                 shared
                     .append(
                         Some(task),
                         Event::LeaseGranted {
                             device: device.to_string(),
-                            wait_ms: lease.waited_ms,
+                            // Waiting for the compile pool to pause counts as waiting, not holding.
+                            wait_ms: asked.elapsed().as_millis() as u64,
                             turn,
                         },
                     )
                     .await?;
-                let started = std::time::Instant::now();
                 let event = if profile {
                     cancellable(&shared.cancel, shared.executor.profile(job, &device))
                         .await
@@ -523,9 +525,20 @@ async fn drive(
                         .await
                         .map(|outcome| Event::Executed { turn, outcome })
                 };
-                let busy_ms = started.elapsed().as_millis() as u64;
-                let held_ms = lease.held_ms();
+                let held_ms = granted.elapsed().as_millis() as u64;
                 drop(lease);
+                // Busy = the time the worker reports working on the request; the rest of the hold
+                // is the orchestrator's and the protocol's overhead.
+                let busy_ms = match &event {
+                    Some(Event::Executed { outcome, .. }) if !outcome.phases.is_empty() => {
+                        let secs: f64 = outcome.phases.values().filter_map(|v| v.as_f64()).sum();
+                        ((secs * 1000.0) as u64).min(held_ms)
+                    }
+                    Some(Event::Profiled { outcome, .. }) if outcome.duration_ms > 0 => {
+                        outcome.duration_ms.min(held_ms)
+                    }
+                    _ => held_ms,
+                };
                 shared
                     .append(
                         Some(task),

@@ -168,15 +168,8 @@ pub struct DevicePool {
 pub struct Lease {
     pub device: DeviceInfo,
     pub waited_ms: u64,
-    granted: Instant,
     _device_permit: OwnedSemaphorePermit,
     _admission_permit: OwnedSemaphorePermit,
-}
-
-impl Lease {
-    pub fn held_ms(&self) -> u64 {
-        self.granted.elapsed().as_millis() as u64
-    }
 }
 
 impl DevicePool {
@@ -209,7 +202,6 @@ impl DevicePool {
                 return Lease {
                     device: info.clone(),
                     waited_ms: start.elapsed().as_millis() as u64,
-                    granted: Instant::now(),
                     _device_permit: p,
                     _admission_permit: admission,
                 };
