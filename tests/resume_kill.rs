@@ -322,3 +322,50 @@ fn replaying_a_run_reproduces_its_answers_and_results() {
     assert_eq!(report_turns(&replayed), report_turns(&first));
     assert_eq!(count_answers(&replayed), 9);
 }
+
+#[test]
+fn a_run_that_cannot_start_leaves_no_run_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = fixture(tmp.path());
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let attempt = |out: &Path| {
+        Command::new(bin())
+            .arg("run")
+            .arg(&cfg)
+            .args(["--no-tui", "--out"])
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    // A dataset path that does not exist: named in the error, nothing created.
+    std::fs::write(&cfg, text.replace("problems\"", "no-such-folder\"")).unwrap();
+    let out = tmp.path().join("a");
+    let o = attempt(&out);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no-such-folder"));
+    assert!(!out.exists());
+    // The answers file is missing: found only once the run directory exists, which is then removed.
+    std::fs::write(&cfg, &text).unwrap();
+    std::fs::rename(
+        tmp.path().join("answers.jsonl"),
+        tmp.path().join("moved.jsonl"),
+    )
+    .unwrap();
+    let out = tmp.path().join("b");
+    let o = attempt(&out);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("answers.jsonl"));
+    assert!(
+        !out.exists(),
+        "a run that never started must not block the next attempt"
+    );
+    std::fs::rename(
+        tmp.path().join("moved.jsonl"),
+        tmp.path().join("answers.jsonl"),
+    )
+    .unwrap();
+    assert!(
+        attempt(&out).status.success(),
+        "the same --out works once the cause is fixed"
+    );
+}

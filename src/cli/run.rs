@@ -42,20 +42,7 @@ pub struct RunArgs {
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let loaded = config::load(&args.config, &args.sets)?;
     let cfg = &loaded.config;
-    let out = match &args.out {
-        Some(o) => o.clone(),
-        None => loaded.resolve(&cfg.output.dir).join(loaded.run_name()),
-    };
-    let (dir, prior) = if args.resume {
-        let dir = RunDir::open(&out)?;
-        check_frozen_config(&dir, &loaded)?;
-        let prior = read_log(&dir.events_path())?;
-        (dir, Some(prior))
-    } else {
-        (RunDir::create(&out, &loaded.effective_toml)?, None)
-    };
-    let _trace_guard = init_tracing(&dir)?;
-
+    // Everything that can be checked is checked before a run directory exists.
     let dataset_path = loaded.resolve(&cfg.dataset.path);
     let problems = dataset::load(&dataset_path, cfg.dataset.level, &cfg.dataset.problems)?;
     if problems.is_empty() {
@@ -68,6 +55,56 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     }
     let discovery = gpu::discover();
     let devices = gpu::select(&cfg.resources.devices, &discovery).map_err(anyhow::Error::msg)?;
+    let out = match &args.out {
+        Some(o) => o.clone(),
+        None => loaded.resolve(&cfg.output.dir).join(loaded.run_name()),
+    };
+    let (dir, prior) = if args.resume {
+        let dir = RunDir::open(&out)?;
+        check_frozen_config(&dir, &loaded)?;
+        let prior = read_log(&dir.events_path())?;
+        (dir, Some(prior))
+    } else {
+        (RunDir::create(&out, &loaded.effective_toml)?, None)
+    };
+    let fresh = prior.is_none();
+    let result = start(
+        args,
+        loaded,
+        dir.clone(),
+        prior,
+        problems,
+        devices,
+        discovery,
+    );
+    if fresh && result.is_err() {
+        remove_if_unstarted(&dir);
+    }
+    result
+}
+
+/// A new run that failed before its first event (no Python with torch, a missing API key, ...)
+/// leaves no directory behind, so fixing the cause and running again needs no `--resume`.
+fn remove_if_unstarted(dir: &RunDir) {
+    let empty = std::fs::metadata(dir.events_path())
+        .map(|m| m.len() == 0)
+        .unwrap_or(false);
+    if empty {
+        let _ = std::fs::remove_dir_all(dir.root());
+    }
+}
+
+fn start(
+    args: RunArgs,
+    loaded: LoadedConfig,
+    dir: RunDir,
+    prior: Option<ReadLog>,
+    problems: Vec<crate::types::Problem>,
+    devices: Vec<DeviceInfo>,
+    discovery: gpu::Discovery,
+) -> anyhow::Result<ExitCode> {
+    let cfg = &loaded.config;
+    let _trace_guard = init_tracing(&dir)?;
     let plan = RunPlan {
         run: loaded.run_name(),
         method: cfg.method.kind,
