@@ -15,15 +15,14 @@ pub fn repo_root() -> PathBuf {
 }
 
 /// The Python with torch the tests run workers with: `KREFINE_TEST_PYTHON`, else `.venv/bin/python`
-/// in the repository, else /work/main/.venv/bin/python. A test that finds none fails loudly: a worker
-/// test that silently skips proves nothing.
+/// in the repository. A test that finds none fails loudly: a worker test that silently skips proves
+/// nothing.
 pub async fn test_python() -> PathBuf {
     let mut candidates = Vec::new();
     if let Some(p) = std::env::var_os("KREFINE_TEST_PYTHON") {
         candidates.push(PathBuf::from(p));
     } else {
         candidates.push(repo_root().join(".venv/bin/python"));
-        candidates.push(PathBuf::from("/work/main/.venv/bin/python"));
     }
     let mut tried = Vec::new();
     for c in &candidates {
