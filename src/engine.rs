@@ -21,7 +21,8 @@ use crate::services::{
 };
 use crate::store::{EventLog, ReadLog, RunDir, StoreError};
 use crate::types::{
-    Command, Event, FeedbackMode, LlmRequest, LogRecord, MethodKind, Problem, ProblemKey, TaskId,
+    Command, Event, FeedbackMode, LlmRequest, LogRecord, MethodKind, Problem, ProblemKey,
+    PromptContext, TaskId,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +123,12 @@ impl Shared {
         // Nobody listening is fine: the log is the record, the bus only feeds live views.
         let _ = self.bus.send(Arc::new(rec));
         Ok(())
+    }
+
+    fn problem(&self, task: TaskId) -> Result<Arc<Problem>, EngineError> {
+        self.problems.get(&task.problem).cloned().ok_or_else(|| {
+            EngineError::Resume(format!("problem {} is not in the dataset", task.problem))
+        })
     }
 
     fn stop(&self, reason: String) {
@@ -387,174 +394,23 @@ async fn drive(
 ) -> Result<(), EngineError> {
     let task = runner.spec().id;
     loop {
+        // `None`: the task stops here without an event (cancelled, or no more LLM requests).
         let event = match cmd {
             Command::Finish => {
                 shared.finished.fetch_add(1, Ordering::SeqCst);
                 return Ok(());
             }
-            Command::CallLlm { turn, context } => {
-                if shared.llm_stopped.load(Ordering::SeqCst) {
-                    return Ok(());
-                }
-                let problem = shared.problems.get(&task.problem).cloned().ok_or_else(|| {
-                    EngineError::Resume(format!("problem {} is not in the dataset", task.problem))
-                })?;
-                let messages = shared
-                    .prompts
-                    .render(&problem, &context, &shared.prompt_settings)
-                    .map_err(|e| EngineError::Prompt {
-                        task,
-                        turn,
-                        message: e.to_string(),
-                    })?;
-                let Some(result) = cancellable(&shared.cancel, async {
-                    let _permit = shared.llm_gate.acquire().await;
-                    if shared.llm_stopped.load(Ordering::SeqCst) {
-                        return None;
-                    }
-                    let req = LlmRequest {
-                        task,
-                        turn,
-                        messages,
-                    };
-                    Some(shared.llm.complete(req, &shared.sink).await)
-                })
-                .await
-                .flatten() else {
-                    return Ok(());
-                };
-                match result {
-                    Ok(answer) => {
-                        let code = extract_code(&answer.content);
-                        let code_file = match &code {
-                            Some(c) => Some(shared.dir.write_kernel(task, turn, c).await?),
-                            None => None,
-                        };
-                        Event::LlmAnswered {
-                            turn,
-                            answer,
-                            code,
-                            code_file,
-                        }
-                    }
-                    Err(LlmError::Failed(error)) => Event::LlmFailed {
-                        turn,
-                        error,
-                        fatal: false,
-                    },
-                    Err(LlmError::Fatal(reason)) => {
-                        // Nothing is logged for the task: after the cause is fixed, a resume asks
-                        // again for exactly this turn.
-                        tracing::error!("LLM requests stopped: {reason}");
-                        shared.stop(reason);
-                        return Ok(());
-                    }
-                    Err(LlmError::Cancelled) => return Ok(()),
-                }
+            Command::CallLlm { turn, context } => generate(&shared, task, turn, &context).await?,
+            Command::Compile { turn, code } => compile(&shared, task, turn, code).await,
+            Command::Execute { turn, code } => {
+                on_device(&shared, &runner, task, turn, code, false).await?
             }
-            Command::Compile { turn, code } => {
-                let job = CompileJob {
-                    task,
-                    turn,
-                    code,
-                    log_path: shared.dir.compile_log_path(task, turn),
-                };
-                let Some(mut outcome) = cancellable(&shared.cancel, async {
-                    let _permit = shared.compile_gate.acquire().await;
-                    shared.compiler.compile(job).await
-                })
-                .await
-                else {
-                    return Ok(());
-                };
-                outcome.log_path = outcome.log_path.map(|p| relative_to(&shared.dir, &p));
-                Event::Compiled { turn, outcome }
+            Command::Profile { turn, code } => {
+                on_device(&shared, &runner, task, turn, code, true).await?
             }
-            Command::Execute { turn, ref code } | Command::Profile { turn, ref code } => {
-                let profile = matches!(cmd, Command::Profile { .. });
-                let problem = shared.problems.get(&task.problem).cloned().ok_or_else(|| {
-                    EngineError::Resume(format!("problem {} is not in the dataset", task.problem))
-                })?;
-                let build_dir = runner
-                    .turns()
-                    .get(turn as usize - 1)
-                    .and_then(|r| r.compile.as_ref())
-                    .and_then(|c| c.build_dir.clone());
-                let job = ExecJob {
-                    task,
-                    turn,
-                    problem,
-                    code: code.clone(),
-                    build_dir,
-                };
-                let asked = std::time::Instant::now();
-                let Some(lease) = cancellable(&shared.cancel, shared.devices.acquire()).await
-                else {
-                    return Ok(());
-                };
-                // On the CPU device, builds would run on the cores being timed: the whole compile
-                // pool pauses while a CPU lease is held (FIFO, so builds queue behind, not starve).
-                let _quiet = if lease.device.id == DeviceId::Cpu {
-                    let all = shared.compile_slots;
-                    match cancellable(&shared.cancel, shared.compile_gate.acquire_many(all)).await {
-                        Some(p) => Some(p),
-                        None => return Ok(()),
-                    }
-                } else {
-                    None
-                };
-                let device = lease.device.id.clone();
-                let granted = std::time::Instant::now();
-                shared
-                    .append(
-                        Some(task),
-                        Event::LeaseGranted {
-                            device: device.to_string(),
-                            // Waiting for the compile pool to pause counts as waiting, not holding.
-                            wait_ms: asked.elapsed().as_millis() as u64,
-                            turn,
-                        },
-                    )
-                    .await?;
-                let event = if profile {
-                    cancellable(&shared.cancel, shared.executor.profile(job, &device))
-                        .await
-                        .map(|outcome| Event::Profiled { turn, outcome })
-                } else {
-                    cancellable(&shared.cancel, shared.executor.execute(job, &device))
-                        .await
-                        .map(|outcome| Event::Executed { turn, outcome })
-                };
-                let held_ms = granted.elapsed().as_millis() as u64;
-                drop(lease);
-                // Busy = the time the worker reports working on the request; the rest of the hold
-                // is the orchestrator's and the protocol's overhead.
-                let busy_ms = match &event {
-                    Some(Event::Executed { outcome, .. }) if !outcome.phases.is_empty() => {
-                        let secs: f64 = outcome.phases.values().filter_map(|v| v.as_f64()).sum();
-                        ((secs * 1000.0) as u64).min(held_ms)
-                    }
-                    Some(Event::Profiled { outcome, .. }) if outcome.duration_ms > 0 => {
-                        outcome.duration_ms.min(held_ms)
-                    }
-                    _ => held_ms,
-                };
-                shared
-                    .append(
-                        Some(task),
-                        Event::LeaseReleased {
-                            device: device.to_string(),
-                            held_ms,
-                            busy_ms,
-                            turn,
-                        },
-                    )
-                    .await?;
-                match event {
-                    Some(e) => e,
-                    None => return Ok(()),
-                }
-            }
+        };
+        let Some(event) = event else {
+            return Ok(());
         };
         // Write-ahead: the event is durable before the machine acts on it.
         shared.append(Some(task), event.clone()).await?;
@@ -568,6 +424,175 @@ async fn drive(
             }
         }
     }
+}
+
+/// Generate: render the prompt, ask the LLM (behind its gate), extract and store the code.
+async fn generate(
+    shared: &Shared,
+    task: TaskId,
+    turn: u32,
+    context: &PromptContext,
+) -> Result<Option<Event>, EngineError> {
+    if shared.llm_stopped.load(Ordering::SeqCst) {
+        return Ok(None);
+    }
+    let problem = shared.problem(task)?;
+    let messages = shared
+        .prompts
+        .render(&problem, context, &shared.prompt_settings)
+        .map_err(|e| EngineError::Prompt {
+            task,
+            turn,
+            message: e.to_string(),
+        })?;
+    let Some(result) = cancellable(&shared.cancel, async {
+        let _permit = shared.llm_gate.acquire().await;
+        if shared.llm_stopped.load(Ordering::SeqCst) {
+            return None;
+        }
+        let req = LlmRequest {
+            task,
+            turn,
+            messages,
+        };
+        Some(shared.llm.complete(req, &shared.sink).await)
+    })
+    .await
+    .flatten() else {
+        return Ok(None);
+    };
+    Ok(match result {
+        Ok(answer) => {
+            let code = extract_code(&answer.content);
+            let code_file = match &code {
+                Some(c) => Some(shared.dir.write_kernel(task, turn, c).await?),
+                None => None,
+            };
+            Some(Event::LlmAnswered {
+                turn,
+                answer,
+                code,
+                code_file,
+            })
+        }
+        Err(LlmError::Failed(error)) => Some(Event::LlmFailed {
+            turn,
+            error,
+            fatal: false,
+        }),
+        Err(LlmError::Fatal(reason)) => {
+            // Nothing is logged for the task: after the cause is fixed, a resume asks again for
+            // exactly this turn.
+            tracing::error!("LLM requests stopped: {reason}");
+            shared.stop(reason);
+            None
+        }
+        Err(LlmError::Cancelled) => None,
+    })
+}
+
+/// Precompile: build the candidate in the CPU compile pool.
+async fn compile(shared: &Shared, task: TaskId, turn: u32, code: String) -> Option<Event> {
+    let job = CompileJob {
+        task,
+        turn,
+        code,
+        log_path: shared.dir.compile_log_path(task, turn),
+    };
+    let mut outcome = cancellable(&shared.cancel, async {
+        let _permit = shared.compile_gate.acquire().await;
+        shared.compiler.compile(job).await
+    })
+    .await?;
+    outcome.log_path = outcome.log_path.map(|p| relative_to(&shared.dir, &p));
+    Some(Event::Compiled { turn, outcome })
+}
+
+/// Execute or profile the turn's candidate under a device lease; the lease's wait, hold and busy
+/// times are logged around it.
+async fn on_device(
+    shared: &Shared,
+    runner: &TaskRunner,
+    task: TaskId,
+    turn: u32,
+    code: String,
+    profile: bool,
+) -> Result<Option<Event>, EngineError> {
+    let build_dir = runner
+        .turns()
+        .get((turn as usize).saturating_sub(1))
+        .and_then(|r| r.compile.as_ref())
+        .and_then(|c| c.build_dir.clone());
+    let job = ExecJob {
+        task,
+        turn,
+        problem: shared.problem(task)?,
+        code,
+        build_dir,
+    };
+    let asked = std::time::Instant::now();
+    let Some(lease) = cancellable(&shared.cancel, shared.devices.acquire()).await else {
+        return Ok(None);
+    };
+    // On the CPU device, builds would run on the cores being timed: the whole compile pool pauses
+    // while a CPU lease is held (FIFO, so builds queue behind, not starve).
+    let _quiet = if lease.device.id == DeviceId::Cpu {
+        let all = shared.compile_gate.acquire_many(shared.compile_slots);
+        match cancellable(&shared.cancel, all).await {
+            Some(p) => Some(p),
+            None => return Ok(None),
+        }
+    } else {
+        None
+    };
+    let device = lease.device.id.clone();
+    let granted = std::time::Instant::now();
+    shared
+        .append(
+            Some(task),
+            Event::LeaseGranted {
+                device: device.to_string(),
+                // Waiting for the compile pool to pause counts as waiting, not holding.
+                wait_ms: asked.elapsed().as_millis() as u64,
+                turn,
+            },
+        )
+        .await?;
+    let event = if profile {
+        cancellable(&shared.cancel, shared.executor.profile(job, &device))
+            .await
+            .map(|outcome| Event::Profiled { turn, outcome })
+    } else {
+        cancellable(&shared.cancel, shared.executor.execute(job, &device))
+            .await
+            .map(|outcome| Event::Executed { turn, outcome })
+    };
+    let held_ms = granted.elapsed().as_millis() as u64;
+    drop(lease);
+    // Busy = the time the worker reports working on the request; the rest of the hold is the
+    // orchestrator's and the protocol's overhead.
+    let busy_ms = match &event {
+        Some(Event::Executed { outcome, .. }) if !outcome.phases.is_empty() => {
+            let secs: f64 = outcome.phases.values().filter_map(|v| v.as_f64()).sum();
+            ((secs * 1000.0) as u64).min(held_ms)
+        }
+        Some(Event::Profiled { outcome, .. }) if outcome.duration_ms > 0 => {
+            outcome.duration_ms.min(held_ms)
+        }
+        _ => held_ms,
+    };
+    shared
+        .append(
+            Some(task),
+            Event::LeaseReleased {
+                device: device.to_string(),
+                held_ms,
+                busy_ms,
+                turn,
+            },
+        )
+        .await?;
+    Ok(event)
 }
 
 /// Run `fut` unless the run is cancelled first.
