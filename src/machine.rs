@@ -273,7 +273,7 @@ impl TaskRunner {
         }
         .uninitialized_state_machine()
         .init_with_context(&mut out);
-        let cmd = single(out, spec.id).unwrap_or(Command::Finish);
+        let cmd = single(out).unwrap_or(Command::Finish);
         (TaskRunner { sm }, cmd)
     }
 
@@ -284,19 +284,14 @@ impl TaskRunner {
         }
         let mut out = Outbox::default();
         self.sm.handle_with_context(event, &mut out);
-        if let Some(message) = self.sm_rejected() {
+        // A rejected event poisons the machine for good: the log it came from cannot be trusted.
+        if let Some(message) = self.sm.rejected.clone() {
             return Err(MachineError {
                 task: self.sm.spec.id,
                 message,
             });
         }
-        Ok(single(out, self.sm.spec.id))
-    }
-
-    fn sm_rejected(&mut self) -> Option<String> {
-        // `rejected` lives in the shared storage, which statig only lends mutably to handlers, so
-        // it is read here and cleared on the next fold instead.
-        self.sm.rejected.clone()
+        Ok(single(out))
     }
 
     /// Rebuild a task from its logged events; returns the runner and the command still to perform.
@@ -337,7 +332,7 @@ impl TaskRunner {
     }
 }
 
-fn single(out: Outbox, _task: TaskId) -> Option<Command> {
+fn single(out: Outbox) -> Option<Command> {
     // Every transition enters exactly one state, whose entry action issues exactly one command.
     out.0.into_iter().last()
 }
