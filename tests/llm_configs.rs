@@ -32,10 +32,12 @@ fn every_provider_config_loads() {
         ["deepseek.toml", "ollama.toml", "openai.toml", "vllm.toml"]
     );
     for name in &names {
-        let c = load(name, &[]).config;
+        let loaded = load(name, &[]);
+        let c = &loaded.config;
         assert_eq!(c.model.provider, Provider::Openai, "{name}");
+        assert!(loaded.resolve(&c.dataset.path).is_dir(), "{name}: dataset");
         assert!(!c.model.name.is_empty(), "{name}");
-        assert_eq!(c.dataset.path, Path::new("configs/quickstart/problems"));
+        assert_eq!(c.dataset.path, Path::new("../quickstart/problems"));
         assert_eq!((c.dataset.level, c.dataset.problems.as_str()), (1, "all"));
         assert_eq!(c.method.turns, 3, "{name}");
         assert_eq!(c.method.feedback.to_string(), "G+E+P", "{name}");

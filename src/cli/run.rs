@@ -57,7 +57,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let devices = gpu::select(&cfg.resources.devices, &discovery).map_err(anyhow::Error::msg)?;
     let out = match &args.out {
         Some(o) => o.clone(),
-        None => loaded.resolve(&cfg.output.dir).join(loaded.run_name()),
+        // Output goes where the user runs krefine, not next to the config.
+        None => cfg.output.dir.join(loaded.run_name()),
     };
     let (dir, prior) = if args.resume {
         let dir = RunDir::open(&out)?;
@@ -281,7 +282,7 @@ async fn build_eval_services(
             let configured = cfg.resources.python.as_deref().map(|p| loaded.resolve(p));
             let python = worker::find_python(configured.as_deref()).await?;
             // Workers run in their own scratch folders, so every path they get is absolute.
-            let out_dir = std::path::absolute(loaded.resolve(&cfg.output.dir))?;
+            let out_dir = std::path::absolute(&cfg.output.dir)?;
             let harness_dir = worker::deploy_harness(&out_dir.join(".harness")).await?;
             let scratch = std::env::temp_dir().join(format!("krefine-{}", std::process::id()));
             let mut s = WorkerSettings::new(python, harness_dir, &scratch);
@@ -290,7 +291,7 @@ async fn build_eval_services(
             s.build_cache = out_dir.join(".build-cache");
             s.apply_eval(&cfg.eval);
             if let Some(p) = &cfg.eval.build_cache {
-                s.build_cache = std::path::absolute(loaded.resolve(p))?;
+                s.build_cache = std::path::absolute(p)?;
             }
             s.compile_workers = cfg.resources.compile_workers as usize;
             s.devices = devices.iter().map(|d| d.id.clone()).collect();
