@@ -369,3 +369,28 @@ fn a_run_that_cannot_start_leaves_no_run_directory() {
         "the same --out works once the cause is fixed"
     );
 }
+
+#[test]
+fn the_quickstart_config_runs_from_any_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/quickstart.toml");
+    let o = Command::new(bin())
+        .current_dir(tmp.path())
+        .arg("run")
+        .arg(&cfg)
+        .args(["--no-tui", "--set", "eval.executor=simulated"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The run directory is made where krefine runs, not beside the config.
+    assert!(
+        tmp.path()
+            .join("trajectories/quickstart/events.jsonl")
+            .is_file()
+    );
+    assert!(
+        !Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("configs/trajectories")
+            .exists()
+    );
+}
