@@ -132,20 +132,27 @@ fn files_containing(dir: &Path, needle: &str) -> Vec<String> {
     hits
 }
 
+/// `krefine run CFG --no-tui --out OUT [extra...]` with the API key variable set to `key`.
+fn krefine_run(cfg: &Path, out: &Path, key: &str, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_krefine"))
+        .arg("run")
+        .arg(cfg)
+        .args(["--no-tui"])
+        .args(extra)
+        .arg("--out")
+        .arg(out)
+        .env("KREFINE_E2E_KEY", key)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn refinement_run_against_an_openai_compatible_server() {
     let (addr, calls) = serve();
     let tmp = tempfile::tempdir().unwrap();
     let cfg = write_fixture(tmp.path(), addr);
     let out = tmp.path().join("run");
-    let o = Command::new(env!("CARGO_BIN_EXE_krefine"))
-        .arg("run")
-        .arg(&cfg)
-        .args(["--no-tui", "--out"])
-        .arg(&out)
-        .env("KREFINE_E2E_KEY", KEY)
-        .output()
-        .unwrap();
+    let o = krefine_run(&cfg, &out, KEY, &[]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
     // 2 problems x 3 turns answered, plus the one failed first attempt.
@@ -186,14 +193,7 @@ fn a_refused_key_stops_the_run_early() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = write_fixture(tmp.path(), addr);
     let out = tmp.path().join("run");
-    let o = Command::new(env!("CARGO_BIN_EXE_krefine"))
-        .arg("run")
-        .arg(&cfg)
-        .args(["--no-tui", "--out"])
-        .arg(&out)
-        .env("KREFINE_E2E_KEY", "sk-wrong-key-000")
-        .output()
-        .unwrap();
+    let o = krefine_run(&cfg, &out, "sk-wrong-key-000", &[]);
     assert_eq!(
         o.status.code(),
         Some(1),
@@ -218,21 +218,12 @@ fn a_token_budget_stops_the_run_and_counts_across_resumes() {
     let cfg = write_fixture(tmp.path(), addr);
     let out = tmp.path().join("run");
     let run = |resume: bool, budget: u64| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_krefine"));
-        c.arg("run")
-            .arg(&cfg)
-            .args([
-                "--no-tui",
-                "--set",
-                &format!("budget.tokens={budget}"),
-                "--out",
-            ])
-            .arg(&out)
-            .env("KREFINE_E2E_KEY", KEY);
+        let set = format!("budget.tokens={budget}");
+        let mut extra = vec!["--set", set.as_str()];
         if resume {
-            c.arg("--resume");
+            extra.push("--resume");
         }
-        c.output().unwrap()
+        krefine_run(&cfg, &out, KEY, &extra)
     };
     let answers = || {
         std::fs::read_to_string(out.join("events.jsonl"))
