@@ -383,7 +383,11 @@ pub struct Timeouts {
     pub compile_s: f64,
     #[serde(default = "t_load")]
     pub load_s: f64,
-    /// Correctness and timing of one candidate (reference included on first use).
+    /// Building a problem's reference data on a worker (inputs, outputs, timing): once per problem
+    /// and worker, never charged to a candidate.
+    #[serde(default = "t_reference")]
+    pub reference_s: f64,
+    /// Correctness and timing of one candidate, the reference data already built.
     #[serde(default = "t_execute")]
     pub execute_s: f64,
     #[serde(default = "t_profile")]
@@ -395,6 +399,9 @@ fn t_compile() -> f64 {
 }
 fn t_load() -> f64 {
     120.0
+}
+fn t_reference() -> f64 {
+    900.0
 }
 fn t_execute() -> f64 {
     300.0
@@ -408,6 +415,7 @@ impl Default for Timeouts {
         Timeouts {
             compile_s: t_compile(),
             load_s: t_load(),
+            reference_s: t_reference(),
             execute_s: t_execute(),
             profile_s: t_profile(),
         }
@@ -791,6 +799,7 @@ fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
     for (key, v) in [
         ("eval.timeouts.compile_s", t.compile_s),
         ("eval.timeouts.load_s", t.load_s),
+        ("eval.timeouts.reference_s", t.reference_s),
         ("eval.timeouts.execute_s", t.execute_s),
         ("eval.timeouts.profile_s", t.profile_s),
     ] {

@@ -115,6 +115,7 @@ fn gpu_pool_end_to_end() {
         s.timeouts = Timeouts {
             compile_s: 300.0,
             load_s: 120.0,
+            reference_s: 600.0,
             execute_s: 30.0,
             profile_s: 120.0,
         };

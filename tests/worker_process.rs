@@ -96,6 +96,12 @@ for line in sys.stdin:
         if "FAKE:wrong_kind" in src:
             resp = {"id": rid, "ok": True, "kind": "shutdown"}
         send(resp)
+    elif op == "prepare":
+        code = req["problem"]["code"]
+        if "FAKE:slow_reference=" in code:
+            time.sleep(float(code.split("FAKE:slow_reference=")[1].split()[0]))
+        send({"id": rid, "ok": True, "kind": "prepare", "status": "ready", "seconds": 0.0,
+              "tiers": [], "device_bytes": 0, "host_bytes": 0, "feedback": ""})
     elif op == "profile":
         send({"id": rid, "ok": True, "kind": "profile", "status": "ok", "table": "fake table",
               "ncu": None, "note": None, "duration_s": 0.01, "sticky": False})
@@ -120,6 +126,7 @@ async fn fake_setup(start: &str) -> (tempfile::TempDir, WorkerSettings) {
     s.timeouts = Timeouts {
         compile_s: 2.0,
         load_s: 5.0,
+        reference_s: 30.0,
         execute_s: 2.0,
         profile_s: 2.0,
     };
@@ -310,6 +317,56 @@ async fn hang_times_out_with_kernelbench_metadata() {
     assert!(!e.compiled);
     assert!(e.wall_ms >= 2000);
     assert!(!pid_alive(before as u32), "the hung worker must be killed");
+    assert_ne!(healthy(&pool).await, before);
+}
+
+fn slow_reference_job(seconds: f64) -> krefine::services::ExecJob {
+    let mut job = exec_job("fine", None);
+    let mut problem = (*job.problem).clone();
+    problem.code = format!("# FAKE:slow_reference={seconds} \n{}", problem.code);
+    job.problem = Arc::new(problem);
+    job
+}
+
+#[tokio::test]
+async fn building_the_reference_is_not_charged_to_the_candidate() {
+    // A reference that takes longer to prepare than a candidate may take (execute_s = 2).
+    let (_tmp, pool) = fake_pool("ok").await;
+    let e = pool.execute(slow_reference_job(3.0), &DeviceId::Cpu).await;
+    assert_eq!(e.verdict, Verdict::Correct, "{e:#?}");
+    let prepare_s = e.phases.get("prepare_s").and_then(|v| v.as_f64());
+    assert!(prepare_s.is_some_and(|s| s >= 3.0), "{:?}", e.phases);
+    assert!(
+        e.wall_ms >= 3000,
+        "wall covers the whole request: {}",
+        e.wall_ms
+    );
+}
+
+#[tokio::test]
+async fn reference_timeout_is_a_reference_error_not_the_candidates() {
+    let (_tmp, mut s) = fake_setup("ok").await;
+    s.timeouts.reference_s = 1.0;
+    let pool = WorkerPool::start(s).await.expect("pool");
+    let before = healthy(&pool).await;
+    let t = Instant::now();
+    let e = pool.execute(slow_reference_job(60.0), &DeviceId::Cpu).await;
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!(e.verdict, Verdict::ReferenceError, "{e:#?}");
+    assert!(
+        e.feedback
+            .starts_with("preparing the reference (its inputs, outputs and timing) exceeded 1 s")
+            && e.feedback.contains("eval.timeouts.reference_s"),
+        "{}",
+        e.feedback
+    );
+    assert_eq!(
+        e.metadata
+            .get("reference_timeout_s")
+            .and_then(|v| v.as_f64()),
+        Some(1.0)
+    );
+    assert!(!pid_alive(before as u32), "the worker must be killed");
     assert_ne!(healthy(&pool).await, before);
 }
 

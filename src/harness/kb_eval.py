@@ -19,6 +19,7 @@ import gc
 import hashlib
 import os
 import platform
+import re
 import sys
 import time
 import traceback
@@ -43,8 +44,10 @@ STICKY_MARKERS = (
     "device-side assert",
     "unspecified launch failure",
 )
-# Share of memory the reference cache may hold: on the GPU for a CUDA device, in RAM otherwise.
-DEVICE_CACHE_FRACTION = 0.35
+# Share of memory the reference cache may hold: on the GPU for a CUDA device, in RAM otherwise. Half
+# the GPU keeps every trial input of KernelBench's largest level-1 problems (6-9 GB each) on an 80 GB
+# device; a candidate that then runs out of memory is retried with the cache off the device.
+DEVICE_CACHE_FRACTION = 0.5
 HOST_CACHE_FRACTION = 0.35
 CPU_DEVICE_CACHE_FRACTION = 0.25
 MAX_CONTEXTS = 4
@@ -261,14 +264,19 @@ def load_problem(code: str) -> ProblemCode:
     return ProblemCode(namespace["Model"], namespace["get_inputs"], namespace["get_init_inputs"])
 
 
+Tier = Literal["device", "device_inputs", "host", "recompute"]
+
+
 @dataclass
 class TrialEntry:
     """One correctness trial's cached reference data. `tier` says where the tensors live:
-    'device' (kept on the device, checked after every candidate), 'host' (kept in RAM, copied per use),
-    or 'recompute' (too big to keep: inputs and reference output are made again per use)."""
+    'device' (inputs and output kept on the device, inputs checked after every candidate),
+    'device_inputs' (only the inputs kept; the reference forward runs again per use, which is GPU work
+    KernelBench does per trial anyway, while making the inputs is CPU work that can take a minute),
+    'host' (kept in RAM, copied per use), or 'recompute' (inputs and output made again per use)."""
 
     seed: int
-    tier: Literal["device", "host", "recompute"]
+    tier: Tier
     inputs: list[Any] | None = None
     output: Any = None
     rng: RngState | None = None
@@ -308,6 +316,7 @@ class ProblemContext:
         self.timing_fingerprint: list[Any] | None = None
         self.device_bytes = 0
         self.host_bytes = 0
+        self.device_cache = True
         self.build_seconds = 0.0
         started = time.perf_counter()
         self._build(code)
@@ -359,20 +368,25 @@ class ProblemContext:
     def trial(self, trials: int, index: int, seed: int) -> TrialData:
         """The cached data of trial `index`; builds it on first use. Raises ReferenceFailure if the
         reference forward failed for it (cached too: a broken reference is not re-run per candidate)."""
+        entry = self.entry(trials, index, seed)
+        if entry.error is not None:
+            raise ReferenceFailure(entry.error)
+        return self._materialize(entry)
+
+    def entry(self, trials: int, index: int, seed: int) -> TrialEntry:
+        """Trial `index`'s cache entry, built on first use (inputs, reference forward, placement)."""
         entries = self.trials.setdefault(trials, [None] * trials)
         entry = entries[index]
         if entry is None:
             started = time.perf_counter()
             try:
-                entry = self._build_trial(seed)
+                entry = self._build_trial(seed, remaining=trials - index)
             finally:
                 self.build_seconds += time.perf_counter() - started
             entries[index] = entry
-        if entry.error is not None:
-            raise ReferenceFailure(entry.error)
-        return self._materialize(entry)
+        return entry
 
-    def _build_trial(self, seed: int) -> TrialEntry:
+    def _build_trial(self, seed: int, remaining: int) -> TrialEntry:
         try:
             inputs = self._make_inputs(seed)
             before = fingerprint(inputs)
@@ -388,11 +402,19 @@ class ProblemContext:
                 # run per use reproduces that without letting one candidate corrupt the cache.
                 return TrialEntry(seed, "recompute")
             output = clone_tensors(output)  # strict: candidates get clones, the target stays fixed
-        size = nbytes(inputs) + nbytes(output)
-        tier = self.cache.place(self, size)
+        # Recomputing the output from kept inputs is only the same as KernelBench when the reference
+        # leaves its inputs alone and returns fresh memory.
+        lean_ok = not mutates and not aliases(output, inputs)
+        in_size = nbytes(inputs)
+        size = in_size + nbytes(output)
+        tier = self.cache.place(self, in_size, size, remaining, lean_ok)
         if tier == "device":
             self.device_bytes += size
             return TrialEntry(seed, "device", inputs, output, rng, after, ref_mutates_inputs=mutates)
+        if tier == "device_inputs":
+            self.device_bytes += in_size
+            del output
+            return TrialEntry(seed, "device_inputs", inputs, None, None, after)
         if tier == "host":
             self.host_bytes += size
             host = torch.device("cpu")
@@ -404,6 +426,12 @@ class ProblemContext:
             inputs = self._make_inputs(entry.seed)
             output, rng = self._reference_forward_on(inputs, entry.seed)
             return TrialData(inputs, output, rng)
+        if entry.tier == "device_inputs":
+            if entry.dirty:
+                self._regenerate(entry)
+            assert entry.inputs is not None
+            output, rng = self._reference_forward_on(entry.inputs, entry.seed)
+            return TrialData(entry.inputs, output, rng)
         assert entry.inputs is not None and entry.rng is not None
         if entry.tier == "host":
             return TrialData(move(entry.inputs, self.device), move(entry.output, self.device), entry.rng)
@@ -426,7 +454,7 @@ class ProblemContext:
         """After a candidate ran on trial `index`: are the cached inputs still pristine? A changed trial
         is marked for regeneration; returns False when it changed."""
         entry = self.trials[trials][index]
-        if entry is None or entry.tier != "device" or entry.inputs is None:
+        if entry is None or entry.tier not in ("device", "device_inputs") or entry.inputs is None:
             return True  # host and recompute tiers hand out throw-away device copies
         try:
             unchanged = fingerprint(entry.inputs) == entry.fingerprint
@@ -462,6 +490,9 @@ class ReferenceCache:
         self.max_contexts = max_contexts
         self.contexts: OrderedDict[tuple[Any, ...], ProblemContext] = OrderedDict()
         self.ref_timings: dict[tuple[Any, ...], dict[str, Any]] = {}
+        # Problems whose candidates ran out of memory next to cached device data: cached in RAM from
+        # then on, so the device is the candidate's.
+        self.off_device: set[tuple[Any, ...]] = set()
 
     @staticmethod
     def code_key(code: str) -> str:
@@ -480,8 +511,20 @@ class ReferenceCache:
         while len(self.contexts) >= self.max_contexts:
             self._evict_oldest(keep=None)
         ctx = ProblemContext(self, code, device, precision, mode, seed)
+        ctx.device_cache = key not in self.off_device
         self.contexts[key] = ctx
         return ctx
+
+    def device_bytes(self, device: torch.device) -> int:
+        return self._used(device, "device_bytes")
+
+    def move_off_device(self, code: str, device: torch.device, precision: str, mode: str, seed: int) -> None:
+        """Forget every cached problem on `device` (freeing its memory) and keep this problem's
+        reference data off the device from now on."""
+        self.off_device.add((self.code_key(code), str(device), precision, mode, seed))
+        for key in [k for k, c in self.contexts.items() if c.device == device]:
+            del self.contexts[key]
+        release_memory(device)
 
     def _evict_oldest(self, keep: ProblemContext | None) -> bool:
         victim = next((key for key, ctx in self.contexts.items() if ctx is not keep), None)
@@ -494,16 +537,34 @@ class ReferenceCache:
     def _used(self, device: torch.device, attr: str) -> int:
         return sum(getattr(c, attr) for c in self.contexts.values() if c.device == device)
 
-    def place(self, ctx: ProblemContext, size: int) -> Literal["device", "host", "recompute"]:
-        """Choose a tier for `size` bytes of trial data, evicting older problems when that makes room."""
+    def place(
+        self, ctx: ProblemContext, in_size: int, size: int, remaining: int, lean_ok: bool
+    ) -> Tier:
+        """Choose a tier for one trial (`in_size` bytes of inputs, `size` with the output), evicting
+        older problems when that makes room. The choice looks ahead: when this and the `remaining - 1`
+        trials after it, plus the timing inputs, fit on the device only without their outputs, every
+        trial keeps just its inputs there, rather than the first few keeping everything and the rest
+        landing in RAM (copied per candidate) or being rebuilt on the CPU."""
         device_budget, host_budget = memory_budgets(ctx.device)
+        if not ctx.device_cache:
+            device_budget = 0
+        timing = 0 if ctx.timing_inputs_cache is not None else in_size
+        lean = lean_ok and in_size > 0
         while True:
-            if self._used(ctx.device, "device_bytes") + size <= device_budget:
+            free = device_budget - self._used(ctx.device, "device_bytes")
+            if remaining * size + timing <= free:
                 return "device"
-            if host_budget and self._used(ctx.device, "host_bytes") + size <= host_budget:
-                return "host"
+            if lean and remaining * in_size + timing <= free:
+                return "device_inputs"
             if not self._evict_oldest(keep=ctx):
-                return "recompute"
+                break
+        if size <= free:
+            return "device"
+        if lean and in_size <= free:
+            return "device_inputs"
+        if host_budget and self._used(ctx.device, "host_bytes") + size <= host_budget:
+            return "host"
+        return "recompute"
 
 
 def memory_budgets(device: torch.device) -> tuple[int, int]:
@@ -527,6 +588,35 @@ def release_memory(device: torch.device) -> None:
 def is_out_of_memory(exc: BaseException) -> bool:
     text = str(exc)
     return isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in text
+
+
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "PiB": 1 << 50}
+_UNITS.update({"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15, "EB": 10**18})
+_UNITS["EiB"] = 1 << 60
+
+
+def oom_request_bytes(text: str) -> int | None:
+    """The size of the allocation that failed, from torch's CUDA ("Tried to allocate 6.00 GiB") or
+    CPU ("you tried to allocate 123 bytes") message; None when the message does not say."""
+    match = re.search(r"you tried to allocate (\d+) bytes", text)
+    if match:
+        return int(match.group(1))
+    # "Tried to allocate 6.00 GiB", or for absurd sizes "Tried to allocate more than 1EB memory".
+    match = re.search(r"Tried to allocate (?:more than )?([\d.]+) ?([KMGTPE]?i?B)\b", text)
+    if match and match.group(2) in _UNITS:
+        return int(float(match.group(1)) * _UNITS[match.group(2)])
+    return None
+
+
+def cache_could_have_caused(verdict: Verdict, cached_bytes: int, device: torch.device) -> bool:
+    """Could freeing `cached_bytes` of reference data have let the failed allocation succeed?"""
+    if verdict.status != "out_of_memory" or verdict.sticky or cached_bytes <= 0:
+        return False
+    wanted = verdict.oom_request_bytes
+    if wanted is None:
+        return True
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
+    return wanted <= cached_bytes + free
 
 
 def sticky_error(exc: BaseException, device: torch.device) -> BaseException | None:
@@ -557,6 +647,7 @@ class Verdict:
     feedback: list[str] = field(default_factory=list)
     sticky: bool = False
     sticky_cause: BaseException | None = None
+    oom_request_bytes: int | None = None
     runtime_stats: dict[str, Any] = field(default_factory=dict)
     ref_runtime_stats: dict[str, Any] = field(default_factory=dict)
     ref_runtime_source: str | None = None
@@ -587,6 +678,7 @@ def _fail_candidate_exception(
         return True
     if is_out_of_memory(exc):
         verdict.status = "out_of_memory"
+        verdict.oom_request_bytes = oom_request_bytes(str(exc))
         verdict.feedback.append(f"Out of memory {what}.\n{detail}")
         release_memory(device)
         return False
@@ -809,7 +901,65 @@ def evaluate(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     with precision_policy(mode, precision):
         env = environment(device, hardware, precision, mode)
         _evaluate_into(verdict, request, worker, device, hardware)
+        cache = worker.references
+        if cache_could_have_caused(verdict, cache.device_bytes(device), device):
+            # KernelBench holds no reference data on the device between trials; a candidate must not
+            # fail for memory that our cache took. Free it and evaluate once more.
+            spent = dict(verdict.phases)
+            cache.move_off_device(request["problem"]["code"], device, precision, mode, request["seed"])
+            verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
+            _evaluate_into(verdict, request, worker, device, hardware)
+            verdict.metadata["retried_without_device_cache"] = True
+            verdict.metadata["first_try_s"] = round(sum(spent.values()), 3)
+            verdict.feedback.append(
+                "(Evaluated a second time with the cached reference data moved off the device, after "
+                "the first attempt ran out of memory.)"
+            )
     return _response(request, verdict, env)
+
+
+def prepare(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
+    """`op: prepare`: build everything about the reference that evaluate would build on first use
+    (model, every trial's inputs and output, the timing inputs, the reference timing) so that its cost,
+    which can be a minute of CPU work for KernelBench's largest inputs, is not charged to a candidate's
+    timeout. Cheap when it is all cached already."""
+    device = normalize_device(request["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    precision, mode, seed = request["precision"], request["mode"], request["seed"]
+    started = time.perf_counter()
+    status, feedback = "ready", ""
+    with precision_policy(mode, precision):
+        ctx = worker.references.context(request["problem"]["code"], device, precision, mode, seed)
+        error = ctx.error
+        if error is None:
+            trials = request["correct_trials"]
+            with torch.no_grad():
+                for index, trial_seed in enumerate(ctx.trial_seeds(trials)):
+                    error = ctx.entry(trials, index, trial_seed).error
+                    if error is not None:
+                        break
+        if error is None and request["timing"]["measure"]:
+            ctx.timing_inputs()
+            # A failure is cached nowhere: evaluate tries again and says so in its feedback.
+            _reference_timing(Verdict(), request, worker, ctx)
+        if error is not None:
+            status = "reference_error"
+            feedback = kb_feedback.exception_line(error.exc)
+        tiers = [e.tier for entries in ctx.trials.values() for e in entries if e is not None]
+        device_bytes, host_bytes = ctx.device_bytes, ctx.host_bytes
+    release_memory(device)
+    return {
+        "id": request["id"],
+        "ok": True,
+        "kind": "prepare",
+        "status": status,
+        "seconds": round(time.perf_counter() - started, 6),
+        "tiers": tiers,
+        "device_bytes": device_bytes,
+        "host_bytes": host_bytes,
+        "feedback": feedback,
+    }
 
 
 def _evaluate_into(

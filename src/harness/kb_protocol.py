@@ -97,6 +97,19 @@ class ProfileRequest(TypedDict):
     ncu: bool
 
 
+class PrepareRequest(TypedDict):
+    id: int
+    op: Literal["prepare"]
+    problem: ProblemSpec
+    device: str
+    precision: Precision
+    mode: Mode
+    seed: int
+    correct_trials: int
+    timing: TimingSpec
+    reference_runtime: BaselineRuntime | None
+
+
 class ShutdownRequest(TypedDict):
     id: int
     op: Literal["shutdown"]
@@ -104,6 +117,7 @@ class ShutdownRequest(TypedDict):
 
 REQUEST_SHAPES: dict[str, type] = {
     "compile": CompileRequest,
+    "prepare": PrepareRequest,
     "evaluate": EvaluateRequest,
     "profile": ProfileRequest,
     "shutdown": ShutdownRequest,
@@ -173,6 +187,18 @@ class EvalPhases(TypedDict):
     ref_timing_s: float
 
 
+class PrepareResponse(TypedDict):
+    id: int
+    ok: Literal[True]
+    kind: Literal["prepare"]
+    status: Literal["ready", "reference_error"]
+    seconds: float
+    tiers: list[str]
+    device_bytes: int
+    host_bytes: int
+    feedback: str
+
+
 class EvaluateResponse(TypedDict):
     id: int
     ok: Literal[True]
@@ -222,6 +248,7 @@ class ShutdownResponse(TypedDict):
 RESPONSE_SHAPES: dict[str, type] = {
     "ready": ReadyMessage,
     "compile": CompileResponse,
+    "prepare": PrepareResponse,
     "evaluate": EvaluateResponse,
     "profile": ProfileResponse,
     "shutdown": ShutdownResponse,

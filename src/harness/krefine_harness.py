@@ -159,6 +159,10 @@ class Server:
             import kb_compile
 
             return kb_compile.handle_compile(request)
+        if op == "prepare":
+            import kb_eval
+
+            return kb_eval.prepare(request, self.worker)
         if op == "evaluate":
             import kb_eval
 

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, json};
+use serde_json::{Map, Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{Mutex, OwnedMutexGuard, Semaphore};
 
@@ -28,8 +28,8 @@ use super::baseline::BaselineTable;
 use super::process::{RequestError, SpawnSpec, WorkerProcess, kill_group, log_tail};
 use super::protocol::{
     CandidateSpec, CompileRequest, CompileStatusWire, EvaluateRequest, EvaluateResponse,
-    ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody, ResponseBody,
-    TimingSpec, WorkerRole,
+    PrepareRequest, ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody,
+    ResponseBody, TimingSpec, WorkerRole,
 };
 use crate::config::{EvalSection, Timeouts};
 use crate::services::{CompileJob, Compiler, DeviceId, ExecJob, Executor};
@@ -140,6 +140,7 @@ impl WorkerSettings {
 struct Deadlines {
     compile: Duration,
     load: Duration,
+    reference: Duration,
     execute: Duration,
     profile: Duration,
 }
@@ -159,6 +160,7 @@ impl Deadlines {
         Ok(Deadlines {
             compile: d("compile_s", t.compile_s)?,
             load: d("load_s", t.load_s)?,
+            reference: d("reference_s", t.reference_s)?,
             execute: d("execute_s", t.execute_s)?,
             profile: d("profile_s", t.profile_s)?,
         })
@@ -506,11 +508,14 @@ impl WorkerPool {
 
     /// Send one request through a slot, starting its worker if needed, and retire the worker when it
     /// crashed, timed out, reported a sticky error or served `recycle_after` requests.
+    /// Send one request to the slot's worker (started if needed). `counts`: the request is a
+    /// candidate's, and counts towards recycling the worker.
     async fn call(
         &self,
         slot: &Slot,
         body: RequestBody,
         timeout: Duration,
+        counts: bool,
     ) -> Result<ResponseBody, CallError> {
         let mut state = slot.state.lock().await;
         if self.closed.load(Ordering::SeqCst) {
@@ -536,7 +541,9 @@ impl WorkerPool {
         };
         slot.pgid.store(process.pid(), Ordering::SeqCst);
         let result = process.request(body, timeout).await;
-        state.served += 1;
+        if counts {
+            state.served += 1;
+        }
         let recycle =
             self.settings.recycle_after > 0 && state.served >= self.settings.recycle_after;
         match &result {
@@ -835,6 +842,34 @@ impl WorkerPool {
         self.with_device(o, &dev, hardware)
     }
 
+    /// Preparing the reference ran out of time: not the candidate's fault, and no candidate code ran.
+    fn reference_timeout(
+        &self,
+        after: Duration,
+        device: &DeviceId,
+        hardware: Option<String>,
+        started: Instant,
+    ) -> ExecOutcome {
+        let dev = device.to_string();
+        let message = format!(
+            "preparing the reference (its inputs, outputs and timing) exceeded {} s, so the candidate \
+             was not evaluated; the worker was killed. Raise eval.timeouts.reference_s for problems \
+             this large",
+            secs(after)
+        );
+        let mut o = ExecOutcome::failure(
+            Verdict::ReferenceError,
+            &dev,
+            message.clone(),
+            elapsed_ms(started),
+        );
+        o.metadata.insert("error".into(), json!(message));
+        o.metadata
+            .insert("reference_timeout_s".into(), json!(after.as_secs_f64()));
+        o.compiled = false;
+        self.with_device(o, &dev, hardware)
+    }
+
     /// Orchestrator-made outcomes still say which device they concern.
     fn with_device(&self, mut o: ExecOutcome, dev: &str, hardware: Option<String>) -> ExecOutcome {
         // KernelBench's metadata always names the hardware and the device.
@@ -980,7 +1015,7 @@ impl Compiler for WorkerPool {
             log_path: job.log_path.to_string_lossy().into_owned(),
         });
         let slot = &self.compile_slots[index];
-        match self.call(slot, request, self.deadlines.compile).await {
+        match self.call(slot, request, self.deadlines.compile, true).await {
             Ok(ResponseBody::Compile(r)) => {
                 let status = match r.status {
                     CompileStatusWire::Ok => CompileStatus::Ok,
@@ -1029,9 +1064,8 @@ impl Executor for WorkerPool {
         };
         let (build_dir, candidate) = self.candidate_spec(&job);
         let _build = self.lock_build(&build_dir).await;
-        let request = RequestBody::Evaluate(EvaluateRequest {
+        let prepare = PrepareRequest {
             problem: Self::problem_spec(&job.problem),
-            candidate,
             device: Self::worker_device(device).into(),
             precision: self.settings.precision.as_str().into(),
             mode: self.settings.mode.as_str().into(),
@@ -1050,9 +1084,44 @@ impl Executor for WorkerPool {
                 .baseline
                 .as_ref()
                 .and_then(|b| b.reference_runtime(&job.problem)),
+        };
+        let request = RequestBody::Evaluate(EvaluateRequest {
+            problem: prepare.problem.clone(),
+            candidate,
+            device: prepare.device.clone(),
+            precision: prepare.precision.clone(),
+            mode: prepare.mode.clone(),
+            seed: prepare.seed,
+            correct_trials: prepare.correct_trials,
+            timing: prepare.timing,
+            reference_runtime: prepare.reference_runtime.clone(),
         });
-        match self.call(slot, request, self.deadlines.execute).await {
-            Ok(ResponseBody::Evaluate(r)) => self.exec_outcome(*r, device, started),
+        let prepare_started = Instant::now();
+        let prepared = self
+            .call(
+                slot,
+                RequestBody::Prepare(prepare),
+                self.deadlines.reference,
+                false,
+            )
+            .await;
+        let prepare_s = prepare_started.elapsed().as_secs_f64();
+        match prepared {
+            // A broken reference or a harness failure: the evaluate below reports it in full.
+            Ok(_) | Err(CallError::Request(RequestError::Harness { .. })) => {}
+            Err(CallError::Request(RequestError::Timeout { after })) => {
+                return self.reference_timeout(after, device, slot.hardware(), started);
+            }
+            Err(e) => return self.exec_failure(e, device, slot.hardware(), started),
+        }
+        match self.call(slot, request, self.deadlines.execute, true).await {
+            Ok(ResponseBody::Evaluate(r)) => {
+                let mut outcome = self.exec_outcome(*r, device, started);
+                if let Some(n) = serde_json::Number::from_f64(prepare_s) {
+                    outcome.phases.insert("prepare_s".into(), Value::Number(n));
+                }
+                outcome
+            }
             Ok(other) => {
                 let err = CallError::Request(RequestError::Protocol {
                     detail: format!("evaluate answered with `{}`", other.kind()),
@@ -1080,7 +1149,7 @@ impl Executor for WorkerPool {
             row_limit: self.settings.profile_rows,
             ncu: self.settings.ncu,
         });
-        match self.call(slot, request, self.deadlines.profile).await {
+        match self.call(slot, request, self.deadlines.profile, true).await {
             Ok(ResponseBody::Profile(r)) => Self::profile_outcome(r, started),
             Ok(other) => Self::profile_failure(
                 CallError::Request(RequestError::Protocol {

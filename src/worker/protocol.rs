@@ -99,6 +99,21 @@ pub struct EvaluateRequest {
     pub reference_runtime: Option<BaselineRuntime>,
 }
 
+/// Build the reference's cached data (model, every trial's inputs and outputs, the timing inputs and
+/// the reference timing) ahead of an evaluate, under its own timeout: for KernelBench's largest inputs
+/// this is a minute of CPU work that no candidate should be charged for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrepareRequest {
+    pub problem: ProblemSpec,
+    pub device: String,
+    pub precision: String,
+    pub mode: String,
+    pub seed: u64,
+    pub correct_trials: u32,
+    pub timing: TimingSpec,
+    pub reference_runtime: Option<BaselineRuntime>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProfileRequest {
     pub problem: ProblemSpec,
@@ -114,6 +129,7 @@ pub struct ProfileRequest {
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum RequestBody {
     Compile(CompileRequest),
+    Prepare(PrepareRequest),
     Evaluate(EvaluateRequest),
     Profile(ProfileRequest),
     Shutdown,
@@ -124,6 +140,7 @@ impl RequestBody {
     pub fn op(&self) -> &'static str {
         match self {
             RequestBody::Compile(_) => "compile",
+            RequestBody::Prepare(_) => "prepare",
             RequestBody::Evaluate(_) => "evaluate",
             RequestBody::Profile(_) => "profile",
             RequestBody::Shutdown => "shutdown",
@@ -196,6 +213,26 @@ pub struct CompileResponse {
     pub feedback: String,
     pub log_path: String,
     pub duration_s: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrepareStatus {
+    Ready,
+    ReferenceError,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrepareResponse {
+    pub status: PrepareStatus,
+    /// Seconds spent; near zero when everything was cached already.
+    pub seconds: f64,
+    /// Where each trial's data lives: `device`, `device_inputs`, `host` or `recompute`.
+    pub tiers: Vec<String>,
+    pub device_bytes: u64,
+    pub host_bytes: u64,
+    /// What failed when the reference did (the evaluate that follows reports it in full).
+    pub feedback: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -348,6 +385,7 @@ pub struct ProfileResponse {
 pub enum ResponseBody {
     Ready(Ready),
     Compile(CompileResponse),
+    Prepare(PrepareResponse),
     Evaluate(Box<EvaluateResponse>),
     Profile(ProfileResponse),
     Shutdown,
@@ -358,6 +396,7 @@ impl ResponseBody {
         match self {
             ResponseBody::Ready(_) => "ready",
             ResponseBody::Compile(_) => "compile",
+            ResponseBody::Prepare(_) => "prepare",
             ResponseBody::Evaluate(_) => "evaluate",
             ResponseBody::Profile(_) => "profile",
             ResponseBody::Shutdown => "shutdown",

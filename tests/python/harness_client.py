@@ -141,6 +141,16 @@ def evaluate_request(
     }
 
 
+def prepare_request(
+    rid: int, problem_code: str, device: str = "cpu", measure: bool = True, trials: int = 5
+) -> dict[str, Any]:
+    """The `prepare` request the Rust side sends before each evaluate: the same fields, no candidate."""
+    request = evaluate_request(rid, problem_code, "", Path("."), device=device, measure=measure, trials=trials)
+    del request["candidate"]
+    request["op"] = "prepare"
+    return request
+
+
 def profile_request(
     rid: int, problem_code: str, source: str, build_dir: Path, device: str = "cpu", ncu: bool = False
 ) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from harness_client import (  # noqa: E402
     WorkerProcess,
     compile_request,
     evaluate_request,
+    prepare_request,
     profile_request,
 )
 
@@ -60,6 +61,10 @@ def main() -> int:
             2, (HOSTILE / "compile_error.py").read_text(), work / "build" / "err", work / "logs" / "err.log"
         )
         files["compile_response_error.json"] = worker.request(error)
+        prepare = prepare_request(9, problem)
+        prepare["problem"]["key"] = "hostile/problem_add"
+        files["prepare_request.json"] = prepare
+        files["prepare_response.json"] = worker.request(prepare)
         request = evaluate_request(3, problem, ok_source, work / "build" / "ok")
         request["problem"]["key"] = "hostile/problem_add"
         files["evaluate_request.json"] = request

@@ -123,8 +123,10 @@ def main() -> int:
         checks.expect(f"{precision} correct", r["status"] == "correct", (r["status"], r["runtime"]))
     r = evaluate(hostile("huge_alloc.py"), "huge_alloc", measure=False)
     checks.expect(
-        "huge alloc is out_of_memory, not sticky",
-        r["status"] == "out_of_memory" and not r["sticky"],
+        "huge alloc (2**62 bytes) is out_of_memory, not sticky, not retried",
+        r["status"] == "out_of_memory"
+        and not r["sticky"]
+        and "retried_without_device_cache" not in r["metadata"],
         r["feedback"][:200],
     )
     r = evaluate(CORRECT, "after_oom", measure=False)

@@ -13,7 +13,7 @@ import torch
 
 import kb_eval
 import kb_protocol
-from harness_client import HOSTILE, evaluate_request
+from harness_client import HOSTILE, evaluate_request, prepare_request
 
 ADD = (HOSTILE / "problem_add.py").read_text()
 HARDWARE = kb_eval.hardware_name(torch.device("cpu"))
@@ -428,6 +428,107 @@ def test_memory_tiers_give_identical_results(harness: Harness, monkeypatch: pyte
         assert other.evaluate(DROPOUT_CANDIDATE, problem=DROPOUT, measure=False)["metadata"] == baseline
         tiers = {e.tier for e in _context(other).trials[5] if e is not None}
         assert tiers == {"host" if budgets[1] else "recompute"}
+
+
+def test_device_inputs_tier_recomputes_the_reference_with_identical_results(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    baseline = harness.evaluate(DROPOUT_CANDIDATE, problem=DROPOUT, measure=False)["metadata"]
+    ctx = _context(harness)
+    entry = ctx.trials[5][0]
+    assert entry is not None and entry.inputs is not None
+    in_size, size = kb_eval.nbytes(entry.inputs), kb_eval.nbytes(entry.inputs) + kb_eval.nbytes(entry.output)
+    # Room for five trials' inputs plus the timing inputs, not for five outputs as well.
+    budget = 6 * in_size
+    assert 5 * size + in_size > budget
+    monkeypatch.setattr(kb_eval, "memory_budgets", lambda device: (budget, 0))
+    other = Harness(harness.root / "lean")
+    for _ in range(2):
+        assert other.evaluate(DROPOUT_CANDIDATE, problem=DROPOUT, measure=False)["metadata"] == baseline
+    assert [e.tier for e in _context(other).trials[5] if e is not None] == ["device_inputs"] * 5
+
+
+def test_placement_looks_ahead_instead_of_filling_up_with_outputs(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    harness.evaluate(CORRECT, problem=COUNTING, measure=False)
+    entry = _context(harness).trials[5][0]
+    assert entry is not None
+    in_size = kb_eval.nbytes(entry.inputs)
+    size = in_size + kb_eval.nbytes(entry.output)
+    cache = kb_eval.ReferenceCache()
+    ctx = cache.context(COUNTING, torch.device("cpu"), "fp32", "faithful", 42)
+    monkeypatch.setattr(kb_eval, "memory_budgets", lambda device: (5 * in_size + in_size, 10**9))
+    assert cache.place(ctx, in_size, size, 5, lean_ok=True) == "device_inputs"
+    assert cache.place(ctx, in_size, size, 5, lean_ok=False) == "device"  # greedy: the first fits whole
+    monkeypatch.setattr(kb_eval, "memory_budgets", lambda device: (5 * size + in_size, 10**9))
+    assert cache.place(ctx, in_size, size, 5, lean_ok=True) == "device"
+    monkeypatch.setattr(kb_eval, "memory_budgets", lambda device: (0, 10**9))
+    assert cache.place(ctx, in_size, size, 5, lean_ok=True) == "host"
+
+
+def test_prepare_builds_the_reference_so_evaluate_only_checks(harness: Harness) -> None:
+    first = kb_eval.prepare(prepare_request(1, COUNTING), harness.worker)
+    assert kb_protocol.check_response(first) == []
+    assert first["status"] == "ready" and first["tiers"] == ["device"] * 5 and first["device_bytes"] > 0
+    ctx = _context(harness)
+    assert ctx.problem is not None and ctx.problem.model.calls == 5 + 104  # 5 trials, then timed once
+    again = kb_eval.prepare(prepare_request(2, COUNTING), harness.worker)
+    assert ctx.problem.model.calls == 5 + 104 and again["seconds"] < first["seconds"]
+    r = harness.evaluate(CORRECT, problem=COUNTING)
+    assert r["status"] == "correct" and r["ref_runtime_source"] == "cached"
+    assert ctx.problem.model.calls == 5 + 104
+
+
+def test_prepare_reports_a_broken_reference(harness: Harness) -> None:
+    broken = ADD.replace("return a + b", "raise ValueError('reference is broken')")
+    r = kb_eval.prepare(prepare_request(1, broken), harness.worker)
+    assert kb_protocol.check_response(r) == []
+    assert r["status"] == "reference_error" and "reference is broken" in r["feedback"]
+    assert harness.evaluate(CORRECT, problem=broken)["status"] == "reference_error"
+
+
+OOM_ONCE = candidate(
+    """
+    import os
+
+    class ModelNew(nn.Module):
+        def forward(self, a, b):
+            if not os.path.exists("oom-once"):
+                open("oom-once", "w").close()
+                raise torch.OutOfMemoryError("CUDA out of memory.")
+            return torch.add(a, b)
+    """
+)
+
+
+def test_out_of_memory_next_to_cached_data_is_retried_off_the_device(
+    harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert harness.evaluate(CORRECT, problem=COUNTING, measure=False)["status"] == "correct"
+    assert harness.worker.references.device_bytes(torch.device("cpu")) > 0
+    r = harness.evaluate(OOM_ONCE, problem=COUNTING, measure=False)
+    assert r["status"] == "correct" and r["metadata"]["retried_without_device_cache"] is True
+    assert "second time" in r["feedback"]
+    ctx = _context(harness)
+    assert not ctx.device_cache and {e.tier for e in ctx.trials[5] if e is not None} == {"recompute"}
+    # With nothing cached on the device, an out-of-memory verdict stands.
+    (tmp_path / "oom-once").unlink()
+    assert harness.evaluate(OOM_ONCE, problem=COUNTING, measure=False)["status"] == "out_of_memory"
+
+
+def test_an_allocation_no_cache_could_explain_is_not_retried(harness: Harness) -> None:
+    assert harness.evaluate(CORRECT, problem=COUNTING, measure=False)["status"] == "correct"
+    r = harness.evaluate((HOSTILE / "huge_alloc.py").read_text(), problem=COUNTING, measure=False)
+    assert r["status"] == "out_of_memory" and "retried_without_device_cache" not in r["metadata"]
+    assert _context(harness).device_cache
+
+
+def test_oom_request_sizes_are_read_from_torch_messages() -> None:
+    assert kb_eval.oom_request_bytes("CUDA out of memory. Tried to allocate 6.00 GiB. GPU 0 has") == 6 << 30
+    assert kb_eval.oom_request_bytes("can't allocate memory: you tried to allocate 4096 bytes.") == 4096
+    # What torch 2.11 says on the H100 for torch.empty(2**62) (found there: it used to be retried).
+    assert kb_eval.oom_request_bytes("CUDA out of memory. Tried to allocate more than 1EB memory.") == 10**18
+    assert kb_eval.oom_request_bytes("out of memory") is None
 
 
 def test_contexts_are_evicted_least_recently_used(harness: Harness) -> None:

@@ -18,6 +18,8 @@ EXPECTED_FIXTURES = {
     "compile_request.json",
     "compile_response_ok.json",
     "compile_response_error.json",
+    "prepare_request.json",
+    "prepare_response.json",
     "evaluate_request.json",
     "evaluate_response_correct.json",
     "evaluate_response_incorrect.json",

@@ -90,6 +90,7 @@ pub fn cpu_settings(
     s.timeouts = Timeouts {
         compile_s: 300.0,
         load_s: 120.0,
+        reference_s: 30.0,
         execute_s: 10.0,
         profile_s: 60.0,
     };
