@@ -18,8 +18,10 @@ answer() { # problem sample turn file -> one scripted answer line
 }
 C=bench/gpu/candidates
 # Reference-equivalent candidates: the reference with Model renamed to ModelNew.
-REFEQ_L1="1,2,3,4,8,9,10,12,13,33,36,40,47"
-REFEQ_L2="1-10"
+# Problems whose inputs are at most ~150 M elements (24 in all); the 1.6 G-element problems are
+# measured with the fused kernels (1/19, 1/25), where the first use of a problem costs a minute of CPU.
+REFEQ_L1="1,2,7,8,9,10,12,13,14,15,16,17,18,40"
+REFEQ_L2="1,2,3,5,6,7,8,9,11,12"
 jq -c --arg sel "$REFEQ_L1,$REFEQ_L2" '
   def ids($s): [$s | split(",")[] | if test("-") then (split("-") | map(tonumber) | range(.[0]; .[1] + 1)) else tonumber end];
   select((.level == 1 and (.problem_id as $i | ids("'"$REFEQ_L1"'") | index($i)))
