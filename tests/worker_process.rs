@@ -101,7 +101,7 @@ for line in sys.stdin:
         if "FAKE:slow_reference=" in code:
             time.sleep(float(code.split("FAKE:slow_reference=")[1].split()[0]))
         send({"id": rid, "ok": True, "kind": "prepare", "status": "ready", "seconds": 0.0,
-              "tiers": [], "device_bytes": 0, "host_bytes": 0, "feedback": ""})
+              "tiers": [], "device_bytes": 0, "host_bytes": 0, "parallel_inputs": 0, "feedback": ""})
     elif op == "profile":
         send({"id": rid, "ok": True, "kind": "profile", "status": "ok", "table": "fake table",
               "ncu": None, "note": None, "duration_s": 0.01, "sticky": False})
@@ -316,6 +316,12 @@ async fn hang_times_out_with_kernelbench_metadata() {
     );
     assert!(!e.compiled);
     assert!(e.wall_ms >= 2000);
+    // The wall time is explained: the part spent preparing the reference is given with a failure too.
+    assert!(
+        e.phases.get("prepare_s").is_some_and(|v| v.is_f64()),
+        "{:?}",
+        e.phases
+    );
     assert!(!pid_alive(before as u32), "the hung worker must be killed");
     assert_ne!(healthy(&pool).await, before);
 }

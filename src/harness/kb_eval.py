@@ -32,6 +32,7 @@ import torch
 
 import kb_compile
 import kb_feedback
+import kb_inputs
 import kb_timing
 from kb_compile import CANDIDATE_ERRORS, get_error_name
 
@@ -145,21 +146,42 @@ def move(value: Any, device: torch.device) -> Any:
 def tensor_checksum(tensor: torch.Tensor) -> int:
     """A position-weighted sum of the tensor's bytes (as int32 words where possible).
 
-    Cheap on the device (no copy of the data), and any single changed word changes it because every
-    weight is odd. Used to notice that a candidate wrote into cached inputs.
+    Cheap on the device (no copy of the data, one sync), and any single changed word changes it: every
+    word is multiplied by an odd weight (a bijection modulo 2**32), and every chunk's sum by an odd
+    chunk factor (one modulo 2**64). Used to notice that a candidate wrote into cached inputs; it runs
+    after every trial, so for a 6 GB input it must cost milliseconds, not a tenth of a second.
     """
     flat = tensor.detach()
     if not flat.is_contiguous():
         flat = flat.contiguous()
     raw = flat.reshape(-1).view(torch.uint8)
-    words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
-    total = 0
-    for start in range(0, words.numel(), _CHECKSUM_CHUNK):
-        chunk = words[start : start + _CHECKSUM_CHUNK].to(torch.int64)
-        index = torch.arange(start, start + chunk.numel(), dtype=torch.int64, device=chunk.device)
-        weights = (index * _CHECKSUM_MUL) | 1
-        total += int((chunk * weights).sum().item())
-    return total
+    words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw.to(torch.int32)
+    if words.numel() == 0:
+        return 0
+    weights = _checksum_weights(words.device, min(words.numel(), _CHECKSUM_CHUNK))
+    sums = [
+        # int32 products wrap, which is what we want; the sum is taken in int64.
+        (words[start : start + _CHECKSUM_CHUNK] * weights[: min(_CHECKSUM_CHUNK, words.numel() - start)]).sum(
+            dtype=torch.int64
+        )
+        for start in range(0, words.numel(), _CHECKSUM_CHUNK)
+    ]
+    factors = torch.arange(len(sums), dtype=torch.int64, device=words.device) * 2 + 1
+    return int((torch.stack(sums) * factors).sum().item())
+
+
+_WEIGHTS: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def _checksum_weights(device: torch.device, length: int) -> torch.Tensor:
+    """Odd int32 weights, kept per device (64 MiB at most) so a checksum makes no index tensors."""
+    key = (str(device), _CHECKSUM_CHUNK)
+    cached = _WEIGHTS.get(key)
+    if cached is None or cached.numel() < length:
+        index = torch.arange(length, dtype=torch.int64, device=device)
+        cached = (((index * _CHECKSUM_MUL) | 1) & 0x7FFFFFFF).to(torch.int32)
+        _WEIGHTS[key] = cached
+    return cached
 
 
 def fingerprint(values: list[Any]) -> list[Any]:
@@ -314,6 +336,8 @@ class ProblemContext:
         self.trials: dict[int, list[TrialEntry | None]] = {}
         self.timing_inputs_cache: list[Any] | None = None
         self.timing_fingerprint: list[Any] | None = None
+        # Raw get_inputs() results made ahead (in parallel) by prepare, per seed; used once.
+        self.pregenerated: dict[int, list[Any]] = {}
         self.device_bytes = 0
         self.host_bytes = 0
         self.device_cache = True
@@ -346,9 +370,28 @@ class ProblemContext:
 
     def _make_inputs(self, seed: int) -> list[Any]:
         assert self.problem is not None
-        set_seed(seed)
-        raw = self.problem.get_inputs()
+        raw = self.pregenerated.pop(seed, None)
+        if raw is None:
+            set_seed(seed)
+            raw = self.problem.get_inputs()
         return [prepare_value(x, self.device, self.dtype, self.mode) for x in raw]
+
+    def pregenerate(self, code: str, seeds: list[int]) -> int:
+        """Make the inputs of `seeds` at once in parallel processes when they are large (see kb_inputs);
+        returns how many were made that way. Any failure leaves the serial path to do the work."""
+        assert self.problem is not None
+        count = kb_inputs.how_many_in_parallel(kb_inputs.planned_bytes(self.problem.get_inputs), len(seeds))
+        if count == 0:
+            return 0
+        started = time.perf_counter()
+        try:
+            self.pregenerated.update(kb_inputs.make_in_parallel(code, seeds[:count]))
+        except Exception as exc:  # noqa: BLE001 - the serial path reports the problem's own errors
+            print(f"krefine harness: parallel input generation failed, going serial: {exc!r}", file=sys.stderr)
+            return 0
+        finally:
+            self.build_seconds += time.perf_counter() - started
+        return count
 
     def _reference_forward_on(self, inputs: list[Any], seed: int) -> tuple[Any, RngState]:
         """KernelBench's trial: (inputs made after set_seed(seed)), set_seed(seed), reference forward,
@@ -932,8 +975,10 @@ def prepare(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     with precision_policy(mode, precision):
         ctx = worker.references.context(request["problem"]["code"], device, precision, mode, seed)
         error = ctx.error
+        parallel = 0
         if error is None:
             trials = request["correct_trials"]
+            parallel = ctx.pregenerate(request["problem"]["code"], _unbuilt_seeds(ctx, request))
             with torch.no_grad():
                 for index, trial_seed in enumerate(ctx.trial_seeds(trials)):
                     error = ctx.entry(trials, index, trial_seed).error
@@ -948,6 +993,7 @@ def prepare(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
             feedback = kb_feedback.exception_line(error.exc)
         tiers = [e.tier for entries in ctx.trials.values() for e in entries if e is not None]
         device_bytes, host_bytes = ctx.device_bytes, ctx.host_bytes
+        ctx.pregenerated.clear()  # unused only if a trial failed; do not hold shared memory
     release_memory(device)
     return {
         "id": request["id"],
@@ -958,8 +1004,19 @@ def prepare(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
         "tiers": tiers,
         "device_bytes": device_bytes,
         "host_bytes": host_bytes,
+        "parallel_inputs": parallel,
         "feedback": feedback,
     }
+
+
+def _unbuilt_seeds(ctx: ProblemContext, request: dict[str, Any]) -> list[int]:
+    """The seeds whose inputs prepare is about to make: trials not built yet, then the timing inputs."""
+    trials = request["correct_trials"]
+    entries = ctx.trials.get(trials, [None] * trials)
+    seeds = [s for s, e in zip(ctx.trial_seeds(trials), entries, strict=True) if e is None]
+    if request["timing"]["measure"] and ctx.timing_inputs_cache is None and ctx.seed not in seeds:
+        seeds.append(ctx.seed)
+    return seeds
 
 
 def _evaluate_into(

@@ -196,6 +196,7 @@ class PrepareResponse(TypedDict):
     tiers: list[str]
     device_bytes: int
     host_bytes: int
+    parallel_inputs: int
     feedback: str
 
 

@@ -3,7 +3,7 @@
     python -u krefine_harness.py serve --role compile|gpu --scratch DIR   # docs/worker-protocol.md
     python krefine_harness.py seeds [--seed 42] [--trials 5]              # correctness trial seeds
 
-The Rust side writes this file and its six sibling modules (kb_*.py) into one folder and starts
+The Rust side writes this file and its seven sibling modules (kb_*.py) into one folder and starts
 `serve`. Only the standard library is imported at module level: the protocol fds must be isolated
 before torch (or any candidate) can write to fd 1.
 """

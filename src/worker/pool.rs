@@ -1114,14 +1114,8 @@ impl Executor for WorkerPool {
             }
             Err(e) => return self.exec_failure(e, device, slot.hardware(), started),
         }
-        match self.call(slot, request, self.deadlines.execute, true).await {
-            Ok(ResponseBody::Evaluate(r)) => {
-                let mut outcome = self.exec_outcome(*r, device, started);
-                if let Some(n) = serde_json::Number::from_f64(prepare_s) {
-                    outcome.phases.insert("prepare_s".into(), Value::Number(n));
-                }
-                outcome
-            }
+        let mut outcome = match self.call(slot, request, self.deadlines.execute, true).await {
+            Ok(ResponseBody::Evaluate(r)) => self.exec_outcome(*r, device, started),
             Ok(other) => {
                 let err = CallError::Request(RequestError::Protocol {
                     detail: format!("evaluate answered with `{}`", other.kind()),
@@ -1130,7 +1124,12 @@ impl Executor for WorkerPool {
                 self.exec_failure(err, device, slot.hardware(), started)
             }
             Err(e) => self.exec_failure(e, device, slot.hardware(), started),
+        };
+        // Also on failures: a timeout's wall time is mostly the reference's on a fresh worker.
+        if let Some(n) = serde_json::Number::from_f64(prepare_s) {
+            outcome.phases.insert("prepare_s".into(), Value::Number(n));
         }
+        outcome
     }
 
     async fn profile(&self, job: ExecJob, device: &DeviceId) -> ProfileOutcome {

@@ -231,6 +231,8 @@ pub struct PrepareResponse {
     pub tiers: Vec<String>,
     pub device_bytes: u64,
     pub host_bytes: u64,
+    /// How many input sets were made at once in parallel processes (large problems only).
+    pub parallel_inputs: u32,
     /// What failed when the reference did (the evaluate that follows reports it in full).
     pub feedback: String,
 }

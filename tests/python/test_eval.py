@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import kb_eval
+import kb_inputs
 import kb_protocol
 from harness_client import HOSTILE, evaluate_request, prepare_request
 
@@ -476,6 +477,37 @@ def test_prepare_builds_the_reference_so_evaluate_only_checks(harness: Harness) 
     r = harness.evaluate(CORRECT, problem=COUNTING)
     assert r["status"] == "correct" and r["ref_runtime_source"] == "cached"
     assert ctx.problem.model.calls == 5 + 104
+
+
+def test_large_inputs_are_made_in_parallel_bit_for_bit(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    serial = kb_eval.prepare(prepare_request(1, DROPOUT), harness.worker)
+    assert serial["parallel_inputs"] == 0  # tiny inputs: processes would cost more than they save
+    monkeypatch.setattr(kb_inputs, "PARALLEL_MIN_BYTES", 0)
+    other = Harness(harness.root / "parallel")
+    parallel = kb_eval.prepare(prepare_request(1, DROPOUT), other.worker)
+    assert parallel["status"] == "ready" and parallel["parallel_inputs"] >= 2, parallel
+    made, reference = _context(other), _context(harness)
+    for index in range(5):
+        a, b = made.trials[5][index], reference.trials[5][index]
+        assert a is not None and b is not None and a.inputs is not None and b.inputs is not None
+        assert all(torch.equal(x, y) for x, y in zip(a.inputs, b.inputs, strict=True))
+        assert torch.equal(a.output, b.output)
+    assert made.pregenerated == {}
+    baseline = harness.evaluate(DROPOUT_CANDIDATE, problem=DROPOUT, measure=False)["metadata"]
+    assert other.evaluate(DROPOUT_CANDIDATE, problem=DROPOUT, measure=False)["metadata"] == baseline
+
+
+def test_input_sizes_are_planned_on_the_meta_device() -> None:
+    problem = kb_eval.load_problem(ADD)
+    raw = problem.get_inputs()
+    assert kb_inputs.planned_bytes(problem.get_inputs) == sum(t.numel() * 4 for t in raw)
+    explicit = kb_eval.load_problem(ADD.replace("torch.rand(N, N)", "torch.rand(N, N, device='cpu')"))
+    assert kb_inputs.planned_bytes(explicit.get_inputs) is None  # made for real: size unknown ahead
+    failing = kb_eval.load_problem(ADD.replace("    a = torch.rand(N, N)", "    a = torch.rand(N, N)\n    a.item()"))
+    assert kb_inputs.planned_bytes(failing.get_inputs) is None
+    assert kb_inputs.how_many_in_parallel(None, 6) == 0
+    assert kb_inputs.how_many_in_parallel(1 << 30, 1) == 0
+    assert kb_inputs.how_many_in_parallel(1 << 20, 6) == 0  # 6 MiB in all: serial
 
 
 def test_prepare_reports_a_broken_reference(harness: Harness) -> None:
