@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H100 checks, run from the repository root on the GPU machine with the kit of make-kit.sh in .gpu/.
-#   bash bench/gpu/run.sh STEP...     steps: env refeq fused-l2 fused-l1 hostile gpu-checks
+#   bash bench/gpu/run.sh STEP...     steps: env refeq fused-l2 fused-l1 big-l1 big-l1-19 hostile gpu-checks
 # Each step's results land in $OUT as soon as it ends: summary.txt (appended) and runs.tgz (every run
 # directory so far, scratch folders left out).
 set -uo pipefail
@@ -50,6 +50,10 @@ step_fused_l2() { # cold compiles, with plain load_inline of the same sources al
   run fused-l2-cached .gpu/fused-l2-cached.toml
 }
 step_fused_l1() { run fused-l1 .gpu/fused-l1.toml; }
+step_big_l1_19() { # one 6 GB problem, two turns: the second finds its reference cached
+  run big-l1-19 .gpu/fused-l1.toml --set 'dataset.problems="19"' --set 'run.name="big-l1-19"'
+}
+step_big_l1() { step_big_l1_19; run big-l1-19-25 .gpu/fused-l1.toml --set 'run.name="big-l1-19-25"'; }
 step_hostile() { run hostile .gpu/hostile.toml; }
 step_gpu_checks() {
   log "tests/python/run_gpu_checks.py"
