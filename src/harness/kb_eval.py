@@ -35,6 +35,7 @@ import kb_feedback
 import kb_inputs
 import kb_timing
 from kb_compile import CANDIDATE_ERRORS, get_error_name
+from kb_inputs import tensors as tensors_in
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOLERANCES: dict[str, float] = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 1e-2}
@@ -104,14 +105,6 @@ def normalize_device(name: str) -> torch.device:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device
-
-
-def tensors_in(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in tensors_in(item)]
-    return []
 
 
 def nbytes(value: Any) -> int:

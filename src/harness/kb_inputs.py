@@ -25,6 +25,7 @@ RAM_FRACTION = 0.5
 
 
 def tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor in a value, a list or a tuple (nested), in order."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
