@@ -925,10 +925,16 @@ class Worker:
         self.flusher = kb_timing.L2Flusher()
 
 
-def evaluate(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
+def select_device(request: dict[str, Any]) -> torch.device:
+    """The request's device, made current for CUDA (the worker sees one GPU)."""
     device = normalize_device(request["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    return device
+
+
+def evaluate(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
+    device = select_device(request)
     precision, mode = request["precision"], request["mode"]
     hardware = hardware_name(device)
     # KernelBench sets these print options in every eval; they shape tensor text inside error messages.
@@ -959,9 +965,7 @@ def prepare(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     (model, every trial's inputs and output, the timing inputs, the reference timing) so that its cost,
     which can be a minute of CPU work for KernelBench's largest inputs, is not charged to a candidate's
     timeout. Cheap when it is all cached already."""
-    device = normalize_device(request["device"])
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = select_device(request)
     precision, mode, seed = request["precision"], request["mode"], request["seed"]
     started = time.perf_counter()
     status, feedback = "ready", ""

@@ -89,9 +89,7 @@ def _result(request: dict[str, Any]) -> dict[str, Any]:
 def profile(request: dict[str, Any], worker: kb_eval.Worker, scratch: str) -> dict[str, Any]:
     started = time.perf_counter()
     result = _result(request)
-    device = kb_eval.normalize_device(request["device"])
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = kb_eval.select_device(request)
     _profile_into(result, request, worker, device, scratch)
     result["duration_s"] = round(time.perf_counter() - started, 6)
     return result

@@ -27,9 +27,9 @@ use super::WorkerError;
 use super::baseline::BaselineTable;
 use super::process::{RequestError, SpawnSpec, WorkerProcess, kill_group, log_tail};
 use super::protocol::{
-    CandidateSpec, CompileRequest, CompileStatusWire, EvaluateRequest, EvaluateResponse,
-    PrepareRequest, ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody,
-    ResponseBody, TimingSpec, WorkerRole,
+    CandidateSpec, CompileRequest, CompileStatusWire, EvaluateResponse, PrepareRequest,
+    ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody, ResponseBody,
+    TimingSpec, WorkerRole,
 };
 use crate::config::{EvalSection, Timeouts};
 use crate::services::{CompileJob, Compiler, DeviceId, ExecJob, Executor};
@@ -1085,17 +1085,7 @@ impl Executor for WorkerPool {
                 .as_ref()
                 .and_then(|b| b.reference_runtime(&job.problem)),
         };
-        let request = RequestBody::Evaluate(EvaluateRequest {
-            problem: prepare.problem.clone(),
-            candidate,
-            device: prepare.device.clone(),
-            precision: prepare.precision.clone(),
-            mode: prepare.mode.clone(),
-            seed: prepare.seed,
-            correct_trials: prepare.correct_trials,
-            timing: prepare.timing,
-            reference_runtime: prepare.reference_runtime.clone(),
-        });
+        let request = RequestBody::Evaluate(prepare.evaluate(candidate));
         let prepare_started = Instant::now();
         let prepared = self
             .call(

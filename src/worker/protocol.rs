@@ -114,6 +114,23 @@ pub struct PrepareRequest {
     pub reference_runtime: Option<BaselineRuntime>,
 }
 
+impl PrepareRequest {
+    /// The evaluate request that follows: the same problem and settings, plus the candidate.
+    pub fn evaluate(&self, candidate: CandidateSpec) -> EvaluateRequest {
+        EvaluateRequest {
+            problem: self.problem.clone(),
+            candidate,
+            device: self.device.clone(),
+            precision: self.precision.clone(),
+            mode: self.mode.clone(),
+            seed: self.seed,
+            correct_trials: self.correct_trials,
+            timing: self.timing,
+            reference_runtime: self.reference_runtime.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProfileRequest {
     pub problem: ProblemSpec,
