@@ -389,6 +389,8 @@ mod tests {
                 log_path: None,
                 build_dir: Some("/b".into()),
                 duration_ms: 5,
+                findings: Vec::new(),
+                build_path: None,
             },
         }
     }

@@ -136,6 +136,8 @@ impl Compiler for SimServices {
             log_path: None,
             build_dir: None,
             duration_ms: (secs * 1000.0) as u64,
+            findings: Vec::new(),
+            build_path: None,
         }
     }
 }

@@ -331,6 +331,55 @@ pub struct CompileOutcome {
     pub build_dir: Option<String>,
     #[serde(default)]
     pub duration_ms: u64,
+    /// Static checks on the candidate's source, run before compiling (warnings in faithful mode,
+    /// errors in strict mode; see `Finding`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<Finding>,
+    /// Which build path produced the extension (`fast`, `plain`, `fallback:<why>`); absent for
+    /// cached or failed builds made before this was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_path: Option<String>,
+}
+
+/// How serious an integrity finding is: a warning is recorded and shown; an error fails the
+/// candidate (strict mode, or a category configured as an error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Warning,
+    Error,
+}
+
+/// One integrity finding about a candidate: a static check on its source (`code_bypass`,
+/// `timing_patch`, `thread_injection`, `lazy_eval`, `stream_injection`, `precision_downgrade`,
+/// `pytorch_wrap`, `missing_kernel`) or a runtime check (a setting it changed, a thread or stream it
+/// left running, an output that is not a plain dense tensor).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    pub category: String,
+    pub severity: Severity,
+    pub message: String,
+    /// 1-based line in the candidate's source, for static findings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+}
+
+/// The excessive-speedup guard's treatment of one result. Faithful mode only flags; strict mode
+/// re-times a flagged candidate with fresh inputs in a fresh process before its speedup counts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpeedupCheck {
+    /// The bound applied (a speedup above it is flagged).
+    pub bound: f64,
+    /// Where the bound came from: `roofline` (reference FLOPs and bytes on this GPU), `config`, or
+    /// `default`.
+    pub bound_source: String,
+    pub flagged: bool,
+    /// Strict mode: `Some(true)` when re-timing confirmed the speedup, `Some(false)` when it did not
+    /// (the speedup does not count); `None` when not re-verified.
+    #[serde(default)]
+    pub verified: Option<bool>,
+    #[serde(default)]
+    pub reverified_speedup: Option<f64>,
 }
 
 /// Timing statistics in milliseconds.
@@ -411,6 +460,13 @@ pub struct ExecOutcome {
     /// Time the worker spent in each phase (load, correctness, timing, ...), in seconds.
     #[serde(default)]
     pub phases: serde_json::Map<String, serde_json::Value>,
+    /// Runtime integrity findings (settings changed, leftover threads/streams, non-dense outputs,
+    /// ...). Strict mode fails a candidate with an error finding; faithful mode records warnings.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<Finding>,
+    /// The excessive-speedup guard, when a speedup was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speedup_check: Option<SpeedupCheck>,
 }
 
 fn minus_one() -> f64 {
@@ -438,6 +494,8 @@ impl ExecOutcome {
             device: device.to_string(),
             wall_ms,
             phases: serde_json::Map::new(),
+            findings: Vec::new(),
+            speedup_check: None,
         }
     }
 }

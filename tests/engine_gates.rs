@@ -88,6 +88,8 @@ impl Compiler for Services {
             log_path: None,
             build_dir: None,
             duration_ms: 15,
+            findings: Vec::new(),
+            build_path: None,
         }
     }
 }

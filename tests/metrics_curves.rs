@@ -56,6 +56,8 @@ fn compile(status: CompileStatus) -> CompileOutcome {
         log_path: None,
         build_dir: None,
         duration_ms: 0,
+        findings: Vec::new(),
+        build_path: None,
     }
 }
 

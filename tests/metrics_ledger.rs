@@ -79,6 +79,8 @@ fn compiled(turn: u32, duration_ms: u64, cached: bool) -> Event {
             log_path: None,
             build_dir: None,
             duration_ms,
+            findings: Vec::new(),
+            build_path: None,
         },
     }
 }

@@ -67,6 +67,8 @@ fn compile_failed(turn: u32) -> TurnRecord {
             log_path: None,
             build_dir: None,
             duration_ms: 1000,
+            findings: Vec::new(),
+            build_path: None,
         }),
         verdict: Some(Verdict::CompileError),
         ..TurnRecord::default()

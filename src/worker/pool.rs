@@ -636,6 +636,8 @@ impl WorkerPool {
             log_path,
             build_dir: Some(build_dir.to_string_lossy().into_owned()),
             duration_ms: elapsed_ms(started),
+            findings: Vec::new(),
+            build_path: None,
         })
     }
 
@@ -745,6 +747,8 @@ impl WorkerPool {
             log_path: Some(log_path),
             build_dir: Some(build_dir.to_string_lossy().into_owned()),
             duration_ms: elapsed_ms(started),
+            findings: Vec::new(),
+            build_path: None,
         }
     }
 
@@ -906,6 +910,8 @@ impl WorkerPool {
             device: device.to_string(),
             wall_ms: elapsed_ms(started),
             phases: r.phases.to_map(),
+            findings: Vec::new(),
+            speedup_check: None,
         }
     }
 
@@ -1034,6 +1040,8 @@ impl Compiler for WorkerPool {
                     log_path: Some(r.log_path),
                     build_dir: Some(build_dir.to_string_lossy().into_owned()),
                     duration_ms: elapsed_ms(started),
+                    findings: Vec::new(),
+                    build_path: None,
                 }
             }
             // `request` checks that the response kind matches the op, so this cannot happen.
