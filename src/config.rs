@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::checks::ChecksSection;
 use crate::types::{EvalMode, FeedbackMode, MethodKind, Precision};
 
 #[derive(Debug, thiserror::Error)]
@@ -508,6 +509,10 @@ pub struct EvalSection {
     pub timeouts: Timeouts,
     #[serde(default)]
     pub simulated: SimulatedSection,
+    /// Static checks on candidates' sources: a level per category (`checks::ChecksSection`).
+    /// Left out of the frozen config while empty, so older runs still resume.
+    #[serde(default, skip_serializing_if = "ChecksSection::is_default")]
+    pub checks: ChecksSection,
 }
 
 fn default_seed() -> u64 {
@@ -547,6 +552,7 @@ impl Default for EvalSection {
             build_cache: None,
             timeouts: Timeouts::default(),
             simulated: SimulatedSection::default(),
+            checks: ChecksSection::default(),
         }
     }
 }
