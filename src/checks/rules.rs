@@ -466,47 +466,41 @@ fn has_cpp_function(src: &Source) -> bool {
 }
 
 fn missing_kernel(src: &Source, backend: Backend, hits: &mut Vec<Hit>) {
-    let mut missing = |message: &str| {
-        hits.push(Hit {
-            category: Category::MissingKernel,
-            offset: None,
-            message: message.to_string(),
-        })
-    };
     let loader = LOADER.is_match(&src.python);
+    let mut missing: Vec<&str> = Vec::new();
     match backend {
         Backend::Cuda => {
             if !GLOBAL.is_match(&src.cpp) {
-                missing(
-                    "no `__global__` kernel in the CUDA sources: the work is not done by a custom CUDA kernel",
-                );
+                missing.push("no `__global__` kernel in the CUDA sources: the work is not done by a custom CUDA kernel");
             }
             if !loader {
-                missing(
-                    "no `load_inline`/`torch.utils.cpp_extension` build: the CUDA sources are never compiled",
-                );
+                missing.push("no `load_inline`/`torch.utils.cpp_extension` build: the CUDA sources are never compiled");
             }
         }
         Backend::Cpu => {
             if !GLOBAL.is_match(&src.cpp) && !has_cpp_function(src) {
-                missing(
-                    "no C++ function in the extension sources: the work is not done by a custom kernel",
-                );
+                missing.push("no C++ function in the extension sources: the work is not done by a custom kernel");
             }
             if !loader {
-                missing(
-                    "no `load_inline`/`torch.utils.cpp_extension` build: the C++ sources are never compiled",
-                );
+                missing.push("no `load_inline`/`torch.utils.cpp_extension` build: the C++ sources are never compiled");
             }
         }
         Backend::Triton => {
             if !TRITON_JIT.is_match(&src.python) {
-                missing("no `@triton.jit`/`@triton.autotune` kernel");
+                missing.push("no `@triton.jit`/`@triton.autotune` kernel");
             }
             if !TRITON_LANG.is_match(&src.python) {
-                missing("no `tl.*` operation: the Triton kernel does no work");
+                missing.push("no `tl.*` operation: the Triton kernel does no work");
             }
         }
+    }
+    // One finding about the whole file, however many parts are missing.
+    if !missing.is_empty() {
+        hits.push(Hit {
+            category: Category::MissingKernel,
+            offset: None,
+            message: missing.join("; "),
+        });
     }
 }
 
