@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use krefine::metrics::{
-    DeviceUse, FastP, Ledger, PassAtK, RunMetrics, Spend, StepMetrics, Summary,
+    DeviceUse, FastP, Integrity, Ledger, PassAtK, RunMetrics, Spend, StepMetrics, Summary,
 };
 use krefine::report::{Format, RunReport, render};
 use krefine::types::{FeedbackMode, MethodKind, ProblemKey, TaskId};
@@ -60,6 +60,7 @@ fn step(
             .map(|(v, n)| (v.to_string(), n))
             .collect(),
         pending,
+        integrity: Integrity::default(),
     }
 }
 
@@ -250,11 +251,11 @@ pass@1 25.0%, pass@2 50.0%
 - wall: 60.0 s
 "#;
 
-const CSV: &str = r#"run,method,feedback,model,complete,axis,turn,problems,fast_0,fast_0.5,fast_0.8,fast_1,fast_1.5,fast_2,geomean_speedup,correct_rate,compiled_rate,correct,compiled,pending,prompt_tokens,completion_tokens,reasoning_tokens,tokens,cost_usd,cumulative_tokens,cumulative_cost_usd
-refine-ge,refine,GE,gpt-test,true,turns,1,3,0.3333333333333333,0.3333333333333333,0,0,0,0,0.75,0.3333333333333333,1,1,3,0,3000,750,0,3750,0.375,3750,0.375
-refine-ge,refine,GE,gpt-test,true,turns,2,3,0.6666666666666666,0.6666666666666666,0.6666666666666666,0.3333333333333333,0.3333333333333333,0,1.224744871391589,0.6666666666666666,1,2,3,0,6000,750,0,6750,0.75,10500,1.125
-"sample, k=2",sampling,,gpt-test,false,samples,1,3,0,0,0,0,0,0,,0,1,0,3,0,3000,600,0,3600,,3600,
-"sample, k=2",sampling,,gpt-test,false,samples,2,3,0.3333333333333333,0.3333333333333333,0.3333333333333333,0.3333333333333333,0,0,1.1,0.3333333333333333,1,1,3,1,2000,600,0,2600,,6200,
+const CSV: &str = r#"run,method,feedback,model,complete,axis,turn,problems,fast_0,fast_0.5,fast_0.8,fast_1,fast_1.5,fast_2,geomean_speedup,correct_rate,compiled_rate,correct,compiled,pending,prompt_tokens,completion_tokens,reasoning_tokens,tokens,cost_usd,cumulative_tokens,cumulative_cost_usd,rejected,speedups_flagged,speedups_verified,speedups_unverified,speedups_excluded,findings
+refine-ge,refine,GE,gpt-test,true,turns,1,3,0.3333333333333333,0.3333333333333333,0,0,0,0,0.75,0.3333333333333333,1,1,3,0,3000,750,0,3750,0.375,3750,0.375,0,0,0,0,0,
+refine-ge,refine,GE,gpt-test,true,turns,2,3,0.6666666666666666,0.6666666666666666,0.6666666666666666,0.3333333333333333,0.3333333333333333,0,1.224744871391589,0.6666666666666666,1,2,3,0,6000,750,0,6750,0.75,10500,1.125,0,0,0,0,0,
+"sample, k=2",sampling,,gpt-test,false,samples,1,3,0,0,0,0,0,0,,0,1,0,3,0,3000,600,0,3600,,3600,,0,0,0,0,0,
+"sample, k=2",sampling,,gpt-test,false,samples,2,3,0.3333333333333333,0.3333333333333333,0.3333333333333333,0.3333333333333333,0,0,1.1,0.3333333333333333,1,1,3,1,2000,600,0,2600,,6200,,0,0,0,0,0,
 "#;
 
 const ONE_JSON: &str = r#"{
