@@ -571,6 +571,81 @@ mod tests {
     }
 
     #[test]
+    fn rejected_by_static_checks_ends_the_turn_with_the_findings() {
+        use crate::types::{Finding, Severity};
+        let finding = |category: &str, severity, line| Finding {
+            category: category.into(),
+            severity,
+            message: "why".into(),
+            line,
+        };
+        let (mut m, _) = TaskRunner::start(spec(2, FeedbackMode::GE));
+        m.handle(&answered(1, Some("c"))).unwrap();
+        let Event::Compiled { mut outcome, .. } = compiled(1, CompileStatus::Rejected) else {
+            unreachable!()
+        };
+        outcome.findings = vec![
+            finding("timing_patch", Severity::Error, Some(12)),
+            finding("missing_kernel", Severity::Warning, None),
+        ];
+        let next = m
+            .handle(&Event::Compiled { turn: 1, outcome })
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.turns()[0].verdict, Some(Verdict::Rejected));
+        assert_eq!(
+            call_llm(&next).history[0].execution.as_deref(),
+            Some(
+                "The candidate was rejected before compiling: static checks found code that the evaluation does not allow.\n\
+                 Static check errors (the candidate fails them):\n\
+                 - static check: timing_patch at line 12: why\n\
+                 Static check warnings (recorded; they do not change the verdict):\n\
+                 - static check: missing_kernel: why"
+            )
+        );
+    }
+
+    #[test]
+    fn warnings_and_runtime_findings_follow_the_execution_result() {
+        use crate::types::{Finding, Severity};
+        let (mut m, _) = TaskRunner::start(spec(2, FeedbackMode::GE));
+        m.handle(&answered(1, Some("c"))).unwrap();
+        let Event::Compiled { mut outcome, .. } = compiled(1, CompileStatus::Ok) else {
+            unreachable!()
+        };
+        outcome.findings = vec![Finding {
+            category: "code_bypass".into(),
+            severity: Severity::Warning,
+            message: "try".into(),
+            line: Some(4),
+        }];
+        m.handle(&Event::Compiled { turn: 1, outcome }).unwrap();
+        let Event::Executed { mut outcome, .. } = executed(1, Verdict::Incorrect, None) else {
+            unreachable!()
+        };
+        outcome.findings = vec![Finding {
+            category: "leftover_thread".into(),
+            severity: Severity::Error,
+            message: "a thread kept running".into(),
+            line: None,
+        }];
+        let next = m
+            .handle(&Event::Executed { turn: 1, outcome })
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            call_llm(&next).history[0].execution.as_deref(),
+            Some(
+                "E1: incorrect\n\
+                 Static check warnings (recorded; they do not change the verdict):\n\
+                 - static check: code_bypass at line 4: try\n\
+                 Runtime check errors (the candidate fails them):\n\
+                 - runtime check: leftover_thread: a thread kept running"
+            )
+        );
+    }
+
+    #[test]
     fn no_code_spends_the_turn() {
         let (mut m, _) = TaskRunner::start(spec(2, FeedbackMode::GE));
         let next = m.handle(&answered(1, None)).unwrap().unwrap();
