@@ -63,7 +63,7 @@ impl StaticChecks {
             .into_iter()
             .map(|h| (h.category, h.offset.map(|o| src.line(o)), h.message))
             .collect();
-        found.sort_by(|a, b| (a.1, a.0).cmp(&(b.1, b.0)));
+        found.sort_by_key(|f| (f.1, f.0));
         found.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
         let mut per_category: BTreeMap<Category, usize> = BTreeMap::new();
         let mut out = Vec::new();
