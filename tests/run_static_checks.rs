@@ -195,3 +195,41 @@ fn strict_rejects_a_timer_patch_before_compiling_and_faithful_records_it() {
         "{text}"
     );
 }
+
+#[test]
+fn check_command_lints_files_and_fails_on_errors() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/static");
+    let check = |args: &[&str], file: &str| {
+        Command::new(bin())
+            .arg("check")
+            .args(args)
+            .arg(fixtures.join(file))
+            .output()
+            .unwrap()
+    };
+    let o = check(&["--mode", "strict"], "kb_non_default_stream.py");
+    assert_eq!(o.status.code(), Some(1));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[0].ends_with("kb_non_default_stream.py: error missing_kernel: no `__global__` kernel in the CUDA sources: the work is not done by a custom CUDA kernel"),
+        "{out}"
+    );
+    assert!(
+        lines[1].contains(
+            "kb_non_default_stream.py:15: error stream_injection: `cudaStreamCreateWithFlags`"
+        ),
+        "{out}"
+    );
+    // Faithful mode only warns: exit status 0.
+    let o = check(&[], "kb_non_default_stream.py");
+    assert_eq!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stdout).contains(": warning stream_injection:"));
+    let o = check(&["--mode", "strict"], "false_positives.py");
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "");
+    let o = check(&["--backend", "gpu"], "false_positives.py");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--backend \"gpu\""));
+}
