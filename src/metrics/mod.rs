@@ -8,9 +8,14 @@
 //! count against a method, as in KernelBench's `fastp` (§7.3 of the protocol notes).
 //!
 //! Submodules: [`ledger`] (tokens, USD, LLM attempts, GPU and compile time from the log) and
-//! [`budget`] (refinement vs. sampling at equal attempts and at equal tokens).
+//! [`budget`] (refinement vs. sampling at equal attempts and at equal tokens), [`attempts`] (a run as
+//! attempts with their costs), [`compare`] (any runs at matched budgets along four axes, with
+//! [`bootstrap`] intervals).
 
+pub mod attempts;
+pub mod bootstrap;
 pub mod budget;
+pub mod compare;
 pub mod ledger;
 
 use std::collections::BTreeMap;
@@ -20,6 +25,7 @@ use serde::ser::SerializeMap;
 
 use crate::types::{MethodKind, ProblemKey, TaskId, TurnRecord, Verdict};
 
+pub use attempts::{Attempt, AttemptCost, RunAttempts, device_ms_per_turn, run_attempts};
 pub use budget::{
     AttemptsRow, TokensRow, cumulative_tokens_per_problem, equal_attempts, equal_tokens,
 };
