@@ -34,7 +34,10 @@ pub struct CompareArgs {
 
 pub fn compare_cmd(args: CompareArgs) -> anyhow::Result<ExitCode> {
     if !(args.level > 0.0 && args.level < 1.0) {
-        bail!("--level {}: expected a coverage between 0 and 1, like 0.95", args.level);
+        bail!(
+            "--level {}: expected a coverage between 0 and 1, like 0.95",
+            args.level
+        );
     }
     let runs = super::report::load_runs(&args.runs)?;
     let mut names: Vec<&str> = Vec::new();

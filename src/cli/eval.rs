@@ -85,7 +85,11 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("runs").join(format!("eval-{stem}")));
-    let items: Vec<Generation> = gens.items.into_iter().filter(|g| g.problem.level == level).collect();
+    let items: Vec<Generation> = gens
+        .items
+        .into_iter()
+        .filter(|g| g.problem.level == level)
+        .collect();
     let (code, _) = evaluate(&items, &args.dataset, level, &out, &args.sets, args.resume)?;
     Ok(code)
 }
@@ -209,8 +213,11 @@ pub(super) fn evaluate(
     let run = load_run(&out)?;
     let results = kernelbench_eval_results(level, &run.turns, Pick::Best);
     let results_path = out.join(EVAL_RESULTS_FILE);
-    std::fs::write(&results_path, serde_json::to_string_pretty(&results)? + "\n")
-        .with_context(|| format!("cannot write {}", results_path.display()))?;
+    std::fs::write(
+        &results_path,
+        serde_json::to_string_pretty(&results)? + "\n",
+    )
+    .with_context(|| format!("cannot write {}", results_path.display()))?;
     eprintln!("KernelBench results: {}", results_path.display());
     Ok((code, run))
 }

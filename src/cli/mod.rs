@@ -1,5 +1,6 @@
 //! The command-line surface: argument parsing and dispatch to one module per command.
 
+mod baseline;
 mod bench;
 mod compare;
 mod doctor;
@@ -35,6 +36,9 @@ enum Cmd {
     /// Evaluate existing generations (a leaderboard submission JSON or a KernelBench runs folder)
     /// without an LLM, into a run directory plus KernelBench's eval_results.json.
     Eval(eval::EvalArgs),
+    /// Time the references of a dataset's levels into a KernelBench baseline JSON (eager or
+    /// torch.compile), for `eval.baseline`.
+    Baseline(baseline::BaselineArgs),
     /// Show what this machine offers: GPUs, the worker Python (torch, ninja, nvcc), the LLM endpoint.
     Doctor {
         /// A config whose Python and LLM endpoint to check.
@@ -52,6 +56,7 @@ pub fn main() -> ExitCode {
         Cmd::Report(args) => report::report(args),
         Cmd::Compare(args) => compare::compare_cmd(args),
         Cmd::Eval(args) => eval::eval(args),
+        Cmd::Baseline(args) => baseline::baseline(args),
         Cmd::Doctor { config } => doctor::doctor(config.as_deref()),
         Cmd::Bench(cmd) => bench::bench(cmd),
     };

@@ -39,7 +39,9 @@ pub struct ReportArgs {
 
 pub fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
     if (args.plot.is_some() || args.submission.is_some()) && args.runs.len() != 1 {
-        bail!("--plot and --submission take one run directory; use `krefine compare --plot` for several");
+        bail!(
+            "--plot and --submission take one run directory; use `krefine compare --plot` for several"
+        );
     }
     let runs = load_runs(&args.runs)?;
     let reports: Vec<RunReport> = runs.iter().map(|r| r.report.clone()).collect();

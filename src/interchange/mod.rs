@@ -62,14 +62,22 @@ pub fn parse_sample_key(key: &str) -> Result<(ProblemKey, u32), String> {
     let num = |s: Option<&str>, what: &str| -> Result<u32, String> {
         let s = s.ok_or_else(|| expected.to_string())?;
         if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(format!("{what} {s:?} is not a non-negative integer ({expected})"));
+            return Err(format!(
+                "{what} {s:?} is not a non-negative integer ({expected})"
+            ));
         }
         s.parse()
             .map_err(|_| format!("{what} {s:?} is out of range ({expected})"))
     };
-    let rest = key.strip_prefix("level_").ok_or_else(|| expected.to_string())?;
-    let (level, rest) = rest.split_once("_problem_").ok_or_else(|| expected.to_string())?;
-    let (problem, sample) = rest.split_once("_sample_").ok_or_else(|| expected.to_string())?;
+    let rest = key
+        .strip_prefix("level_")
+        .ok_or_else(|| expected.to_string())?;
+    let (level, rest) = rest
+        .split_once("_problem_")
+        .ok_or_else(|| expected.to_string())?;
+    let (problem, sample) = rest
+        .split_once("_sample_")
+        .ok_or_else(|| expected.to_string())?;
     let level = num(Some(level), "level")?;
     let problem_id = num(Some(problem), "problem id")?;
     let sample = num(Some(sample), "sample")?;

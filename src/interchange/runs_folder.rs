@@ -26,14 +26,16 @@ pub fn read(dir: &Path) -> Result<Generations, std::io::Error> {
         };
         let Some(stem) = name.strip_suffix("_kernel.py") else {
             g.issues.push(issue(
-                "not a kernel file name (expected level_<L>_problem_<P>_sample_<S>_kernel.py)".into(),
+                "not a kernel file name (expected level_<L>_problem_<P>_sample_<S>_kernel.py)"
+                    .into(),
             ));
             continue;
         };
         let (problem, sample) = match parse_sample_key(stem) {
             Ok(k) => k,
             Err(m) => {
-                g.issues.push(issue(format!("bad file name: {m}_kernel.py")));
+                g.issues
+                    .push(issue(format!("bad file name: {m}_kernel.py")));
                 continue;
             }
         };

@@ -8,8 +8,8 @@
 use std::fmt;
 use std::path::Path;
 
-use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_json::{Map, Value, json};
 
 use super::{Generation, Generations, Issue, parse_sample_key, sample_key};
@@ -45,7 +45,11 @@ pub struct SubmissionMeta {
 }
 
 /// Build the submission of a run: one kernel per problem, as `sample_0`.
-pub fn export(run: &LoadedRun, pick: SubmissionPick, meta: &SubmissionMeta) -> (Value, ExportSummary) {
+pub fn export(
+    run: &LoadedRun,
+    pick: SubmissionPick,
+    meta: &SubmissionMeta,
+) -> (Value, ExportSummary) {
     let r = &run.report;
     let input = RunInput {
         method: r.method,
@@ -410,7 +414,9 @@ mod tests {
         let e = issues("{\n  \"metadata\": {,\n}");
         assert_eq!(e.len(), 1);
         assert!(
-            e[0].starts_with("(file): sub.json is not valid JSON: key must be a string at line 2, column 16"),
+            e[0].starts_with(
+                "(file): sub.json is not valid JSON: key must be a string at line 2, column 16"
+            ),
             "{e:?}"
         );
     }
@@ -459,6 +465,9 @@ mod tests {
             ]
         );
         let e = issues("[1, 2]");
-        assert!(e[0].contains("expected an object with \"metadata\" and \"kernels\""), "{e:?}");
+        assert!(
+            e[0].contains("expected an object with \"metadata\" and \"kernels\""),
+            "{e:?}"
+        );
     }
 }

@@ -82,7 +82,11 @@ pub fn validate(
     }
     g.items = kept;
     let errors = g.issues.len();
-    lines.extend(g.issues.iter().map(|i| (i.key.clone(), format!("error: {}", i.message))));
+    lines.extend(
+        g.issues
+            .iter()
+            .map(|i| (i.key.clone(), format!("error: {}", i.message))),
+    );
     Ok((
         g,
         Validated {

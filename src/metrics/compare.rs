@@ -178,11 +178,7 @@ fn merge(into: &mut Best, a: &Attempt) {
 }
 
 /// Each problem's best within `budget`, the attempts used, and whether every attempt fit.
-fn bests_within(
-    problems: &[&[Attempt]],
-    axis: BudgetAxis,
-    budget: f64,
-) -> (Vec<Best>, f64, bool) {
+fn bests_within(problems: &[&[Attempt]], axis: BudgetAxis, budget: f64) -> (Vec<Best>, f64, bool) {
     let mut used = 0usize;
     let mut all_fit = true;
     let bests = problems

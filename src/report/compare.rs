@@ -53,9 +53,7 @@ pub fn budget_text(axis: BudgetAxis, b: f64) -> String {
 /// The title of an axis's table.
 pub fn axis_title(axis: BudgetAxis) -> &'static str {
     match axis {
-        BudgetAxis::LlmCalls => {
-            "LLM calls per problem (refinement turn N against sampling k = N)"
-        }
+        BudgetAxis::LlmCalls => "LLM calls per problem (refinement turn N against sampling k = N)",
         BudgetAxis::Tokens => "tokens per problem (prompt + completion)",
         BudgetAxis::Usd => "USD per problem",
         BudgetAxis::GpuS => "device seconds per problem (leases held for execution and profiling)",
@@ -73,7 +71,11 @@ fn cells(r: &RunAtBudget, budget: String) -> [String; 9] {
         None => "-".into(),
     };
     let delta = match &r.vs_first {
-        Some(d) => format!("{}{}", signed_pct(d.fast_p.0[3]), ci_signed(d.fast_p_ci.0[3])),
+        Some(d) => format!(
+            "{}{}",
+            signed_pct(d.fast_p.0[3]),
+            ci_signed(d.fast_p_ci.0[3])
+        ),
         None => "-".into(),
     };
     [
@@ -275,10 +277,7 @@ fn csv(c: &Comparison) -> String {
                     ));
                 };
                 for t in 0..6 {
-                    push(
-                        Some(r.summary.fast_p.0[t]),
-                        ci.and_then(|c| c.fast_p.0[t]),
-                    );
+                    push(Some(r.summary.fast_p.0[t]), ci.and_then(|c| c.fast_p.0[t]));
                 }
                 push(
                     Some(r.summary.correct_rate),

@@ -248,7 +248,12 @@ fn describe(
 }
 
 /// Which fields of [`RunInfo::fields`] differ between runs, and which are the same (with the value).
-pub fn differences(infos: &[RunInfo]) -> (Vec<(&'static str, Vec<String>)>, Vec<(&'static str, String)>) {
+pub fn differences(
+    infos: &[RunInfo],
+) -> (
+    Vec<(&'static str, Vec<String>)>,
+    Vec<(&'static str, String)>,
+) {
     let fields: Vec<Vec<(&'static str, String)>> = infos.iter().map(RunInfo::fields).collect();
     let mut differ = Vec::new();
     let mut same = Vec::new();

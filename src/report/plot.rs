@@ -101,7 +101,10 @@ fn distribution_panel(
     series: &[(String, Vec<f64>, usize)],
     title: &str,
 ) -> Result<(), PlotError> {
-    let all: Vec<f64> = series.iter().flat_map(|(_, v, _)| v.iter().copied()).collect();
+    let all: Vec<f64> = series
+        .iter()
+        .flat_map(|(_, v, _)| v.iter().copied())
+        .collect();
     if all.is_empty() {
         return empty_panel(area, title, "no correct candidate with a measured speedup");
     }
@@ -121,7 +124,15 @@ fn distribution_panel(
         .y_desc("best speedup (log scale)")
         .axis_desc_style((FONT, 15))
         .label_style((FONT, 13))
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_labels(n.clamp(1, 12))
+        .x_label_formatter(&|x| {
+            // Only whole ranks are problems.
+            if (x - x.round()).abs() < 1e-6 {
+                format!("{x:.0}")
+            } else {
+                String::new()
+            }
+        })
         .y_label_formatter(&|y| format!("{y:.2}x"))
         .draw()
         .map_err(draw_err)?;
@@ -169,6 +180,9 @@ struct Lines<'s> {
     y_desc: &'s str,
     x_max: f64,
     integer_x: bool,
+    /// Values hold until the next point (a budget between two grid points buys what the lower one
+    /// bought), so draw steps instead of slopes.
+    steps: bool,
     /// Name, colour index, points `(x, y%)`, band `(x, lo%, hi%)`.
     series: Vec<(String, usize, Vec<(f64, f64)>, Vec<(f64, f64, f64)>)>,
     legend: bool,
@@ -195,10 +209,16 @@ fn lines_panel(area: &Area<'_>, l: &Lines<'_>) -> Result<(), PlotError> {
         .y_desc(l.y_desc)
         .axis_desc_style((FONT, 15))
         .label_style((FONT, 13))
-        .x_labels(if integer_x { (l.x_max as usize).clamp(1, 12) } else { 8 })
+        .x_labels(if integer_x {
+            (l.x_max as usize).clamp(1, 12)
+        } else {
+            8
+        })
         .x_label_formatter(&move |x| {
             if integer_x {
                 format!("{x:.0}")
+            } else if *x == 0.0 {
+                "0".to_string()
             } else if x.abs() >= 1000.0 {
                 format!("{:.0}k", x / 1000.0)
             } else if x.abs() >= 10.0 {
@@ -214,6 +234,11 @@ fn lines_panel(area: &Area<'_>, l: &Lines<'_>) -> Result<(), PlotError> {
         .map_err(draw_err)?;
     for (name, c, points, band) in &l.series {
         let col = color(*c);
+        let band = if l.steps {
+            step_band(band)
+        } else {
+            band.clone()
+        };
         if band.len() > 1 {
             let mut poly: Vec<(f64, f64)> = band.iter().map(|&(x, lo, _)| (x, lo)).collect();
             poly.extend(band.iter().rev().map(|&(x, _, hi)| (x, hi)));
@@ -221,8 +246,13 @@ fn lines_panel(area: &Area<'_>, l: &Lines<'_>) -> Result<(), PlotError> {
                 .draw_series(std::iter::once(Polygon::new(poly, col.mix(0.15).filled())))
                 .map_err(draw_err)?;
         }
+        let line = if l.steps {
+            step_points(points)
+        } else {
+            points.clone()
+        };
         chart
-            .draw_series(LineSeries::new(points.clone(), col.stroke_width(2)))
+            .draw_series(LineSeries::new(line, col.stroke_width(2)))
             .map_err(draw_err)?
             .label(name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], col.stroke_width(2)));
@@ -241,6 +271,29 @@ fn lines_panel(area: &Area<'_>, l: &Lines<'_>) -> Result<(), PlotError> {
             .map_err(draw_err)?;
     }
     Ok(())
+}
+
+/// A step curve through `points`: each value holds until the next point's x.
+fn step_points(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let mut out = Vec::with_capacity(points.len() * 2);
+    for (i, &p) in points.iter().enumerate() {
+        if i > 0 {
+            out.push((p.0, points[i - 1].1));
+        }
+        out.push(p);
+    }
+    out
+}
+
+fn step_band(band: &[(f64, f64, f64)]) -> Vec<(f64, f64, f64)> {
+    let mut out = Vec::with_capacity(band.len() * 2);
+    for (i, &b) in band.iter().enumerate() {
+        if i > 0 {
+            out.push((b.0, band[i - 1].1, band[i - 1].2));
+        }
+        out.push(b);
+    }
+    out
 }
 
 /// `report --plot`: fast_p@N curves (one per threshold) and the speedup distribution of one run.
@@ -277,6 +330,7 @@ pub fn run_svg(run: &LoadedRun) -> Result<String, PlotError> {
                 y_desc: "problems faster than p x reference",
                 x_max: f64::from(m.axis.max(1)),
                 integer_x: true,
+                steps: false,
                 series,
                 legend: true,
             },
@@ -338,6 +392,7 @@ pub fn comparison_svg(c: &Comparison, runs: &[LoadedRun]) -> Result<String, Plot
                     y_desc: "fast_1 (shared problems)",
                     x_max,
                     integer_x: axis.axis == BudgetAxis::LlmCalls,
+                    steps: axis.axis != BudgetAxis::LlmCalls,
                     series,
                     legend: p == 0,
                 },
@@ -373,6 +428,7 @@ pub fn comparison_svg(c: &Comparison, runs: &[LoadedRun]) -> Result<String, Plot
                         y_desc: "correct (shared problems)",
                         x_max: axis.rows.last().map_or(1.0, |r| r.budget),
                         integer_x: true,
+                        steps: false,
                         series,
                         legend: false,
                     },
@@ -388,10 +444,11 @@ pub fn comparison_svg(c: &Comparison, runs: &[LoadedRun]) -> Result<String, Plot
                 let mut v: Vec<f64> = shared
                     .iter()
                     .filter_map(|p| {
-                        r.attempts.get(p)?.iter().filter_map(|a| a.speedup()).fold(
-                            None,
-                            |b: Option<f64>, s| Some(b.map_or(s, |b| b.max(s))),
-                        )
+                        r.attempts
+                            .get(p)?
+                            .iter()
+                            .filter_map(|a| a.speedup())
+                            .fold(None, |b: Option<f64>, s| Some(b.map_or(s, |b| b.max(s))))
                     })
                     .collect();
                 v.sort_by(|a, b| b.total_cmp(a));
@@ -401,7 +458,10 @@ pub fn comparison_svg(c: &Comparison, runs: &[LoadedRun]) -> Result<String, Plot
         distribution_panel(
             &panels[5],
             &dists,
-            &format!("best speedups, all attempts ({} shared problems)", shared.len()),
+            &format!(
+                "best speedups, all attempts ({} shared problems)",
+                shared.len()
+            ),
         )?;
         root.present().map_err(draw_err)?;
     }
@@ -433,18 +493,27 @@ fn svg_to_png(path: &Path, svg: &str) -> Result<Vec<u8>, PlotError> {
     use resvg::{tiny_skia, usvg};
     let mut db = usvg::fontdb::Database::new();
     db.load_system_fonts();
-    let family = ["DejaVu Sans", "Liberation Sans", "Arial", "Helvetica", "Noto Sans"]
-        .into_iter()
-        .find(|f| db.faces().any(|face| face.families.iter().any(|(n, _)| n == f)))
-        .map(str::to_string)
-        .or_else(|| {
-            db.faces()
-                .next()
-                .and_then(|f| f.families.first().map(|(n, _)| n.clone()))
-        })
-        .ok_or_else(|| PlotError::NoFont {
-            path: path.to_path_buf(),
-        })?;
+    let family = [
+        "DejaVu Sans",
+        "Liberation Sans",
+        "Arial",
+        "Helvetica",
+        "Noto Sans",
+    ]
+    .into_iter()
+    .find(|f| {
+        db.faces()
+            .any(|face| face.families.iter().any(|(n, _)| n == f))
+    })
+    .map(str::to_string)
+    .or_else(|| {
+        db.faces()
+            .next()
+            .and_then(|f| f.families.first().map(|(n, _)| n.clone()))
+    })
+    .ok_or_else(|| PlotError::NoFont {
+        path: path.to_path_buf(),
+    })?;
     db.set_sans_serif_family(family);
     let render = |message: String| PlotError::Render {
         path: path.to_path_buf(),
