@@ -262,7 +262,7 @@ fn csv(c: &Comparison) -> String {
                     "{},{},{},{},{},{}",
                     axis.axis.name(),
                     row.budget,
-                    r.run,
+                    super::csv::field(&r.run),
                     c.shared_problems.len(),
                     r.attempts,
                     r.exhausted

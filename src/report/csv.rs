@@ -5,7 +5,7 @@ use crate::metrics::FAST_P_LABELS;
 
 use super::{RunReport, axis_name, feedback_key, rows};
 
-fn field(s: &str) -> String {
+pub(super) fn field(s: &str) -> String {
     if s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
