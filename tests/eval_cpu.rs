@@ -141,3 +141,48 @@ fn runs_folder_and_submission_evaluate_on_cpu_workers() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("differs: method sampling | one_shot"), "{out}");
 }
+
+#[test]
+fn baseline_times_references_into_kernelbench_shape() {
+    let d = tempfile::tempdir().unwrap();
+    let dataset = repo().join("configs/quickstart/problems");
+    let out = d.path().join("baseline.json");
+    let py = format!("resources.python=\"{}\"", python().display());
+    krefine(&[
+        "baseline",
+        "--dataset",
+        s(&dataset),
+        "--levels",
+        "1",
+        "--problems",
+        "2",
+        "--out",
+        s(&out),
+        "--set",
+        &py,
+        "--set",
+        "resources.devices=cpu",
+        "--set",
+        "resources.compile_workers=1",
+        "--set",
+        "eval.timing_trials=3",
+        "--set",
+        "eval.warmup=1",
+        "--set",
+        "eval.correct_trials=1",
+    ]);
+    let v = read_json(&out);
+    let e = &v["level1"]["2_ReLU.py"];
+    assert!(e["mean"].as_f64().unwrap() > 0.0, "{v}");
+    assert_eq!(e["num_trials"], 3);
+    assert_eq!(e["device"], "cpu");
+    assert_eq!(v["level1"].as_object().unwrap().len(), 1);
+    // The file is what eval.baseline reads, and its run directory is a normal run.
+    let text = std::fs::read_to_string(&out).unwrap();
+    let table = krefine::worker::BaselineTable::parse(&out, &text).unwrap();
+    assert_eq!(table.len(), 1);
+    let run = d.path().join("baseline.json.runs/level1-eager");
+    let o = krefine(&["report", s(&run), "--format", "json"]);
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["turns"][0]["correct"], 1);
+}
