@@ -64,6 +64,7 @@ fn code_of(task: &str, turn: u32) -> String {
 }
 
 /// Write a run directory whose log holds `turns`.
+#[allow(clippy::too_many_arguments)]
 fn write_run(
     dir: &Path,
     name: &str,

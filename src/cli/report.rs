@@ -99,7 +99,7 @@ pub fn render_dirs(dirs: &[PathBuf], format: Format) -> anyhow::Result<String> {
 fn render_reports(reports: &[RunReport], format: Format) -> String {
     let mut out = render(reports, format);
     if matches!(format, Format::Text | Format::Md)
-        && let Some(table) = equal_attempts_table(&reports, format)
+        && let Some(table) = equal_attempts_table(reports, format)
     {
         out.push_str(&table);
     }

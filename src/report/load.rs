@@ -247,13 +247,13 @@ fn describe(
     }
 }
 
+/// Fields whose values differ between runs: the field and each run's value.
+pub type Differing = Vec<(&'static str, Vec<String>)>;
+/// Fields with one value for all runs.
+pub type Shared = Vec<(&'static str, String)>;
+
 /// Which fields of [`RunInfo::fields`] differ between runs, and which are the same (with the value).
-pub fn differences(
-    infos: &[RunInfo],
-) -> (
-    Vec<(&'static str, Vec<String>)>,
-    Vec<(&'static str, String)>,
-) {
+pub fn differences(infos: &[RunInfo]) -> (Differing, Shared) {
     let fields: Vec<Vec<(&'static str, String)>> = infos.iter().map(RunInfo::fields).collect();
     let mut differ = Vec::new();
     let mut same = Vec::new();

@@ -173,6 +173,9 @@ fn distribution_panel(
     Ok(())
 }
 
+/// Name, colour index, points `(x, y%)`, band `(x, lo%, hi%)`.
+type Series = (String, usize, Vec<(f64, f64)>, Vec<(f64, f64, f64)>);
+
 /// A line chart of percentages against a numeric x, one series per entry, optional bands.
 struct Lines<'s> {
     title: &'s str,
@@ -183,8 +186,7 @@ struct Lines<'s> {
     /// Values hold until the next point (a budget between two grid points buys what the lower one
     /// bought), so draw steps instead of slopes.
     steps: bool,
-    /// Name, colour index, points `(x, y%)`, band `(x, lo%, hi%)`.
-    series: Vec<(String, usize, Vec<(f64, f64)>, Vec<(f64, f64, f64)>)>,
+    series: Vec<Series>,
     legend: bool,
 }
 
