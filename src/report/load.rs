@@ -270,3 +270,66 @@ pub fn differences(infos: &[RunInfo]) -> (Differing, Shared) {
     }
     (differ, same)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(run: &str, method: MethodKind, feedback: Option<FeedbackMode>, hw: &str) -> RunInfo {
+        RunInfo {
+            run: run.into(),
+            method,
+            feedback,
+            model: "m".into(),
+            hardware: vec![hw.into()],
+            precision: Some("fp32".into()),
+            eval_mode: Some("faithful".into()),
+            timing_method: None,
+            reference: vec![],
+            dataset: None,
+            axis: 3,
+            simulated: false,
+        }
+    }
+
+    #[test]
+    fn differences_list_each_runs_value() {
+        let (differ, same) = differences(&[
+            info("a", MethodKind::Refine, Some(FeedbackMode::GEP), "H100"),
+            info("b", MethodKind::Sampling, None, "H100"),
+            info("c", MethodKind::Refine, Some(FeedbackMode::G), "A100"),
+        ]);
+        assert_eq!(
+            differ,
+            vec![
+                (
+                    "method",
+                    vec!["refine".into(), "sampling".into(), "refine".into()]
+                ),
+                ("feedback", vec!["GEP".into(), "-".into(), "G".into()]),
+                (
+                    "hardware",
+                    vec!["H100".into(), "H100".into(), "A100".into()]
+                ),
+                (
+                    "budget",
+                    vec!["3 turns".into(), "3 samples".into(), "3 turns".into()]
+                ),
+            ]
+        );
+        let keys: Vec<&str> = same.iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            keys,
+            [
+                "model",
+                "precision",
+                "eval_mode",
+                "timing",
+                "reference",
+                "dataset",
+                "simulated"
+            ]
+        );
+        assert_eq!(differences(&[]), (vec![], vec![]));
+    }
+}
