@@ -108,15 +108,21 @@ fn distribution_panel(
     if all.is_empty() {
         return empty_panel(area, title, "no correct candidate with a measured speedup");
     }
-    let lo = all.iter().copied().fold(f64::INFINITY, f64::min).min(0.5) / 1.5;
-    let hi = all.iter().copied().fold(0.0, f64::max).max(2.0) * 1.5;
+    // The y axis is log2(speedup) on a linear scale, labelled at whole powers of two (0.5x, 1x, 2x,
+    // 4x, ...): more readable ticks than a log scale's powers of ten for the usual 0.1x-50x range.
+    let lo = (all.iter().copied().fold(f64::INFINITY, f64::min).min(0.5) / 1.3)
+        .log2()
+        .floor();
+    let hi = (all.iter().copied().fold(0.0, f64::max).max(2.0) * 1.3)
+        .log2()
+        .ceil();
     let n = series.iter().map(|(_, v, _)| v.len()).max().unwrap_or(1);
     let mut chart = ChartBuilder::on(area)
         .caption(title, (FONT, 18))
         .margin(12)
         .x_label_area_size(45)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.5f64..(n as f64 + 0.5), (lo..hi).log_scale())
+        .build_cartesian_2d(0.5f64..(n as f64 + 0.5), lo..hi)
         .map_err(draw_err)?;
     chart
         .configure_mesh()
@@ -133,12 +139,19 @@ fn distribution_panel(
                 String::new()
             }
         })
-        .y_label_formatter(&|y| format!("{y:.2}x"))
+        .y_labels(((hi - lo) as usize + 1).clamp(2, 16))
+        .y_label_formatter(&|y| {
+            if (y - y.round()).abs() < 1e-6 {
+                speedup_label(y.exp2())
+            } else {
+                String::new()
+            }
+        })
         .draw()
         .map_err(draw_err)?;
     chart
         .draw_series(DashedLineSeries::new(
-            vec![(0.5, 1.0), (n as f64 + 0.5, 1.0)],
+            vec![(0.5, 0.0), (n as f64 + 0.5, 0.0)],
             6,
             4,
             BLACK.mix(0.6).stroke_width(1),
@@ -151,7 +164,7 @@ fn distribution_panel(
         let points: Vec<(f64, f64)> = values
             .iter()
             .enumerate()
-            .map(|(i, &s)| (i as f64 + 1.0, s))
+            .map(|(i, &s)| (i as f64 + 1.0, s.log2()))
             .collect();
         chart
             .draw_series(LineSeries::new(points.clone(), col.stroke_width(2)))
@@ -205,6 +218,18 @@ fn lines_panel(area: &Area<'_>, l: &Lines<'_>) -> Result<(), PlotError> {
         .build_cartesian_2d(x_lo..x_hi.max(x_lo + 1e-9), 0f64..105f64)
         .map_err(draw_err)?;
     let integer_x = l.integer_x;
+    // One number format for the whole axis, from the spacing of its ~8 ticks.
+    let thousands = l.x_max >= 10_000.0;
+    let step = if thousands {
+        l.x_max / 8_000.0
+    } else {
+        l.x_max / 8.0
+    };
+    let decimals = if step > 0.0 {
+        (-step.log10().floor()).clamp(0.0, 6.0) as usize
+    } else {
+        0
+    };
     chart
         .configure_mesh()
         .x_desc(l.x_desc)
@@ -219,16 +244,8 @@ fn lines_panel(area: &Area<'_>, l: &Lines<'_>) -> Result<(), PlotError> {
         .x_label_formatter(&move |x| {
             if integer_x {
                 format!("{x:.0}")
-            } else if *x == 0.0 {
-                "0".to_string()
-            } else if x.abs() >= 1000.0 {
-                format!("{:.0}k", x / 1000.0)
-            } else if x.abs() >= 10.0 {
-                format!("{x:.0}")
-            } else if x.abs() >= 0.1 {
-                format!("{x:.2}")
             } else {
-                format!("{x:.4}")
+                tick(*x, decimals, thousands)
             }
         })
         .y_label_formatter(&|y| format!("{y:.0}%"))
@@ -273,6 +290,24 @@ fn lines_panel(area: &Area<'_>, l: &Lines<'_>) -> Result<(), PlotError> {
             .map_err(draw_err)?;
     }
     Ok(())
+}
+
+/// A tick label with `decimals` decimals, in thousands (`12k`) when `thousands`.
+fn tick(x: f64, decimals: usize, thousands: bool) -> String {
+    if x == 0.0 {
+        "0".to_string()
+    } else if thousands {
+        format!("{:.*}k", decimals, x / 1000.0)
+    } else {
+        format!("{x:.decimals$}")
+    }
+}
+
+/// A speedup label: `0.25x`, `1x`, `16x`, `0.125x`.
+fn speedup_label(y: f64) -> String {
+    let text = format!("{y:.4}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    format!("{text}x")
 }
 
 /// A step curve through `points`: each value holds until the next point's x.
