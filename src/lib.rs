@@ -15,6 +15,7 @@
 //! - [`worker`]: the Python worker processes (compile, correctness, timing, profile).
 //! - [`sim`]: simulated compile/execute services for tests and the scheduler benchmark.
 //! - [`metrics`], [`report`]: fast_p@N and friends as pure functions of the log, and their formats.
+//! - [`interchange`]: KernelBench generations in (submission JSON, runs folder) and submissions out.
 //! - [`cli`]: the command-line surface.
 
 pub mod checks;
@@ -23,6 +24,7 @@ pub mod config;
 pub mod dataset;
 pub mod engine;
 pub mod gpu;
+pub mod interchange;
 pub mod llm;
 pub mod machine;
 pub mod metrics;

@@ -8,11 +8,15 @@
 //! count against a method, as in KernelBench's `fastp` (§7.3 of the protocol notes).
 //!
 //! Submodules: [`ledger`] (tokens, USD, LLM attempts, GPU and compile time from the log),
-//! [`budget`] (refinement vs. sampling at equal attempts and at equal tokens) and [`integrity`]
+//! [`budget`] (refinement vs. sampling at equal attempts and at equal tokens), [`integrity`]
 //! (static and runtime findings, excessive speedups; in strict mode an unverified excessive speedup
-//! does not count in fast_p and the geomean).
+//! does not count in fast_p and the geomean), [`attempts`] (a run as attempts with their costs),
+//! [`compare`] (any runs at matched budgets along four axes, with [`bootstrap`] intervals).
 
+pub mod attempts;
+pub mod bootstrap;
 pub mod budget;
+pub mod compare;
 pub mod integrity;
 pub mod ledger;
 
@@ -23,6 +27,7 @@ use serde::ser::SerializeMap;
 
 use crate::types::{MethodKind, ProblemKey, TaskId, TurnRecord, Verdict};
 
+pub use attempts::{Attempt, AttemptCost, RunAttempts, device_ms_per_turn, run_attempts};
 pub use budget::{
     AttemptsRow, TokensRow, cumulative_tokens_per_problem, equal_attempts, equal_tokens,
 };

@@ -20,7 +20,7 @@ fn findings_cell(i: &Integrity) -> String {
     items.collect::<Vec<_>>().join(" ")
 }
 
-fn field(s: &str) -> String {
+pub(super) fn field(s: &str) -> String {
     if s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {

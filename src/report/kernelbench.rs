@@ -20,7 +20,8 @@ pub enum Pick {
     Last,
 }
 
-fn pick(records: &[TurnRecord], how: Pick) -> Option<&TurnRecord> {
+/// The turn of a task that stands for it, chosen by `how`; `None` when no turn finished.
+pub fn pick(records: &[TurnRecord], how: Pick) -> Option<&TurnRecord> {
     let finished = || records.iter().filter(|r| r.verdict.is_some());
     let last = finished().max_by_key(|r| r.turn);
     match how {

@@ -1,12 +1,17 @@
-//! `krefine report`: metrics of one or more run directories as text, Markdown, JSON or CSV, and the
-//! KernelBench `eval_results.json` export.
+//! `krefine report` and `krefine compare`: metrics of one or more run directories as text, Markdown,
+//! JSON or CSV, matched-budget comparisons, plots, and the KernelBench `eval_results.json` export.
 //!
-//! Rendering is a pure function of [`RunReport`]s; reading run directories and folding logs happens in
-//! the caller. docs/output-formats.md describes every format for users; keep it in step.
+//! Rendering is a pure function of [`RunReport`]s (and [`crate::metrics::compare::Comparison`]s);
+//! [`load`] reads run directories and folds their logs. docs/output-formats.md describes every format
+//! for users; keep it in step.
 
+mod compare;
 mod csv;
+mod equal;
 mod json;
 mod kernelbench;
+pub mod load;
+pub mod plot;
 mod text;
 
 use std::fmt;
@@ -17,7 +22,10 @@ use crate::metrics::{
 };
 use crate::types::{FeedbackMode, MethodKind};
 
-pub use kernelbench::{Pick, kernelbench_eval_results};
+pub use compare::{axis_title, budget_text, render_comparison};
+pub use equal::equal_attempts_table;
+pub use kernelbench::{Pick, kernelbench_eval_results, pick};
+pub use load::{LoadError, LoadedRun, RunInfo, load_run};
 
 /// Everything a report shows of one run.
 #[derive(Debug, Clone, PartialEq)]
