@@ -21,6 +21,7 @@ pub mod config;
 pub mod dataset;
 pub mod engine;
 pub mod gpu;
+pub mod hf;
 pub mod llm;
 pub mod machine;
 pub mod metrics;

@@ -53,6 +53,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             cfg.dataset.level
         );
     }
+    if cfg.eval.executor == ExecutorKind::Worker {
+        let hf_cache = hf_cache_dir(&loaded);
+        cfg.eval.hf.check_models(hf_cache.as_deref(), &problems)?;
+    }
     let discovery = gpu::discover();
     let devices = gpu::select(&cfg.resources.devices, &discovery).map_err(anyhow::Error::msg)?;
     let out = match &args.out {
@@ -299,6 +303,7 @@ async fn build_eval_services(
                 s.arch_list = gpu::arch_list(devices);
             }
             s.driver = discovery.driver_version.clone();
+            s.extra_env = cfg.eval.hf.worker_env(hf_cache_dir(loaded).as_deref());
             if let Some(b) = &cfg.eval.baseline {
                 s.baseline = Some(Arc::new(BaselineTable::load(&loaded.resolve(b)).await?));
             }
@@ -313,6 +318,14 @@ async fn build_eval_services(
             Ok((pool.clone(), pool.clone(), Some(pool)))
         }
     }
+}
+
+/// The Hugging Face cache the workers get: `eval.hf.cache` (resolved like every input path), else
+/// the user's.
+pub(crate) fn hf_cache_dir(loaded: &LoadedConfig) -> Option<PathBuf> {
+    let hf = &loaded.config.eval.hf;
+    hf.cache_dir(hf.cache.as_deref().map(|p| loaded.resolve(p)))
+        .map(|p| std::path::absolute(&p).unwrap_or(p))
 }
 
 /// A resumed run must be the same experiment: everything but resources, budget and output must
