@@ -27,6 +27,7 @@ pub mod machine;
 pub mod metrics;
 pub mod progress;
 pub mod prompt;
+pub mod provenance;
 pub mod report;
 pub mod services;
 pub mod sim;

@@ -126,6 +126,7 @@ fn refine_report() -> RunReport {
         metrics,
         ledger,
         complete: true,
+        provenance: None,
     }
 }
 
@@ -172,6 +173,7 @@ fn sampling_report() -> RunReport {
         metrics,
         ledger,
         complete: false,
+        provenance: None,
     }
 }
 

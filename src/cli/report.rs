@@ -114,11 +114,25 @@ pub fn load_report(dir: &Path) -> anyhow::Result<RunReport> {
             run.events_path().display()
         );
     };
-    let model = std::fs::read_to_string(run.config_path())
+    let config = std::fs::read_to_string(run.config_path())
         .ok()
-        .and_then(|t| toml::from_str::<Config>(&t).ok())
-        .map(|c| c.model.name)
+        .and_then(|t| toml::from_str::<Config>(&t).ok());
+    let model = config
+        .as_ref()
+        .map(|c| c.model.name.clone())
         .unwrap_or_default();
+    let recorded = crate::provenance::read(dir)?;
+    let provenance = crate::report::provenance::provenance(
+        &crate::report::provenance::Started {
+            method,
+            turns: n_turns,
+            samples,
+            feedback,
+        },
+        config.as_ref(),
+        recorded.as_ref(),
+        turns.values().flatten().filter_map(|t| t.exec.as_ref()),
+    );
     let axis = match method {
         MethodKind::Refine => n_turns,
         MethodKind::Sampling => samples,
@@ -143,5 +157,6 @@ pub fn load_report(dir: &Path) -> anyhow::Result<RunReport> {
         metrics,
         ledger: ledger(&log.records),
         complete,
+        provenance: Some(provenance),
     })
 }

@@ -25,6 +25,8 @@ struct Run<'a> {
     #[serde(skip_serializing_if = "PassAt::is_empty")]
     pass_at_k: PassAt<'a>,
     ledger: LedgerTotals<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    provenance: Option<&'a super::provenance::Provenance>,
 }
 
 #[derive(Serialize)]
@@ -159,6 +161,7 @@ fn run(r: &RunReport) -> Run<'_> {
         turns: rows(r).iter().map(turn).collect(),
         pass_at_k: PassAt(&r.metrics.pass_at_k),
         ledger: totals(&r.ledger),
+        provenance: r.provenance.as_ref(),
     }
 }
 
