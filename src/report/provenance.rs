@@ -377,6 +377,189 @@ fn short_hash(h: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provenance::{Device, Host};
+    use serde_json::json;
+
+    fn exec(v: serde_json::Value) -> ExecOutcome {
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// One refinement run on an H100 against a baseline file, golden in JSON and text.
+    #[test]
+    fn golden_provenance() {
+        let config = crate::config::parse(
+            r#"
+[dataset]
+path = "KernelBench"
+level = 4
+problems = "1-3"
+[method]
+kind = "refine"
+turns = 5
+feedback = "GE"
+[model]
+provider = "openai"
+name = "gpt-test"
+base_url = "https://user:sk-secret@llm.example.com:8443/v1?key=sk-x"
+api_key_env = "TEST_KEY"
+temperature = 0.7
+top_p = 0.95
+max_tokens = 8192
+[eval]
+precision = "bf16"
+"#,
+            std::path::Path::new("exp.toml"),
+            &[],
+        )
+        .unwrap()
+        .config;
+        let recorded = RunProvenance {
+            krefine: Build {
+                version: "0.1.0".into(),
+                commit: "0123456789abcdef0123456789abcdef01234567".into(),
+            },
+            dataset: DatasetRevision {
+                path: "/data/KernelBench".into(),
+                kind: "kernelbench_checkout".into(),
+                git_commit: Some("fedcba9876543210fedcba9876543210fedcba98".into()),
+                content_hash: "blake3:00112233445566778899aabbccddeeff".into(),
+                level: 4,
+                problems: "1-3".into(),
+            },
+            baseline: Some(FileHash {
+                path: "/data/baselines/H100/baseline_time_torch.json".into(),
+                hash: "blake3:ffeeddccbbaa99887766554433221100".into(),
+            }),
+            host: Host {
+                devices: vec![Device {
+                    id: "cuda:0".into(),
+                    name: "NVIDIA H100 80GB HBM3".into(),
+                    uuid: Some("GPU-1234".into()),
+                }],
+                driver: Some("580.159.04".into()),
+                cuda_driver_api: Some("13.0".into()),
+                cpu: Some("AMD EPYC".into()),
+            },
+            hf_cache: Some("/home/u/.cache/huggingface/hub".into()),
+            hf_offline: Some(true),
+        };
+        let env = json!({
+            "device_name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "cuda": "13.0",
+            "precision": "bf16", "mode": "faithful", "timing_method": "cuda_event",
+            "grad_mode": "no_grad", "tf32_matmul": false, "tf32_cudnn": true,
+            "integer_inputs": "kept", "transformers": "5.23.0", "python": "3.12.3",
+        });
+        let results = [
+            exec(
+                json!({"verdict": "correct", "compiled": true, "correctness": true,
+                "ref_source": "baseline:H100/baseline_time_torch.json", "env": env}),
+            ),
+            exec(
+                json!({"verdict": "incorrect", "compiled": true, "correctness": false,
+                "ref_source": "baseline:H100/baseline_time_torch.json", "env": env}),
+            ),
+            // A result without an env (an orchestrator-side failure) adds nothing.
+            exec(json!({"verdict": "compile_error", "compiled": false, "correctness": false})),
+        ];
+        let started = Started {
+            method: MethodKind::Refine,
+            turns: 5,
+            samples: 1,
+            feedback: Some(FeedbackMode::GE),
+        };
+        let p = provenance(&started, Some(&config), Some(&recorded), results.iter());
+        assert_eq!(
+            serde_json::to_value(&p).unwrap(),
+            json!({
+                "levels": [4],
+                "hardware": {
+                    "measured_on": ["NVIDIA H100 80GB HBM3"],
+                    "devices": [{"id": "cuda:0", "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-1234"}],
+                    "driver": "580.159.04",
+                    "cuda_driver_api": "13.0",
+                    "cpu": "AMD EPYC"
+                },
+                "software": {
+                    "krefine": {"version": "0.1.0", "commit": "0123456789abcdef0123456789abcdef01234567"},
+                    "torch": "2.11.0+cu130",
+                    "cuda": "13.0",
+                    "python": "3.12.3",
+                    "transformers": "5.23.0"
+                },
+                "model": {
+                    "provider": "openai",
+                    "name": "gpt-test",
+                    "endpoint_host": "llm.example.com:8443",
+                    "temperature": 0.7f32,
+                    "top_p": 0.95f32,
+                    "max_tokens": 8192
+                },
+                "method": {"kind": "refine", "turns": 5, "samples_per_task": 1, "feedback": "GE"},
+                "dataset": {
+                    "path": "/data/KernelBench",
+                    "kind": "kernelbench_checkout",
+                    "git_commit": "fedcba9876543210fedcba9876543210fedcba98",
+                    "content_hash": "blake3:00112233445566778899aabbccddeeff",
+                    "level": 4,
+                    "problems": "1-3"
+                },
+                "baseline": {
+                    "path": "/data/baselines/H100/baseline_time_torch.json",
+                    "hash": "blake3:ffeeddccbbaa99887766554433221100"
+                },
+                "eval": {
+                    "mode": "faithful",
+                    "precision": "bf16",
+                    "timing_method": "cuda_event",
+                    "reference_timing": ["baseline:H100/baseline_time_torch.json"],
+                    "integer_inputs": "kept",
+                    "tf32_matmul": false,
+                    "tf32_cudnn": true,
+                    "correct_trials": 5,
+                    "timing_trials": 100
+                }
+            })
+        );
+        let text: Vec<String> = lines(&p)
+            .into_iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect();
+        assert_eq!(
+            text,
+            [
+                "levels: 4",
+                "hardware: NVIDIA H100 80GB HBM3; cuda:0 GPU-1234",
+                "software: driver 580.159.04, cuda 13.0, torch 2.11.0+cu130, python 3.12.3, transformers 5.23.0",
+                "krefine: 0.1.0 (0123456789ab)",
+                "model: openai gpt-test at llm.example.com:8443 (temperature 0.7, top_p 0.95, max_tokens 8192)",
+                "method: refine, 5 turn(s), 1 sample(s) per task, feedback GE",
+                "dataset: /data/KernelBench (kernelbench_checkout, commit fedcba987654, blake3:0011223344556677), problems 1-3",
+                "baseline: /data/baselines/H100/baseline_time_torch.json (blake3:ffeeddccbbaa9988)",
+                "evaluation: faithful mode, bf16, cuda_event timing, reference baseline:H100/baseline_time_torch.json, integer inputs kept",
+            ]
+        );
+        let json = serde_json::to_string(&p).unwrap();
+        assert!(!json.contains("sk-"), "{json}");
+    }
+
+    #[test]
+    fn without_a_run_directory_record_the_config_still_speaks() {
+        let started = Started {
+            method: MethodKind::Sampling,
+            turns: 1,
+            samples: 4,
+            feedback: None,
+        };
+        let p = provenance(&started, None, None, std::iter::empty());
+        assert_eq!(p.levels, Vec::<u32>::new());
+        assert_eq!(p.baseline, None);
+        let text = lines(&p);
+        assert!(text.contains(&("baseline", "timed live".to_string())));
+        assert!(text.contains(&(
+            "method",
+            "sampling, 1 turn(s), 4 sample(s) per task".to_string()
+        )));
+    }
 
     #[test]
     fn endpoint_host_drops_everything_but_the_host() {
