@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H100 checks, run from the repository root on the GPU machine with the kit of make-kit.sh in .gpu/.
-#   bash bench/gpu/run.sh STEP...     steps: env refeq fused-l2 fused-l1 big-l1 big-l1-19 hostile gpu-checks
+#   bash bench/gpu/run.sh STEP...     steps: env refeq fused-l2 fused-l1 big-l1 big-l1-19 hostile gpu-checks int-l4
 # Each step's results land in $OUT as soon as it ends: summary.txt (appended) and runs.tgz (every run
 # directory so far, scratch folders left out).
 set -uo pipefail
@@ -59,6 +59,20 @@ step_gpu_checks() {
   log "tests/python/run_gpu_checks.py"
   timeout 300 python3 tests/python/run_gpu_checks.py --work /tmp/krefine-gc --arch-list 9.0 --out runs/gpu_checks.json > runs/gpu-checks.txt 2>&1
   tail -5 runs/gpu-checks.txt >> "$S"; save
+}
+step_int_l4() { # issue 17: integer inputs kept (default) and cast (KernelBench), tiny level-4 models on the GPU
+  run int-l1 .gpu/int-l1.toml
+  run int-l1-cast .gpu/int-l1.toml --set eval.cast_integer_inputs=true --set 'run.name="int-l1-cast"'
+  python3 tests/python/hf_cache.py .gpu/hub >> "$S" 2>&1
+  run tiny-l4 .gpu/tiny-l4.toml
+  $K report runs/tiny-l4 --format json > runs/tiny-l4.report.json 2>> "$S"
+  grep -h '"verdict"' runs/int-l1*/events.jsonl runs/tiny-l4/events.jsonl \
+    | python3 -c 'import json,sys
+for l in sys.stdin:
+    r = json.loads(l); o = r["event"].get("outcome") or {}
+    if r["event"]["type"] == "executed":
+        print(r["task"], o.get("verdict"), o.get("speedup"), o.get("env", {}).get("integer_inputs"))' >> "$S"
+  save
 }
 for step in "$@"; do "step_${step//-/_}"; done
 log done
