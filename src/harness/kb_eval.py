@@ -1067,6 +1067,9 @@ def _evaluate_into(
     verdict.phases["reference_s"] = time.perf_counter() - started
     if ctx.error is not None:  # KernelBench builds the reference before loading the candidate
         _reference_failed(verdict, ctx.error, hardware, device)
+        hint = kb_feedback.hf_offline_hint(ctx.error.exc, request["problem"]["code"])
+        if hint is not None:
+            verdict.feedback.append(hint)
         return
     candidate = request["candidate"]
     build_dir = candidate["build_dir"]

@@ -97,5 +97,22 @@ def test_level4_model_from_the_hugging_face_cache_offline(tmp_path: Path, monkey
         # Offline: an immediate, precise failure, never a wait on the network.
         assert r["status"] == "reference_error"
         assert "couldn't find them in the cached files" in r["feedback"]
+        assert f"model krefine-test/not-cached is not in the cache {cache}" in r["feedback"]
     finally:
         assert worker.close() == 0
+
+
+def test_offline_hint_only_for_offline_cache_misses(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kb_feedback
+
+    miss = OSError("We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the cached files.")
+    code = 'model_name = "org/m"\n'
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert kb_feedback.hf_offline_hint(miss, code) is None
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", "/c/hub")
+    assert kb_feedback.hf_offline_hint(miss, code) == (
+        "Hugging Face model org/m is not in the cache /c/hub, and workers run offline (eval.hf.offline = true). "
+        "Download it first (e.g. `hf download NAME`) or set eval.hf.cache."
+    )
+    assert kb_feedback.hf_offline_hint(ValueError("cached files"), code) is None
