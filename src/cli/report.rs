@@ -33,6 +33,13 @@ pub fn render_dirs(dirs: &[PathBuf], format: Format) -> anyhow::Result<String> {
         .iter()
         .map(|d| load_report(d))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let provenances: Vec<(&str, &crate::report::provenance::Provenance)> = reports
+        .iter()
+        .filter_map(|r| r.provenance.as_ref().map(|p| (r.run.as_str(), p)))
+        .collect();
+    for m in crate::report::provenance::mismatches(&provenances) {
+        eprintln!("WARNING: {m}: their numbers are not comparable as they stand");
+    }
     let mut out = render(&reports, format);
     if matches!(format, Format::Text | Format::Md)
         && let Some(table) = equal_attempts_table(&reports, format)

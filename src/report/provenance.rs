@@ -362,6 +362,44 @@ pub fn lines(p: &Provenance) -> Vec<(&'static str, String)> {
     out
 }
 
+/// What makes runs' scores incomparable: a different level, hardware, baseline file (or one timed
+/// live and one against a file), problem set, precision or evaluation mode. One line per differing
+/// field, naming each run's value; empty when the runs agree (or there are fewer than two).
+pub fn mismatches(runs: &[(&str, &Provenance)]) -> Vec<String> {
+    type Field = (&'static str, fn(&Provenance) -> String);
+    let fields: [Field; 6] = [
+        ("level", |p| format!("{:?}", p.levels)),
+        ("hardware", |p| p.hardware.measured_on.join(", ")),
+        ("baseline", |p| {
+            p.baseline
+                .as_ref()
+                .map_or("timed live".to_string(), |b| short_hash(&b.hash))
+        }),
+        ("problems", |p| {
+            p.dataset
+                .as_ref()
+                .map_or("-".to_string(), |d| short_hash(&d.content_hash))
+        }),
+        ("precision", |p| {
+            p.eval.precision.clone().unwrap_or_default()
+        }),
+        ("eval mode", |p| p.eval.mode.clone().unwrap_or_default()),
+    ];
+    let mut out = Vec::new();
+    for (name, value) in fields {
+        let values: Vec<String> = runs.iter().map(|(_, p)| value(p)).collect();
+        if values.windows(2).any(|w| w[0] != w[1]) {
+            let each: Vec<String> = runs
+                .iter()
+                .zip(&values)
+                .map(|((run, _), v)| format!("{run}: {v}"))
+                .collect();
+            out.push(format!("the runs differ in {name} ({})", each.join("; ")));
+        }
+    }
+    out
+}
+
 fn short(commit: &str) -> String {
     let (c, dirty) = match commit.strip_suffix("-dirty") {
         Some(c) => (c, "-dirty"),
@@ -540,6 +578,43 @@ precision = "bf16"
         );
         let json = serde_json::to_string(&p).unwrap();
         assert!(!json.contains("sk-"), "{json}");
+    }
+
+    #[test]
+    fn mismatches_name_each_differing_field_and_run() {
+        let started = Started {
+            method: MethodKind::Refine,
+            turns: 1,
+            samples: 1,
+            feedback: None,
+        };
+        let h100 = json!({"device_name": "H100", "precision": "fp32", "mode": "faithful"});
+        let a100 = json!({"device_name": "A100", "precision": "fp32", "mode": "faithful"});
+        let run = |env: &serde_json::Value| {
+            let e = exec(
+                json!({"verdict": "correct", "compiled": true, "correctness": true, "env": env}),
+            );
+            provenance(&started, None, None, std::iter::once(&e))
+        };
+        let (a, b, c) = (run(&h100), run(&h100), run(&a100));
+        assert!(mismatches(&[("a", &a), ("b", &b)]).is_empty());
+        assert_eq!(
+            mismatches(&[("a", &a), ("c", &c)]),
+            ["the runs differ in hardware (a: H100; c: A100)"]
+        );
+        let mut d = a.clone();
+        d.levels = vec![4];
+        d.baseline = Some(FileHash {
+            path: "b.json".into(),
+            hash: "blake3:0123456789abcdef0123".into(),
+        });
+        assert_eq!(
+            mismatches(&[("a", &a), ("d", &d)]),
+            [
+                "the runs differ in level (a: []; d: [4])",
+                "the runs differ in baseline (a: timed live; d: blake3:0123456789abcdef)"
+            ]
+        );
     }
 
     #[test]
