@@ -15,6 +15,7 @@ state, so the candidate sees exactly what it would have seen in KernelBench's in
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import hashlib
 import importlib.metadata
@@ -931,6 +932,7 @@ def environment(
     }
 
 
+@functools.lru_cache(maxsize=None)
 def package_version(name: str) -> str | None:
     """An installed package's version without importing it (importing transformers takes seconds)."""
     try:
