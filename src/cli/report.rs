@@ -128,7 +128,11 @@ pub fn load_report(dir: &Path) -> anyhow::Result<RunReport> {
         .as_ref()
         .map(|c| c.model.name.clone())
         .unwrap_or_default();
-    let recorded = crate::provenance::read(dir)?;
+    // A damaged provenance.json must not hide the run's numbers: say so and report without it.
+    let recorded = crate::provenance::read(dir).unwrap_or_else(|e| {
+        eprintln!("warning: {e}");
+        None
+    });
     let provenance = crate::report::provenance::provenance(
         &crate::report::provenance::Started {
             method,
