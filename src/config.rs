@@ -411,6 +411,40 @@ fn t_profile() -> f64 {
     180.0
 }
 
+impl Timeouts {
+    /// The defaults for a KernelBench level: level 4 builds whole Hugging Face models (seconds to
+    /// load, a forward of a 2.7 B-parameter model per trial), so its reference, execute, load and
+    /// profile stages get more time.
+    pub fn for_level(level: u32) -> Timeouts {
+        let mut t = Timeouts::default();
+        if level >= 4 {
+            t.load_s = 600.0;
+            t.reference_s = 3600.0;
+            t.execute_s = 1800.0;
+            t.profile_s = 900.0;
+        }
+        t
+    }
+
+    /// Level-aware defaults for the keys the config did not set (`given`: the `[eval.timeouts]`
+    /// table as written, with overrides applied).
+    fn fill_level_defaults(&mut self, level: u32, given: Option<&toml::Table>) {
+        let defaults = Timeouts::for_level(level);
+        let set = |key: &str| given.is_some_and(|t| t.contains_key(key));
+        for (key, field, default) in [
+            ("compile_s", &mut self.compile_s, defaults.compile_s),
+            ("load_s", &mut self.load_s, defaults.load_s),
+            ("reference_s", &mut self.reference_s, defaults.reference_s),
+            ("execute_s", &mut self.execute_s, defaults.execute_s),
+            ("profile_s", &mut self.profile_s, defaults.profile_s),
+        ] {
+            if !set(key) {
+                *field = default;
+            }
+        }
+    }
+}
+
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {
@@ -513,6 +547,14 @@ pub struct EvalSection {
     /// Left out of the frozen config while empty, so older runs still resume.
     #[serde(default, skip_serializing_if = "ChecksSection::is_default")]
     pub checks: ChecksSection,
+    /// Cast integer and bool input tensors to the precision dtype, as KernelBench's
+    /// `_process_input_tensor` does (which breaks references that index with them); false keeps
+    /// their dtype. Recorded in every result's env as `integer_inputs`.
+    #[serde(default)]
+    pub cast_integer_inputs: bool,
+    /// The Hugging Face cache the workers load level-4 models from.
+    #[serde(default)]
+    pub hf: crate::hf::HfSection,
 }
 
 fn default_seed() -> u64 {
@@ -553,6 +595,8 @@ impl Default for EvalSection {
             timeouts: Timeouts::default(),
             simulated: SimulatedSection::default(),
             checks: ChecksSection::default(),
+            cast_integer_inputs: false,
+            hf: crate::hf::HfSection::default(),
         }
     }
 }
@@ -675,7 +719,7 @@ pub fn parse(text: &str, path: &Path, sets: &[String]) -> Result<LoadedConfig, C
     for assignment in sets {
         apply_set(&mut table, assignment)?;
     }
-    let config: Config = if sets.is_empty() {
+    let mut config: Config = if sets.is_empty() {
         toml::from_str(text).map_err(parse_err)?
     } else {
         toml::Value::Table(table.clone())
@@ -685,6 +729,15 @@ pub fn parse(text: &str, path: &Path, sets: &[String]) -> Result<LoadedConfig, C
                 message: e.to_string().trim_end().to_string(),
             })?
     };
+    let given_timeouts = table
+        .get("eval")
+        .and_then(|e| e.get("timeouts"))
+        .and_then(|t| t.as_table());
+    let level = config.dataset.level;
+    config
+        .eval
+        .timeouts
+        .fill_level_defaults(level, given_timeouts);
     validate(&config, path)?;
     let effective_toml = toml::to_string_pretty(&config).map_err(|e| ConfigError::Parse {
         path: path.to_path_buf(),
@@ -849,6 +902,47 @@ answers = "answers.jsonl"
     fn p(text: &str, sets: &[&str]) -> Result<LoadedConfig, ConfigError> {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
         parse(text, Path::new("exp.toml"), &sets)
+    }
+
+    #[test]
+    fn level_4_gets_whole_model_timeouts_unless_set() {
+        let t = p(MIN, &[]).unwrap().config.eval.timeouts;
+        assert_eq!(t, Timeouts::default());
+        let l4 = p(MIN, &["dataset.level=4", "eval.timeouts.execute_s=99"]).unwrap();
+        let t = &l4.config.eval.timeouts;
+        assert_eq!(
+            (
+                t.compile_s,
+                t.load_s,
+                t.reference_s,
+                t.execute_s,
+                t.profile_s
+            ),
+            (600.0, 600.0, 3600.0, 99.0, 900.0)
+        );
+        // The effective config states them, so a resume reads the same values.
+        assert!(l4.effective_toml.contains("reference_s = 3600.0"));
+        let text = format!("{MIN}[eval.timeouts]\nreference_s = 10\n");
+        let t = p(&text, &["dataset.level=4"]).unwrap().config.eval.timeouts;
+        assert_eq!((t.reference_s, t.execute_s), (10.0, 1800.0));
+    }
+
+    #[test]
+    fn integer_inputs_and_hf_cache_keys() {
+        let c = p(MIN, &[]).unwrap().config;
+        assert!(!c.eval.cast_integer_inputs);
+        assert!(c.eval.hf.offline);
+        assert_eq!(c.eval.hf.cache, None);
+        let text = format!(
+            "{MIN}[eval]\ncast_integer_inputs = true\n[eval.hf]\ncache = \"/m/hub\"\noffline = false\n"
+        );
+        let c = p(&text, &[]).unwrap().config;
+        assert!(c.eval.cast_integer_inputs && !c.eval.hf.offline);
+        assert_eq!(c.eval.hf.cache, Some(PathBuf::from("/m/hub")));
+        let err = p(&format!("{MIN}[eval.hf]\ncahce = 1\n"), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cahce"), "{err}");
     }
 
     #[test]

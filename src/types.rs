@@ -427,6 +427,16 @@ pub struct EvalEnv {
     pub tf32_matmul: Option<bool>,
     #[serde(default)]
     pub tf32_cudnn: Option<bool>,
+    /// `kept` (integer and bool inputs keep their dtype, the default) or `cast` (KernelBench's cast,
+    /// `eval.cast_integer_inputs`); absent in logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub integer_inputs: Option<String>,
+    /// The worker's `transformers` version (level 4 builds Hugging Face models with it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transformers: Option<String>,
+    /// The worker's Python version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
 }
 
 /// Result of evaluating one compiled candidate on a device.

@@ -128,6 +128,7 @@ fn refine_report() -> RunReport {
         metrics,
         ledger,
         complete: true,
+        provenance: None,
     }
 }
 
@@ -174,6 +175,7 @@ fn sampling_report() -> RunReport {
         metrics,
         ledger,
         complete: false,
+        provenance: None,
     }
 }
 

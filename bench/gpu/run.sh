@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H100 checks, run from the repository root on the GPU machine with the kit of make-kit.sh in .gpu/.
 #   bash bench/gpu/run.sh STEP...     steps: env refeq fused-l2 fused-l1 big-l1 big-l1-19 hostile gpu-checks
-#                                     baseline
+#                                     baseline int-l4
 # Each step's results land in $OUT as soon as it ends: summary.txt (appended) and runs.tgz (every run
 # directory so far, scratch folders left out).
 set -uo pipefail
@@ -81,6 +81,20 @@ step_baseline() { # krefine baseline (eager) on level 1 against KernelBench's H1
   python3 bench/gpu/baseline_table.py runs/baseline-l1-compile.json \
     .gpu/baseline_h100_modal_compile.json >> "$S" 2>&1
   cp runs/baseline-l1*.json "$OUT/"; save
+}
+step_int_l4() { # issue 17: integer inputs kept (default) and cast (KernelBench), tiny level-4 models on the GPU
+  run int-l1 .gpu/int-l1.toml
+  run int-l1-cast .gpu/int-l1.toml --set eval.cast_integer_inputs=true --set 'run.name="int-l1-cast"'
+  python3 tests/python/hf_cache.py .gpu/hub >> "$S" 2>&1
+  run tiny-l4 .gpu/tiny-l4.toml
+  $K report runs/tiny-l4 --format json > runs/tiny-l4.report.json 2>> "$S"
+  grep -h '"verdict"' runs/int-l1*/events.jsonl runs/tiny-l4/events.jsonl \
+    | python3 -c 'import json,sys
+for l in sys.stdin:
+    r = json.loads(l); o = r["event"].get("outcome") or {}
+    if r["event"]["type"] == "executed":
+        print(r["task"], o.get("verdict"), o.get("speedup"), o.get("env", {}).get("integer_inputs"))' >> "$S"
+  save
 }
 for step in "$@"; do "step_${step//-/_}"; done
 log done

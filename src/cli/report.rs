@@ -82,7 +82,7 @@ pub fn load_runs(dirs: &[PathBuf]) -> anyhow::Result<Vec<LoadedRun>> {
     dirs.iter()
         .map(|d| {
             let run = load_run(d)?;
-            if let Some(w) = &run.torn_tail {
+            for w in run.torn_tail.iter().chain(&run.provenance_warning) {
                 eprintln!("warning: {w}");
             }
             Ok(run)
@@ -97,6 +97,13 @@ pub fn render_dirs(dirs: &[PathBuf], format: Format) -> anyhow::Result<String> {
 }
 
 fn render_reports(reports: &[RunReport], format: Format) -> String {
+    let provenances: Vec<(&str, &crate::report::provenance::Provenance)> = reports
+        .iter()
+        .filter_map(|r| r.provenance.as_ref().map(|p| (r.run.as_str(), p)))
+        .collect();
+    for m in crate::report::provenance::mismatches(&provenances) {
+        eprintln!("WARNING: {m}: their numbers are not comparable as they stand");
+    }
     let mut out = render(reports, format);
     if matches!(format, Format::Text | Format::Md)
         && let Some(table) = equal_attempts_table(reports, format)

@@ -17,7 +17,7 @@ use crate::sim::SimServices;
 use crate::store::{ReadLog, RunDir, read_log};
 use crate::types::{Event, FeedbackMode, MethodKind};
 use crate::worker::{self, BaselineTable, WorkerPool, WorkerSettings};
-use crate::{dataset, llm, progress};
+use crate::{dataset, llm, progress, provenance};
 
 #[derive(clap::Args)]
 pub struct RunArgs {
@@ -59,6 +59,10 @@ pub(super) fn run_loaded(args: RunArgs, loaded: LoadedConfig) -> anyhow::Result<
             cfg.dataset.level
         );
     }
+    if cfg.eval.executor == ExecutorKind::Worker {
+        let hf_cache = hf_cache_dir(&loaded);
+        cfg.eval.hf.check_models(hf_cache.as_deref(), &problems)?;
+    }
     let discovery = gpu::discover();
     let devices = gpu::select(&cfg.resources.devices, &discovery).map_err(anyhow::Error::msg)?;
     let out = match &args.out {
@@ -75,19 +79,72 @@ pub(super) fn run_loaded(args: RunArgs, loaded: LoadedConfig) -> anyhow::Result<
         (RunDir::create(&out, &loaded.effective_toml)?, None)
     };
     let fresh = prior.is_none();
-    let result = start(
-        args,
-        loaded,
-        dir.clone(),
-        prior,
-        problems,
-        devices,
-        discovery,
-    );
+    let result = record_provenance(
+        &dir,
+        &loaded,
+        &dataset_path,
+        &problems,
+        &devices,
+        &discovery,
+    )
+    .and_then(|()| {
+        start(
+            args,
+            loaded,
+            dir.clone(),
+            prior,
+            problems,
+            devices,
+            discovery,
+        )
+    });
     if fresh && result.is_err() {
         remove_if_unstarted(&dir);
     }
     result
+}
+
+/// Write the run's `provenance.json` (dataset revision, baseline hash, machine, build). A resumed
+/// run keeps the one it started with and says so loudly when the problems or baseline changed since.
+fn record_provenance(
+    dir: &RunDir,
+    loaded: &LoadedConfig,
+    dataset_path: &std::path::Path,
+    problems: &[crate::types::Problem],
+    devices: &[DeviceInfo],
+    discovery: &gpu::Discovery,
+) -> anyhow::Result<()> {
+    let cfg = &loaded.config;
+    let worker = cfg.eval.executor == ExecutorKind::Worker;
+    let baseline = cfg.eval.baseline.as_deref().map(|b| loaded.resolve(b));
+    let now = provenance::collect(&provenance::Inputs {
+        dataset_path,
+        level: cfg.dataset.level,
+        selection: &cfg.dataset.problems,
+        problems,
+        baseline: baseline.as_deref(),
+        devices,
+        discovery,
+        hf_cache: if worker { hf_cache_dir(loaded) } else { None },
+        hf_offline: worker.then_some(cfg.eval.hf.offline),
+    })?;
+    match provenance::read(dir.root())? {
+        None => provenance::write(dir.root(), &now)?,
+        Some(first) => {
+            if first.dataset.content_hash != now.dataset.content_hash {
+                eprintln!(
+                    "WARNING: the problems changed since this run started ({} then, {} now); the run's provenance.json keeps the first",
+                    first.dataset.content_hash, now.dataset.content_hash
+                );
+            }
+            if first.baseline.as_ref().map(|b| &b.hash) != now.baseline.as_ref().map(|b| &b.hash) {
+                eprintln!(
+                    "WARNING: the baseline file changed since this run started; the run's provenance.json keeps the first"
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A new run that failed before its first event (no Python with torch, a missing API key, ...)
@@ -313,6 +370,7 @@ async fn build_eval_services(
                 s.arch_list = gpu::arch_list(devices);
             }
             s.driver = discovery.driver_version.clone();
+            s.extra_env = cfg.eval.hf.worker_env(hf_cache_dir(loaded).as_deref());
             if let Some(b) = &cfg.eval.baseline {
                 s.baseline = Some(Arc::new(BaselineTable::load(&loaded.resolve(b)).await?));
             }
@@ -327,6 +385,14 @@ async fn build_eval_services(
             Ok((pool.clone(), pool.clone(), Some(pool)))
         }
     }
+}
+
+/// The Hugging Face cache the workers get: `eval.hf.cache` (resolved like every input path), else
+/// the user's.
+pub(crate) fn hf_cache_dir(loaded: &LoadedConfig) -> Option<PathBuf> {
+    let hf = &loaded.config.eval.hf;
+    hf.cache_dir(hf.cache.as_deref().map(|p| loaded.resolve(p)))
+        .map(|p| std::path::absolute(&p).unwrap_or(p))
 }
 
 /// A resumed run must be the same experiment: everything but resources, budget and output must

@@ -28,6 +28,8 @@ struct Run<'a> {
     #[serde(skip_serializing_if = "Integrity::is_empty")]
     integrity: Integrity,
     ledger: LedgerTotals<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    provenance: Option<&'a super::provenance::Provenance>,
 }
 
 #[derive(Serialize)]
@@ -166,6 +168,7 @@ fn run(r: &RunReport) -> Run<'_> {
         pass_at_k: PassAt(&r.metrics.pass_at_k),
         integrity: r.metrics.integrity(),
         ledger: totals(&r.ledger),
+        provenance: r.provenance.as_ref(),
     }
 }
 

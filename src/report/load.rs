@@ -112,6 +112,8 @@ pub struct LoadedRun {
     pub task_ids: Vec<TaskId>,
     /// A torn last line of the log that was dropped, to warn about.
     pub torn_tail: Option<String>,
+    /// Why `provenance.json` could not be read, when it exists but is damaged.
+    pub provenance_warning: Option<String>,
 }
 
 /// Read and fold the run in `dir`.
@@ -164,6 +166,22 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, LoadError> {
         Some(Event::RunEnded { reason }) if reason == "finished"
     );
     let feedback = (method == MethodKind::Refine).then_some(feedback).flatten();
+    // A damaged provenance.json must not hide the run's numbers: say so and report without it.
+    let (recorded, provenance_warning) = match crate::provenance::read(dir) {
+        Ok(p) => (p, None),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    let provenance = crate::report::provenance::provenance(
+        &crate::report::provenance::Started {
+            method,
+            turns: n_turns,
+            samples,
+            feedback,
+        },
+        config.as_ref(),
+        recorded.as_ref(),
+        turns.values().flatten().filter_map(|t| t.exec.as_ref()),
+    );
     let info = describe(
         &name,
         method,
@@ -184,12 +202,14 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, LoadError> {
             metrics,
             ledger,
             complete,
+            provenance: Some(provenance),
         },
         info,
         attempts,
         turns,
         task_ids,
         torn_tail: log.torn_tail,
+        provenance_warning,
     })
 }
 

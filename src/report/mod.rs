@@ -12,6 +12,7 @@ mod json;
 mod kernelbench;
 pub mod load;
 pub mod plot;
+pub mod provenance;
 mod text;
 
 use std::fmt;
@@ -40,6 +41,9 @@ pub struct RunReport {
     pub ledger: Ledger,
     /// False while the run is in progress or when it stopped early (cancelled, budget).
     pub complete: bool,
+    /// What the scores were measured on and how; `None` only for reports built without a run
+    /// directory.
+    pub provenance: Option<provenance::Provenance>,
 }
 
 /// Output format of `krefine report` (`--format text|md|json|csv`).

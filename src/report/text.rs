@@ -198,6 +198,12 @@ fn render_one(r: &RunReport, md: bool) -> String {
     if md {
         let _ = writeln!(out, "### {}\n", r.run);
         let _ = writeln!(out, "{}\n", title(r));
+        if let Some(p) = &r.provenance {
+            for (label, value) in super::provenance::lines(p) {
+                let _ = writeln!(out, "- {label}: {value}");
+            }
+            out.push('\n');
+        }
         out.push_str(&markdown_table(&table));
         if let Some(line) = pass_at_k_line(r) {
             let _ = writeln!(out, "\n{line}");
@@ -211,6 +217,11 @@ fn render_one(r: &RunReport, md: bool) -> String {
         }
     } else {
         let _ = writeln!(out, "{} ({})", r.run, title(r));
+        if let Some(p) = &r.provenance {
+            for (label, value) in super::provenance::lines(p) {
+                let _ = writeln!(out, "{label:<11}{value}");
+            }
+        }
         out.push_str(&aligned(&table));
         if let Some(line) = pass_at_k_line(r) {
             out.push_str(&line);

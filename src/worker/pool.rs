@@ -82,6 +82,10 @@ pub struct WorkerSettings {
     pub baseline: Option<Arc<BaselineTable>>,
     /// GPU driver version, recorded in every result's `env`.
     pub driver: Option<String>,
+    /// `eval.cast_integer_inputs`: KernelBench's cast of integer and bool inputs.
+    pub cast_integer_inputs: bool,
+    /// Extra worker environment (the Hugging Face cache and offline mode, see `crate::hf`).
+    pub extra_env: Vec<(String, std::ffi::OsString)>,
 }
 
 impl WorkerSettings {
@@ -110,6 +114,8 @@ impl WorkerSettings {
             ncu: false,
             baseline: None,
             driver: None,
+            cast_integer_inputs: false,
+            extra_env: Vec::new(),
         };
         s.apply_eval(&eval);
         s
@@ -129,6 +135,7 @@ impl WorkerSettings {
         self.recycle_after = eval.recycle_after;
         self.profile_rows = eval.profile_rows;
         self.ncu = eval.ncu;
+        self.cast_integer_inputs = eval.cast_integer_inputs;
         if let Some(dir) = &eval.build_cache {
             self.build_cache = dir.clone();
         }
@@ -303,6 +310,7 @@ impl WorkerPool {
             cuda_visible_devices: Some(cvd),
             arch_list: arch,
             load_timeout: deadlines.load,
+            extra_env: settings.extra_env.clone(),
         };
         let eval_specs: Vec<(DeviceId, SpawnSpec)> = settings
             .devices
@@ -1092,6 +1100,7 @@ impl Executor for WorkerPool {
                 .baseline
                 .as_ref()
                 .and_then(|b| b.reference_runtime(&job.problem)),
+            cast_integer_inputs: self.settings.cast_integer_inputs,
         };
         let request = RequestBody::Evaluate(prepare.evaluate(candidate));
         let prepare_started = Instant::now();

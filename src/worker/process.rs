@@ -114,6 +114,9 @@ pub struct SpawnSpec {
     /// `TORCH_CUDA_ARCH_LIST`; `None` passes the orchestrator's own value through, if any.
     pub arch_list: Option<String>,
     pub load_timeout: Duration,
+    /// Variables set on purpose by the orchestrator (the Hugging Face cache and offline mode);
+    /// still subject to the secret filter.
+    pub extra_env: Vec<(String, OsString)>,
 }
 
 /// The complete environment of a worker: an allowlist, never anything that looks like a secret.
@@ -142,6 +145,7 @@ pub fn worker_env(spec: &SpawnSpec) -> Vec<(String, OsString)> {
             }
         }
     }
+    env.extend(spec.extra_env.iter().cloned());
     env.retain(|(k, _)| {
         let upper = k.to_ascii_uppercase();
         !SECRET_MARKERS.iter().any(|m| upper.contains(m))
@@ -774,6 +778,10 @@ mod tests {
             cuda_visible_devices: Some("0".into()),
             arch_list: Some("9.0".into()),
             load_timeout: Duration::from_secs(1),
+            extra_env: vec![
+                ("HF_HUB_OFFLINE".into(), "1".into()),
+                ("HF_TOKEN".into(), "hf_secret".into()),
+            ],
         }
     }
 
@@ -785,6 +793,8 @@ mod tests {
         assert_eq!(get("TMPDIR"), Some("/s/gpu-0".into()));
         assert_eq!(get("CUDA_VISIBLE_DEVICES"), Some("0".into()));
         assert_eq!(get("TORCH_CUDA_ARCH_LIST"), Some("9.0".into()));
+        assert_eq!(get("HF_HUB_OFFLINE"), Some("1".into()));
+        assert_eq!(get("HF_TOKEN"), None);
         for (k, _) in &env {
             let allowed = PASS_THROUGH.contains(&k.as_str())
                 || [
@@ -793,6 +803,7 @@ mod tests {
                     "TORCH_EXTENSIONS_DIR",
                     "CUDA_VISIBLE_DEVICES",
                     "TORCH_CUDA_ARCH_LIST",
+                    "HF_HUB_OFFLINE",
                 ]
                 .contains(&k.as_str());
             assert!(allowed, "unexpected variable {k}");
