@@ -12,7 +12,7 @@ use krefine::engine::{Engine, EngineParts, RunPlan};
 use krefine::gpu::DeviceInfo;
 use krefine::prompt::{PromptSettings, Prompts};
 use krefine::services::{
-    CompileJob, Compiler, DeviceId, EventSink, ExecJob, Executor, Llm, LlmError,
+    CompileJob, Compiler, DeviceId, EventSink, ExecJob, Executor, Llm, LlmError, Unavailable,
 };
 use krefine::store::RunDir;
 use krefine::types::{
@@ -75,11 +75,11 @@ impl Llm for Services {
 
 #[async_trait]
 impl Compiler for Services {
-    async fn compile(&self, _job: CompileJob) -> CompileOutcome {
+    async fn compile(&self, _job: CompileJob) -> Result<CompileOutcome, Unavailable> {
         self.0.compile.enter();
         tokio::time::sleep(Duration::from_millis(15)).await;
         self.0.compile.leave();
-        CompileOutcome {
+        Ok(CompileOutcome {
             status: CompileStatus::Ok,
             cached: false,
             error_name: None,
@@ -90,13 +90,13 @@ impl Compiler for Services {
             duration_ms: 15,
             findings: Vec::new(),
             build_path: None,
-        }
+        })
     }
 }
 
 #[async_trait]
 impl Executor for Services {
-    async fn execute(&self, _job: ExecJob, device: &DeviceId) -> ExecOutcome {
+    async fn execute(&self, _job: ExecJob, device: &DeviceId) -> Result<ExecOutcome, Unavailable> {
         self.0.execute.enter();
         for _ in 0..5 {
             if self.0.compile.now.load(Ordering::SeqCst) > 0 {
@@ -108,16 +108,20 @@ impl Executor for Services {
         let mut o = ExecOutcome::failure(Verdict::Correct, &device.to_string(), "ok".into(), 10);
         o.correctness = true;
         o.speedup = Some(1.0);
-        o
+        Ok(o)
     }
-    async fn profile(&self, _job: ExecJob, _device: &DeviceId) -> ProfileOutcome {
-        ProfileOutcome {
+    async fn profile(
+        &self,
+        _job: ExecJob,
+        _device: &DeviceId,
+    ) -> Result<ProfileOutcome, Unavailable> {
+        Ok(ProfileOutcome {
             ok: true,
             table: String::new(),
             ncu: None,
             error: None,
             duration_ms: 0,
-        }
+        })
     }
 }
 

@@ -250,7 +250,7 @@ struct Client {
     llm: Arc<Metered>,
     ledger: Arc<Ledger>,
     sink: EventSink,
-    events: mpsc::UnboundedReceiver<(Option<TaskId>, Event)>,
+    events: mpsc::Receiver<(Option<TaskId>, Event)>,
     key: String,
     cancel: CancellationToken,
 }
@@ -284,7 +284,7 @@ impl Setup {
             .build()
             .unwrap();
         let ledger = Arc::new(Ledger::new(&self.budget));
-        let (tx, events) = mpsc::unbounded_channel();
+        let (tx, events) = mpsc::channel(krefine::services::SINK_CAPACITY);
         Client {
             llm: Arc::new(Metered::new(Arc::new(inner), ledger.clone())),
             ledger,

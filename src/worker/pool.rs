@@ -32,7 +32,7 @@ use super::protocol::{
     TimingSpec, WorkerRole,
 };
 use crate::config::{EvalSection, Timeouts};
-use crate::services::{CompileJob, Compiler, DeviceId, ExecJob, Executor};
+use crate::services::{CompileJob, Compiler, DeviceId, ExecJob, Executor, Unavailable};
 use crate::types::{
     CompileOutcome, CompileStatus, EvalMode, ExecOutcome, Precision, Problem, ProfileOutcome,
     Verdict,
@@ -209,6 +209,30 @@ enum CallError {
     Start(WorkerError),
     Request(RequestError),
     Closed,
+}
+
+fn closed() -> Unavailable {
+    Unavailable("the worker pool was shut down".into())
+}
+
+/// Exclusive use of one build dir: the in-process lock, then the cross-process file lock that every
+/// krefine process sharing the build cache takes (`<build dir>.lock`, next to the dir so that the
+/// build itself never touches it). A concurrent run therefore never sees a half-written build.
+struct BuildGuard {
+    _local: OwnedMutexGuard<()>,
+    _file: std::fs::File,
+}
+
+impl CallError {
+    /// Sort a failure: the candidate's (a verdict: `Ok`) or the machinery's (`Err`: no worker could
+    /// be started, the pool was shut down), which leaves the turn unfinished for a resume.
+    fn candidate_fault(self) -> Result<CallError, Unavailable> {
+        match self {
+            CallError::Start(e) => Err(Unavailable(format!("no worker could be started: {e}"))),
+            CallError::Closed => Err(closed()),
+            other => Ok(other),
+        }
+    }
 }
 
 /// The success marker's content.
@@ -492,8 +516,8 @@ impl WorkerPool {
     }
 
     /// Lock a build dir for exclusive use (compile, or the load step of an evaluation, which also
-    /// writes into it and clears torch's lock files there).
-    async fn lock_build(&self, dir: &Path) -> OwnedMutexGuard<()> {
+    /// writes into it and clears torch's lock files there), in this process and across processes.
+    async fn lock_build(&self, dir: &Path) -> Result<BuildGuard, Unavailable> {
         let lock = {
             let mut locks = match self.build_locks.lock() {
                 Ok(l) => l,
@@ -503,7 +527,25 @@ impl WorkerPool {
             locks.retain(|_, m| Arc::strong_count(m) > 1);
             locks.entry(dir.to_path_buf()).or_default().clone()
         };
-        lock.lock_owned().await
+        let local = lock.lock_owned().await;
+        let mut path = dir.as_os_str().to_os_string();
+        path.push(".lock");
+        let path = PathBuf::from(path);
+        if let Some(parent) = path.parent() {
+            tokio::fs::create_dir_all(parent).await.map_err(|e| {
+                Unavailable(format!(
+                    "cannot create build cache {}: {e}",
+                    parent.display()
+                ))
+            })?;
+        }
+        let file = crate::lock::lock_exclusive(&path)
+            .await
+            .map_err(|e| Unavailable(format!("cannot lock {}: {e}", path.display())))?;
+        Ok(BuildGuard {
+            _local: local,
+            _file: file,
+        })
     }
 
     /// Send one request through a slot, starting its worker if needed, and retire the worker when it
@@ -988,17 +1030,15 @@ impl WorkerPool {
 
 #[async_trait]
 impl Compiler for WorkerPool {
-    async fn compile(&self, job: CompileJob) -> CompileOutcome {
+    async fn compile(&self, job: CompileJob) -> Result<CompileOutcome, Unavailable> {
         let started = Instant::now();
         let build_dir = self.build_dir_for(&job.code);
-        let _build = self.lock_build(&build_dir).await;
+        let _build = self.lock_build(&build_dir).await?;
         if let Some(outcome) = self.cached_compile(&build_dir, &job, started).await {
-            return outcome;
+            return Ok(outcome);
         }
         let Ok(_permit) = self.compile_permits.acquire().await else {
-            return self
-                .compile_failure(CallError::Closed, &job, &build_dir, started)
-                .await;
+            return Err(closed());
         };
         let index = match self.compile_free.lock() {
             Ok(mut free) => free.pop(),
@@ -1006,9 +1046,7 @@ impl Compiler for WorkerPool {
         };
         // The semaphore has as many permits as free slots, so a permit always finds one.
         let Some(index) = index else {
-            return self
-                .compile_failure(CallError::Closed, &job, &build_dir, started)
-                .await;
+            return Err(closed());
         };
         let _slot_guard = FreeSlot {
             free: &self.compile_free,
@@ -1031,7 +1069,7 @@ impl Compiler for WorkerPool {
                     self.record_success(&build_dir, &job, &r.feedback, r.duration_s)
                         .await;
                 }
-                CompileOutcome {
+                Ok(CompileOutcome {
                     status,
                     cached: false,
                     error_name: r.error_name,
@@ -1042,7 +1080,7 @@ impl Compiler for WorkerPool {
                     duration_ms: elapsed_ms(started),
                     findings: Vec::new(),
                     build_path: None,
-                }
+                })
             }
             // `request` checks that the response kind matches the op, so this cannot happen.
             Ok(other) => {
@@ -1050,28 +1088,27 @@ impl Compiler for WorkerPool {
                     detail: format!("compile answered with `{}`", other.kind()),
                     log_tail: String::new(),
                 });
-                self.compile_failure(err, &job, &build_dir, started).await
+                Ok(self.compile_failure(err, &job, &build_dir, started).await)
             }
-            Err(e) => self.compile_failure(e, &job, &build_dir, started).await,
+            Err(e) => {
+                let e = e.candidate_fault()?;
+                Ok(self.compile_failure(e, &job, &build_dir, started).await)
+            }
         }
     }
 }
 
 #[async_trait]
 impl Executor for WorkerPool {
-    async fn execute(&self, job: ExecJob, device: &DeviceId) -> ExecOutcome {
+    async fn execute(&self, job: ExecJob, device: &DeviceId) -> Result<ExecOutcome, Unavailable> {
         let started = Instant::now();
         let Some(slot) = self.eval_slot(device) else {
-            let msg = format!("device {device} is not served by this worker pool");
-            return self.exec_failure(
-                CallError::Start(WorkerError::Settings(msg)),
-                device,
-                None,
-                started,
-            );
+            return Err(Unavailable(format!(
+                "device {device} is not served by this worker pool"
+            )));
         };
         let (build_dir, candidate) = self.candidate_spec(&job);
-        let _build = self.lock_build(&build_dir).await;
+        let _build = self.lock_build(&build_dir).await?;
         let prepare = PrepareRequest {
             problem: Self::problem_spec(&job.problem),
             device: Self::worker_device(device).into(),
@@ -1108,9 +1145,12 @@ impl Executor for WorkerPool {
             // A broken reference or a harness failure: the evaluate below reports it in full.
             Ok(_) | Err(CallError::Request(RequestError::Harness { .. })) => {}
             Err(CallError::Request(RequestError::Timeout { after })) => {
-                return self.reference_timeout(after, device, slot.hardware(), started);
+                return Ok(self.reference_timeout(after, device, slot.hardware(), started));
             }
-            Err(e) => return self.exec_failure(e, device, slot.hardware(), started),
+            Err(e) => {
+                let e = e.candidate_fault()?;
+                return Ok(self.exec_failure(e, device, slot.hardware(), started));
+            }
         }
         let mut outcome = match self.call(slot, request, self.deadlines.execute, true).await {
             Ok(ResponseBody::Evaluate(r)) => self.exec_outcome(*r, device, started),
@@ -1121,23 +1161,31 @@ impl Executor for WorkerPool {
                 });
                 self.exec_failure(err, device, slot.hardware(), started)
             }
-            Err(e) => self.exec_failure(e, device, slot.hardware(), started),
+            Err(e) => {
+                let e = e.candidate_fault()?;
+                self.exec_failure(e, device, slot.hardware(), started)
+            }
         };
         // Also on failures: a timeout's wall time is mostly the reference's on a fresh worker.
         if let Some(n) = serde_json::Number::from_f64(prepare_s) {
             outcome.phases.insert("prepare_s".into(), Value::Number(n));
         }
-        outcome
+        Ok(outcome)
     }
 
-    async fn profile(&self, job: ExecJob, device: &DeviceId) -> ProfileOutcome {
+    async fn profile(
+        &self,
+        job: ExecJob,
+        device: &DeviceId,
+    ) -> Result<ProfileOutcome, Unavailable> {
         let started = Instant::now();
         let Some(slot) = self.eval_slot(device) else {
-            let msg = format!("device {device} is not served by this worker pool");
-            return Self::profile_failure(CallError::Start(WorkerError::Settings(msg)), started);
+            return Err(Unavailable(format!(
+                "device {device} is not served by this worker pool"
+            )));
         };
         let (build_dir, candidate) = self.candidate_spec(&job);
-        let _build = self.lock_build(&build_dir).await;
+        let _build = self.lock_build(&build_dir).await?;
         let request = RequestBody::Profile(ProfileRequest {
             problem: Self::problem_spec(&job.problem),
             candidate,
@@ -1147,15 +1195,15 @@ impl Executor for WorkerPool {
             ncu: self.settings.ncu,
         });
         match self.call(slot, request, self.deadlines.profile, true).await {
-            Ok(ResponseBody::Profile(r)) => Self::profile_outcome(r, started),
-            Ok(other) => Self::profile_failure(
+            Ok(ResponseBody::Profile(r)) => Ok(Self::profile_outcome(r, started)),
+            Ok(other) => Ok(Self::profile_failure(
                 CallError::Request(RequestError::Protocol {
                     detail: format!("profile answered with `{}`", other.kind()),
                     log_tail: String::new(),
                 }),
                 started,
-            ),
-            Err(e) => Self::profile_failure(e, started),
+            )),
+            Err(e) => Ok(Self::profile_failure(e.candidate_fault()?, started)),
         }
     }
 }
