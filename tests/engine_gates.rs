@@ -140,15 +140,7 @@ async fn run(
     let probe = Arc::new(Probe::default());
     let tmp = tempfile::tempdir().unwrap();
     let dir = RunDir::create(&tmp.path().join("run"), "").unwrap();
-    let summary = run_in(
-        &probe,
-        dir,
-        None,
-        devices,
-        llm_concurrency,
-        compile_workers,
-    )
-    .await;
+    let summary = run_in(&probe, dir, None, devices, llm_concurrency, compile_workers).await;
     assert_eq!((summary.finished, summary.tasks), (12, 12));
     probe
 }
@@ -255,12 +247,24 @@ async fn a_worker_outage_defers_tasks_and_resume_redoes_exactly_them() {
     // The three deferred tasks stopped at their first compile: no verdict was recorded for them.
     assert_eq!(kinds(&log, "compiled"), 9 * 3);
 
-    let s = run_in(&probe, RunDir::open(&root).unwrap(), Some(log), vec![gpu(0)], 4, 4).await;
+    let s = run_in(
+        &probe,
+        RunDir::open(&root).unwrap(),
+        Some(log),
+        vec![gpu(0)],
+        4,
+        4,
+    )
+    .await;
     assert_eq!((s.finished, s.tasks), (12, 12));
     assert!(!s.incomplete());
     let log = krefine::store::read_log(&root.join("events.jsonl")).unwrap();
     assert_eq!(kinds(&log, "compiled"), 12 * 3);
-    assert_eq!(kinds(&log, "llm_answered"), 12 * 3, "no answer asked for twice");
+    assert_eq!(
+        kinds(&log, "llm_answered"),
+        12 * 3,
+        "no answer asked for twice"
+    );
     // 3 refused calls, then every turn's compile exactly once.
     assert_eq!(probe.compiles.load(Ordering::SeqCst), 3 + 12 * 3);
 }

@@ -297,7 +297,7 @@ async fn build_eval_services(
         }
         ExecutorKind::Worker => {
             let configured = cfg.resources.python.as_deref().map(|p| loaded.resolve(p));
-            let python = worker::find_python(configured.as_deref()).await?;
+            let python = worker::find_python(configured.as_deref(), loaded.path.parent()).await?;
             // Workers run in their own scratch folders, so every path they get is absolute.
             let out_dir = std::path::absolute(&cfg.output.dir)?;
             let harness_dir = worker::deploy_harness(&out_dir.join(".harness")).await?;
