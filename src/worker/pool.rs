@@ -82,6 +82,9 @@ pub struct WorkerSettings {
     pub baseline: Option<Arc<BaselineTable>>,
     /// GPU driver version, recorded in every result's `env`.
     pub driver: Option<String>,
+    /// The orchestrator's own `CUDA_VISIBLE_DEVICES` (set by the user or a scheduler), against which
+    /// `DeviceId::Gpu(i)` is an index; see [`crate::gpu::worker_visible_device`].
+    pub visible_devices: Option<String>,
 }
 
 impl WorkerSettings {
@@ -110,6 +113,7 @@ impl WorkerSettings {
             ncu: false,
             baseline: None,
             driver: None,
+            visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
         };
         s.apply_eval(&eval);
         s
@@ -328,6 +332,10 @@ impl WorkerPool {
             arch_list: arch,
             load_timeout: deadlines.load,
         };
+        let physical = |i: u32| {
+            crate::gpu::worker_visible_device(i, settings.visible_devices.as_deref())
+                .map_err(WorkerError::Settings)
+        };
         let eval_specs: Vec<(DeviceId, SpawnSpec)> = settings
             .devices
             .iter()
@@ -336,7 +344,7 @@ impl WorkerPool {
                     DeviceId::Gpu(i) => spec(
                         format!("gpu-{i}"),
                         WorkerRole::Gpu,
-                        i.to_string(),
+                        physical(*i)?,
                         settings.arch_list.clone(),
                     ),
                     // An empty CUDA_VISIBLE_DEVICES hides every GPU: "cpu" means CPU only.
@@ -347,9 +355,9 @@ impl WorkerPool {
                         settings.arch_list.clone(),
                     ),
                 };
-                (d.clone(), s)
+                Ok((d.clone(), s))
             })
-            .collect();
+            .collect::<Result<_, WorkerError>>()?;
         // Compile workers see the run's GPUs, as KernelBench's CPU pre-compile does: a candidate
         // that picks its sources with `torch.cuda.is_available()` at import must build here what
         // the device will load. They never run kernels; a candidate that allocates on the GPU at
@@ -358,10 +366,10 @@ impl WorkerPool {
             .devices
             .iter()
             .filter_map(|d| match d {
-                DeviceId::Gpu(i) => Some(i.to_string()),
+                DeviceId::Gpu(i) => Some(physical(*i)),
                 DeviceId::Cpu => None,
             })
-            .collect::<Vec<_>>()
+            .collect::<Result<Vec<_>, _>>()?
             .join(",");
         let compile_specs: Vec<SpawnSpec> = (0..settings.compile_workers)
             .map(|i| {

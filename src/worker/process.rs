@@ -34,8 +34,11 @@ const REAP_TIMEOUT: Duration = Duration::from_secs(10);
 const EXIT_STATUS_WAIT: Duration = Duration::from_secs(5);
 
 /// Environment variables passed through from the orchestrator when set. Everything else is dropped.
-const PASS_THROUGH: [&str; 8] = [
+const PASS_THROUGH: [&str; 9] = [
     "PATH",
+    // The order in which the driver numbers devices must match the orchestrator's, or a worker's
+    // CUDA_VISIBLE_DEVICES index names another GPU.
+    "CUDA_DEVICE_ORDER",
     "LANG",
     "LC_ALL",
     "CUDA_HOME",
