@@ -531,15 +531,19 @@ async fn shutdown_during_a_request_is_reported_as_shutdown() {
     healthy(&pool).await;
     let busy = {
         let pool = Arc::clone(&pool);
-        tokio::spawn(async move { exec(&pool, "FAKE:hang").await })
+        tokio::spawn(async move {
+            pool.execute(exec_job("FAKE:hang", None), &DeviceId::Cpu)
+                .await
+        })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     let t = Instant::now();
     pool.shutdown().await;
     let e = busy.await.expect("task");
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
-    assert_eq!(e.verdict, Verdict::Crashed, "{e:#?}");
-    assert_eq!(e.feedback, "the worker pool was shut down");
+    // Not the candidate's doing: no verdict, the turn waits for a resume.
+    let e = e.unwrap_err();
+    assert_eq!(e.0, "the worker pool was shut down");
 }
 
 #[tokio::test]
@@ -555,4 +559,125 @@ async fn a_worker_that_died_while_idle_is_not_blamed_on_the_next_candidate() {
     );
     let after = healthy(&pool).await;
     assert_ne!(before, after);
+}
+
+/// An LLM that answers every turn of problem 1 with a build that hangs and every other one with a
+/// candidate that builds at once.
+struct TwoCandidates;
+
+#[async_trait::async_trait]
+impl krefine::services::Llm for TwoCandidates {
+    fn describe(&self) -> String {
+        "two candidates".into()
+    }
+    async fn complete(
+        &self,
+        req: krefine::types::LlmRequest,
+        _sink: &krefine::services::EventSink,
+    ) -> Result<krefine::types::LlmAnswer, krefine::services::LlmError> {
+        let body = if req.task.problem.problem_id == 1 {
+            "FAKE:hang"
+        } else {
+            "fine"
+        };
+        Ok(krefine::types::LlmAnswer {
+            content: format!("```python\n# {body}\nclass ModelNew: pass\n```"),
+            usage: None,
+            cost_usd: None,
+            model: "two".into(),
+            finish_reason: None,
+            latency_ms: 0,
+            attempts: 1,
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_build_does_not_hold_cpu_timing_back() {
+    use krefine::engine::{Engine, EngineParts, RunPlan};
+    use krefine::types::{Event, FeedbackMode, MethodKind, Problem, ProblemKey};
+
+    let (tmp, mut s) = fake_setup("ok").await;
+    s.compile_workers = 2;
+    // Long enough that waiting for the hung build (the old way) cannot pass this test.
+    s.timeouts.compile_s = 30.0;
+    s.timeouts.execute_s = 30.0;
+    let pool = WorkerPool::start(s).await.expect("fake pool starts");
+    let problems = (1..=2)
+        .map(|i| {
+            Arc::new(Problem {
+                key: ProblemKey {
+                    level: 1,
+                    problem_id: i,
+                },
+                name: format!("{i}_P.py"),
+                code: "class Model: pass\n".into(),
+            })
+        })
+        .collect();
+    let plan = RunPlan {
+        run: "pause".into(),
+        method: MethodKind::OneShot,
+        feedback: FeedbackMode::GE,
+        turns: 1,
+        samples: 1,
+        problems,
+        simulated: false,
+    };
+    let parts = EngineParts {
+        llm: Arc::new(TwoCandidates),
+        compiler: pool.clone(),
+        executor: pool.clone(),
+        devices: vec![krefine::gpu::DeviceInfo::cpu()],
+        prompts: krefine::prompt::Prompts::load(None).unwrap(),
+        prompt_settings: krefine::prompt::PromptSettings::default(),
+        llm_concurrency: 2,
+        compile_workers: 2,
+    };
+    let dir = krefine::store::RunDir::create(&tmp.path().join("run"), "").unwrap();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let engine = Engine::prepare(plan, parts, dir, None, false, cancel.clone())
+        .await
+        .unwrap();
+    let mut bus = engine.subscribe();
+    let run = tokio::spawn(engine.run());
+
+    // Problem 2's candidate is timed while problem 1's build still hangs.
+    let mut seen = Vec::new();
+    loop {
+        let rec = tokio::time::timeout(Duration::from_secs(120), bus.recv())
+            .await
+            .expect("the run goes on")
+            .expect("bus open");
+        let problem = rec.task.map(|t| t.problem.problem_id);
+        seen.push((problem, rec.event.kind()));
+        if let Event::Executed { outcome, .. } = &rec.event {
+            assert_eq!(problem, Some(2), "{seen:?}");
+            assert_eq!(outcome.verdict, Verdict::Correct, "{outcome:#?}");
+            break;
+        }
+    }
+    assert!(
+        !seen.contains(&(Some(1), "compiled")),
+        "the hung build ended before the other candidate was timed: {seen:?}"
+    );
+    assert_eq!(pool.build_pauses(), 1, "the builds were paused for the timing");
+
+    // After the lease the hung build runs again (continued, not left stopped).
+    let pids = pool.worker_pids().await;
+    let stopped = |pid: &u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('T')))
+            .unwrap_or(false)
+    };
+    let t = Instant::now();
+    while pids.iter().any(stopped) {
+        assert!(t.elapsed() < Duration::from_secs(10), "a worker stayed stopped");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cancel.cancel();
+    let summary = run.await.unwrap().unwrap();
+    assert_eq!(summary.finished, 1);
+    pool.shutdown().await;
 }

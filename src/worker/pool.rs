@@ -25,6 +25,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard, Semaphore};
 
 use super::WorkerError;
 use super::baseline::BaselineTable;
+use super::pause::Pauser;
 use super::process::{RequestError, SpawnSpec, WorkerProcess, kill_group, log_tail};
 use super::protocol::{
     CandidateSpec, CompileRequest, CompileStatusWire, EvaluateResponse, PrepareRequest,
@@ -32,7 +33,9 @@ use super::protocol::{
     TimingSpec, WorkerRole,
 };
 use crate::config::{EvalSection, Timeouts};
-use crate::services::{CompileJob, Compiler, DeviceId, ExecJob, Executor, Unavailable};
+use crate::services::{
+    BuildPause, CompileJob, Compiler, DeviceId, ExecJob, Executor, Unavailable,
+};
 use crate::types::{
     CompileOutcome, CompileStatus, EvalMode, ExecOutcome, Precision, Problem, ProfileOutcome,
     Verdict,
@@ -176,8 +179,8 @@ struct Slot {
     spec: SpawnSpec,
     state: Mutex<SlotState>,
     /// Process group of the live process (0: none), readable without the lock so `shutdown` can kill
-    /// a worker that is busy with a request.
-    pgid: AtomicU32,
+    /// a worker that is busy with a request (and the pauser can stop a compile worker mid-build).
+    pgid: Arc<AtomicU32>,
     /// The device name the worker reported (GPUs only), for outcomes the orchestrator writes itself.
     hardware: StdMutex<Option<String>>,
 }
@@ -262,6 +265,8 @@ pub struct WorkerPool {
     eval_slots: Vec<(DeviceId, Slot)>,
     build_locks: StdMutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
     closed: AtomicBool,
+    /// Stops the compile workers while the CPU device times a candidate.
+    pauser: Arc<Pauser>,
 }
 
 impl std::fmt::Debug for WorkerPool {
@@ -412,7 +417,7 @@ impl WorkerPool {
 
         let make_slot = |spec: SpawnSpec, process: Option<WorkerProcess>| {
             let mut slot = Slot {
-                pgid: AtomicU32::new(process.as_ref().map_or(0, |p| p.pid())),
+                pgid: Arc::new(AtomicU32::new(process.as_ref().map_or(0, |p| p.pid()))),
                 spec,
                 state: Mutex::new(SlotState {
                     process: None,
@@ -437,7 +442,9 @@ impl WorkerPool {
             .map(|((d, s), p)| (d, make_slot(s, Some(p))))
             .collect();
         let n = compile_slots.len();
+        let pauser = Pauser::new(compile_slots.iter().map(|s| s.pgid.clone()).collect());
         Ok(Arc::new(WorkerPool {
+            pauser,
             deadlines,
             torch,
             arch_list,
@@ -449,6 +456,11 @@ impl WorkerPool {
             closed: AtomicBool::new(false),
             settings,
         }))
+    }
+
+    /// How many times the compile pool was paused for a CPU timing (for tests and diagnostics).
+    pub fn build_pauses(&self) -> u32 {
+        self.pauser.pauses()
     }
 
     /// The torch version the workers run (part of every build key).
@@ -590,7 +602,20 @@ impl WorkerPool {
             }
         };
         slot.pgid.store(process.pid(), Ordering::SeqCst);
-        let result = process.request(body, timeout).await;
+        let result = if slot.spec.role == WorkerRole::Compile {
+            // A build may be paused (stopped) while the CPU device times a candidate; its timeout
+            // counts only the time it could run. The request's own bound is a far backstop.
+            let backstop = timeout.saturating_add(Duration::from_secs(24 * 3600));
+            tokio::select! {
+                r = process.request(body, backstop) => r,
+                () = self.pauser.deadline(timeout) => {
+                    process.kill().await;
+                    Err(RequestError::Timeout { after: timeout })
+                }
+            }
+        } else {
+            process.request(body, timeout).await
+        };
         if counts {
             state.served += 1;
         }
@@ -1060,6 +1085,8 @@ impl Compiler for WorkerPool {
             free: &self.compile_free,
             index,
         };
+        // No build starts while the CPU device is timing.
+        self.pauser.wait_unpaused().await;
         let request = RequestBody::Compile(CompileRequest {
             source: job.code.clone(),
             build_dir: build_dir.to_string_lossy().into_owned(),
@@ -1103,6 +1130,10 @@ impl Compiler for WorkerPool {
                 Ok(self.compile_failure(e, &job, &build_dir, started).await)
             }
         }
+    }
+
+    async fn pause_builds(&self) -> Option<BuildPause> {
+        Some(BuildPause::new(self.pauser.pause().await))
     }
 }
 

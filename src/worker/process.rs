@@ -13,6 +13,8 @@ use std::time::Duration;
 use tokio::io::{
     AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncSeekExt, AsyncWriteExt, BufReader,
 };
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use super::WorkerError;
@@ -50,35 +52,50 @@ const PASS_THROUGH: [&str; 9] = [
 /// Names that never reach a worker, whatever an allowlist says.
 const SECRET_MARKERS: [&str; 5] = ["KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL"];
 
-mod sys {
-    // The crate has no `libc` dependency and std can neither signal a process group nor start a
-    // session, so declare the glibc functions needed. They take plain integers and touch no memory
-    // of ours.
-    unsafe extern "C" {
-        pub safe fn killpg(pgrp: i32, sig: i32) -> i32;
-        pub safe fn kill(pid: i32, sig: i32) -> i32;
-        pub safe fn setsid() -> i32;
-    }
-    pub const SIGKILL: i32 = 9;
-}
-
-/// SIGKILL every process of the worker's session `sid` (the worker is its session and group
-/// leader). ninja starts each compiler in a process group of its own, so killing the worker's group
-/// alone would leave `cc1plus`/`nvcc` running; every descendant stays in the session unless it calls
-/// `setsid` itself. Refuses 0 and 1 (our own group / init), which a bug must never turn into "kill
-/// everything".
-pub fn kill_group(sid: u32) {
-    let Ok(sid) = i32::try_from(sid) else {
+/// Send `signal` to every process of the worker's session `sid` (the worker is its session and
+/// group leader): its process group, then each other member found in /proc. ninja starts each
+/// compiler in a process group of its own, so signalling the worker's group alone would miss
+/// `cc1plus`/`nvcc`; every descendant stays in the session unless it calls `setsid` itself. Refuses 0
+/// and 1 (our own group / init), which a bug must never turn into "signal everything".
+///
+/// Reads /proc synchronously: call it off the async runtime ([`signal_session_async`]).
+pub fn signal_session(sid: u32, signal: Signal) {
+    let Some(sid) = session_pid(sid) else {
         return;
     };
-    if sid <= 1 {
+    // ESRCH (already gone) is the common, harmless case; nothing useful to do on error.
+    let _ = killpg(sid, signal);
+    for pid in session_members(sid.as_raw()) {
+        let _ = kill(Pid::from_raw(pid), signal);
+    }
+}
+
+/// [`signal_session`] on a blocking thread; returns once every member was signalled.
+pub async fn signal_session_async(sid: u32, signal: Signal) {
+    if session_pid(sid).is_none() {
         return;
     }
-    // ESRCH (already gone) is the common, harmless case; nothing useful to do on error.
-    let _ = sys::killpg(sid, sys::SIGKILL);
-    for pid in session_members(sid) {
-        let _ = sys::kill(pid, sys::SIGKILL);
+    let _ = tokio::task::spawn_blocking(move || signal_session(sid, signal)).await;
+}
+
+/// SIGKILL the worker's session now, from synchronous code (Drop): the group is killed at once; the
+/// /proc scan for members in other groups runs on a blocking thread when a runtime is there.
+pub fn kill_group(sid: u32) {
+    let Some(pgid) = session_pid(sid) else {
+        return;
+    };
+    let _ = killpg(pgid, Signal::SIGKILL);
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn_blocking(move || signal_session(sid, Signal::SIGKILL));
+        }
+        Err(_) => signal_session(sid, Signal::SIGKILL),
     }
+}
+
+fn session_pid(sid: u32) -> Option<Pid> {
+    let sid = i32::try_from(sid).ok()?;
+    (sid > 1).then(|| Pid::from_raw(sid))
 }
 
 /// Processes whose session id is `sid`, from /proc (empty where /proc is unavailable).
@@ -336,9 +353,7 @@ impl WorkerProcess {
         // SAFETY: between fork and exec only the async-signal-safe `setsid` is called.
         unsafe {
             cmd.pre_exec(|| {
-                if sys::setsid() == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
                 Ok(())
             });
         }
@@ -349,7 +364,7 @@ impl WorkerProcess {
         })?;
         let pid = child.id().unwrap_or(0);
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            kill_group(pid);
+            signal_session_async(pid, Signal::SIGKILL).await;
             return Err(WorkerError::Start {
                 worker: spec.name.clone(),
                 detail: "stdin/stdout pipes were not created".into(),
@@ -608,7 +623,7 @@ impl WorkerProcess {
             Ok(ReadOutcome::Exited(Some(status))) => {
                 self.alive = false;
                 // The leader is reaped; candidates' children may still hold the group.
-                kill_group(self.pid);
+                signal_session_async(self.pid, Signal::SIGKILL).await;
                 Err(RequestError::Exited {
                     exit: ExitInfo::from_status(status),
                     log_tail: self.log_tail(20).await,
@@ -629,7 +644,7 @@ impl WorkerProcess {
         match tokio::time::timeout(EXIT_STATUS_WAIT, self.child.wait()).await {
             Ok(Ok(status)) => {
                 self.alive = false;
-                kill_group(self.pid);
+                signal_session_async(self.pid, Signal::SIGKILL).await;
                 RequestError::Exited {
                     exit: ExitInfo::from_status(status),
                     log_tail: self.log_tail(20).await,
@@ -650,7 +665,8 @@ impl WorkerProcess {
         if !self.alive {
             return;
         }
-        kill_group(self.pid);
+        // Every member is signalled before the leader is reaped (see above).
+        signal_session_async(self.pid, Signal::SIGKILL).await;
         let _ = tokio::time::timeout(REAP_TIMEOUT, self.child.wait()).await;
         self.alive = false;
     }
@@ -666,7 +682,7 @@ impl WorkerProcess {
                 Ok(Ok(_)) => {
                     self.alive = false;
                     // Anything the worker left running in its group goes too.
-                    kill_group(self.pid);
+                    signal_session_async(self.pid, Signal::SIGKILL).await;
                 }
                 _ => self.kill().await,
             }
