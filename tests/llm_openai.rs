@@ -982,3 +982,24 @@ async fn silent_stream_is_retried() {
     );
     assert_eq!(fake.seen().len(), 2);
 }
+
+#[tokio::test]
+async fn an_oversized_body_is_refused_not_read_whole() {
+    // A 40 MiB "answer": more than any real one, so the server is broken; the attempt stops reading.
+    let huge = format!(
+        r#"{{"choices": [{{"index": 0, "message": {{"role": "assistant", "content": "{}"}}}}]}}"#,
+        "x".repeat(40 * 1024 * 1024)
+    );
+    let (fake, url) = serve(vec![status(200, &huge)], None).await;
+    let mut setup = Setup::new(&url);
+    setup.model.max_retries = 0;
+    let c = setup.client("huge");
+    let e = c.ask(1).await.unwrap_err();
+    assert!(matches!(e, LlmError::Unavailable(_)), "{e:?}");
+    assert!(
+        e.to_string().contains("larger than 32 MiB"),
+        "{}",
+        e.to_string().chars().take(300).collect::<String>()
+    );
+    assert_eq!(fake.seen().len(), 1);
+}

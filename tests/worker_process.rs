@@ -74,6 +74,11 @@ for line in sys.stdin:
     src = req.get("source") or req.get("candidate", {}).get("source", "")
     if "FAKE:hang" in src:
         time.sleep(3600)
+    if "FAKE:flood" in src:
+        line = "spam " * 200 + "\n"
+        for _ in range(20 * 1024 * 1024 // len(line)):
+            sys.stderr.write(line)
+        sys.stderr.flush()
     if "FAKE:exit7" in src:
         os._exit(7)
     if "FAKE:kill9" in src:
@@ -661,23 +666,59 @@ async fn a_hung_build_does_not_hold_cpu_timing_back() {
         !seen.contains(&(Some(1), "compiled")),
         "the hung build ended before the other candidate was timed: {seen:?}"
     );
-    assert_eq!(pool.build_pauses(), 1, "the builds were paused for the timing");
+    assert_eq!(
+        pool.build_pauses(),
+        1,
+        "the builds were paused for the timing"
+    );
 
     // After the lease the hung build runs again (continued, not left stopped).
     let pids = pool.worker_pids().await;
     let stopped = |pid: &u32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
-            .and_then(|s| s.rsplit_once(')').map(|(_, r)| r.trim_start().starts_with('T')))
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, r)| r.trim_start().starts_with('T'))
+            })
             .unwrap_or(false)
     };
     let t = Instant::now();
     while pids.iter().any(stopped) {
-        assert!(t.elapsed() < Duration::from_secs(10), "a worker stayed stopped");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "a worker stayed stopped"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     cancel.cancel();
     let summary = run.await.unwrap().unwrap();
     assert_eq!(summary.finished, 1);
     pool.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_print_flood_is_capped_per_request_in_the_worker_log() {
+    let (tmp, pool) = fake_pool("ok").await;
+    healthy(&pool).await;
+    let log = tmp.path().join("work/workers/cpu-0.log");
+    for round in 1..=2u64 {
+        // 20 MiB on stderr, then a normal answer.
+        let e = exec(&pool, "FAKE:flood").await;
+        assert_eq!(e.verdict, Verdict::Correct, "{e:#?}");
+        // The pump writes asynchronously; a normal request afterwards orders us behind it.
+        healthy(&pool).await;
+        let size = std::fs::metadata(&log).unwrap().len();
+        let cap = krefine::worker::process::LOG_BYTES_PER_REQUEST;
+        assert!(
+            size <= round * (cap + 4096) + 64 * 1024,
+            "round {round}: {size} bytes"
+        );
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        text.matches("MiB of output in one request; the rest of it is dropped")
+            .count(),
+        2
+    );
 }

@@ -33,9 +33,7 @@ use super::protocol::{
     TimingSpec, WorkerRole,
 };
 use crate::config::{EvalSection, Timeouts};
-use crate::services::{
-    BuildPause, CompileJob, Compiler, DeviceId, ExecJob, Executor, Unavailable,
-};
+use crate::services::{BuildPause, CompileJob, Compiler, DeviceId, ExecJob, Executor, Unavailable};
 use crate::types::{
     CompileOutcome, CompileStatus, EvalMode, ExecOutcome, Precision, Problem, ProfileOutcome,
     Verdict,

@@ -8,14 +8,17 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
 use tokio::io::{
     AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncSeekExt, AsyncWriteExt, BufReader,
 };
-use nix::sys::signal::{Signal, kill, killpg};
-use nix::unistd::Pid;
-use tokio::process::{Child, ChildStdin, ChildStdout};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout};
+use tokio::sync::watch;
 
 use super::WorkerError;
 use super::harness::HARNESS_ENTRY;
@@ -29,6 +32,12 @@ const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 /// A worker log is rotated (to `.log.1`) at spawn once it is this big: print floods must not fill the
 /// disk over a long run.
 const LOG_ROTATE_BYTES: u64 = 64 * 1024 * 1024;
+/// What one request (or the start-up) may add to the worker log: everything a candidate prints goes
+/// there, and a candidate that prints without end must not fill the disk. The rest is dropped with a
+/// note; the next request starts a fresh allowance.
+pub const LOG_BYTES_PER_REQUEST: u64 = 8 * 1024 * 1024;
+/// How long reading a dead worker's log tail waits for its output to be written out.
+const LOG_SETTLE: Duration = Duration::from_secs(2);
 /// How long to wait for a killed process to be reaped. SIGKILL is immediate unless the process is in
 /// uninterruptible sleep (a wedged driver call); then we give up and let tokio reap it later.
 const REAP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -312,6 +321,10 @@ pub struct WorkerProcess {
     stdout: BufReader<ChildStdout>,
     log_path: PathBuf,
     log_start: u64,
+    /// Bytes of output the current request has sent to the log (reset per request).
+    log_used: Arc<AtomicU64>,
+    /// Becomes true once the log pump has written everything the worker's stderr carried.
+    log_done: watch::Receiver<bool>,
     ready: Ready,
     next_id: u64,
     /// False once the group was killed or the process exited; Drop then has nothing to do.
@@ -346,7 +359,9 @@ impl WorkerProcess {
             .envs(worker_env(spec))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::from(log_file))
+            // Through a pipe and a capped pump rather than straight into the file: see
+            // LOG_BYTES_PER_REQUEST.
+            .stderr(Stdio::piped())
             .kill_on_drop(true);
         // Own session (and process group): ninja, nvcc and anything a candidate forks die with the
         // worker, see `kill_group`.
@@ -363,6 +378,14 @@ impl WorkerProcess {
             source,
         })?;
         let pid = child.id().unwrap_or(0);
+        let log_used = Arc::new(AtomicU64::new(0));
+        let (done_tx, log_done) = watch::channel(false);
+        if let Some(stderr) = child.stderr.take() {
+            let file = tokio::fs::File::from_std(log_file);
+            tokio::spawn(pump_log(stderr, file, log_used.clone(), done_tx));
+        } else {
+            let _ = done_tx.send(true);
+        }
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             signal_session_async(pid, Signal::SIGKILL).await;
             return Err(WorkerError::Start {
@@ -379,6 +402,8 @@ impl WorkerProcess {
             stdout: BufReader::with_capacity(64 * 1024, stdout),
             log_path: spec.log_path.clone(),
             log_start,
+            log_used,
+            log_done,
             ready: Ready {
                 role: spec.role,
                 python: String::new(),
@@ -448,7 +473,7 @@ impl WorkerProcess {
         WorkerError::Start {
             worker: self.name.clone(),
             detail,
-            log_tail: log_tail(&self.log_path, self.log_start, 20).await,
+            log_tail: self.log_tail(20).await,
         }
     }
 
@@ -500,6 +525,11 @@ impl WorkerProcess {
 
     /// The last lines this incarnation wrote to its log.
     pub async fn log_tail(&self, max_lines: usize) -> String {
+        if !self.alive {
+            // The pump may still hold the last lines a dead worker wrote.
+            let mut done = self.log_done.clone();
+            let _ = tokio::time::timeout(LOG_SETTLE, done.wait_for(|d| *d)).await;
+        }
         log_tail(&self.log_path, self.log_start, max_lines).await
     }
 
@@ -517,6 +547,7 @@ impl WorkerProcess {
         let id = self.next_id;
         self.next_id += 1;
         let op = body.op();
+        self.log_used.store(0, Ordering::SeqCst);
         let line = match serde_json::to_string(&Request { id, body }) {
             Ok(mut s) => {
                 s.push('\n');
@@ -715,6 +746,45 @@ fn clip(s: &str, max_chars: usize) -> String {
         let cut: String = s.chars().take(max_chars).collect();
         format!("{cut} ... [truncated]")
     }
+}
+
+/// Copy the worker's stderr into its log, at most [`LOG_BYTES_PER_REQUEST`] per request (`used` is
+/// reset by each request); beyond that the output is read and dropped, so the worker never blocks
+/// on a full pipe. Says `true` on `done` once the stream has ended and everything is written.
+async fn pump_log(
+    mut from: ChildStderr,
+    mut to: tokio::fs::File,
+    used: Arc<AtomicU64>,
+    done: watch::Sender<bool>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let before = used.fetch_add(n as u64, Ordering::SeqCst);
+        let room = LOG_BYTES_PER_REQUEST.saturating_sub(before);
+        if room == 0 {
+            continue;
+        }
+        let keep = n.min(usize::try_from(room).unwrap_or(usize::MAX));
+        let mut write = to.write_all(&buf[..keep]).await;
+        if keep < n && write.is_ok() {
+            let note = format!(
+                "\n[krefine: more than {} MiB of output in one request; the rest of it is dropped]\n",
+                LOG_BYTES_PER_REQUEST / (1024 * 1024)
+            );
+            write = to.write_all(note.as_bytes()).await;
+        }
+        // Flushed per read so a log tail read right after sees it (tokio's File buffers writes).
+        if write.is_err() || to.flush().await.is_err() {
+            // The log cannot be written (disk full?): keep draining so the worker never blocks.
+            used.store(u64::MAX / 2, Ordering::SeqCst);
+        }
+    }
+    let _ = to.flush().await;
+    let _ = done.send(true);
 }
 
 /// Empty the worker's scratch folder: what one incarnation (or its candidates) left must not leak into
