@@ -125,6 +125,8 @@ fn incomplete_reason(llm: usize, workers: usize) -> Option<String> {
 }
 
 /// What performing one command produced.
+// Built once per command and matched at once, like `Event` itself; boxing would only add a hop.
+#[allow(clippy::large_enum_variant)]
 enum Step {
     /// The answering event, to log and feed to the machine.
     Event(Event),

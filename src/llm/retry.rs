@@ -1,4 +1,8 @@
 //! When to try an LLM request again: exponential backoff with jitter, or what the server asked for.
+//!
+//! Kept by hand rather than `backon`: the retry loop (in `openai.rs`) interleaves the rate gate, an
+//! event per attempt and the server's `Retry-After`, which a generic retry combinator would need
+//! bending to express; the policy itself is the dozen lines below.
 
 use std::time::{Duration, SystemTime};
 

@@ -99,12 +99,9 @@ impl Pauser {
             }
         });
         let me = self.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move { me.reconcile().await });
-            }
-            // No runtime (a test dropping the pool at exit): nothing is running to continue.
-            Err(_) => {}
+        // No runtime (a test dropping the pool at exit): nothing is running to continue.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { me.reconcile().await });
         }
     }
 

@@ -251,6 +251,10 @@ enum LineRead {
 }
 
 /// Read one `\n`-terminated line into `buf` (without the newline), refusing lines over `max` bytes.
+///
+/// Kept by hand rather than tokio-util's `LinesCodec`: it reads bytes (a stray non-UTF-8 byte is a
+/// protocol error with the line quoted, not a decoder failure), stops at the first overlong line
+/// instead of discarding up to the next newline, and is a dozen lines with its own test.
 async fn read_line_capped<R: AsyncBufRead + Unpin>(
     r: &mut R,
     buf: &mut Vec<u8>,
