@@ -4,6 +4,12 @@
 //! (behind its gate: LLM concurrency, compile pool, device leases), appends the answering event to the
 //! log, and only then feeds it to the machine. Resume is the same loop started from a folded log, so a
 //! completed turn is never redone and a logged LLM answer is never requested again.
+//!
+//! An outage is not a verdict: when the LLM endpoint does not answer within its retries
+//! (`LlmError::Unavailable`) or the worker machinery cannot serve a step (`services::Unavailable`),
+//! the driver logs an informational `Deferred` event and stops that task where it is. The machine
+//! never sees the event, so a resume folds the task back to the same command and performs it again;
+//! the run ends "incomplete" ([`RunSummary::incomplete_reason`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
