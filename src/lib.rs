@@ -5,6 +5,7 @@
 //! - [`config`]: the TOML experiment config, overrides and validation.
 //! - [`dataset`]: loading KernelBench problems (checkout, folder, JSONL) and problem selections.
 //! - [`machine`]: the pure per-task state machine (statig) and folding a log into task states.
+//! - [`checks`]: static checks on a candidate's source before it is compiled (KernelBench parity).
 //! - [`engine`]: the async shell that runs machines, performs commands through services and gates.
 //! - [`gpu`]: device discovery (cudarc) and FIFO device leases.
 //! - [`store`]: run directories and the append-only event log.
@@ -17,6 +18,7 @@
 //! - [`metrics`], [`report`]: fast_p@N and friends as pure functions of the log, and their formats.
 //! - [`cli`]: the command-line surface.
 
+pub mod checks;
 pub mod cli;
 pub mod config;
 pub mod dataset;

@@ -1,6 +1,7 @@
 //! The command-line surface: argument parsing and dispatch to one module per command.
 
 mod bench;
+mod check;
 mod doctor;
 mod report;
 mod run;
@@ -32,6 +33,8 @@ enum Cmd {
         /// A config whose Python and LLM endpoint to check.
         config: Option<PathBuf>,
     },
+    /// Run the static checks on candidate files (exit status 1 when one has an error).
+    Check(check::CheckArgs),
     /// Benchmarks of krefine itself.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -43,6 +46,7 @@ pub fn main() -> ExitCode {
         Cmd::Run(args) => run::run(args),
         Cmd::Report(args) => report::report(args),
         Cmd::Doctor { config } => doctor::doctor(config.as_deref()),
+        Cmd::Check(args) => check::check(args),
         Cmd::Bench(cmd) => bench::bench(cmd),
     };
     match result {

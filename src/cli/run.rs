@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use tokio_util::sync::CancellationToken;
 
+use crate::checks::{CheckedCompiler, StaticChecks};
 use crate::config::{self, Config, ExecutorKind, LoadedConfig};
 use crate::engine::{Engine, EngineParts, RunPlan};
 use crate::gpu::{self, DeviceInfo};
@@ -196,6 +197,14 @@ async fn drive(
     );
     // Template errors in user overrides surface now, not in the middle of a run.
     prompts.check(&prompt_settings)?;
+    // Static checks run on every candidate before it is built, for the backend the prompt asks for.
+    let checks = StaticChecks::new(
+        &cfg.eval.checks,
+        cfg.eval.mode,
+        prompt_settings.backend,
+        cfg.eval.precision,
+    );
+    let compiler: Arc<dyn Compiler> = Arc::new(CheckedCompiler::new(compiler, checks));
     let parts = EngineParts {
         llm,
         compiler,
