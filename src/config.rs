@@ -68,9 +68,47 @@ pub struct DatasetSection {
     pub path: PathBuf,
     #[serde(default = "default_level")]
     pub level: u32,
-    /// Problem selection such as `"1-10,42"`, or `"all"`.
-    #[serde(default = "default_problems")]
+    /// Problem selection such as `"1-10,42"`, or `"all"`; a problem id (`1`) or a list of ids
+    /// (`[1, 3]`) is taken as that selection.
+    #[serde(default = "default_problems", deserialize_with = "problem_selection")]
     pub problems: String,
+}
+
+/// `dataset.problems` as the selection string: a string as is, an integer as that problem id (so
+/// `--set dataset.problems=1`, which reads as a TOML integer, just works), a list of ids (and
+/// ranges as strings) joined with commas.
+fn problem_selection<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Item {
+        Id(i64),
+        Text(String),
+    }
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        One(Item),
+        List(Vec<Item>),
+    }
+    let expected = "expected a selection such as \"1-10,42\" or \"all\", a problem id, or a list of problem ids";
+    let item = |i: Item| match i {
+        Item::Id(n) if n >= 0 => Ok(n.to_string()),
+        Item::Id(n) => Err(serde::de::Error::custom(format!(
+            "{expected}; got {n}, and problem ids are not negative"
+        ))),
+        Item::Text(t) => Ok(t),
+    };
+    match Raw::deserialize(d).map_err(|_| serde::de::Error::custom(expected))? {
+        Raw::One(i) => item(i),
+        Raw::List(v) if v.is_empty() => {
+            Err(serde::de::Error::custom(format!("{expected}; got []")))
+        }
+        Raw::List(v) => Ok(v
+            .into_iter()
+            .map(item)
+            .collect::<Result<Vec<_>, _>>()?
+            .join(",")),
+    }
 }
 
 fn default_level() -> u32 {
@@ -999,6 +1037,27 @@ answers = "answers.jsonl"
         assert_eq!(c.resources.devices, DeviceSelection::Gpus(vec![0, 1]));
         assert_eq!(c.eval.precision, Precision::Bf16);
         assert_eq!(c.dataset.problems, "1-3,7");
+    }
+
+    #[test]
+    fn problem_ids_as_integers_and_lists() {
+        for (set, want) in [
+            ("dataset.problems=1", "1"),
+            ("dataset.problems=[1, 3]", "1,3"),
+            ("dataset.problems=[2, \"5-7\"]", "2,5-7"),
+            ("dataset.problems=all", "all"),
+        ] {
+            let c = p(MIN, &[set]).unwrap().config;
+            assert_eq!(c.dataset.problems, want, "{set}");
+        }
+        for bad in [
+            "dataset.problems=-1",
+            "dataset.problems=[]",
+            "dataset.problems=1.5",
+        ] {
+            let e = p(MIN, &[bad]).unwrap_err().to_string();
+            assert!(e.contains("problem id"), "{bad}: {e}");
+        }
     }
 
     #[test]

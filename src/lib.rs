@@ -9,6 +9,7 @@
 //! - [`engine`]: the async shell that runs machines, performs commands through services and gates.
 //! - [`gpu`]: device discovery (cudarc) and FIFO device leases.
 //! - [`store`]: run directories and the append-only event log.
+//! - [`lock`]: advisory file locks between processes (a run directory, a build directory).
 //! - [`services`]: the `Llm`, `Compiler` and `Executor` traits.
 //! - [`llm`]: LLM providers (scripted, OpenAI-compatible, replay), the request gate, code extraction.
 //! - [`prompt`]: prompt templates and rendering.
@@ -27,6 +28,7 @@ pub mod gpu;
 pub mod hf;
 pub mod interchange;
 pub mod llm;
+pub mod lock;
 pub mod machine;
 pub mod metrics;
 pub mod progress;

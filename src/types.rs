@@ -619,6 +619,14 @@ pub enum Event {
         turn: u32,
         delta: String,
     },
+    /// A step of a turn could not be done for reasons outside the candidate: the LLM endpoint did not
+    /// answer within its retries, or no worker could be started. Informational: the task stays where
+    /// it was (no verdict), the run ends incomplete, and `--resume` redoes exactly this step.
+    Deferred {
+        turn: u32,
+        waiting_on: WaitingOn,
+        error: String,
+    },
     /// A GPU (or CPU) lease was granted after waiting `wait_ms`.
     LeaseGranted {
         device: String,
@@ -664,9 +672,29 @@ impl Event {
             Event::Profiled { .. } => "profiled",
             Event::LlmAttempt { .. } => "llm_attempt",
             Event::LlmDelta { .. } => "llm_delta",
+            Event::Deferred { .. } => "deferred",
             Event::LeaseGranted { .. } => "lease_granted",
             Event::LeaseReleased { .. } => "lease_released",
         }
+    }
+}
+
+/// What a deferred task waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitingOn {
+    /// The LLM endpoint (down, overloaded, unreachable beyond the retries).
+    Llm,
+    /// The worker machinery (a worker that cannot start, a pool that was shut down).
+    Workers,
+}
+
+impl fmt::Display for WaitingOn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WaitingOn::Llm => "the LLM",
+            WaitingOn::Workers => "workers",
+        })
     }
 }
 

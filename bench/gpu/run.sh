@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H100 checks, run from the repository root on the GPU machine with the kit of make-kit.sh in .gpu/.
 #   bash bench/gpu/run.sh STEP...     steps: env refeq fused-l2 fused-l1 big-l1 big-l1-19 hostile gpu-checks
-#                                     baseline int-l4
+#                                     baseline int-l4 cvd
 # Each step's results land in $OUT as soon as it ends: summary.txt (appended) and runs.tgz (every run
 # directory so far, scratch folders left out).
 set -uo pipefail
@@ -94,6 +94,21 @@ for l in sys.stdin:
     r = json.loads(l); o = r["event"].get("outcome") or {}
     if r["event"]["type"] == "executed":
         print(r["task"], o.get("verdict"), o.get("speedup"), o.get("env", {}).get("integer_inputs"))' >> "$S"
+  save
+}
+step_cvd() { # CUDA_VISIBLE_DEVICES set by a user or a scheduler is respected (issue 11, point 6)
+  local uuid; uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
+  CUDA_VISIBLE_DEVICES=0 run cvd-index configs/quickstart.toml --set 'run.name="cvd-index"'
+  CUDA_VISIBLE_DEVICES=$uuid run cvd-uuid configs/quickstart.toml --set 'run.name="cvd-uuid"'
+  # Index 1 among one visible GPU does not exist: refused before anything starts (exit 2).
+  CUDA_VISIBLE_DEVICES=0 run cvd-missing configs/quickstart.toml --set 'run.name="cvd-missing"' \
+    --set resources.devices=1
+  for r in cvd-index cvd-uuid; do
+    grep -h '"type":"executed"' "runs/$r/events.jsonl" | python3 -c '
+import json, sys
+d = [json.loads(l)["event"]["outcome"] for l in sys.stdin]
+print(sys.argv[1], len(d), "executed;", sorted({(o["device"], o["env"]["device_name"]) for o in d}))' "$r" >> "$S"
+  done
   save
 }
 for step in "$@"; do "step_${step//-/_}"; done

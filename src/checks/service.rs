@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::services::{CompileJob, Compiler};
+use crate::services::{BuildPause, CompileJob, Compiler, Unavailable};
 use crate::types::{CompileOutcome, CompileStatus, Severity};
 
 use super::{StaticChecks, finding_line, has_error};
@@ -27,7 +27,7 @@ impl CheckedCompiler {
 
 #[async_trait]
 impl Compiler for CheckedCompiler {
-    async fn compile(&self, job: CompileJob) -> CompileOutcome {
+    async fn compile(&self, job: CompileJob) -> Result<CompileOutcome, Unavailable> {
         let checks = self.checks.clone();
         let code = job.code.clone();
         // Regexes over a model-written file are fast, but they are CPU work all the same.
@@ -35,11 +35,11 @@ impl Compiler for CheckedCompiler {
             Ok(f) => f,
             Err(e) => {
                 // Skipping the checks would let a strict run pass what it must reject.
-                return CompileOutcome {
+                return Ok(CompileOutcome {
                     error_name: Some(REJECTED_ERROR_NAME.into()),
                     error: Some(format!("the static checker failed: {e}")),
                     ..outcome(CompileStatus::Crashed)
-                };
+                });
             }
         };
         if has_error(&findings) {
@@ -48,19 +48,24 @@ impl Compiler for CheckedCompiler {
                 .filter(|f| f.severity == Severity::Error)
                 .map(|f| finding_line("static", f))
                 .collect();
-            return CompileOutcome {
+            return Ok(CompileOutcome {
                 error_name: Some(REJECTED_ERROR_NAME.into()),
                 error: Some(errors.join("\n")),
                 findings,
                 ..outcome(CompileStatus::Rejected)
-            };
+            });
         }
-        let mut out = self.inner.compile(job).await;
+        let mut out = self.inner.compile(job).await?;
         if !findings.is_empty() {
             let compiler_findings = std::mem::replace(&mut out.findings, findings);
             out.findings.extend(compiler_findings);
         }
-        out
+        Ok(out)
+    }
+
+    /// The wrapped compiler's pause: the checks themselves are not a build.
+    async fn pause_builds(&self) -> Option<BuildPause> {
+        self.inner.pause_builds().await
     }
 }
 

@@ -38,7 +38,13 @@ pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         .and_then(|l| l.config.resources.python.as_deref().map(|p| l.resolve(p)));
     let rt = super::runtime()?;
     println!("Python:");
-    match rt.block_on(worker::find_python(configured.as_deref())) {
+    let config_dir = loaded
+        .as_ref()
+        .and_then(|l| l.path.parent().map(Path::to_path_buf));
+    match rt.block_on(worker::find_python(
+        configured.as_deref(),
+        config_dir.as_deref(),
+    )) {
         Ok(py) => {
             println!("  {}", py.display());
             let probe = std::process::Command::new(&py)

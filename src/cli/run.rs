@@ -17,7 +17,10 @@ use crate::sim::SimServices;
 use crate::store::{ReadLog, RunDir, read_log};
 use crate::types::{Event, FeedbackMode, MethodKind};
 use crate::worker::{self, BaselineTable, WorkerPool, WorkerSettings};
-use crate::{dataset, llm, progress, provenance};
+use crate::{dataset, llm, lock, progress, provenance};
+
+/// Exit status of a run that ended with tasks waiting on the LLM endpoint or on workers.
+pub const EXIT_INCOMPLETE: u8 = 3;
 
 #[derive(clap::Args)]
 pub struct RunArgs {
@@ -70,13 +73,19 @@ pub(super) fn run_loaded(args: RunArgs, loaded: LoadedConfig) -> anyhow::Result<
         // Output goes where the user runs krefine, not next to the config.
         None => cfg.output.dir.join(loaded.run_name()),
     };
-    let (dir, prior) = if args.resume {
+    // One process writes a run directory at a time: the lock is taken before anything in it is
+    // read or written, and held until this process ends (the OS releases it however we end).
+    let (dir, prior, _lock) = if args.resume {
         let dir = RunDir::open(&out)?;
+        let lock = lock::lock_run_dir(dir.root())?;
         check_frozen_config(&dir, &loaded)?;
         let prior = read_log(&dir.events_path())?;
-        (dir, Some(prior))
+        (dir, Some(prior), lock)
     } else {
-        (RunDir::create(&out, &loaded.effective_toml)?, None)
+        std::fs::create_dir_all(&out)
+            .with_context(|| format!("cannot create run directory {}", out.display()))?;
+        let lock = lock::lock_run_dir(&out)?;
+        (RunDir::create(&out, &loaded.effective_toml)?, None, lock)
     };
     let fresh = prior.is_none();
     let result = record_provenance(
@@ -321,14 +330,22 @@ async fn drive(
             None => String::new(),
         }
     );
+    if let Some(incomplete) = summary.incomplete_reason() {
+        eprintln!(
+            "{incomplete}; nothing was recorded for their pending steps: run again with --resume \
+             (same config and --out) to redo exactly those"
+        );
+    }
     match super::report::render_dirs(&[dir.root().to_path_buf()], crate::report::Format::Text) {
         Ok(text) => super::print_out(&text)?,
         Err(e) => eprintln!("warning: could not build the report: {e:#}"),
     }
     Ok(match summary.stopped {
-        None => ExitCode::SUCCESS,
         Some(_) if cancel.is_cancelled() => ExitCode::from(130),
         Some(_) => ExitCode::from(1),
+        // Tasks wait on the LLM endpoint or on workers (an outage): see README, "Exit status".
+        None if summary.incomplete() => ExitCode::from(EXIT_INCOMPLETE),
+        None => ExitCode::SUCCESS,
     })
 }
 
@@ -351,7 +368,7 @@ async fn build_eval_services(
         }
         ExecutorKind::Worker => {
             let configured = cfg.resources.python.as_deref().map(|p| loaded.resolve(p));
-            let python = worker::find_python(configured.as_deref()).await?;
+            let python = worker::find_python(configured.as_deref(), loaded.path.parent()).await?;
             // Workers run in their own scratch folders, so every path they get is absolute.
             let out_dir = std::path::absolute(&cfg.output.dir)?;
             let harness_dir = worker::deploy_harness(&out_dir.join(".harness")).await?;
