@@ -30,5 +30,7 @@ pub mod report;
 pub mod services;
 pub mod sim;
 pub mod store;
+pub mod tui;
 pub mod types;
+pub mod view;
 pub mod worker;

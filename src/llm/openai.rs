@@ -194,6 +194,7 @@ impl Llm for OpenAiLlm {
                 Err(e) => e,
             };
             drop(pass);
+            let status = error.status;
             sink.emit(
                 task,
                 Event::LlmAttempt {
@@ -223,6 +224,15 @@ impl Llm for OpenAiLlm {
                 }
                 Failure::Transient => {
                     let wait = self.retry.delay(attempt, retry_after);
+                    sink.emit(
+                        task,
+                        Event::LlmRetryWait {
+                            turn,
+                            attempt,
+                            wait_ms: wait.as_millis() as u64,
+                            status,
+                        },
+                    );
                     self.unless_cancelled(tokio::time::sleep(wait)).await?;
                 }
             }
