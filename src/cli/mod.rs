@@ -4,6 +4,7 @@ mod bench;
 mod doctor;
 mod report;
 mod run;
+mod view;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,6 +26,10 @@ struct Cli {
 enum Cmd {
     /// Run an experiment from a TOML config (or resume one).
     Run(run::RunArgs),
+    /// Follow a run (running or finished, in any process) in the terminal UI; read-only.
+    Watch(view::WatchArgs),
+    /// Play a recorded run back in the terminal UI, in recorded time scaled by --speed.
+    Replay(view::ReplayArgs),
     /// Print fast_p@N, geomean speedup, correct rate, tokens and cost of run directories.
     Report(report::ReportArgs),
     /// Show what this machine offers: GPUs, the worker Python (torch, ninja, nvcc), the LLM endpoint.
@@ -41,6 +46,8 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Run(args) => run::run(args),
+        Cmd::Watch(args) => view::watch(args),
+        Cmd::Replay(args) => view::replay(args),
         Cmd::Report(args) => report::report(args),
         Cmd::Doctor { config } => doctor::doctor(config.as_deref()),
         Cmd::Bench(cmd) => bench::bench(cmd),
