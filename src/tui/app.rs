@@ -101,6 +101,8 @@ pub struct Detail {
     pub scroll: u16,
     /// Keep showing the task's current turn as it moves on.
     pub follow: bool,
+    /// Show the whole prompt rather than the start of each message.
+    pub full_prompt: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,6 +195,9 @@ pub struct App {
     devices: Vec<String>,
     /// Run-directory files read for the detail screen, by the path the log names.
     files: HashMap<String, String>,
+    /// How far the detail text can scroll, as the last frame laid it out (written while drawing:
+    /// only the frame knows the width the text wraps to).
+    pub(crate) detail_max_scroll: std::cell::Cell<u16>,
 }
 
 impl App {
@@ -218,6 +223,7 @@ impl App {
             warning: None,
             devices: Vec::new(),
             files: HashMap::new(),
+            detail_max_scroll: std::cell::Cell::new(u16::MAX),
         }
     }
 
@@ -413,6 +419,7 @@ impl App {
                         turn,
                         scroll: 0,
                         follow: true,
+                        full_prompt: false,
                     });
                 }
             }
@@ -468,8 +475,11 @@ impl App {
                 d.turn = (c as u32 - '0' as u32).min(max_turn);
                 d.scroll = 0;
             }
+            KeyCode::End | KeyCode::Char('G') => d.scroll = self.detail_max_scroll.get(),
+            KeyCode::Char('p') => d.full_prompt = !d.full_prompt,
             _ => {}
         }
+        d.scroll = d.scroll.min(self.detail_max_scroll.get());
         d.follow = d.turn == current;
         self.screen = Screen::Detail(d);
     }

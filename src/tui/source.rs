@@ -223,8 +223,11 @@ impl Replay {
         let mut budget = real.as_secs_f64() * 1000.0 * self.speed;
         while let Some(r) = self.records.get(self.next) {
             let due = r.ts_ms as f64;
-            // Recorded time that would pass before this record, with long pauses cut short.
-            let gap = (due - self.clock_ms).clamp(0.0, MAX_GAP_MS as f64);
+            // A long pause in the log is cut short by moving the clock up to its last stretch.
+            if due - self.clock_ms > MAX_GAP_MS as f64 {
+                self.clock_ms = due - MAX_GAP_MS as f64;
+            }
+            let gap = (due - self.clock_ms).max(0.0);
             if gap > budget {
                 self.clock_ms += budget;
                 return out;

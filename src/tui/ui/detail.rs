@@ -25,7 +25,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, d: &Detail) {
     let [list, body] =
         Layout::horizontal([Constraint::Length(24), Constraint::Min(0)]).areas(area);
     draw_turns(frame, list, t, d);
-    let lines = turn_lines(app, t, d.turn);
+    let lines = turn_lines(app, t, d.turn, d.full_prompt);
     let name = app
         .view
         .problem_name(t.id.problem)
@@ -43,13 +43,16 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, d: &Detail) {
             "finished"
         }
     );
-    frame.render_widget(
-        Paragraph::new(lines)
-            .block(Block::bordered().title(title))
-            .wrap(Wrap { trim: false })
-            .scroll((d.scroll, 0)),
-        body,
-    );
+    let para = Paragraph::new(lines)
+        .block(Block::bordered().title(title))
+        .wrap(Wrap { trim: false });
+    // Rows of wrapped text below the view when scrolled to the end (borders count in both).
+    let max = para
+        .line_count(body.width)
+        .saturating_sub(body.height as usize);
+    let max = u16::try_from(max).unwrap_or(u16::MAX);
+    app.detail_max_scroll.set(max);
+    frame.render_widget(para.scroll((d.scroll.min(max), 0)), body);
 }
 
 fn draw_turns(frame: &mut Frame, area: Rect, t: &TaskView, d: &Detail) {
@@ -102,8 +105,16 @@ fn note(lines: &mut Vec<Line<'static>>, s: impl Into<String>) {
     lines.push(Line::styled(s.into(), Style::new().fg(Color::DarkGray)));
 }
 
+/// Lines of each prompt message shown while the prompt is folded.
+const PROMPT_PREVIEW: usize = 3;
+
 /// Every section of turn `n` of task `t`, as lines.
-pub(crate) fn turn_lines(app: &App, t: &TaskView, n: u32) -> Vec<Line<'static>> {
+pub(crate) fn turn_lines(
+    app: &App,
+    t: &TaskView,
+    n: u32,
+    full_prompt: bool,
+) -> Vec<Line<'static>> {
     let mut lines = Vec::new();
     let rec = t.turns().get((n as usize).saturating_sub(1));
     let empty = TurnRecord::default();
@@ -121,7 +132,21 @@ pub(crate) fn turn_lines(app: &App, t: &TaskView, n: u32) -> Vec<Line<'static>> 
                                 format!("[{}]", role(&m)),
                                 Style::new().fg(Color::Yellow),
                             ));
-                            text(&mut lines, &m.content);
+                            let total = m.content.lines().count();
+                            if full_prompt || total <= PROMPT_PREVIEW + 1 {
+                                text(&mut lines, &m.content);
+                            } else {
+                                for l in m.content.lines().take(PROMPT_PREVIEW) {
+                                    lines.push(Line::raw(l.to_string()));
+                                }
+                                note(
+                                    &mut lines,
+                                    format!(
+                                        "… {} more lines (p shows the whole prompt)",
+                                        total - PROMPT_PREVIEW
+                                    ),
+                                );
+                            }
                         }
                     }
                     Err(_) => text(&mut lines, raw),

@@ -59,6 +59,8 @@ pub fn help_lines(app: &App) -> Vec<Line<'static>> {
         ("Task detail", ""),
         ("↑ ↓ PgUp PgDn", "scroll (Space pages down)"),
         ("← → h l Tab", "previous / next turn; 1-9 a turn"),
+        ("p", "show the whole prompt / only its start"),
+        ("End G", "scroll to the end"),
         ("q Esc", "back to the table"),
     ];
     if app.mode == Mode::Replay {
@@ -100,7 +102,7 @@ pub fn help_lines(app: &App) -> Vec<Line<'static>> {
 pub fn draw_help(frame: &mut Frame, area: Rect, app: &App) {
     let lines = help_lines(app);
     let h = (lines.len() as u16 + 2).min(area.height);
-    let w = 72.min(area.width);
+    let w = 80.min(area.width);
     let [v] = Layout::vertical([Constraint::Length(h)])
         .flex(Flex::Center)
         .areas(area);

@@ -14,37 +14,38 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, now_ms: u64) {
     let bold = Style::new().add_modifier(Modifier::BOLD);
     let dim = Style::new().fg(Color::DarkGray);
     let sep = || Span::styled(" │ ", dim);
+    // What matters most comes first: narrow terminals cut the end of the line.
     let mut first = vec![Span::styled(" krefine ", bold.fg(Color::Cyan))];
     match &v.info {
-        Some(i) => {
-            first.push(Span::styled(i.run.clone(), bold));
-            first.push(sep());
-            let model = app
-                .meta
-                .model
-                .clone()
-                .or_else(|| v.model.clone())
-                .unwrap_or_else(|| "?".into());
-            first.push(Span::raw(format!("model {model}")));
-            first.push(sep());
-            let shape = match i.method {
-                crate::types::MethodKind::Refine => {
-                    format!("refine {} · {} turns", i.feedback, i.turns)
-                }
-                crate::types::MethodKind::Sampling => format!("sampling k={}", i.samples),
-                crate::types::MethodKind::OneShot => "one_shot".to_string(),
-            };
-            first.push(Span::raw(shape));
-            if i.simulated {
-                first.push(Span::styled(" SIMULATED", Style::new().fg(Color::Magenta)));
-            }
-        }
+        Some(i) => first.push(Span::styled(i.run.clone(), bold)),
         None => first.push(Span::styled("waiting for the run to start…", dim)),
     }
     first.push(sep());
-    first.push(Span::raw(format!("elapsed {}", duration(v.elapsed_ms(now_ms)))));
-    first.push(sep());
     first.push(state_span(app));
+    first.push(sep());
+    first.push(Span::raw(format!("elapsed {}", duration(v.elapsed_ms(now_ms)))));
+    if let Some(i) = &v.info {
+        first.push(sep());
+        let shape = match i.method {
+            crate::types::MethodKind::Refine => {
+                format!("refine {} · {} turns", i.feedback, i.turns)
+            }
+            crate::types::MethodKind::Sampling => format!("sampling k={}", i.samples),
+            crate::types::MethodKind::OneShot => "one_shot".to_string(),
+        };
+        first.push(Span::raw(shape));
+        if i.simulated {
+            first.push(Span::styled(" SIMULATED", Style::new().fg(Color::Magenta)));
+        }
+        first.push(sep());
+        let model = app
+            .meta
+            .model
+            .clone()
+            .or_else(|| v.model.clone())
+            .unwrap_or_else(|| "?".into());
+        first.push(Span::raw(format!("model {model}")));
+    }
 
     let mut second = vec![Span::raw(" ")];
     second.push(Span::raw(format!("tokens {}", thousands(v.spend.tokens()))));
@@ -56,9 +57,10 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, now_ms: u64) {
     }));
     second.push(sep());
     let cur = v.current().unwrap_or_default();
+    second.push(Span::raw("fast_p"));
     for (label, p) in [("0", 0.0), ("1", 1.0), ("1.5", 1.5), ("2", 2.0)] {
         second.push(Span::raw(format!(
-            "fast_{label} {} ",
+            " {label}:{}",
             percent(cur.fast_p.get(p).unwrap_or(0.0))
         )));
     }

@@ -12,7 +12,7 @@ use crate::view::Stage;
 /// Lines the panel wants (borders included).
 pub fn height(app: &App) -> u16 {
     let extra = u16::from(app.view.budget_exhausted.is_some());
-    app.view.devices.len().max(1) as u16 + 3 + extra + 2
+    app.view.devices.len().max(1) as u16 + 4 + extra + 2
 }
 
 pub fn draw(frame: &mut Frame, area: Rect, app: &App, now_ms: u64) {
@@ -76,11 +76,13 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, now_ms: u64) {
         .map(|c| format!("/{c}"))
         .unwrap_or_default();
     lines.push(Line::from(format!(
-        "LLM      {}{limit} in flight · {} waiting to retry · {} retries ({} after 429)",
+        "LLM      {}{limit} in flight · {} waiting to retry",
         v.llm_in_flight.len(),
         v.waiting_at(now_ms),
-        v.retry_waits,
-        v.rate_limited
+    )));
+    lines.push(Line::from(format!(
+        "retries  {} ({} after a 429 rate limit)",
+        v.retry_waits, v.rate_limited
     )));
     if let Some(what) = &v.budget_exhausted {
         lines.push(Line::styled(
