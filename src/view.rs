@@ -196,8 +196,10 @@ pub struct RunView {
     pub last_seq: Option<u64>,
     /// Records applied (transient ones included).
     pub applied: u64,
-    /// fast_p and correct rate at each step `1..=axis`.
+    /// fast_p and correct rate at each step `1..=axis`, as of the last [`RunView::refresh`].
     pub curve: Vec<CurvePoint>,
+    /// A turn ended since the curve was computed.
+    curve_stale: bool,
 }
 
 /// One step of the fast_p curve.
@@ -220,7 +222,17 @@ impl RunView {
         for r in records {
             v.apply(r);
         }
+        v.refresh();
         v
+    }
+
+    /// Recompute the derived numbers (the fast_p curve) after records were applied. Displays call
+    /// it once a frame rather than once a record: it looks at every problem's every step.
+    pub fn refresh(&mut self) {
+        if self.curve_stale {
+            self.curve = self.compute_curve();
+            self.curve_stale = false;
+        }
     }
 
     /// Apply one record. Returns false when it was ignored (already applied).
@@ -351,9 +363,7 @@ impl RunView {
                 turn_ended = self.drive(rec);
             }
         }
-        if turn_ended {
-            self.curve = self.compute_curve();
-        }
+        self.curve_stale |= turn_ended;
         true
     }
 
@@ -425,7 +435,7 @@ impl RunView {
             .collect()
     }
 
-    /// fast_p at the furthest step any finished turn reached (the run's current standing).
+    /// fast_p at the last step (the run's current standing), as of the last refresh.
     pub fn current(&self) -> Option<CurvePoint> {
         self.curve.last().copied()
     }
@@ -666,6 +676,7 @@ mod tests {
             },
         ));
         v.apply(&rec(7, t1, executed(1, Some(1.25))));
+        v.refresh();
         let t = &v.tasks[&task(1)];
         assert_eq!((t.stage, t.turn), (Stage::Generate, 2));
         assert_eq!(t.best_speedup(), Some(1.25));

@@ -296,6 +296,7 @@ fn app_for(records: &[LogRecord], mode: Mode, run_dir: Option<&Path>) -> App {
     for r in records {
         app.apply(r);
     }
+    app.before_draw();
     app
 }
 
@@ -456,7 +457,7 @@ fn detail_screen_of_a_finished_turn() {
     app.handle_key(key(KeyCode::Enter));
     // Turn 2 of 1/1/0: correct 1.6x, profiled; its feedback went to turn 3.
     app.handle_key(key(KeyCode::Left));
-    app.load_files();
+    app.before_draw();
     insta::assert_snapshot!(screen(&app, 100, 50, mid_now(&records)));
 }
 
@@ -480,7 +481,7 @@ fn detail_screen_of_a_streaming_turn() {
     app.handle_key(key(KeyCode::Down));
     app.handle_key(key(KeyCode::Enter));
     app.handle_key(key(KeyCode::Char('p')));
-    app.load_files();
+    app.before_draw();
     insta::assert_snapshot!(screen(&app, 100, 24, mid_now(&records)));
 }
 

@@ -260,7 +260,8 @@ impl App {
                 d.scroll = 0;
             }
         }
-        self.clamp();
+        // The selection is kept inside the rows by keys and by drawing, not here: records can come
+        // thousands a second, and sorting the table for each would be the UI's main cost.
     }
 
     /// The run is over: its `run_ended` arrived, or the live engine is gone.
@@ -305,7 +306,11 @@ impl App {
     pub fn selected_task(&self) -> Option<TaskId> {
         match &self.screen {
             Screen::Detail(d) => Some(d.task),
-            Screen::Tasks => self.rows().get(self.selected).copied(),
+            Screen::Tasks => {
+                let rows = self.rows();
+                rows.get(self.selected.min(rows.len().saturating_sub(1)))
+                    .copied()
+            }
         }
     }
 
@@ -402,6 +407,7 @@ impl App {
     }
 
     fn tasks_key(&mut self, code: KeyCode) {
+        self.clamp();
         let n = self.rows().len();
         let last = n.saturating_sub(1);
         match code {
@@ -484,9 +490,16 @@ impl App {
         self.screen = Screen::Detail(d);
     }
 
+    /// Bring derived state up to date before a frame: the view's curve and the files the detail
+    /// screen shows. Drawing itself only reads.
+    pub fn before_draw(&mut self) {
+        self.view.refresh();
+        self.load_files();
+    }
+
     /// Read the files the open detail screen shows (its turn's prompt and compile log) that are not
-    /// read yet. Called by the loop after keys and records, never while drawing.
-    pub fn load_files(&mut self) {
+    /// read yet.
+    fn load_files(&mut self) {
         let Screen::Detail(d) = &self.screen else {
             return;
         };

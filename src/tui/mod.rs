@@ -142,7 +142,7 @@ async fn event_loop(
     let mut draw_now = true;
     loop {
         if draw_now {
-            app.load_files();
+            app.before_draw();
             let now = match &input {
                 Input::Replay(r) => r.now_ms(),
                 Input::Feed(_) => crate::store::now_ms(),

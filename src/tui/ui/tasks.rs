@@ -86,6 +86,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App) {
     .block(Block::bordered().title(title))
     .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED))
     .highlight_symbol("▶ ");
-    let mut state = TableState::default().with_selected((!rows_ids.is_empty()).then_some(app.selected));
+    let selected = app.selected.min(rows_ids.len().saturating_sub(1));
+    let mut state = TableState::default().with_selected((!rows_ids.is_empty()).then_some(selected));
     frame.render_stateful_widget(table, area, &mut state);
 }
