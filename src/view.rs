@@ -327,7 +327,10 @@ impl RunView {
                 if let Some(task) = rec.task {
                     let t = self.task_mut(task);
                     // A delta of a turn already answered (arriving late over the bus) is dropped.
-                    if t.turns().get(*turn as usize - 1).is_none_or(|r| r.answer.is_none()) {
+                    if t.turns()
+                        .get(*turn as usize - 1)
+                        .is_none_or(|r| r.answer.is_none())
+                    {
                         t.streaming.entry(*turn).or_default().push_str(delta);
                     }
                 }
@@ -721,7 +724,13 @@ mod tests {
         let mut v = RunView::new();
         v.apply(&rec(0, None, started()));
         v.apply(&rec(1, Some(task(1)), compiled(1)));
-        assert!(v.tasks[&task(1)].error.as_deref().unwrap().contains("compiled"));
+        assert!(
+            v.tasks[&task(1)]
+                .error
+                .as_deref()
+                .unwrap()
+                .contains("compiled")
+        );
         v.apply(&rec(2, Some(task(2)), answered(1)));
         assert_eq!(v.tasks[&task(2)].stage, Stage::Compile);
     }

@@ -63,7 +63,10 @@ impl LogBuilder {
             Event::LlmAnswered {
                 turn,
                 answer: LlmAnswer {
-                    content: format!("Turn {turn} answer.\n```python\n{}\n```", code.unwrap_or("")),
+                    content: format!(
+                        "Turn {turn} answer.\n```python\n{}\n```",
+                        code.unwrap_or("")
+                    ),
                     usage: Some(Usage {
                         prompt_tokens: 1000,
                         completion_tokens: 200,
@@ -190,10 +193,14 @@ fn mid_run() -> Vec<LogRecord> {
             krefine_version: "0.1.0".into(),
             resumed: false,
             simulated: false,
-            problem_names: [(1, "1_Vector_add.py"), (2, "2_ReLU.py"), (3, "3_Softmax.py")]
-                .into_iter()
-                .map(|(p, n)| (task(p).problem, n.to_string()))
-                .collect(),
+            problem_names: [
+                (1, "1_Vector_add.py"),
+                (2, "2_ReLU.py"),
+                (3, "3_Softmax.py"),
+            ]
+            .into_iter()
+            .map(|(p, n)| (task(p).problem, n.to_string()))
+            .collect(),
         },
     );
     l.answered(a, 1, Some("class ModelNew: pass  # v1"));
@@ -328,8 +335,11 @@ fn ctrl_c() -> KeyEvent {
 // ---------------------------------------------------------------------------------------------------
 // RunView
 
-/// (task, stage, turn, finished turns, last verdict, best speedup) of every task.
-fn rows(v: &RunView) -> Vec<(String, Stage, u32, usize, Option<Verdict>, Option<f64>)> {
+/// (task, stage, turn, finished turns, last verdict, best speedup) of a task.
+type Row = (String, Stage, u32, usize, Option<Verdict>, Option<f64>);
+
+/// Every task's [`Row`].
+fn rows(v: &RunView) -> Vec<Row> {
     v.tasks
         .values()
         .map(|t| {
@@ -352,15 +362,39 @@ fn view_folds_a_constructed_log_exactly() {
     assert_eq!(
         rows(&v),
         vec![
-            ("1/1/0".into(), Stage::Done, 3, 3, Some(Verdict::Correct), Some(2.4)),
-            ("1/2/0".into(), Stage::Generate, 3, 2, Some(Verdict::NoCode), None),
-            ("1/3/0".into(), Stage::Execute, 2, 1, Some(Verdict::Correct), Some(0.8)),
+            (
+                "1/1/0".into(),
+                Stage::Done,
+                3,
+                3,
+                Some(Verdict::Correct),
+                Some(2.4)
+            ),
+            (
+                "1/2/0".into(),
+                Stage::Generate,
+                3,
+                2,
+                Some(Verdict::NoCode),
+                None
+            ),
+            (
+                "1/3/0".into(),
+                Stage::Execute,
+                2,
+                1,
+                Some(Verdict::Correct),
+                Some(0.8)
+            ),
         ]
     );
     assert_eq!(v.spend.tokens(), 7 * 1200);
     assert!((v.spend.cost_usd - 0.07).abs() < 1e-9);
     assert_eq!(v.model.as_deref(), Some("gpt-test"));
-    assert_eq!(v.llm_in_flight.iter().collect::<Vec<_>>(), vec![&(task(2), 3)]);
+    assert_eq!(
+        v.llm_in_flight.iter().collect::<Vec<_>>(),
+        vec![&(task(2), 3)]
+    );
     assert_eq!((v.retry_waits, v.rate_limited), (1, 1));
     assert_eq!(v.devices["cuda:0"].holder, Some((task(3), 2)));
     assert_eq!(v.devices["cuda:0"].leases, 5);
@@ -372,9 +406,15 @@ fn view_folds_a_constructed_log_exactly() {
     let fast = |n: usize, p: f64| v.curve[n].fast_p.get(p).unwrap();
     assert_eq!(v.curve.len(), 3);
     assert_eq!((fast(0, 0.0), fast(0, 1.0)), (1.0 / 3.0, 0.0));
-    assert_eq!((fast(1, 0.0), fast(1, 1.0), fast(1, 1.5)), (2.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0));
+    assert_eq!(
+        (fast(1, 0.0), fast(1, 1.0), fast(1, 1.5)),
+        (2.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0)
+    );
     assert_eq!((fast(2, 1.5), fast(2, 2.0)), (1.0 / 3.0, 1.0 / 3.0));
-    assert_eq!(v.elapsed_ms(mid_now(&records)), (records.len() as u64 - 1) * 1000 + 5000);
+    assert_eq!(
+        v.elapsed_ms(mid_now(&records)),
+        (records.len() as u64 - 1) * 1000 + 5000
+    );
     assert!(v.ended.is_none());
 }
 
@@ -389,7 +429,14 @@ fn view_folds_a_recorded_quickstart_log_exactly() {
         rows(&v),
         vec![
             expect("1/1/0", Verdict::Correct),
-            ("1/2/0".into(), Stage::Done, 3, 3, Some(Verdict::NoCode), Some(1.0)),
+            (
+                "1/2/0".into(),
+                Stage::Done,
+                3,
+                3,
+                Some(Verdict::NoCode),
+                Some(1.0)
+            ),
             expect("1/3/0", Verdict::Correct),
             expect("1/4/0", Verdict::Correct),
         ]
@@ -401,7 +448,10 @@ fn view_folds_a_recorded_quickstart_log_exactly() {
     assert_eq!(v.devices["cpu"].leases, 22);
     assert_eq!(v.devices["cpu"].holder, None);
     let last = v.current().unwrap();
-    assert_eq!((last.n, last.fast_p.get(0.0), last.fast_p.get(1.0)), (3, Some(1.0), Some(0.0)));
+    assert_eq!(
+        (last.n, last.fast_p.get(0.0), last.fast_p.get(1.0)),
+        (3, Some(1.0), Some(0.0))
+    );
     // Folding the same records again, or any prefix twice, changes nothing.
     let mut again = RunView::from_records(&log.records[..40]);
     for r in &log.records {
@@ -445,7 +495,13 @@ fn huge_terminal_draws_everything() {
     let records = mid_run();
     let app = app_for(&records, Mode::Live, None);
     let s = screen(&app, 400, 120, mid_now(&records));
-    for part in ["1/1/0", "1_Vector_add", "retry wait", "cuda:0   1/3/0 t2 execute", "p=1.5 33%"] {
+    for part in [
+        "1/1/0",
+        "1_Vector_add",
+        "retry wait",
+        "cuda:0   1/3/0 t2 execute",
+        "p=1.5 33%",
+    ] {
         assert!(s.contains(part), "missing {part:?}");
     }
 }
@@ -576,7 +632,10 @@ fn table_keys_select_sort_filter_and_open() {
 fn live_quit_stops_the_run_first_and_forces_on_the_second_press() {
     let records = mid_run();
     let mut app = app_for(&records, Mode::Live, None);
-    assert_eq!(app.handle_key(key(KeyCode::Char('q'))), Some(Action::Cancel));
+    assert_eq!(
+        app.handle_key(key(KeyCode::Char('q'))),
+        Some(Action::Cancel)
+    );
     assert!(app.stopping);
     assert_eq!(app.handle_key(ctrl_c()), Some(Action::ForceQuit));
 
@@ -681,7 +740,10 @@ async fn watch_forwards_lines_as_they_are_appended() {
     let records = mid_run();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let follower = tokio::spawn(Tail::new(&path).forward(Duration::from_millis(10), tx));
-    let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
     let mut seen = Vec::new();
     for r in records.iter().take(5) {
         writeln!(f, "{}", serde_json::to_string(r).unwrap()).unwrap();
@@ -772,4 +834,32 @@ fn replay_jumps_to_the_next_turn_and_to_a_task_turn() {
         app.handle_key(key(KeyCode::Char(' '))),
         Some(Action::Replay(ReplayCmd::TogglePause))
     );
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Live: a lagging display is rebuilt from the log
+
+#[tokio::test]
+async fn live_rebuilds_from_the_log_when_the_broadcast_lags() {
+    use krefine::tui::source::{Feed, Live};
+    use std::sync::Arc;
+    let (dir, records) = mid_run_dir();
+    let (tx, rx) = tokio::sync::broadcast::channel(4);
+    let mut live = Live::new(rx, dir.path().join("events.jsonl"));
+    // More records than the channel holds: the receiver has lagged.
+    for r in &records {
+        tx.send(Arc::new(r.clone())).unwrap();
+    }
+    let Some(Feed::Rebuilt(view)) = live.next().await else {
+        panic!("expected a view rebuilt from the log")
+    };
+    assert_eq!(rows(&view), rows(&RunView::from_records(&records)));
+    // What is still queued follows, and the view drops what the rebuild already holds.
+    let Some(Feed::Records(rest)) = live.next().await else {
+        panic!("expected the queued records")
+    };
+    let mut view = *view;
+    assert!(rest.iter().all(|r| !view.apply(r)));
+    drop(tx);
+    assert!(live.next().await.is_none());
 }

@@ -35,7 +35,17 @@ impl Tmux {
     /// A session running `cmd` in a 120x36 terminal; the shell stays to show the exit status.
     fn start(&self, name: &str, cmd: &str) {
         let script = format!("{cmd}; echo EXIT=$?; sleep 120");
-        self.run(&["new-session", "-d", "-s", name, "-x", "120", "-y", "36", &script]);
+        self.run(&[
+            "new-session",
+            "-d",
+            "-s",
+            name,
+            "-x",
+            "120",
+            "-y",
+            "36",
+            &script,
+        ]);
     }
 
     fn capture(&self, name: &str) -> String {
@@ -109,7 +119,10 @@ fn live_watch_and_replay_in_tmux() {
     tmux.keys("live", &["q"]);
     let after = tmux.wait_for("live", &["EXIT=0"]);
     assert!(after.contains("4 of 4 task(s) finished"), "{after}");
-    assert!(after.contains("quickstart (refine, feedback G+E+P"), "{after}");
+    assert!(
+        after.contains("quickstart (refine, feedback G+E+P"),
+        "{after}"
+    );
     tmux.keys("watch", &["q"]);
     tmux.wait_for("watch", &["EXIT=0"]);
 
@@ -123,7 +136,10 @@ fn live_watch_and_replay_in_tmux() {
     tmux.wait_for("replay", &["1/2/0 2_ReLU.py · turn 3/3", "── Prompt"]);
     tmux.keys("replay", &["Left", "Left"]);
     tmux.keys("replay", &["End"]);
-    let detail = tmux.wait_for("replay", &["Feedback for turn 2, mode G+E+P", "[execution]"]);
+    let detail = tmux.wait_for(
+        "replay",
+        &["Feedback for turn 2, mode G+E+P", "[execution]"],
+    );
     assert!(detail.contains("turn 1/3"), "{detail}");
     // q goes back to the table first, then quits.
     tmux.keys("replay", &["q"]);

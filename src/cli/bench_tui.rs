@@ -51,7 +51,12 @@ pub fn synthetic_log(tasks: u32, turns: u32) -> Vec<LogRecord> {
             simulated: true,
             problem_names: ids
                 .iter()
-                .map(|t| (t.problem, format!("{}_Problem_{}.py", t.problem.problem_id, t.problem.level)))
+                .map(|t| {
+                    (
+                        t.problem,
+                        format!("{}_Problem_{}.py", t.problem.problem_id, t.problem.level),
+                    )
+                })
                 .collect::<BTreeMap<_, _>>(),
         },
     );
@@ -61,7 +66,13 @@ pub fn synthetic_log(tasks: u32, turns: u32) -> Vec<LogRecord> {
             if (i as u32) % (turns + 1) < turn {
                 continue;
             }
-            push(Some(t), Event::LlmStarted { turn, prompt_file: None });
+            push(
+                Some(t),
+                Event::LlmStarted {
+                    turn,
+                    prompt_file: None,
+                },
+            );
             push(
                 Some(t),
                 Event::LlmAnswered {
@@ -120,7 +131,7 @@ pub fn synthetic_log(tasks: u32, turns: u32) -> Vec<LogRecord> {
                 },
             );
             let mut o = ExecOutcome::failure(Verdict::Incorrect, &device, "mismatch".into(), 3000);
-            if (i as u32 + turn) % 3 != 0 {
+            if !(i as u32 + turn).is_multiple_of(3) {
                 o.verdict = Verdict::Correct;
                 o.correctness = true;
                 o.speedup = Some(0.5 + ((i as u32 * 7 + turn) % 10) as f64 / 4.0);

@@ -15,12 +15,12 @@ use crate::prompt::{PromptSettings, Prompts};
 use crate::services::{Compiler, DeviceId, Executor};
 use crate::sim::SimServices;
 use crate::store::{ReadLog, RunDir, read_log};
-use crate::types::{Event, FeedbackMode, MethodKind};
-use crate::worker::{self, BaselineTable, WorkerPool, WorkerSettings};
 use crate::tui::app::{App, Mode};
 use crate::tui::source::Live;
 use crate::tui::{self, Exit, Input};
+use crate::types::{Event, FeedbackMode, MethodKind};
 use crate::view::RunView;
+use crate::worker::{self, BaselineTable, WorkerPool, WorkerSettings};
 use crate::{dataset, llm, progress};
 
 #[derive(clap::Args)]
@@ -233,13 +233,20 @@ async fn drive(
         tokio::spawn(live.forward(tx));
         let engine_task = tokio::spawn(engine.run());
         // The UI handles Ctrl-C (and SIGINT) itself: the first stops the run, the second leaves.
-        let exit = tui::run(app, Input::Feed(rx), Some(cancel.clone())).await;
-        cancel.cancel();
-        if exit? == Exit::Forced {
-            eprintln!(
-                "interrupted twice: left without waiting for the run to stop; the event log stays valid, resume with --resume"
-            );
-            return Ok(ExitCode::from(130));
+        match tui::run(app, Input::Feed(rx), Some(cancel.clone())).await {
+            // `q` is only accepted once the run is over.
+            Ok(Exit::Quit) => {}
+            Ok(Exit::Forced) => {
+                eprintln!(
+                    "interrupted twice: left without waiting for the run to stop; the event log stays valid, resume with --resume"
+                );
+                return Ok(ExitCode::from(130));
+            }
+            Err(e) => {
+                cancel.cancel();
+                let _ = engine_task.await;
+                return Err(e);
+            }
         }
         engine_task
             .await
@@ -249,7 +256,9 @@ async fn drive(
         let ctrl_c = cancel.clone();
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!("\ninterrupted: stopping; the event log stays valid, resume with --resume");
+                eprintln!(
+                    "\ninterrupted: stopping; the event log stays valid, resume with --resume"
+                );
                 ctrl_c.cancel();
             }
         });

@@ -56,10 +56,14 @@ struct Screen {
 }
 
 impl Screen {
-    fn open() -> Self {
+    fn open() -> anyhow::Result<Self> {
         // Raw mode, the alternate screen, and a panic hook that restores both before printing.
-        Screen {
-            terminal: ratatui::init(),
+        match ratatui::try_init() {
+            Ok(terminal) => Ok(Screen { terminal }),
+            Err(e) => {
+                ratatui::restore();
+                Err(anyhow::anyhow!("cannot open the terminal UI: {e}"))
+            }
         }
     }
 }
@@ -77,7 +81,7 @@ pub async fn run(
     input: Input,
     cancel: Option<CancellationToken>,
 ) -> anyhow::Result<Exit> {
-    let mut screen = Screen::open();
+    let mut screen = Screen::open()?;
     let stop = Arc::new(AtomicBool::new(false));
     let (key_tx, key_rx) = mpsc::unbounded_channel();
     let reader = {

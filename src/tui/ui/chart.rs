@@ -100,7 +100,11 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App) {
         .y_axis(
             Axis::default()
                 .bounds([0.0, 100.0])
-                .labels(vec![Line::from("0%"), Line::from("50%"), Line::from("100%")])
+                .labels(vec![
+                    Line::from("0%"),
+                    Line::from("50%"),
+                    Line::from("100%"),
+                ])
                 .style(Style::new().fg(Color::DarkGray)),
         )
         .legend_position(None);

@@ -22,8 +22,7 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, d: &Detail) {
         );
         return;
     };
-    let [list, body] =
-        Layout::horizontal([Constraint::Length(24), Constraint::Min(0)]).areas(area);
+    let [list, body] = Layout::horizontal([Constraint::Length(24), Constraint::Min(0)]).areas(area);
     draw_turns(frame, list, t, d);
     let lines = turn_lines(app, t, d.turn, d.full_prompt);
     let name = app
@@ -109,12 +108,7 @@ fn note(lines: &mut Vec<Line<'static>>, s: impl Into<String>) {
 const PROMPT_PREVIEW: usize = 3;
 
 /// Every section of turn `n` of task `t`, as lines.
-pub(crate) fn turn_lines(
-    app: &App,
-    t: &TaskView,
-    n: u32,
-    full_prompt: bool,
-) -> Vec<Line<'static>> {
+pub(crate) fn turn_lines(app: &App, t: &TaskView, n: u32, full_prompt: bool) -> Vec<Line<'static>> {
     let mut lines = Vec::new();
     let rec = t.turns().get((n as usize).saturating_sub(1));
     let empty = TurnRecord::default();
@@ -274,8 +268,14 @@ pub(crate) fn turn_lines(
 
     // Correctness and timing.
     if let Some(e) = &r.exec {
-        section(&mut lines, format!("Correctness and timing on {}", e.device));
-        let mut head = vec![Span::styled(e.verdict.as_str().to_string(), verdict_style(Some(e.verdict)))];
+        section(
+            &mut lines,
+            format!("Correctness and timing on {}", e.device),
+        );
+        let mut head = vec![Span::styled(
+            e.verdict.as_str().to_string(),
+            verdict_style(Some(e.verdict)),
+        )];
         head.push(Span::raw(format!(
             " · compiled {} · correct {}",
             e.compiled, e.correctness
@@ -368,9 +368,10 @@ pub(crate) fn turn_lines(
                 lines.push(Line::styled("[profile]", Style::new().fg(Color::Yellow)));
                 text(&mut lines, p);
             }
-            None if t.feedback().includes_profile() => {
-                note(&mut lines, "profile: none (only correct candidates are profiled)")
-            }
+            None if t.feedback().includes_profile() => note(
+                &mut lines,
+                "profile: none (only correct candidates are profiled)",
+            ),
             None => note(&mut lines, "profile: not sent in this mode"),
         }
     }

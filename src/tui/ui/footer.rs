@@ -9,7 +9,12 @@ use ratatui::widgets::{Block, Clear, Paragraph};
 use crate::tui::app::{App, Mode, Screen};
 
 pub fn draw(frame: &mut Frame, area: Rect, app: &App) {
-    let key = |k: &str| Span::styled(format!(" {k} "), Style::new().fg(Color::Black).bg(Color::Gray));
+    let key = |k: &str| {
+        Span::styled(
+            format!(" {k} "),
+            Style::new().fg(Color::Black).bg(Color::Gray),
+        )
+    };
     let label = |l: &str| Span::raw(format!(" {l}  "));
     let mut spans = Vec::new();
     if let Some(w) = &app.warning {
@@ -36,7 +41,11 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App) {
     spans.extend([key("?"), label("help")]);
     if matches!(app.screen, Screen::Tasks) {
         let quit = if app.mode == Mode::Live && !app.run_over() {
-            if app.stopping { "force quit" } else { "stop run" }
+            if app.stopping {
+                "force quit"
+            } else {
+                "stop run"
+            }
         } else {
             "quit"
         };

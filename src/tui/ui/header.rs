@@ -23,7 +23,10 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, now_ms: u64) {
     first.push(sep());
     first.push(state_span(app));
     first.push(sep());
-    first.push(Span::raw(format!("elapsed {}", duration(v.elapsed_ms(now_ms)))));
+    first.push(Span::raw(format!(
+        "elapsed {}",
+        duration(v.elapsed_ms(now_ms))
+    )));
     if let Some(i) = &v.info {
         first.push(sep());
         let shape = match i.method {

@@ -66,7 +66,10 @@ pub fn draw(frame: &mut Frame, app: &App, now_ms: u64) {
 
 fn too_small(frame: &mut Frame, area: Rect) {
     let text = vec![
-        Line::from(format!("terminal too small: {}x{}", area.width, area.height)),
+        Line::from(format!(
+            "terminal too small: {}x{}",
+            area.width, area.height
+        )),
         Line::from(format!("krefine needs at least {MIN_WIDTH}x{MIN_HEIGHT}")),
         Line::from("q quits"),
     ];
@@ -97,7 +100,7 @@ pub(crate) fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
