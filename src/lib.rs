@@ -14,6 +14,9 @@
 //! - [`worker`]: the Python worker processes (compile, correctness, timing, profile).
 //! - [`sim`]: simulated compile/execute services for tests and the scheduler benchmark.
 //! - [`metrics`], [`report`]: fast_p@N and friends as pure functions of the log, and their formats.
+//! - [`view`]: a run as folded from its log (`RunView`), the one reducer every display uses.
+//! - [`tui`]: the terminal UI (ratatui) for live runs, `watch` and `replay`; [`progress`]: the
+//!   `--no-tui` progress bar.
 //! - [`cli`]: the command-line surface.
 
 pub mod cli;

@@ -792,11 +792,41 @@ fn replay_paces_by_recorded_time() {
     r.paused = false;
     assert_eq!(r.step().map(|r| r.seq), Some(5));
 
-    // A long pause in the log (a run resumed hours later) plays as at most MAX_GAP_MS.
-    let mut gap = records[..2].to_vec();
-    gap[1].ts_ms = gap[0].ts_ms + 3_600_000;
+    // The pause before a resumption (hours, say) plays as at most MAX_GAP_MS; a long gap inside a
+    // session (a slow compile) plays as recorded.
+    let mut gap = records[..3].to_vec();
+    gap[1].ts_ms = gap[0].ts_ms + 600_000;
+    gap[2].ts_ms = gap[1].ts_ms + 3_600_000;
+    gap[2].event = match gap[0].event.clone() {
+        Event::RunStarted {
+            run,
+            method,
+            feedback,
+            task_ids,
+            turns,
+            samples,
+            krefine_version,
+            simulated,
+            problem_names,
+            ..
+        } => Event::RunStarted {
+            run,
+            method,
+            feedback,
+            task_ids,
+            turns,
+            samples,
+            krefine_version,
+            resumed: true,
+            simulated,
+            problem_names,
+        },
+        other => other,
+    };
     let mut r = Replay::new(gap, 1.0);
-    r.advance(Duration::ZERO);
+    assert_eq!(r.advance(Duration::ZERO).len(), 1);
+    assert!(r.advance(Duration::from_millis(599_999)).is_empty());
+    assert_eq!(r.advance(Duration::from_millis(1)).len(), 1);
     assert!(r.advance(Duration::from_millis(MAX_GAP_MS - 1)).is_empty());
     assert_eq!(r.advance(Duration::from_millis(1)).len(), 1);
 }

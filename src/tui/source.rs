@@ -187,9 +187,9 @@ impl Tail {
     }
 }
 
-/// The longest stretch of recorded time played as it was: longer gaps (a run stopped and resumed
-/// hours later) are skipped.
-pub const MAX_GAP_MS: u64 = 10_000;
+/// How long the pause before a resumption (`run_started` with `resumed`) plays at most: the hours a
+/// run may have stood stopped are not part of it. Every other gap plays as recorded.
+pub const MAX_GAP_MS: u64 = 1_000;
 
 /// A recorded log played back in recorded time scaled by `speed`. Driven by the caller's clock
 /// (`advance` takes the real time that passed), so it is deterministic and testable without sleeping.
@@ -223,8 +223,12 @@ impl Replay {
         let mut budget = real.as_secs_f64() * 1000.0 * self.speed;
         while let Some(r) = self.records.get(self.next) {
             let due = r.ts_ms as f64;
-            // A long pause in the log is cut short by moving the clock up to its last stretch.
-            if due - self.clock_ms > MAX_GAP_MS as f64 {
+            // The pause before a resumption is cut short by moving the clock up to its last stretch.
+            let resumed = matches!(
+                r.event,
+                crate::types::Event::RunStarted { resumed: true, .. }
+            );
+            if resumed && due - self.clock_ms > MAX_GAP_MS as f64 {
                 self.clock_ms = due - MAX_GAP_MS as f64;
             }
             let gap = (due - self.clock_ms).max(0.0);
