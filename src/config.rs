@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::checks::ChecksSection;
 use crate::types::{EvalMode, FeedbackMode, MethodKind, Precision};
 
 #[derive(Debug, thiserror::Error)]
@@ -508,6 +509,10 @@ pub struct EvalSection {
     pub timeouts: Timeouts,
     #[serde(default)]
     pub simulated: SimulatedSection,
+    /// Static checks on candidates' sources: a level per category (`checks::ChecksSection`).
+    /// Left out of the frozen config while empty, so older runs still resume.
+    #[serde(default, skip_serializing_if = "ChecksSection::is_default")]
+    pub checks: ChecksSection,
 }
 
 fn default_seed() -> u64 {
@@ -547,6 +552,7 @@ impl Default for EvalSection {
             build_cache: None,
             timeouts: Timeouts::default(),
             simulated: SimulatedSection::default(),
+            checks: ChecksSection::default(),
         }
     }
 }
@@ -938,8 +944,37 @@ answers = "answers.jsonl"
     }
 
     #[test]
+    fn checks_levels_parse_and_unknown_categories_are_named() {
+        use crate::checks::{Category, Level};
+        let text =
+            format!("{MIN}\n[eval]\nmode = \"strict\"\n[eval.checks]\ncode_bypass = \"warn\"\n");
+        let c = p(&text, &["eval.checks.pytorch_wrap=off"]).unwrap().config;
+        assert_eq!(
+            c.eval.checks.level(Category::CodeBypass, c.eval.mode),
+            Level::Warn
+        );
+        assert_eq!(
+            c.eval.checks.level(Category::TimingPatch, c.eval.mode),
+            Level::Error
+        );
+        assert_eq!(
+            c.eval.checks.level(Category::PytorchWrap, c.eval.mode),
+            Level::Off
+        );
+        let text = format!("{MIN}\n[eval.checks]\ntiming_hack = \"error\"\n");
+        let e = p(&text, &[]).unwrap_err().to_string();
+        assert!(e.contains("timing_hack") && e.contains("line 9"), "{e}");
+        let e = p(MIN, &["eval.checks.lazy_eval=fatal"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lazy_eval=fatal") && e.contains("`warn`"), "{e}");
+        // Unset, the table stays out of the frozen config (older runs resume unchanged).
+        assert!(!p(MIN, &[]).unwrap().effective_toml.contains("checks"));
+    }
+
+    #[test]
     fn effective_toml_round_trips() {
-        let l = p(MIN, &["method.turns=3"]).unwrap();
+        let l = p(MIN, &["method.turns=3", "eval.checks.timing_patch=off"]).unwrap();
         let again: Config = toml::from_str(&l.effective_toml).unwrap();
         assert_eq!(again, l.config);
     }

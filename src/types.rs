@@ -204,6 +204,9 @@ pub enum Verdict {
     Crashed,
     ReferenceError,
     LlmError,
+    /// Rejected before compiling: a static check on the source found an error (strict mode, or a
+    /// category configured as `error`; see `checks`).
+    Rejected,
 }
 
 impl Verdict {
@@ -220,6 +223,7 @@ impl Verdict {
             Verdict::Crashed => "crashed",
             Verdict::ReferenceError => "reference_error",
             Verdict::LlmError => "llm_error",
+            Verdict::Rejected => "rejected",
         }
     }
 }
@@ -308,6 +312,8 @@ pub enum CompileStatus {
     Error,
     Timeout,
     Crashed,
+    /// Not compiled: a static check found an error (`findings` says which).
+    Rejected,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

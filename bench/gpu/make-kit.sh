@@ -11,6 +11,7 @@ cargo build --release
 cp target/release/krefine "$K/" && strip "$K/krefine"
 cp "$KB/problems.jsonl" "$K/problems.jsonl"
 cp "$KB/baseline_timing/H100_Modal/baseline_time_torch.json" "$K/baseline_h100_modal.json"
+cp "$KB/baseline_timing/H100_Modal/baseline_time_torch_compile_inductor_default.json" "$K/baseline_h100_modal_compile.json"
 
 answer() { # problem sample turn file -> one scripted answer line
   jq -nc --arg p "$1" --argjson s "$2" --argjson t "$3" --rawfile code "$4" \

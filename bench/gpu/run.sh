@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The H100 checks, run from the repository root on the GPU machine with the kit of make-kit.sh in .gpu/.
 #   bash bench/gpu/run.sh STEP...     steps: env refeq fused-l2 fused-l1 big-l1 big-l1-19 hostile gpu-checks
+#                                     baseline
 # Each step's results land in $OUT as soon as it ends: summary.txt (appended) and runs.tgz (every run
 # directory so far, scratch folders left out).
 set -uo pipefail
@@ -59,6 +60,27 @@ step_gpu_checks() {
   log "tests/python/run_gpu_checks.py"
   timeout 300 python3 tests/python/run_gpu_checks.py --work /tmp/krefine-gc --arch-list 9.0 --out runs/gpu_checks.json > runs/gpu-checks.txt 2>&1
   tail -5 runs/gpu-checks.txt >> "$S"; save
+}
+step_baseline() { # krefine baseline (eager) on level 1 against KernelBench's H100 baseline, then eval of a
+  # submission of the reference-equivalent kernels (correct, speedups near 1), and the compile baseline.
+  local sel="1,2,7,8,9,10,12,13,14,15,16,17,18,40" t0
+  log "krefine baseline level 1 ($sel), eager"
+  t0=$(date +%s%N)
+  $K baseline --dataset .gpu/problems.jsonl --levels 1 --problems "$sel" --out runs/baseline-l1.json \
+    > runs/baseline-l1.txt 2>&1
+  echo "exit $? wall $(ms_since "$t0") ms" >> "$S"
+  python3 bench/gpu/baseline_table.py runs/baseline-l1.json .gpu/baseline_h100_modal.json >> "$S" 2>&1
+  $K report runs/baseline-l1.json.runs/level1-eager --submission runs/refeq-l1-sub.json >> "$S" 2>&1
+  $K eval runs/refeq-l1-sub.json --dataset .gpu/problems.jsonl --out runs/eval-refeq-l1 > runs/eval-refeq-l1.txt 2>&1
+  echo "eval exit $?" >> "$S"; tail -12 runs/eval-refeq-l1.txt >> "$S"
+  $K report runs/eval-refeq-l1 --plot "$OUT/eval-refeq-l1.png" >> "$S" 2>&1
+  log "krefine baseline level 1 ($sel), torch.compile default"
+  $K baseline --dataset .gpu/problems.jsonl --levels 1 --problems "$sel" --mode compile \
+    --out runs/baseline-l1-compile.json > runs/baseline-l1-compile.txt 2>&1
+  echo "exit $?" >> "$S"
+  python3 bench/gpu/baseline_table.py runs/baseline-l1-compile.json \
+    .gpu/baseline_h100_modal_compile.json >> "$S" 2>&1
+  cp runs/baseline-l1*.json "$OUT/"; save
 }
 for step in "$@"; do "step_${step//-/_}"; done
 log done

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use tokio_util::sync::CancellationToken;
 
+use crate::checks::{CheckedCompiler, StaticChecks};
 use crate::config::{self, Config, ExecutorKind, LoadedConfig};
 use crate::engine::{Engine, EngineParts, RunPlan};
 use crate::gpu::{self, DeviceInfo};
@@ -26,26 +27,31 @@ use crate::{dataset, llm, progress};
 #[derive(clap::Args)]
 pub struct RunArgs {
     /// Experiment config (TOML).
-    config: PathBuf,
+    pub(super) config: PathBuf,
     /// Run directory (default: `<output.dir>/<run name>`).
     #[arg(long)]
-    out: Option<PathBuf>,
+    pub(super) out: Option<PathBuf>,
     /// Continue the run in --out (or the default run directory) from its event log.
     #[arg(long)]
-    resume: bool,
+    pub(super) resume: bool,
     /// Plain progress output instead of the live terminal UI.
     #[arg(long)]
-    no_tui: bool,
+    pub(super) no_tui: bool,
     /// Override a config key, e.g. `--set method.turns=5` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
-    sets: Vec<String>,
+    pub(super) sets: Vec<String>,
     /// Serve the LLM answers recorded in this run directory instead of calling a model.
     #[arg(long, value_name = "RUN_DIR")]
-    replay_llm: Option<PathBuf>,
+    pub(super) replay_llm: Option<PathBuf>,
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let loaded = config::load(&args.config, &args.sets)?;
+    run_loaded(args, loaded)
+}
+
+/// Run (or resume) an experiment whose config is already loaded (`krefine eval` builds its own).
+pub(super) fn run_loaded(args: RunArgs, loaded: LoadedConfig) -> anyhow::Result<ExitCode> {
     let cfg = &loaded.config;
     // Everything that can be checked is checked before a run directory exists.
     let dataset_path = loaded.resolve(&cfg.dataset.path);
@@ -192,6 +198,14 @@ async fn drive(
     );
     // Template errors in user overrides surface now, not in the middle of a run.
     prompts.check(&prompt_settings)?;
+    // Static checks run on every candidate before it is built, for the backend the prompt asks for.
+    let checks = StaticChecks::new(
+        &cfg.eval.checks,
+        cfg.eval.mode,
+        prompt_settings.backend,
+        cfg.eval.precision,
+    );
+    let compiler: Arc<dyn Compiler> = Arc::new(CheckedCompiler::new(compiler, checks));
     // The engine leases the CPU when no GPU was selected.
     let device_names: Vec<String> = if devices.is_empty() {
         vec![DeviceId::Cpu.to_string()]

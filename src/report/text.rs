@@ -10,7 +10,7 @@ use crate::metrics::{FAST_P_LABELS, Ledger, Spend};
 
 use crate::types::MethodKind;
 
-use super::{Row, RunReport, rows};
+use super::{Row, RunReport, integrity_lines, rows};
 
 fn pct(x: f64) -> String {
     format!("{:.1}%", x * 100.0)
@@ -203,7 +203,10 @@ fn render_one(r: &RunReport, md: bool) -> String {
             let _ = writeln!(out, "\n{line}");
         }
         out.push('\n');
-        for (label, value) in totals(&r.ledger) {
+        for (label, value) in integrity_lines(&r.metrics.integrity())
+            .into_iter()
+            .chain(totals(&r.ledger))
+        {
             let _ = writeln!(out, "- {label}: {value}");
         }
     } else {
@@ -213,7 +216,10 @@ fn render_one(r: &RunReport, md: bool) -> String {
             out.push_str(&line);
             out.push('\n');
         }
-        for (label, value) in totals(&r.ledger) {
+        for (label, value) in integrity_lines(&r.metrics.integrity())
+            .into_iter()
+            .chain(totals(&r.ledger))
+        {
             let _ = writeln!(out, "{label:<9}{value}");
         }
     }

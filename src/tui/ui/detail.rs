@@ -220,6 +220,7 @@ pub(crate) fn turn_lines(app: &App, t: &TaskView, n: u32, full_prompt: bool) -> 
             CompileStatus::Error => "error",
             CompileStatus::Timeout => "timeout",
             CompileStatus::Crashed => "crashed",
+            CompileStatus::Rejected => "rejected by static checks",
         };
         section(
             &mut lines,
