@@ -43,10 +43,34 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 200.0)]
         scale: f64,
     },
+    /// Terminal UI benchmark: fold a synthetic run's log, then draw frames of it in memory.
+    Tui {
+        #[arg(long, default_value_t = 250)]
+        tasks: u32,
+        #[arg(long, default_value_t = 10)]
+        turns: u32,
+        #[arg(long, default_value_t = 200)]
+        width: u16,
+        #[arg(long, default_value_t = 60)]
+        height: u16,
+        #[arg(long, default_value_t = 100)]
+        frames: u32,
+    },
 }
 
 pub fn bench(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
     match cmd {
+        BenchCmd::Tui {
+            tasks,
+            turns,
+            width,
+            height,
+            frames,
+        } => {
+            let r = super::bench_tui::run(tasks, turns, width, height, frames)?;
+            super::print_out(&r)?;
+            Ok(ExitCode::SUCCESS)
+        }
         BenchCmd::Scheduler {
             tasks,
             turns,

@@ -2,12 +2,14 @@
 
 mod baseline;
 mod bench;
+mod bench_tui;
 mod check;
 mod compare;
 mod doctor;
 mod eval;
 mod report;
 mod run;
+mod view;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,6 +31,10 @@ struct Cli {
 enum Cmd {
     /// Run an experiment from a TOML config (or resume one).
     Run(run::RunArgs),
+    /// Follow a run (running or finished, in any process) in the terminal UI; read-only.
+    Watch(view::WatchArgs),
+    /// Play a recorded run back in the terminal UI, in recorded time scaled by --speed.
+    Replay(view::ReplayArgs),
     /// Print fast_p@N, geomean speedup, correct rate, tokens and cost of run directories.
     Report(report::ReportArgs),
     /// Compare runs at matched budgets (LLM calls, tokens, USD, device seconds) with bootstrap
@@ -56,6 +62,8 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Run(args) => run::run(args),
+        Cmd::Watch(args) => view::watch(args),
+        Cmd::Replay(args) => view::replay(args),
         Cmd::Report(args) => report::report(args),
         Cmd::Compare(args) => compare::compare_cmd(args),
         Cmd::Eval(args) => eval::eval(args),
