@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::types::{EvalMode, FeedbackMode, MethodKind, Precision};
+pub use crate::worker::sandbox::SandboxMode;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -508,6 +509,21 @@ pub struct EvalSection {
     pub timeouts: Timeouts,
     #[serde(default)]
     pub simulated: SimulatedSection,
+    /// `auto` | `required` | `off`: confine workers in namespaces (README "Threat model"). Unset:
+    /// `required` in strict mode, else `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxMode>,
+}
+
+impl EvalSection {
+    /// The sandbox mode in effect: the configured one, else `required` in strict mode and `auto`
+    /// otherwise.
+    pub fn sandbox_mode(&self) -> SandboxMode {
+        self.sandbox.unwrap_or(match self.mode {
+            EvalMode::Strict => SandboxMode::Required,
+            EvalMode::Faithful => SandboxMode::Auto,
+        })
+    }
 }
 
 fn default_seed() -> u64 {
@@ -547,6 +563,7 @@ impl Default for EvalSection {
             build_cache: None,
             timeouts: Timeouts::default(),
             simulated: SimulatedSection::default(),
+            sandbox: None,
         }
     }
 }

@@ -421,6 +421,9 @@ pub struct EvalEnv {
     pub tf32_matmul: Option<bool>,
     #[serde(default)]
     pub tf32_cudnn: Option<bool>,
+    /// The sandbox the candidate ran in: `namespaces`, `off`, or `none` (unavailable here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
 }
 
 /// Result of evaluating one compiled candidate on a device.

@@ -6,6 +6,8 @@
 //! - [`python`]: finding an interpreter that imports torch.
 //! - [`process`]: one worker process: scrubbed environment, own process group, timeouts, kill, reap.
 //! - [`pool`]: [`WorkerPool`], the `Compiler` and `Executor` the engine uses.
+//! - [`sandbox`]: the namespaces every worker runs in (no other process, no network, a read-only
+//!   file system view with its own scratch writable).
 //! - [`baseline`]: KernelBench baseline timing files.
 
 pub mod baseline;
@@ -14,6 +16,7 @@ pub mod pool;
 pub mod process;
 pub mod protocol;
 pub mod python;
+pub mod sandbox;
 
 use std::path::PathBuf;
 

@@ -26,6 +26,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard, Semaphore};
 use super::WorkerError;
 use super::baseline::BaselineTable;
 use super::process::{RequestError, SpawnSpec, WorkerProcess, kill_group, log_tail};
+use super::sandbox::{self, Overlay, SandboxLevel, SandboxMode, SandboxSpec};
 use super::protocol::{
     CandidateSpec, CompileRequest, CompileStatusWire, EvaluateResponse, PrepareRequest,
     ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody, ResponseBody,
@@ -34,8 +35,8 @@ use super::protocol::{
 use crate::config::{EvalSection, Timeouts};
 use crate::services::{CompileJob, Compiler, DeviceId, ExecJob, Executor};
 use crate::types::{
-    CompileOutcome, CompileStatus, EvalMode, ExecOutcome, Precision, Problem, ProfileOutcome,
-    Verdict,
+    CompileOutcome, CompileStatus, EvalEnv, EvalMode, ExecOutcome, Precision, Problem,
+    ProfileOutcome, Verdict,
 };
 
 /// Written into a build dir after a good compile; its presence means "this build is usable".
@@ -82,6 +83,8 @@ pub struct WorkerSettings {
     pub baseline: Option<Arc<BaselineTable>>,
     /// GPU driver version, recorded in every result's `env`.
     pub driver: Option<String>,
+    /// `eval.sandbox`: confine every worker in namespaces (see [`super::sandbox`]).
+    pub sandbox: SandboxMode,
 }
 
 impl WorkerSettings {
@@ -110,6 +113,7 @@ impl WorkerSettings {
             ncu: false,
             baseline: None,
             driver: None,
+            sandbox: SandboxMode::default(),
         };
         s.apply_eval(&eval);
         s
@@ -129,6 +133,7 @@ impl WorkerSettings {
         self.recycle_after = eval.recycle_after;
         self.profile_rows = eval.profile_rows;
         self.ncu = eval.ncu;
+        self.sandbox = eval.sandbox_mode();
         if let Some(dir) = &eval.build_cache {
             self.build_cache = dir.clone();
         }
@@ -234,6 +239,8 @@ pub struct WorkerPool {
     eval_slots: Vec<(DeviceId, Slot)>,
     build_locks: StdMutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
     closed: AtomicBool,
+    /// What the workers run in (recorded in every result's `env.sandbox`).
+    sandbox_level: SandboxLevel,
 }
 
 impl std::fmt::Debug for WorkerPool {
@@ -293,7 +300,11 @@ impl WorkerPool {
                 .map_err(|e| WorkerError::io(what, dir, e))?;
         }
 
+        let sandbox_level = resolve_sandbox(&settings).await?;
+        let confine = sandbox_level.is_confined();
+        let visible = visible_dirs(&settings);
         let spec = |name: String, role, cvd: String, arch: Option<String>| SpawnSpec {
+            sandbox: confine.then(|| worker_sandbox(&settings, &name, &visible)),
             scratch: settings.scratch_root.join(&name),
             log_path: settings.log_dir.join(format!("{name}.log")),
             name,
@@ -416,12 +427,18 @@ impl WorkerPool {
             build_locks: StdMutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             settings,
+            sandbox_level,
         }))
     }
 
     /// The torch version the workers run (part of every build key).
     pub fn torch_version(&self) -> &str {
         &self.torch
+    }
+
+    /// The sandbox the workers run in.
+    pub fn sandbox_level(&self) -> &SandboxLevel {
+        &self.sandbox_level
     }
 
     /// The `TORCH_CUDA_ARCH_LIST` builds use.
@@ -672,6 +689,12 @@ impl WorkerPool {
             // Not fatal: the build is fine, the next identical candidate just compiles again.
             tracing::warn!("cannot write build marker in {}: {e}", build_dir.display());
         }
+        // Written once, read-only afterwards.
+        let dir = build_dir.to_path_buf();
+        let sealed = tokio::task::spawn_blocking(move || make_files_read_only(&dir)).await;
+        if let Ok(Err(e)) = sealed {
+            tracing::warn!("cannot make build {} read-only: {e}", build_dir.display());
+        }
     }
 
     async fn compile_failure(
@@ -885,6 +908,7 @@ impl WorkerPool {
         o.env.driver = self.settings.driver.clone();
         o.env.precision = Some(self.settings.precision.as_str().into());
         o.env.mode = Some(self.settings.mode.as_str().into());
+        o.env.sandbox = Some(self.sandbox_level.as_str().into());
         o
     }
 
@@ -906,7 +930,10 @@ impl WorkerPool {
             ref_source: r.ref_runtime_source,
             speedup: r.speedup,
             feedback: r.feedback,
-            env: r.env.to_eval_env(self.settings.driver.clone()),
+            env: EvalEnv {
+                sandbox: Some(self.sandbox_level.as_str().into()),
+                ..r.env.to_eval_env(self.settings.driver.clone())
+            },
             device: device.to_string(),
             wall_ms: elapsed_ms(started),
             phases: r.phases.to_map(),
@@ -1014,30 +1041,51 @@ impl Compiler for WorkerPool {
             free: &self.compile_free,
             index,
         };
+        let slot = &self.compile_slots[index];
+        // A sandboxed worker cannot write the run directory: it writes the compile log in its own
+        // scratch, and we copy it to the run's log.
+        let worker_log = match &slot.spec.sandbox {
+            Some(_) => slot.spec.scratch.join(WORKER_COMPILE_LOG),
+            None => job.log_path.clone(),
+        };
         let request = RequestBody::Compile(CompileRequest {
             source: job.code.clone(),
             build_dir: build_dir.to_string_lossy().into_owned(),
             arch_list: self.arch_list.clone(),
-            log_path: job.log_path.to_string_lossy().into_owned(),
+            log_path: worker_log.to_string_lossy().into_owned(),
         });
-        let slot = &self.compile_slots[index];
-        match self.call(slot, request, self.deadlines.compile, true).await {
+        let result = self.call(slot, request, self.deadlines.compile, true).await;
+        if worker_log != job.log_path {
+            copy_log(&worker_log, &job.log_path).await;
+        }
+        match result {
             Ok(ResponseBody::Compile(r)) => {
-                let status = match r.status {
+                let mut status = match r.status {
                     CompileStatusWire::Ok => CompileStatus::Ok,
                     CompileStatusWire::CompileError => CompileStatus::Error,
                 };
+                let mut feedback = r.feedback;
+                let mut error = r.error;
+                if status == CompileStatus::Ok
+                    && let Some(sandbox) = &slot.spec.sandbox
+                    && let Err(e) = publish_build(sandbox, &self.settings.build_cache, &build_dir).await
+                {
+                    status = CompileStatus::Error;
+                    let message = format!("krefine could not store the build in the cache: {e}");
+                    feedback = message.clone();
+                    error = Some(message);
+                }
                 if status == CompileStatus::Ok {
-                    self.record_success(&build_dir, &job, &r.feedback, r.duration_s)
+                    self.record_success(&build_dir, &job, &feedback, r.duration_s)
                         .await;
                 }
                 CompileOutcome {
                     status,
                     cached: false,
                     error_name: r.error_name,
-                    error: r.error,
-                    feedback: r.feedback,
-                    log_path: Some(r.log_path),
+                    error,
+                    feedback,
+                    log_path: Some(job.log_path.to_string_lossy().into_owned()),
                     build_dir: Some(build_dir.to_string_lossy().into_owned()),
                     duration_ms: elapsed_ms(started),
                     findings: Vec::new(),
@@ -1055,6 +1103,170 @@ impl Compiler for WorkerPool {
             Err(e) => self.compile_failure(e, &job, &build_dir, started).await,
         }
     }
+}
+
+/// The compile log a sandboxed compile worker writes, in its scratch folder.
+const WORKER_COMPILE_LOG: &str = "krefine-compile-job.log";
+/// Where a worker's copy-on-write layer of the build cache lives: `<scratch_root>/<name>.cow/`.
+const COW_SUFFIX: &str = "cow";
+
+/// Decide what the workers run in: probe the namespaces sandbox unless it is off.
+async fn resolve_sandbox(settings: &WorkerSettings) -> Result<SandboxLevel, WorkerError> {
+    if settings.sandbox == SandboxMode::Off {
+        return Ok(SandboxLevel::Off);
+    }
+    let python = settings.python.clone();
+    let probed = tokio::task::spawn_blocking(move || sandbox::probe(&python))
+        .await
+        .map_err(|e| WorkerError::Settings(format!("sandbox probe panicked: {e}")))?;
+    match (probed, settings.sandbox) {
+        (Ok(_), _) => Ok(SandboxLevel::Namespaces),
+        (Err(e), SandboxMode::Required) => Err(WorkerError::Settings(format!(
+            "eval.sandbox = \"required\" (the default in strict mode), but this machine cannot \
+             start a sandboxed worker: {e}"
+        ))),
+        (Err(e), _) => {
+            tracing::warn!(
+                "eval.sandbox = \"auto\": workers run WITHOUT a sandbox (candidate code has the \
+                 user's rights): {e}"
+            );
+            Ok(SandboxLevel::Unavailable(e.to_string()))
+        }
+    }
+}
+
+/// Folders a worker must still read where they lie under a hidden one (the home): the Python
+/// install, the harness, and the CUDA toolkit and library folders the environment names.
+fn visible_dirs(settings: &WorkerSettings) -> Vec<PathBuf> {
+    let mut dirs = sandbox::python_dirs(&settings.python);
+    dirs.push(settings.harness_dir.clone());
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(v) = std::env::var_os(var) {
+            dirs.push(PathBuf::from(v));
+        }
+    }
+    for var in ["PATH", "LD_LIBRARY_PATH"] {
+        if let Some(v) = std::env::var_os(var) {
+            dirs.extend(std::env::split_paths(&v));
+        }
+    }
+    dirs.retain(|d| d.is_absolute());
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
+/// The file system view of worker `name`: everything read-only, its scratch writable, the other
+/// workers' scratch folders, the home and `/tmp` hidden, and the build cache copy-on-write (its
+/// writes stay in `<scratch_root>/<name>.cow`; compile results are published by [`publish_build`]).
+fn worker_sandbox(settings: &WorkerSettings, name: &str, visible: &[PathBuf]) -> SandboxSpec {
+    let scratch = settings.scratch_root.join(name);
+    let cow = settings.scratch_root.join(format!("{name}.{COW_SUFFIX}"));
+    let mut hidden = SandboxSpec::default_hidden();
+    hidden.push(settings.scratch_root.clone());
+    SandboxSpec {
+        writable: vec![scratch.clone()],
+        visible: visible.to_vec(),
+        hidden,
+        overlays: vec![Overlay {
+            target: settings.build_cache.clone(),
+            upper: cow.join("upper"),
+            work: cow.join("work"),
+        }],
+        cwd: scratch,
+    }
+}
+
+/// Copy a finished build from the compile worker's copy-on-write layer into the shared cache (write
+/// to a temporary name, then rename) and make its files read-only. Only the orchestrator writes the
+/// cache, so no candidate can change another's build.
+async fn publish_build(
+    sandbox: &SandboxSpec,
+    cache: &Path,
+    build_dir: &Path,
+) -> std::io::Result<()> {
+    let (Some(overlay), Ok(rel)) = (sandbox.overlays.first(), build_dir.strip_prefix(cache)) else {
+        return Err(std::io::Error::other(format!(
+            "{} is not inside the build cache {}",
+            build_dir.display(),
+            cache.display()
+        )));
+    };
+    let src = overlay.upper.join(rel);
+    let dst = build_dir.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut tmp = dst.as_os_str().to_os_string();
+        tmp.push(format!(".publish-{}", std::process::id()));
+        let tmp = PathBuf::from(tmp);
+        remove_tree(&tmp)?;
+        copy_tree(&src, &tmp)?;
+        // A folder without a success marker is a leftover: replace it.
+        remove_tree(&dst)?;
+        std::fs::rename(&tmp, &dst)?;
+        make_files_read_only(&dst)
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
+fn remove_tree(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// Copy folders, regular files and symlinks (overlayfs whiteouts and other special files are
+/// skipped: a fresh build has none).
+fn copy_tree(src: &Path, dst: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dst)?;
+    for entry in std::fs::read_dir(src)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let to = dst.join(entry.file_name());
+        if kind.is_dir() {
+            copy_tree(&entry.path(), &to)?;
+        } else if kind.is_file() {
+            std::fs::copy(entry.path(), &to)?;
+        } else if kind.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &to)?;
+        }
+    }
+    Ok(())
+}
+
+/// Make every regular file under `dir` read-only (folders stay writable: loading a build takes
+/// torch's lock file in it).
+fn make_files_read_only(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            make_files_read_only(&entry.path())?;
+        } else if kind.is_file() {
+            let mode = entry.metadata()?.permissions().mode();
+            std::fs::set_permissions(
+                entry.path(),
+                std::fs::Permissions::from_mode(mode & 0o555),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Copy a sandboxed worker's compile log to the run's log (a missing one is left missing).
+async fn copy_log(from: &Path, to: &Path) {
+    if tokio::fs::metadata(from).await.is_err() {
+        return;
+    }
+    if let Some(dir) = to.parent() {
+        let _ = tokio::fs::create_dir_all(dir).await;
+    }
+    if let Err(e) = tokio::fs::copy(from, to).await {
+        tracing::warn!("cannot copy compile log to {}: {e}", to.display());
+    }
+    let _ = tokio::fs::remove_file(from).await;
 }
 
 #[async_trait]

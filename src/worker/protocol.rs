@@ -309,6 +309,7 @@ impl WireEnv {
             grad_mode: Some(self.grad_mode.clone()),
             tf32_matmul: Some(self.tf32_matmul),
             tf32_cudnn: Some(self.tf32_cudnn),
+            sandbox: None,
         }
     }
 }
