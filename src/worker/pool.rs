@@ -588,6 +588,30 @@ impl WorkerPool {
         }
     }
 
+    /// Replace an evaluation worker whose view of the build cache was changed (see [`cow_tainted`]).
+    async fn check_cow(&self, slot: &Slot) {
+        let Some(overlay) = slot.spec.sandbox.as_ref().and_then(|s| s.overlays.first()) else {
+            return;
+        };
+        let upper = overlay.upper.clone();
+        let tainted = tokio::task::spawn_blocking(move || cow_tainted(&upper))
+            .await
+            .ok()
+            .flatten();
+        if let Some(path) = tainted {
+            tracing::warn!(
+                "worker {} changed its view of the build cache ({}); replacing it",
+                slot.spec.name,
+                path.display()
+            );
+            let mut state = slot.state.lock().await;
+            if let Some(mut p) = state.process.take() {
+                p.kill().await;
+            }
+            slot.pgid.store(0, Ordering::SeqCst);
+        }
+    }
+
     fn eval_slot(&self, device: &DeviceId) -> Option<&Slot> {
         self.eval_slots
             .iter()
@@ -1165,7 +1189,7 @@ fn worker_sandbox(settings: &WorkerSettings, name: &str, visible: &[PathBuf]) ->
     let mut hidden = SandboxSpec::default_hidden();
     hidden.push(settings.scratch_root.clone());
     SandboxSpec {
-        writable: vec![scratch.clone()],
+        writable: vec![scratch.clone(), cow.clone()],
         visible: visible.to_vec(),
         hidden,
         overlays: vec![Overlay {
@@ -1228,6 +1252,16 @@ fn copy_tree(src: &Path, dst: &Path) -> std::io::Result<()> {
             copy_tree(&entry.path(), &to)?;
         } else if kind.is_file() {
             std::fs::copy(entry.path(), &to)?;
+            // Keep modification times: ninja and Python's bytecode cache compare them, and a copy
+            // that looked newer than its outputs would be rebuilt (or rewritten) at every load.
+            let meta = entry.metadata()?;
+            let times = std::fs::FileTimes::new()
+                .set_modified(meta.modified()?)
+                .set_accessed(meta.accessed()?);
+            std::fs::File::options()
+                .write(true)
+                .open(&to)?
+                .set_times(times)?;
         } else if kind.is_symlink() {
             std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &to)?;
         }
@@ -1253,6 +1287,29 @@ fn make_files_read_only(dir: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// What an evaluation legitimately leaves in its worker's copy-on-write layer of the build cache:
+/// the build folders it loaded (copied up) and their `load.log`. Anything else (a changed `.so`, a
+/// planted file in another build) would change what later candidates in this worker load, so the
+/// worker is replaced; the path found is returned.
+fn cow_tainted(upper: &Path) -> Option<PathBuf> {
+    let entries = std::fs::read_dir(upper).ok()?;
+    for top in entries.flatten() {
+        if !top.file_type().is_ok_and(|t| t.is_dir()) {
+            return Some(top.path());
+        }
+        let Ok(inner) = std::fs::read_dir(top.path()) else {
+            continue;
+        };
+        for e in inner.flatten() {
+            let ok = e.file_name() == "load.log" && e.file_type().is_ok_and(|t| t.is_file());
+            if !ok {
+                return Some(e.path());
+            }
+        }
+    }
+    None
 }
 
 /// Copy a sandboxed worker's compile log to the run's log (a missing one is left missing).
@@ -1339,6 +1396,7 @@ impl Executor for WorkerPool {
         if let Some(n) = serde_json::Number::from_f64(prepare_s) {
             outcome.phases.insert("prepare_s".into(), Value::Number(n));
         }
+        self.check_cow(slot).await;
         outcome
     }
 
@@ -1358,7 +1416,9 @@ impl Executor for WorkerPool {
             row_limit: self.settings.profile_rows,
             ncu: self.settings.ncu,
         });
-        match self.call(slot, request, self.deadlines.profile, true).await {
+        let result = self.call(slot, request, self.deadlines.profile, true).await;
+        self.check_cow(slot).await;
+        match result {
             Ok(ResponseBody::Profile(r)) => Self::profile_outcome(r, started),
             Ok(other) => Self::profile_failure(
                 CallError::Request(RequestError::Protocol {

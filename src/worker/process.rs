@@ -320,6 +320,11 @@ impl WorkerProcess {
             // Overlay layers live in the scratch folder, which was just emptied.
             // Overlay layers start empty at every spawn: nothing one incarnation wrote survives.
             for o in &sandbox.overlays {
+                if let Some(parent) = o.upper.parent() {
+                    reset_dir(parent)
+                        .await
+                        .map_err(|e| WorkerError::io("reset overlay folder", parent, e))?;
+                }
                 for dir in [&o.upper, &o.work] {
                     reset_dir(dir)
                         .await
