@@ -151,7 +151,7 @@ for top in [{root:?}, "/tmp", os.path.dirname(os.getcwd())]:
                     text = f.read(4096)
             except OSError:
                 continue
-            if "peer-scratch-" in text:
+            if "-".join(["peer", "scratch", ""]) in text:  # built at run time: not in its own source or .pyc
                 found += 1
                 print("LEAKED", text, flush=True)
 print(f"KREFINE_PROBE scratch found={{found}}", flush=True)
@@ -308,6 +308,9 @@ fn hostile_candidates_find_no_hole_and_honest_ones_pass() {
                 "{hole}: the hostile candidate's model is honest: {e:#?}"
             );
             assert_eq!(e.env.sandbox.as_deref(), Some("namespaces"), "{hole}");
+            // What the import printed in the evaluation worker (its load.log, in the worker's
+            // copy-on-write layer, which the next worker start clears).
+            read_all_files(&scratch_root.join("cpu-0.cow"), &mut seen);
             let h = pool
                 .execute(exec_job(HONEST, honest.build_dir.clone()), &DeviceId::Cpu)
                 .await;
@@ -329,16 +332,14 @@ fn hostile_candidates_find_no_hole_and_honest_ones_pass() {
             };
             assert!(
                 probes.iter().any(|l| l.contains(expect_zero)),
-                "{hole}: hole open at compile time: {probes:?}"
+                "{hole}: hole open at compile time: {probes:?}\n{compile_log}"
             );
             seen.push_str(&compile_log);
             seen.push_str(&format!("{c:?}{e:?}{h:?}"));
         }
         pool.shutdown().await;
 
-        // Evaluation-time output: the worker logs and the evaluation workers' load logs.
         read_all_files(&work.join("workers"), &mut seen);
-        read_all_files(&scratch_root, &mut seen);
         for hole in ["env", "runlog", "net", "kill", "scratch"] {
             assert!(
                 seen.matches(&format!("KREFINE_PROBE {hole} ")).count() >= 2,

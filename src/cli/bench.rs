@@ -43,10 +43,20 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 200.0)]
         scale: f64,
     },
+    /// Sandbox cost: a worker start with and without the namespaces sandbox, and the per-candidate
+    /// Landlock layer.
+    Sandbox {
+        /// Python with torch (default: as `krefine run` finds it).
+        #[arg(long)]
+        python: Option<std::path::PathBuf>,
+        #[arg(long, default_value_t = 30)]
+        runs: u32,
+    },
 }
 
 pub fn bench(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
     match cmd {
+        BenchCmd::Sandbox { python, runs } => super::bench_sandbox::bench_sandbox(python, runs),
         BenchCmd::Scheduler {
             tasks,
             turns,

@@ -4,6 +4,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::config::{self, LoadedConfig};
+use crate::worker::sandbox::{self, SandboxMode};
 use crate::{gpu, llm, worker};
 
 pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
@@ -38,7 +39,8 @@ pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         .and_then(|l| l.config.resources.python.as_deref().map(|p| l.resolve(p)));
     let rt = super::runtime()?;
     println!("Python:");
-    match rt.block_on(worker::find_python(configured.as_deref())) {
+    let python = rt.block_on(worker::find_python(configured.as_deref()));
+    match &python {
         Ok(py) => {
             println!("  {}", py.display());
             let probe = std::process::Command::new(&py)
@@ -58,10 +60,43 @@ pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         Some(p) => println!("  nvcc {}", p.display()),
         None => println!("  nvcc: not on PATH (needed for CUDA candidates)"),
     }
+    print_sandbox(loaded.as_ref(), python.as_ref().ok());
     if let Some(l) = &loaded {
         println!("LLM endpoint:\n  {}", llm::describe_endpoint(l));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether workers can be sandboxed here, and what `eval.sandbox` makes of it.
+fn print_sandbox(loaded: Option<&LoadedConfig>, python: Option<&std::path::PathBuf>) {
+    let mode = loaded
+        .map(|l| l.config.eval.sandbox_mode())
+        .unwrap_or_default();
+    println!("Sandbox (eval.sandbox = {}):", mode.as_str());
+    match python.map(|p| sandbox::probe(p)) {
+        Some(Ok(took)) => println!(
+            "  namespaces: available (user, pid, network, mount, ipc; read-only file system view); \
+             a sandboxed python -S started in {:.1} ms",
+            took.as_secs_f64() * 1e3
+        ),
+        Some(Err(e)) => {
+            println!("  namespaces: UNAVAILABLE: {e}");
+            match mode {
+                SandboxMode::Required => {
+                    println!("  eval.sandbox = \"required\": runs will refuse to evaluate")
+                }
+                SandboxMode::Auto => println!(
+                    "  eval.sandbox = \"auto\": candidates would run with your user's rights"
+                ),
+                SandboxMode::Off => {}
+            }
+        }
+        None => println!("  namespaces: not checked (no Python with torch)"),
+    }
+    match sandbox::landlock_abi() {
+        0 => println!("  landlock: not available (per-candidate write confinement off)"),
+        abi => println!("  landlock: ABI {abi} (per-candidate write confinement)"),
+    }
 }
 
 fn which(name: &str) -> Option<std::path::PathBuf> {

@@ -26,12 +26,12 @@ use tokio::sync::{Mutex, OwnedMutexGuard, Semaphore};
 use super::WorkerError;
 use super::baseline::BaselineTable;
 use super::process::{RequestError, SpawnSpec, WorkerProcess, kill_group, log_tail};
-use super::sandbox::{self, Overlay, SandboxLevel, SandboxMode, SandboxSpec};
 use super::protocol::{
     CandidateSpec, CompileRequest, CompileStatusWire, EvaluateResponse, PrepareRequest,
     ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody, ResponseBody,
     TimingSpec, WorkerRole,
 };
+use super::sandbox::{self, Overlay, SandboxLevel, SandboxMode, SandboxSpec};
 use crate::config::{EvalSection, Timeouts};
 use crate::services::{CompileJob, Compiler, DeviceId, ExecJob, Executor};
 use crate::types::{
@@ -1092,7 +1092,8 @@ impl Compiler for WorkerPool {
                 let mut error = r.error;
                 if status == CompileStatus::Ok
                     && let Some(sandbox) = &slot.spec.sandbox
-                    && let Err(e) = publish_build(sandbox, &self.settings.build_cache, &build_dir).await
+                    && let Err(e) =
+                        publish_build(sandbox, &self.settings.build_cache, &build_dir).await
                 {
                     status = CompileStatus::Error;
                     let message = format!("krefine could not store the build in the cache: {e}");
@@ -1280,10 +1281,7 @@ fn make_files_read_only(dir: &Path) -> std::io::Result<()> {
             make_files_read_only(&entry.path())?;
         } else if kind.is_file() {
             let mode = entry.metadata()?.permissions().mode();
-            std::fs::set_permissions(
-                entry.path(),
-                std::fs::Permissions::from_mode(mode & 0o555),
-            )?;
+            std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode & 0o555))?;
         }
     }
     Ok(())

@@ -17,10 +17,10 @@ use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use super::WorkerError;
 use super::harness::HARNESS_ENTRY;
-use super::sandbox::SandboxSpec;
 use super::protocol::{
     Ready, Request, RequestBody, Response, ResponseBody, WorkerRole, parse_response,
 };
+use super::sandbox::SandboxSpec;
 
 /// Longest response line accepted. Real responses are kilobytes (feedback is trimmed to ~4 KB,
 /// tracebacks and metadata a few more); anything this long is a broken or hostile stream.

@@ -289,7 +289,10 @@ impl SandboxSpec {
         let mut ops = Vec::with_capacity(planned.len());
         for (i, (path, mut op)) in planned.into_iter().enumerate() {
             let mut parents = Vec::new();
-            if covered[..i].iter().any(|c| path.starts_with(c) && *c != path) {
+            if covered[..i]
+                .iter()
+                .any(|c| path.starts_with(c) && *c != path)
+            {
                 for a in path.ancestors().collect::<Vec<_>>().into_iter().rev() {
                     if a != Path::new("/") {
                         parents.push(cstr(a)?);
@@ -431,8 +434,15 @@ impl Prepared {
                 | libc::CLONE_NEWNET
                 | libc::CLONE_NEWIPC
                 | libc::CLONE_NEWUTS;
-            check(libc::unshare(flags) as libc::c_long, b"unshare(user, pid, net, mount, ipc, uts)")?;
-            write_proc(b"/proc/self/setgroups\0", b"deny", b"writing /proc/self/setgroups")?;
+            check(
+                libc::unshare(flags) as libc::c_long,
+                b"unshare(user, pid, net, mount, ipc, uts)",
+            )?;
+            write_proc(
+                b"/proc/self/setgroups\0",
+                b"deny",
+                b"writing /proc/self/setgroups",
+            )?;
             write_proc(
                 b"/proc/self/uid_map\0",
                 self.uid_map.as_bytes(),
@@ -560,7 +570,13 @@ impl Prepared {
                 supervise(child);
             }
             // PID 1 of the new namespace.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
             check(
                 libc::mount(
                     c"proc".as_ptr(),
@@ -591,7 +607,12 @@ unsafe fn supervise(child: libc::pid_t) -> ! {
     unsafe {
         libc::close(0);
         libc::close(1);
-        libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, u32::MAX, 0 as libc::c_uint);
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            u32::MAX,
+            0 as libc::c_uint,
+        );
         let mut status: libc::c_int = 0;
         loop {
             let r = libc::waitpid(child, &mut status, 0);
@@ -632,8 +653,12 @@ pub fn probe(python: &Path) -> Result<Duration, SandboxError> {
         cwd: PathBuf::from("/"),
     };
     let started = Instant::now();
-    let out = run_sandboxed(python, &spec, "import os, sys; sys.stdout.write(str(os.getpid()))")
-        .map_err(|e| SandboxError(format!("{e}{}", explain_unavailable())))?;
+    let out = run_sandboxed(
+        python,
+        &spec,
+        "import os, sys; sys.stdout.write(str(os.getpid()))",
+    )
+    .map_err(|e| SandboxError(format!("{e}{}", explain_unavailable())))?;
     let took = started.elapsed();
     if out.trim() != "1" {
         return Err(SandboxError(format!(
@@ -658,13 +683,19 @@ pub fn run_sandboxed(python: &Path, spec: &SandboxSpec, code: &str) -> Result<St
     unsafe {
         cmd.pre_exec(move || prepared.enter());
     }
-    let out = cmd.output().map_err(|e| format!("cannot start {}: {e}", python.display()))?;
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot start {}: {e}", python.display()))?;
     let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
     if !out.status.success() {
         return Err(format!(
             "the sandboxed probe failed ({}): {}",
             out.status,
-            if stderr.is_empty() { "no output" } else { &stderr }
+            if stderr.is_empty() {
+                "no output"
+            } else {
+                &stderr
+            }
         ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -729,8 +760,27 @@ pub fn explain_unavailable() -> String {
     if why.is_empty() {
         String::new()
     } else {
-        format!("\nuser namespaces are disabled on this machine: {}", why.join("; "))
+        format!(
+            "\nuser namespaces are disabled on this machine: {}",
+            why.join("; ")
+        )
     }
+}
+
+/// The Landlock ABI version of this kernel (0: none), as the per-candidate layer in the harness
+/// (`kb_sandbox.py`) will find it.
+pub fn landlock_abi() -> i64 {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: a query: null attribute, size 0, the version flag.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    v.max(0)
 }
 
 /// Make this process non-dumpable, so processes of the same user cannot read its memory or its
