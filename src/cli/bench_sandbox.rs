@@ -94,9 +94,9 @@ fn run(
             String::from_utf8_lossy(&out.stderr)
         );
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let mut parts = text.split_whitespace();
-        let ms: f64 = parts.next().unwrap_or("nan").parse().unwrap_or(f64::NAN);
-        layers = parts.next().unwrap_or("").to_string();
+        let (ms, names) = text.trim().split_once(' ').unwrap_or((text.trim(), ""));
+        let ms: f64 = ms.parse().unwrap_or(f64::NAN);
+        layers = names.to_string();
         enter.push(Duration::from_secs_f64(ms.max(0.0) / 1e3));
     }
     let (p, b, e) = (stats(&mut plain), stats(&mut boxed), stats(&mut enter));
