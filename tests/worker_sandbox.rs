@@ -3,6 +3,9 @@
 //! the evaluation worker — prints what it found (`KREFINE_PROBE ...`) and is otherwise honest, so it
 //! must still be judged correct; after each, an honest candidate must still be judged correct.
 //!
+//! `KREFINE_TEST_DEVICE=gpu` evaluates on GPU 0 instead of the CPU (the H100 procedure,
+//! bench/gpu/sandbox.sh): the same holes must stay closed with the driver and /dev/nvidia* visible.
+//!
 //! Keep this the only test in this file: it puts a secret into the test process's environment (the
 //! orchestrator's), which is only sound while no other thread runs.
 
@@ -234,7 +237,16 @@ fn hostile_candidates_find_no_hole_and_honest_ones_pass() {
         let python = test_python().await;
         let harness = deployed_harness(tmp.path()).await;
         let cache = work.join("build-cache");
-        let settings = cpu_settings(python.clone(), harness, &work, &cache);
+        let mut settings = cpu_settings(python.clone(), harness, &work, &cache);
+        let device = match std::env::var("KREFINE_TEST_DEVICE").as_deref() {
+            Ok("gpu") => DeviceId::Gpu(0),
+            _ => DeviceId::Cpu,
+        };
+        settings.devices = vec![device.clone()];
+        let eval_worker = match device {
+            DeviceId::Gpu(_) => "gpu-0.cow",
+            DeviceId::Cpu => "cpu-0.cow",
+        };
         let scratch_root = settings.scratch_root.clone();
         let pool = WorkerPool::start(settings).await.expect("pool");
         assert_eq!(
@@ -300,7 +312,7 @@ fn hostile_candidates_find_no_hole_and_honest_ones_pass() {
             let compile_log =
                 std::fs::read_to_string(c.log_path.clone().expect("log")).expect("compile log");
             let e = pool
-                .execute(exec_job(&code, c.build_dir.clone()), &DeviceId::Cpu)
+                .execute(exec_job(&code, c.build_dir.clone()), &device)
                 .await;
             assert_eq!(
                 e.verdict,
@@ -308,11 +320,14 @@ fn hostile_candidates_find_no_hole_and_honest_ones_pass() {
                 "{hole}: the hostile candidate's model is honest: {e:#?}"
             );
             assert_eq!(e.env.sandbox.as_deref(), Some("namespaces"), "{hole}");
+            if matches!(device, DeviceId::Gpu(_)) {
+                assert!(!e.env.device_name.is_empty(), "{hole}: the GPU is visible: {e:#?}");
+            }
             // What the import printed in the evaluation worker (its load.log, in the worker's
             // copy-on-write layer, which the next worker start clears).
-            read_all_files(&scratch_root.join("cpu-0.cow"), &mut seen);
+            read_all_files(&scratch_root.join(eval_worker), &mut seen);
             let h = pool
-                .execute(exec_job(HONEST, honest.build_dir.clone()), &DeviceId::Cpu)
+                .execute(exec_job(HONEST, honest.build_dir.clone()), &device)
                 .await;
             assert_eq!(h.verdict, Verdict::Correct, "after {hole}: {h:#?}");
             assert!(h.speedup.is_some_and(|s| s > 0.0), "after {hole}: {h:#?}");
