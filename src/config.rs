@@ -877,6 +877,20 @@ answers = "answers.jsonl"
     }
 
     #[test]
+    fn sandbox_mode_defaults_to_required_in_strict_mode() {
+        let mode = |sets: &[&str]| p(MIN, sets).unwrap().config.eval.sandbox_mode();
+        assert_eq!(mode(&[]), SandboxMode::Auto);
+        assert_eq!(mode(&["eval.mode=\"strict\""]), SandboxMode::Required);
+        assert_eq!(
+            mode(&["eval.mode=\"strict\"", "eval.sandbox=\"off\""]),
+            SandboxMode::Off
+        );
+        assert_eq!(mode(&["eval.sandbox=\"required\""]), SandboxMode::Required);
+        let e = p(MIN, &["eval.sandbox=\"maybe\""]).unwrap_err().to_string();
+        assert!(e.contains("sandbox"), "{e}");
+    }
+
+    #[test]
     fn unknown_key_names_key_and_line() {
         let text = format!("{MIN}\n[method]\nturnz = 3\n");
         let e = p(&text, &[]).unwrap_err().to_string();

@@ -43,7 +43,7 @@ pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
     match &python {
         Ok(py) => {
             println!("  {}", py.display());
-            let probe = std::process::Command::new(&py)
+            let probe = std::process::Command::new(py)
                 .args([
                     "-c",
                     "import sys, torch\nprint('  python', sys.version.split()[0])\nprint('  torch', torch.__version__, '(CUDA', str(torch.version.cuda) + ',', 'GPU available:', str(torch.cuda.is_available()) + ')')\ntry:\n    import ninja; print('  ninja', ninja.__version__)\nexcept Exception:\n    print('  ninja: missing (load_inline needs it)')\nfrom torch.utils.cpp_extension import CUDA_HOME\nprint('  CUDA_HOME', CUDA_HOME)",
