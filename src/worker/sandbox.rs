@@ -438,6 +438,11 @@ impl Prepared {
                 libc::unshare(flags) as libc::c_long,
                 b"unshare(user, pid, net, mount, ipc, uts)",
             )?;
+            // The orchestrator is non-dumpable, and so is this fork of it; /proc/self of a
+            // non-dumpable process belongs to root, so a normal user could not write its own id
+            // maps. Dumpable only while writing them: this process still holds a copy of the
+            // orchestrator's memory (its environment included), which no one else may read.
+            libc::prctl(libc::PR_SET_DUMPABLE, 1 as libc::c_ulong, 0, 0, 0);
             write_proc(
                 b"/proc/self/setgroups\0",
                 b"deny",
@@ -453,6 +458,7 @@ impl Prepared {
                 self.gid_map.as_bytes(),
                 b"writing /proc/self/gid_map",
             )?;
+            libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0, 0, 0);
             check(
                 libc::mount(
                     std::ptr::null(),
