@@ -1288,26 +1288,51 @@ fn make_files_read_only(dir: &Path) -> std::io::Result<()> {
 }
 
 /// What an evaluation legitimately leaves in its worker's copy-on-write layer of the build cache:
-/// the build folders it loaded (copied up) and their `load.log`. Anything else (a changed `.so`, a
-/// planted file in another build) would change what later candidates in this worker load, so the
-/// worker is replaced; the path found is returned.
+/// folders copied up on the way to a file it wrote (torch's transient `lock` in the extension's
+/// folder) and each build's `load.log`. Anything else — a changed `.so`, a planted file, a deleted
+/// one (an overlayfs whiteout) or an emptied folder (an opaque one) — would change what later
+/// candidates in this worker load, so the worker is replaced; the path found is returned.
 fn cow_tainted(upper: &Path) -> Option<PathBuf> {
-    let entries = std::fs::read_dir(upper).ok()?;
-    for top in entries.flatten() {
-        if !top.file_type().is_ok_and(|t| t.is_dir()) {
-            return Some(top.path());
-        }
-        let Ok(inner) = std::fs::read_dir(top.path()) else {
-            continue;
-        };
-        for e in inner.flatten() {
-            let ok = e.file_name() == "load.log" && e.file_type().is_ok_and(|t| t.is_file());
-            if !ok {
-                return Some(e.path());
+    fn walk(dir: &Path, depth: usize) -> Option<PathBuf> {
+        let entries = std::fs::read_dir(dir).ok()?;
+        for e in entries.flatten() {
+            let path = e.path();
+            let Ok(kind) = e.file_type() else {
+                return Some(path);
+            };
+            if kind.is_dir() {
+                if is_opaque(&path) {
+                    return Some(path);
+                }
+                if let Some(p) = walk(&path, depth + 1) {
+                    return Some(p);
+                }
+            } else if !(kind.is_file() && depth == 1 && e.file_name() == "load.log") {
+                return Some(path);
             }
         }
+        None
     }
-    None
+    walk(upper, 0)
+}
+
+/// Whether overlayfs marked this upper folder opaque (it hides the lower folder's content).
+fn is_opaque(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    let mut buf = [0u8; 4];
+    // SAFETY: NUL-terminated path and attribute name, a buffer of the length passed.
+    let n = unsafe {
+        libc::lgetxattr(
+            path.as_ptr(),
+            c"user.overlay.opaque".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    n >= 0
 }
 
 /// Copy a sandboxed worker's compile log to the run's log (a missing one is left missing).
@@ -1483,6 +1508,24 @@ async fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copy_on_write_layer_taint() {
+        let tmp = tempfile::tempdir().unwrap();
+        let upper = tmp.path();
+        assert_eq!(cow_tainted(upper), None);
+        std::fs::create_dir_all(upper.join("k1/ext")).unwrap();
+        std::fs::write(upper.join("k1/load.log"), "x").unwrap();
+        assert_eq!(cow_tainted(upper), None, "copied-up folders and load.log");
+        std::fs::write(upper.join("k1/ext/model.so"), "forged").unwrap();
+        assert_eq!(cow_tainted(upper), Some(upper.join("k1/ext/model.so")));
+        std::fs::remove_file(upper.join("k1/ext/model.so")).unwrap();
+        std::fs::write(upper.join("k1/ext/load.log"), "x").unwrap();
+        assert!(
+            cow_tainted(upper).is_some(),
+            "load.log only at a build's top"
+        );
+    }
 
     #[test]
     fn seconds_read_naturally() {
