@@ -92,7 +92,10 @@ def landlock_abi() -> int:
     libc = _libc()
     libc.syscall.restype = ctypes.c_long
     version = libc.syscall(
-        ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION)
+        ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET),
+        None,
+        ctypes.c_size_t(0),
+        ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION),
     )
     return max(0, int(version))
 
