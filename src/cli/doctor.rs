@@ -73,7 +73,7 @@ fn print_sandbox(loaded: Option<&LoadedConfig>, python: Option<&std::path::PathB
         .map(|l| l.config.eval.sandbox_mode())
         .unwrap_or_default();
     println!("Sandbox (eval.sandbox = {}):", mode.as_str());
-    match python.map(|p| sandbox::probe(p)) {
+    match python.map(|p| sandbox::probe(p, None)) {
         Some(Ok(took)) => println!(
             "  namespaces: available (user, pid, network, mount, ipc; read-only file system view); \
              a sandboxed python -S started in {:.1} ms",

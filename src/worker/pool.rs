@@ -1141,9 +1141,23 @@ async fn resolve_sandbox(settings: &WorkerSettings) -> Result<SandboxLevel, Work
         return Ok(SandboxLevel::Off);
     }
     let python = settings.python.clone();
-    let probed = tokio::task::spawn_blocking(move || sandbox::probe(&python))
+    // With the build cache as an overlay, as the workers will have it (overlayfs refuses some file
+    // systems, e.g. NFS as the upper layer).
+    let cow = settings.scratch_root.join(format!(".probe.{COW_SUFFIX}"));
+    let overlay = Overlay {
+        target: settings.build_cache.clone(),
+        upper: cow.join("upper"),
+        work: cow.join("work"),
+    };
+    for d in [&overlay.upper, &overlay.work] {
+        tokio::fs::create_dir_all(d)
+            .await
+            .map_err(|e| WorkerError::io("create sandbox probe folder", d, e))?;
+    }
+    let probed = tokio::task::spawn_blocking(move || sandbox::probe(&python, Some(overlay)))
         .await
         .map_err(|e| WorkerError::Settings(format!("sandbox probe panicked: {e}")))?;
+    let _ = tokio::fs::remove_dir_all(&cow).await;
     match (probed, settings.sandbox) {
         (Ok(_), _) => Ok(SandboxLevel::Namespaces),
         (Err(e), SandboxMode::Required) => Err(WorkerError::Settings(format!(

@@ -649,15 +649,26 @@ unsafe fn supervise(child: libc::pid_t) -> ! {
 
 /// Start `python -S -c ...` in a minimal sandbox and check it runs as PID 1: whether this machine
 /// allows the namespaces sandbox, and how long entering it takes (compared with no sandbox).
-/// Blocking; call from `spawn_blocking` on a runtime.
-pub fn probe(python: &Path) -> Result<Duration, SandboxError> {
-    let spec = SandboxSpec {
+/// `overlay`, when given, is mounted too (and its folders bound writable), so the probe also tries
+/// the file systems the workers will use. Blocking; call from `spawn_blocking` on a runtime.
+pub fn probe(python: &Path, overlay: Option<Overlay>) -> Result<Duration, SandboxError> {
+    let mut spec = SandboxSpec {
         writable: Vec::new(),
         visible: python_dirs(python),
         hidden: SandboxSpec::default_hidden(),
         overlays: Vec::new(),
         cwd: PathBuf::from("/"),
     };
+    if let Some(o) = overlay {
+        for d in [&o.upper, &o.work] {
+            if let Some(parent) = d.parent()
+                && !spec.writable.iter().any(|w| w == parent)
+            {
+                spec.writable.push(parent.to_path_buf());
+            }
+        }
+        spec.overlays.push(o);
+    }
     let started = Instant::now();
     let out = run_sandboxed(
         python,
