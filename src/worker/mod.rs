@@ -8,9 +8,12 @@
 //! - [`pool`]: [`WorkerPool`], the `Compiler` and `Executor` the engine uses.
 //! - [`sandbox`]: the namespaces every worker runs in (no other process, no network, a read-only
 //!   file system view with its own scratch writable).
+//! - `build_store`: publishing builds into the shared cache, sealing them, the copy-on-write taint
+//!   check.
 //! - [`baseline`]: KernelBench baseline timing files.
 
 pub mod baseline;
+mod build_store;
 pub mod harness;
 pub mod pool;
 pub mod process;
