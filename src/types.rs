@@ -437,6 +437,9 @@ pub struct EvalEnv {
     /// The worker's Python version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python: Option<String>,
+    /// The sandbox the candidate ran in: `namespaces`, `off`, or `none` (unavailable here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
 }
 
 /// Result of evaluating one compiled candidate on a device.

@@ -56,6 +56,15 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 100)]
         frames: u32,
     },
+    /// Sandbox cost: a worker start with and without the namespaces sandbox, and the per-candidate
+    /// Landlock layer.
+    Sandbox {
+        /// Python with torch (default: as `krefine run` finds it).
+        #[arg(long)]
+        python: Option<std::path::PathBuf>,
+        #[arg(long, default_value_t = 30)]
+        runs: u32,
+    },
 }
 
 pub fn bench(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
@@ -71,6 +80,7 @@ pub fn bench(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
             super::print_out(&r)?;
             Ok(ExitCode::SUCCESS)
         }
+        BenchCmd::Sandbox { python, runs } => super::bench_sandbox::bench_sandbox(python, runs),
         BenchCmd::Scheduler {
             tasks,
             turns,

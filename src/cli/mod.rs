@@ -2,6 +2,7 @@
 
 mod baseline;
 mod bench;
+mod bench_sandbox;
 mod bench_tui;
 mod check;
 mod compare;
@@ -59,6 +60,11 @@ enum Cmd {
 }
 
 pub fn main() -> ExitCode {
+    // Other processes of this user (a candidate that escaped its sandbox, or any program when the
+    // sandbox is off) must not read our memory or /proc/<pid>/environ, where API keys live.
+    if let Err(e) = crate::worker::sandbox::make_non_dumpable() {
+        eprintln!("warning: cannot make krefine non-dumpable: {e}");
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Run(args) => run::run(args),
