@@ -71,7 +71,14 @@ def remove_stale_locks(build_dir: str) -> int:
     if _held_build_lock is not None and _held_build_lock[0] == path:
         fd = _held_build_lock[1]
     else:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError:
+            # A published build is sealed read-only (its lock file too); flock needs no write access.
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                return 0  # a sealed build without a lock file: nobody builds there any more
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

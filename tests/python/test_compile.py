@@ -141,3 +141,23 @@ def test_candidate_chdir_does_not_move_the_worker(tmp_path: Path) -> None:
     source = f"import os\nos.chdir({str(tmp_path)!r})\nclass ModelNew:\n    pass\n"
     kb_compile.load_candidate(source, str(tmp_path / "b"), str(tmp_path / "l.log"))
     assert os.getcwd() == cwd
+
+
+def test_a_sealed_read_only_build_is_locked_read_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A build published into the cache is sealed read-only, its lock file too; the sandboxed worker
+    # that loads it has no right to open that file for writing (root here would, so refuse by hand).
+    (tmp_path / "krefine-build.lock").write_text("")
+    real_open = os.open
+
+    def sealed_open(path: str, flags: int, *args: int) -> int:
+        if str(path).endswith("krefine-build.lock") and flags & (os.O_RDWR | os.O_WRONLY):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(kb_compile.os, "open", sealed_open)
+    monkeypatch.setattr(kb_compile, "_held_build_lock", None)
+    assert kb_compile.remove_stale_locks(str(tmp_path)) == 0
+    held = kb_compile._held_build_lock
+    assert held is not None and held[0].endswith("krefine-build.lock")
+    os.close(held[1])
+    monkeypatch.setattr(kb_compile, "_held_build_lock", None)
