@@ -1,6 +1,7 @@
 //! The command-line surface: argument parsing and dispatch to one module per command.
 
 mod bench;
+mod bench_compile;
 mod doctor;
 mod report;
 mod run;

@@ -27,7 +27,7 @@ use super::WorkerError;
 use super::baseline::BaselineTable;
 use super::process::{RequestError, SpawnSpec, WorkerProcess, kill_group, log_tail};
 use super::protocol::{
-    CandidateSpec, CompileRequest, CompileStatusWire, EvaluateResponse, PrepareRequest,
+    CandidateSpec, CompileRequest, CompileResponse, CompileStatusWire, EvaluateResponse, PrepareRequest,
     ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody, ResponseBody,
     TimingSpec, WorkerRole,
 };
@@ -219,6 +219,9 @@ struct BuildMarker {
     arch_list: Option<String>,
     feedback: String,
     duration_s: f64,
+    /// How the build was made (`fast`, `plain`, `fallback:<why>`), reported again on a cache hit.
+    #[serde(default)]
+    build_path: Option<String>,
 }
 
 pub struct WorkerPool {
@@ -637,7 +640,7 @@ impl WorkerPool {
             build_dir: Some(build_dir.to_string_lossy().into_owned()),
             duration_ms: elapsed_ms(started),
             findings: Vec::new(),
-            build_path: None,
+            build_path: marker.build_path,
         })
     }
 
@@ -645,9 +648,9 @@ impl WorkerPool {
         &self,
         build_dir: &Path,
         job: &CompileJob,
-        feedback: &str,
-        duration_s: f64,
+        response: &CompileResponse,
     ) {
+        let (feedback, duration_s) = (response.feedback.as_str(), response.duration_s);
         if let Err(e) = tokio::fs::copy(&job.log_path, build_dir.join(CACHED_LOG)).await {
             tracing::warn!(
                 "cannot keep compile log {} with the build: {e}",
@@ -663,6 +666,7 @@ impl WorkerPool {
             arch_list: self.arch_list.clone(),
             feedback: feedback.to_string(),
             duration_s,
+            build_path: response.build_path.clone(),
         };
         let result = match serde_json::to_vec_pretty(&marker) {
             Ok(bytes) => write_atomic(&build_dir.join(SUCCESS_MARKER), &bytes).await,
@@ -1028,8 +1032,7 @@ impl Compiler for WorkerPool {
                     CompileStatusWire::CompileError => CompileStatus::Error,
                 };
                 if status == CompileStatus::Ok {
-                    self.record_success(&build_dir, &job, &r.feedback, r.duration_s)
-                        .await;
+                    self.record_success(&build_dir, &job, &r).await;
                 }
                 CompileOutcome {
                     status,
@@ -1041,7 +1044,7 @@ impl Compiler for WorkerPool {
                     build_dir: Some(build_dir.to_string_lossy().into_owned()),
                     duration_ms: elapsed_ms(started),
                     findings: Vec::new(),
-                    build_path: None,
+                    build_path: r.build_path,
                 }
             }
             // `request` checks that the response kind matches the op, so this cannot happen.

@@ -230,6 +230,10 @@ pub struct CompileResponse {
     pub feedback: String,
     pub log_path: String,
     pub duration_s: f64,
+    /// How the extensions were built: `fast`, `plain`, `fallback:<why>`; null when none was built
+    /// (absent from workers older than the field).
+    #[serde(default)]
+    pub build_path: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
