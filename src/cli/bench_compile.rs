@@ -92,8 +92,7 @@ pub fn run(args: CompileBench) -> anyhow::Result<String> {
         ),
     };
     let builds = work.join("builds");
-    std::fs::create_dir_all(&builds)
-        .with_context(|| format!("creating {}", builds.display()))?;
+    std::fs::create_dir_all(&builds).with_context(|| format!("creating {}", builds.display()))?;
     let harness = rt
         .block_on(deploy_harness(&work.join("harness")))
         .context("deploying the harness")?;
@@ -105,10 +104,10 @@ pub fn run(args: CompileBench) -> anyhow::Result<String> {
         builds: builds.clone(),
     };
 
-    // Precompiled headers first: shared by every candidate with the same flags.
-    let mut pch_s = 0.0;
-    let mut headers = std::collections::BTreeSet::new();
-    for (name, path) in &candidates {
+    // Precompiled headers first: shared by every candidate with the same flags (concurrent warm-ups
+    // of one header wait for a single builder).
+    let warm: Vec<(String, PathBuf)> = candidates.clone();
+    let warmed = pool(warm, args.jobs, |(name, path)| {
         let out = runner.python_json(&[
             "pch",
             "--source",
@@ -120,15 +119,21 @@ pub fn run(args: CompileBench) -> anyhow::Result<String> {
         ])?;
         let report: PchReport = serde_json::from_str(&out)
             .with_context(|| format!("reading the warm-up report of {name}: {out}"))?;
+        eprintln!("warm-up {name}: {out}");
+        Ok(report)
+    })?;
+    let mut pch_s: f64 = 0.0;
+    let mut headers = std::collections::BTreeSet::new();
+    for report in warmed {
         if report.ok
             && let Some(pch) = report.pch.filter(|p| !p.is_empty())
-            && headers.insert(pch)
         {
-            pch_s += report.seconds;
+            headers.insert(pch);
+            pch_s = pch_s.max(report.seconds);
         }
     }
 
-    let mut queue = VecDeque::new();
+    let mut jobs = Vec::new();
     for (i, (name, path)) in candidates.iter().enumerate() {
         // Alternate which build goes first, so neither path always meets the busier moment.
         let order = if i % 2 == 0 {
@@ -137,42 +142,16 @@ pub fn run(args: CompileBench) -> anyhow::Result<String> {
             [Mode::Fast, Mode::Plain]
         };
         for mode in order {
-            queue.push_back((i, name.clone(), path.clone(), mode));
+            jobs.push((i, name.clone(), path.clone(), mode));
         }
     }
-    let results: Mutex<Vec<(usize, Mode, BuildReport)>> = Mutex::new(Vec::new());
-    let queue = Mutex::new(queue);
     let started = Instant::now();
-    let first_error: Mutex<Option<anyhow::Error>> = Mutex::new(None);
-    std::thread::scope(|s| {
-        for _ in 0..args.jobs.max(1) {
-            s.spawn(|| {
-                loop {
-                    let next = queue.lock().ok().and_then(|mut q| q.pop_front());
-                    let Some((i, name, path, mode)) = next else {
-                        break;
-                    };
-                    match runner.build(&name, &path, mode) {
-                        Ok(report) => {
-                            if let Ok(mut r) = results.lock() {
-                                r.push((i, mode, report));
-                            }
-                        }
-                        Err(e) => {
-                            if let Ok(mut slot) = first_error.lock() {
-                                slot.get_or_insert(e);
-                            }
-                        }
-                    }
-                }
-            });
-        }
-    });
+    let results = pool(jobs, args.jobs, |(i, name, path, mode)| {
+        let report = runner.build(&name, &path, mode)?;
+        eprintln!("{name} {}: {report:?}", mode.as_str());
+        Ok((i, mode, report))
+    })?;
     let wall = started.elapsed().as_secs_f64();
-    if let Some(e) = first_error.into_inner().ok().flatten() {
-        return Err(e);
-    }
-    let results = results.into_inner().unwrap_or_default();
     let mut rows: Vec<Row> = candidates
         .iter()
         .map(|(name, _)| Row {
@@ -204,7 +183,7 @@ pub fn run(args: CompileBench) -> anyhow::Result<String> {
         let _ = std::fs::remove_dir_all(&work);
     }
     let header = format!(
-        "compile benchmark: {} candidates, python {}, {} build(s) at once, arch {}\nprecompiled headers made before the timed builds: {} ({:.1} s, once per compiler, torch and flags)\nall timed builds: {:.1} s wall\n",
+        "compile benchmark: {} candidates, python {}, {} build(s) at once, arch {}\nprecompiled headers made before the timed builds: {} (longest warm-up {:.1} s; once per compiler, torch and flags)\nall timed builds: {:.1} s wall\n",
         rows.len(),
         python.display(),
         args.jobs.max(1),
@@ -214,6 +193,43 @@ pub fn run(args: CompileBench) -> anyhow::Result<String> {
         wall
     );
     Ok(format!("{header}\n{}", table(&rows)))
+}
+
+/// Run `f` over `items` on `jobs` threads; results in completion order, or the first error.
+fn pool<T: Send, R: Send>(
+    items: Vec<T>,
+    jobs: usize,
+    f: impl Fn(T) -> anyhow::Result<R> + Sync,
+) -> anyhow::Result<Vec<R>> {
+    let queue = Mutex::new(VecDeque::from(items));
+    let results = Mutex::new(Vec::new());
+    let first_error: Mutex<Option<anyhow::Error>> = Mutex::new(None);
+    std::thread::scope(|s| {
+        for _ in 0..jobs.max(1) {
+            s.spawn(|| {
+                loop {
+                    let next = queue.lock().ok().and_then(|mut q| q.pop_front());
+                    let Some(item) = next else { break };
+                    match f(item) {
+                        Ok(r) => {
+                            if let Ok(mut out) = results.lock() {
+                                out.push(r);
+                            }
+                        }
+                        Err(e) => {
+                            if let Ok(mut slot) = first_error.lock() {
+                                slot.get_or_insert(e);
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = first_error.into_inner().ok().flatten() {
+        return Err(e);
+    }
+    Ok(results.into_inner().unwrap_or_default())
 }
 
 /// `identical (n objects)`, or which objects differ or could not be read.
@@ -259,8 +275,12 @@ impl Runner {
         }
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = self.python_json(&refs)?;
-        serde_json::from_str(&out)
-            .with_context(|| format!("reading the {} build report of {name}: {out}", mode.as_str()))
+        serde_json::from_str(&out).with_context(|| {
+            format!(
+                "reading the {} build report of {name}: {out}",
+                mode.as_str()
+            )
+        })
     }
 
     /// Run the driver; its last stdout line is a JSON report.
@@ -392,7 +412,11 @@ pub fn table(rows: &[Row]) -> String {
         fmt(ratio(fast_cpu, plain_cpu)),
     );
     let geomean = (!logs.is_empty()).then(|| (logs.iter().sum::<f64>() / logs.len() as f64).exp());
-    let _ = write!(out, "\ngeomean of per-candidate wall ratios: {}", fmt(geomean));
+    let _ = write!(
+        out,
+        "\ngeomean of per-candidate wall ratios: {}",
+        fmt(geomean)
+    );
     out
 }
 
@@ -433,10 +457,14 @@ mod tests {
             },
         ];
         let t = table(&rows);
-        assert!(t.contains("| a | 20.0 | 5.0 | 0.25 | 40.0 | 10.0 | 0.25 | fast | identical (1 objects) |"));
+        assert!(t.contains(
+            "| a | 20.0 | 5.0 | 0.25 | 40.0 | 10.0 | 0.25 | fast | identical (1 objects) |"
+        ));
         assert!(t.contains("| b | 10.0 | 10.0 | 1.00 |"));
         assert!(t.contains("| c | failed (3.0) | failed (4.0) | - |"));
-        assert!(t.contains("| **total** (2 built both ways) | 30.0 | 15.0 | **0.50** | 60.0 | 30.0 | **0.50** |"));
+        assert!(t.contains(
+            "| **total** (2 built both ways) | 30.0 | 15.0 | **0.50** | 60.0 | 30.0 | **0.50** |"
+        ));
         assert!(t.ends_with("geomean of per-candidate wall ratios: 0.50"));
     }
 

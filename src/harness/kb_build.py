@@ -277,21 +277,25 @@ def _log_offset() -> int | None:
     return None
 
 
-def _move_attempt_out_of_log(offset: int | None, build_directory: str) -> None:
-    """Cut the fast attempt's output from the captured log (fd 1 and 2 share it), keeping a copy."""
-    if offset is None:
-        return
+def _move_attempt_out_of_log(offset: int | None, build_directory: str, exc: BaseException) -> None:
+    """Cut the fast attempt's output from the captured log (fd 1 and 2 share it) and keep it, with the
+    error (where torch puts the compiler output when not verbose), in FAST_ATTEMPT_LOG."""
+    attempt = b""
     sys.stdout.flush()
     sys.stderr.flush()
+    if offset is not None:
+        with contextlib.suppress(OSError):
+            end = os.fstat(1).st_size
+            if end > offset:
+                with open("/proc/self/fd/1", "rb") as f:
+                    f.seek(offset)
+                    attempt = f.read(end - offset)
+            os.ftruncate(1, offset)
+            os.lseek(1, offset, os.SEEK_SET)
     with contextlib.suppress(OSError):
-        end = os.fstat(1).st_size
-        if end > offset:
-            with open("/proc/self/fd/1", "rb") as f:
-                f.seek(offset)
-                attempt = f.read(end - offset)
-            Path(build_directory, FAST_ATTEMPT_LOG).write_bytes(attempt)
-        os.ftruncate(1, offset)
-        os.lseek(1, offset, os.SEEK_SET)
+        Path(build_directory).mkdir(parents=True, exist_ok=True)
+        error = f"\n{type(exc).__name__}: {exc}\n".encode(errors="replace")
+        Path(build_directory, FAST_ATTEMPT_LOG).write_bytes(attempt + error)
 
 
 class FastLoadInline:
@@ -350,7 +354,7 @@ class FastLoadInline:
             cpp_extension.JIT_EXTENSION_VERSIONER.entries.clear()
             cpp_extension.JIT_EXTENSION_VERSIONER.entries.update(versions)
             build_directory = a.get("build_directory") or cpp_extension._get_build_directory(name, False)
-            _move_attempt_out_of_log(offset, build_directory)
+            _move_attempt_out_of_log(offset, build_directory, exc)
             print(
                 f"krefine: the fast build of extension '{name}' failed ({type(exc).__name__}); "
                 f"building it the plain way (the fast attempt's log is in {FAST_ATTEMPT_LOG})",
@@ -438,6 +442,8 @@ def _bench_build(args: Any) -> dict[str, Any]:
     import kb_compile
 
     import resource
+
+    import torch.utils.cpp_extension  # noqa: F401 - a compile worker has torch imported already
 
     source = Path(args.source).read_text()
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)

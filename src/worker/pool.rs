@@ -27,9 +27,9 @@ use super::WorkerError;
 use super::baseline::BaselineTable;
 use super::process::{RequestError, SpawnSpec, WorkerProcess, kill_group, log_tail};
 use super::protocol::{
-    CandidateSpec, CompileRequest, CompileResponse, CompileStatusWire, EvaluateResponse, PrepareRequest,
-    ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody, ResponseBody,
-    TimingSpec, WorkerRole,
+    CandidateSpec, CompileRequest, CompileResponse, CompileStatusWire, EvaluateResponse,
+    PrepareRequest, ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody,
+    ResponseBody, TimingSpec, WorkerRole,
 };
 use crate::config::{EvalSection, Timeouts};
 use crate::services::{CompileJob, Compiler, DeviceId, ExecJob, Executor};
@@ -644,12 +644,7 @@ impl WorkerPool {
         })
     }
 
-    async fn record_success(
-        &self,
-        build_dir: &Path,
-        job: &CompileJob,
-        response: &CompileResponse,
-    ) {
+    async fn record_success(&self, build_dir: &Path, job: &CompileJob, response: &CompileResponse) {
         let (feedback, duration_s) = (response.feedback.as_str(), response.duration_s);
         if let Err(e) = tokio::fs::copy(&job.log_path, build_dir.join(CACHED_LOG)).await {
             tracing::warn!(
