@@ -31,7 +31,7 @@ use super::protocol::{
     PrepareRequest, ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody,
     ResponseBody, TimingSpec, WorkerRole,
 };
-use crate::config::{EvalSection, Timeouts};
+use crate::config::{BuildMode, EvalSection, Timeouts};
 use crate::services::{CompileJob, Compiler, DeviceId, ExecJob, Executor};
 use crate::types::{
     CompileOutcome, CompileStatus, EvalMode, ExecOutcome, Precision, Problem, ProfileOutcome,
@@ -60,6 +60,8 @@ pub struct WorkerSettings {
     pub log_dir: PathBuf,
     /// Content-addressed build directories.
     pub build_cache: PathBuf,
+    /// How `load_inline` extensions are built (`eval.build`).
+    pub build: BuildMode,
     /// Persistent compile worker processes (at least 1).
     pub compile_workers: usize,
     /// One evaluation worker per device.
@@ -95,6 +97,7 @@ impl WorkerSettings {
             scratch_root: work_dir.join("scratch"),
             log_dir: work_dir.join("workers"),
             build_cache: work_dir.join("build-cache"),
+            build: BuildMode::default(),
             compile_workers: 1,
             devices: vec![DeviceId::Cpu],
             arch_list: None,
@@ -129,6 +132,7 @@ impl WorkerSettings {
         self.recycle_after = eval.recycle_after;
         self.profile_rows = eval.profile_rows;
         self.ncu = eval.ncu;
+        self.build = eval.build;
         if let Some(dir) = &eval.build_cache {
             self.build_cache = dir.clone();
         }
@@ -443,12 +447,16 @@ impl WorkerPool {
 
     fn build_key(&self, source: &str) -> String {
         let mut h = blake3::Hasher::new();
-        for part in [
+        let mut parts = vec![
             source,
             self.torch.as_str(),
             self.arch_list.as_deref().unwrap_or(""),
-        ] {
-            // Length prefixes: ("ab", "c") and ("a", "bc") must not collide.
+        ];
+        // A plain build is its own artifact; fast builds keep the keys builds had before `eval.build`.
+        if self.settings.build == BuildMode::Plain {
+            parts.push("plain");
+        }
+        for part in parts {
             h.update(&(part.len() as u64).to_le_bytes());
             h.update(part.as_bytes());
         }
@@ -1018,6 +1026,7 @@ impl Compiler for WorkerPool {
             build_dir: build_dir.to_string_lossy().into_owned(),
             arch_list: self.arch_list.clone(),
             log_path: job.log_path.to_string_lossy().into_owned(),
+            build: Some(self.settings.build.as_str().into()),
         });
         let slot = &self.compile_slots[index];
         match self.call(slot, request, self.deadlines.compile, true).await {

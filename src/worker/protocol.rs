@@ -83,6 +83,9 @@ pub struct CompileRequest {
     /// `TORCH_CUDA_ARCH_LIST` for the build; `null` keeps the worker's start-up value.
     pub arch_list: Option<String>,
     pub log_path: String,
+    /// `fast` or `plain` (see `eval.build`); absent means `fast`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
