@@ -215,3 +215,92 @@ def test_a_candidate_that_only_builds_plain_still_builds(tmp_path: Path) -> None
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+# --------------------------------------------------------------- the wrapper's decisions, without a compiler
+
+
+class FakeLoadInline:
+    """Stands in for torch's load_inline (same signature): records each call, fails fast builds on demand."""
+
+    def __init__(self, fail_fast: bool) -> None:
+        from torch.utils import cpp_extension
+
+        self.fail_fast = fail_fast
+        self.calls: list[dict[str, Any]] = []
+        self.__signature__ = __import__("inspect").signature(cpp_extension.load_inline)
+
+    def __call__(self, **kwargs: Any) -> str:
+        self.calls.append(kwargs)
+        from torch.utils import cpp_extension
+
+        cpp_extension.JIT_EXTENSION_VERSIONER.entries[kwargs["name"]] = len(self.calls)
+        if self.fail_fast and "-include" in (kwargs.get("extra_cflags") or []):
+            raise RuntimeError(f"Error building extension '{kwargs['name']}'")
+        return f"module {kwargs['name']}"
+
+
+def _fake_pch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    header = str(tmp_path / "pch" / "k" / kb_build.PCH_HEADER)
+    monkeypatch.setattr(kb_build, "ensure_pch", lambda *a, **k: kb_build.PchResult(header))
+    monkeypatch.setattr(kb_build, "_pch_supported", lambda compiler: True)
+    # No CUDA toolkit on CI: torch cannot name a CUDA build's flags there, so give the wrapper some.
+    monkeypatch.setattr(kb_build, "main_cpp_flags", lambda *a, **k: ["-std=c++17"])
+    return header
+
+
+CUDA_SRC = "#include <torch/extension.h>\n__global__ void k() {}\n"
+
+
+def test_fast_call_keeps_the_candidates_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    header = _fake_pch(monkeypatch, tmp_path)
+    fake = FakeLoadInline(fail_fast=False)
+    ctx = kb_build.BuildContext(mode=kb_build.FAST, pch_root=tmp_path / "pch")
+    cpp = ["torch::Tensor f(torch::Tensor x);"]
+    out = kb_build.FastLoadInline(fake, ctx)("ext", cpp, cuda_sources=CUDA_SRC, functions=["f"], extra_cflags=["-O3"])
+    assert out == "module ext" and len(fake.calls) == 1
+    call = fake.calls[0]
+    assert call["name"] == "ext" and call["functions"] == ["f"] and call["build_directory"] is None
+    assert call["extra_cflags"] == ["-include", header, "-Winvalid-pch", "-O3"]
+    assert "torch/extension.h" not in call["cuda_sources"][0]
+    assert call["cpp_sources"] == cpp and call["cpp_sources"] is not cpp  # torch appends to lists
+    assert ctx.build_path() == "fast"
+
+
+def test_failed_fast_call_is_repeated_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.utils import cpp_extension
+
+    _fake_pch(monkeypatch, tmp_path)
+    fake = FakeLoadInline(fail_fast=True)
+    ctx = kb_build.BuildContext(mode=kb_build.FAST, pch_root=tmp_path / "pch")
+    cpp_extension.JIT_EXTENSION_VERSIONER.entries.clear()
+    kwargs = {"cuda_sources": CUDA_SRC, "functions": ["f"], "build_directory": str(tmp_path / "ext")}
+    out = kb_build.FastLoadInline(fake, ctx)("ext", "decl;", **kwargs)
+    assert out == "module ext" and len(fake.calls) == 2
+    plain = fake.calls[1]
+    assert plain["extra_cflags"] is None and plain["cuda_sources"] == CUDA_SRC and plain["cpp_sources"] == "decl;"
+    # The fast attempt's version entry was rolled back, so the plain build keeps the extension's name.
+    assert cpp_extension.JIT_EXTENSION_VERSIONER.entries == {"ext": 2}
+    assert ctx.build_path() == "fallback:fast-build-failed"
+    assert "Error building extension 'ext'" in (tmp_path / "ext" / kb_build.FAST_ATTEMPT_LOG).read_text()
+    # A replay (the GPU worker's import) goes straight to the plain build.
+    replay = kb_build.BuildContext(
+        mode=kb_build.FAST, pch_root=tmp_path / "pch", replay=kb_build.read_replay({"extensions": [b.to_json() for b in ctx.builds]})
+    )
+    again = FakeLoadInline(fail_fast=True)
+    assert kb_build.FastLoadInline(again, replay)("ext", "decl;", **kwargs) == "module ext"
+    assert len(again.calls) == 1 and again.calls[0]["extra_cflags"] is None
+
+
+def test_plain_mode_and_opt_outs_call_load_inline_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_pch(monkeypatch, tmp_path)
+    for mode, kwargs, why in [
+        (kb_build.PLAIN, {}, "mode"),
+        (kb_build.FAST, {"use_pch": True}, "options"),
+        (kb_build.FAST, {"no_implicit_headers": True}, "options"),
+    ]:
+        fake = FakeLoadInline(fail_fast=False)
+        ctx = kb_build.BuildContext(mode=mode, pch_root=tmp_path / "pch")
+        kb_build.FastLoadInline(fake, ctx)("ext", "decl;", cuda_sources=CUDA_SRC, **kwargs)
+        assert fake.calls[0]["extra_cflags"] is None and fake.calls[0]["cuda_sources"] == CUDA_SRC
+        assert ctx.builds[0].why == why and ctx.build_path() == "plain"
