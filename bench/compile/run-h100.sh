@@ -12,3 +12,4 @@ PY=${PYTHON:-/opt/torch/.venv/bin/python3}
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; "$PY" -c 'import torch; print("torch", torch.__version__)'; nvcc --version | tail -2; nproc; } > "$OUT/machine.txt" 2>&1
 ./krefine bench compile --python "$PY" --arch 9.0 --jobs "${JOBS:-8}" --compare-code \
   --work-dir /tmp/krefine-bench-compile cuda gpu > "$OUT/cuda.md" 2> "$OUT/progress.txt"
+# About 5-6 minutes on the H100 (15 candidates, 8 builds at once); give the command 10 minutes.

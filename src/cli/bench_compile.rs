@@ -168,15 +168,26 @@ pub fn run(args: CompileBench) -> anyhow::Result<String> {
         }
     }
     if args.compare_code {
-        for row in rows.iter_mut().filter(|r| r.plain.ok && r.fast.ok) {
+        // Disassembling is quick but not free (a debug-sized main.o per build): in parallel too.
+        let both: Vec<(usize, String)> = rows
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.plain.ok && r.fast.ok)
+            .map(|(i, r)| (i, r.name.clone()))
+            .collect();
+        let verdicts = pool(both, args.jobs, |(i, name)| {
             let out = runner.python_json(&[
                 "compare",
-                &builds.join(format!("{}-plain", row.name)).to_string_lossy(),
-                &builds.join(format!("{}-fast", row.name)).to_string_lossy(),
+                &builds.join(format!("{name}-plain")).to_string_lossy(),
+                &builds.join(format!("{name}-fast")).to_string_lossy(),
             ])?;
             let report: CompareReport = serde_json::from_str(&out)
-                .with_context(|| format!("reading the code comparison of {}: {out}", row.name))?;
-            row.code = Some(code_verdict(&report.objects));
+                .with_context(|| format!("reading the code comparison of {name}: {out}"))?;
+            eprintln!("compare {name}: {out}");
+            Ok((i, code_verdict(&report.objects)))
+        })?;
+        for (i, verdict) in verdicts {
+            rows[i].code = Some(verdict);
         }
     }
     if temporary {
