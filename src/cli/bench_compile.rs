@@ -82,7 +82,7 @@ pub fn run(args: CompileBench) -> anyhow::Result<String> {
     anyhow::ensure!(!candidates.is_empty(), "no candidate files (*.py) found");
     let rt = super::runtime()?;
     let python = rt
-        .block_on(find_python(args.python.as_deref()))
+        .block_on(find_python(args.python.as_deref(), None))
         .context("finding the worker Python")?;
     let (work, temporary) = match &args.work_dir {
         Some(dir) => (dir.clone(), false),

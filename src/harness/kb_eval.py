@@ -15,8 +15,10 @@ state, so the candidate sees exactly what it would have seen in KernelBench's in
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import hashlib
+import importlib.metadata
 import os
 import platform
 import re
@@ -72,14 +74,26 @@ def trial_seeds(seed: int, trials: int) -> list[int]:
     return [int(torch.randint(0, 2**32 - 1, (1,)).item()) for _ in range(trials)]
 
 
-def prepare_value(value: Any, device: torch.device, dtype: torch.dtype, mode: str) -> Any:
-    """KernelBench casts every tensor to the precision dtype, then moves it. Strict mode keeps
-    integer and bool tensors (token ids, targets, masks) in their own dtype."""
+def prepare_value(value: Any, device: torch.device, dtype: torch.dtype, cast_integers: bool = False) -> Any:
+    """Floating tensors are cast to the precision dtype, then moved. Integer and bool tensors (token
+    ids, class targets, masks) keep their dtype and are only moved: KernelBench's `_process_input_tensor`
+    casts them too, which breaks every reference that indexes with them (its open bug, whose proposed
+    fix this is). `cast_integers` (`eval.cast_integer_inputs`) reproduces that cast for exact parity."""
     if not isinstance(value, torch.Tensor):
         return value
-    if mode == "strict" and not (value.is_floating_point() or value.is_complex()):
+    if not cast_integers and not (value.is_floating_point() or value.is_complex()):
         return value.to(device=device)
     return value.to(dtype=dtype).to(device=device)
+
+
+def integer_inputs_policy(cast_integers: bool) -> str:
+    """How integer and bool inputs were treated, as the result's env records it."""
+    return "cast" if cast_integers else "kept"
+
+
+def cast_integers_of(request: dict[str, Any]) -> bool:
+    """The request's `cast_integer_inputs` flag (absent: False, integer inputs keep their dtype)."""
+    return bool(request.get("cast_integer_inputs", False))
 
 
 def synchronize(device: torch.device) -> None:
@@ -315,13 +329,21 @@ class ProblemContext:
     model (built once), cached trial data per trial count, and the seed-`seed` timing inputs."""
 
     def __init__(
-        self, cache: ReferenceCache, code: str, device: torch.device, precision: str, mode: str, seed: int
+        self,
+        cache: ReferenceCache,
+        code: str,
+        device: torch.device,
+        precision: str,
+        mode: str,
+        seed: int,
+        cast_integers: bool = False,
     ) -> None:
         self.cache = cache
         self.device = device
         self.precision = precision
         self.dtype = DTYPES[precision]
         self.mode = mode
+        self.cast_integers = cast_integers
         self.seed = seed
         self.problem: ProblemCode | None = None
         self.ref_model: torch.nn.Module | None = None
@@ -359,7 +381,7 @@ class ProblemContext:
         assert self.problem is not None
         set_seed(self.seed)
         raw = self.problem.get_init_inputs()
-        return [prepare_value(x, self.device, self.dtype, self.mode) for x in raw]
+        return [prepare_value(x, self.device, self.dtype, self.cast_integers) for x in raw]
 
     def _make_inputs(self, seed: int) -> list[Any]:
         assert self.problem is not None
@@ -367,7 +389,7 @@ class ProblemContext:
         if raw is None:
             set_seed(seed)
             raw = self.problem.get_inputs()
-        return [prepare_value(x, self.device, self.dtype, self.mode) for x in raw]
+        return [prepare_value(x, self.device, self.dtype, self.cast_integers) for x in raw]
 
     def pregenerate(self, code: str, seeds: list[int]) -> int:
         """Make the inputs of `seeds` at once in parallel processes when they are large (see kb_inputs);
@@ -537,16 +559,16 @@ class ReferenceCache:
         return hashlib.sha256(code.encode("utf-8")).hexdigest()
 
     def context(
-        self, code: str, device: torch.device, precision: str, mode: str, seed: int
+        self, code: str, device: torch.device, precision: str, mode: str, seed: int, cast_integers: bool = False
     ) -> ProblemContext:
-        key = (self.code_key(code), str(device), precision, mode, seed)
+        key = (self.code_key(code), str(device), precision, mode, seed, cast_integers)
         ctx = self.contexts.get(key)
         if ctx is not None:
             self.contexts.move_to_end(key)
             return ctx
         while len(self.contexts) >= self.max_contexts:
             self._evict_oldest(keep=None)
-        ctx = ProblemContext(self, code, device, precision, mode, seed)
+        ctx = ProblemContext(self, code, device, precision, mode, seed, cast_integers)
         ctx.device_cache = key not in self.off_device
         self.contexts[key] = ctx
         return ctx
@@ -554,10 +576,12 @@ class ReferenceCache:
     def device_bytes(self, device: torch.device) -> int:
         return self._used(device, "device_bytes")
 
-    def move_off_device(self, code: str, device: torch.device, precision: str, mode: str, seed: int) -> None:
+    def move_off_device(
+        self, code: str, device: torch.device, precision: str, mode: str, seed: int, cast_integers: bool = False
+    ) -> None:
         """Forget every cached problem on `device` (freeing its memory) and keep this problem's
         reference data off the device from now on."""
-        self.off_device.add((self.code_key(code), str(device), precision, mode, seed))
+        self.off_device.add((self.code_key(code), str(device), precision, mode, seed, cast_integers))
         for key in [k for k, c in self.contexts.items() if c.device == device]:
             del self.contexts[key]
         release_memory(device)
@@ -889,7 +913,9 @@ def precision_policy(mode: str, precision: str) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def environment(device: torch.device, hardware: str, precision: str, mode: str) -> dict[str, Any]:
+def environment(
+    device: torch.device, hardware: str, precision: str, mode: str, cast_integers: bool = False
+) -> dict[str, Any]:
     return {
         "device_name": hardware,
         "torch": torch.__version__,
@@ -900,7 +926,19 @@ def environment(device: torch.device, hardware: str, precision: str, mode: str) 
         "grad_mode": "no_grad",
         "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
         "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        "integer_inputs": integer_inputs_policy(cast_integers),
+        "transformers": package_version("transformers"),
+        "python": platform.python_version(),
     }
+
+
+@functools.lru_cache(maxsize=None)
+def package_version(name: str) -> str | None:
+    """An installed package's version without importing it (importing transformers takes seconds)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def construct_candidate(ctx: ProblemContext, model_new_cls: type) -> torch.nn.Module:
@@ -941,14 +979,16 @@ def evaluate(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     torch.set_printoptions(precision=4, threshold=10, edgeitems=3, linewidth=80)
     verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
     with precision_policy(mode, precision):
-        env = environment(device, hardware, precision, mode)
+        env = environment(device, hardware, precision, mode, cast_integers_of(request))
         _evaluate_into(verdict, request, worker, device, hardware)
         cache = worker.references
         if cache_could_have_caused(verdict, cache.device_bytes(device), device):
             # KernelBench holds no reference data on the device between trials; a candidate must not
             # fail for memory that our cache took. Free it and evaluate once more.
             spent = dict(verdict.phases)
-            cache.move_off_device(request["problem"]["code"], device, precision, mode, request["seed"])
+            cache.move_off_device(
+                request["problem"]["code"], device, precision, mode, request["seed"], cast_integers_of(request)
+            )
             verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
             _evaluate_into(verdict, request, worker, device, hardware)
             verdict.metadata["retried_without_device_cache"] = True
@@ -970,7 +1010,9 @@ def prepare(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     started = time.perf_counter()
     status, feedback = "ready", ""
     with precision_policy(mode, precision):
-        ctx = worker.references.context(request["problem"]["code"], device, precision, mode, seed)
+        ctx = worker.references.context(
+            request["problem"]["code"], device, precision, mode, seed, cast_integers_of(request)
+        )
         error = ctx.error
         parallel = 0
         if error is None:
@@ -1021,10 +1063,15 @@ def _evaluate_into(
 ) -> None:
     precision, mode, seed = request["precision"], request["mode"], request["seed"]
     started = time.perf_counter()
-    ctx = worker.references.context(request["problem"]["code"], device, precision, mode, seed)
+    ctx = worker.references.context(
+        request["problem"]["code"], device, precision, mode, seed, cast_integers_of(request)
+    )
     verdict.phases["reference_s"] = time.perf_counter() - started
     if ctx.error is not None:  # KernelBench builds the reference before loading the candidate
         _reference_failed(verdict, ctx.error, hardware, device)
+        hint = kb_feedback.hf_offline_hint(ctx.error.exc, request["problem"]["code"])
+        if hint is not None:
+            verdict.feedback.append(hint)
         return
     candidate = request["candidate"]
     build_dir = candidate["build_dir"]
@@ -1201,6 +1248,7 @@ def _reference_timing(verdict: Verdict, request: dict[str, Any], worker: Worker,
         ctx.precision,
         ctx.mode,
         ctx.seed,
+        ctx.cast_integers,
         timing["warmup"],
         timing["trials"],
         timing["discard_first"],

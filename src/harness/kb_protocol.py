@@ -63,6 +63,14 @@ class BaselineRuntime(RuntimeStats):
     source: str
 
 
+class EvalOptions(TypedDict, total=False):
+    """Optional fields of evaluate and prepare requests (absent means the default)."""
+
+    # eval.cast_integer_inputs: cast integer and bool inputs to the precision as KernelBench does;
+    # absent or false, they keep their dtype.
+    cast_integer_inputs: bool
+
+
 class CompileRequest(TypedDict):
     id: int
     op: Literal["compile"]
@@ -72,7 +80,7 @@ class CompileRequest(TypedDict):
     log_path: str
 
 
-class EvaluateRequest(TypedDict):
+class EvaluateRequest(EvalOptions):
     id: int
     op: Literal["evaluate"]
     problem: ProblemSpec
@@ -97,7 +105,7 @@ class ProfileRequest(TypedDict):
     ncu: bool
 
 
-class PrepareRequest(TypedDict):
+class PrepareRequest(EvalOptions):
     id: int
     op: Literal["prepare"]
     problem: ProblemSpec
@@ -179,6 +187,9 @@ class EvalEnv(TypedDict):
     grad_mode: Literal["no_grad"]
     tf32_matmul: bool
     tf32_cudnn: bool
+    integer_inputs: Literal["kept", "cast"]
+    transformers: str | None
+    python: str
 
 
 class EvalPhases(TypedDict):

@@ -100,6 +100,10 @@ pub struct EvaluateRequest {
     pub correct_trials: u32,
     pub timing: TimingSpec,
     pub reference_runtime: Option<BaselineRuntime>,
+    /// `eval.cast_integer_inputs`: cast integer and bool inputs to the precision as KernelBench does.
+    /// Left off the wire when false (the harness's default: they keep their dtype).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cast_integer_inputs: bool,
 }
 
 /// Build the reference's cached data (model, every trial's inputs and outputs, the timing inputs and
@@ -115,6 +119,10 @@ pub struct PrepareRequest {
     pub correct_trials: u32,
     pub timing: TimingSpec,
     pub reference_runtime: Option<BaselineRuntime>,
+    /// `eval.cast_integer_inputs`: cast integer and bool inputs to the precision as KernelBench does.
+    /// Left off the wire when false (the harness's default: they keep their dtype).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cast_integer_inputs: bool,
 }
 
 impl PrepareRequest {
@@ -130,8 +138,13 @@ impl PrepareRequest {
             correct_trials: self.correct_trials,
             timing: self.timing,
             reference_runtime: self.reference_runtime.clone(),
+            cast_integer_inputs: self.cast_integer_inputs,
         }
     }
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -301,6 +314,14 @@ pub struct WireEnv {
     pub grad_mode: String,
     pub tf32_matmul: bool,
     pub tf32_cudnn: bool,
+    /// `kept` (integer and bool inputs keep their dtype) or `cast` (KernelBench's cast).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub integer_inputs: Option<String>,
+    /// The installed `transformers` version, null when it is not installed.
+    #[serde(default)]
+    pub transformers: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
 }
 
 impl WireEnv {
@@ -316,6 +337,9 @@ impl WireEnv {
             grad_mode: Some(self.grad_mode.clone()),
             tf32_matmul: Some(self.tf32_matmul),
             tf32_cudnn: Some(self.tf32_cudnn),
+            integer_inputs: self.integer_inputs.clone(),
+            transformers: self.transformers.clone(),
+            python: self.python.clone(),
         }
     }
 }

@@ -119,8 +119,9 @@ def evaluate_request(
     trials: int = 5,
     precision: str = "fp32",
     timing_trials: int = 100,
+    cast_integer_inputs: bool | None = None,
 ) -> dict[str, Any]:
-    return {
+    request: dict[str, Any] = {
         "id": rid,
         "op": "evaluate",
         "problem": {"key": "test/1", "code": problem_code, "code_hash": "unused-by-the-harness"},
@@ -139,6 +140,9 @@ def evaluate_request(
         },
         "reference_runtime": None,
     }
+    if cast_integer_inputs is not None:
+        request["cast_integer_inputs"] = cast_integer_inputs
+    return request
 
 
 def prepare_request(
