@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import inspect
 import json
@@ -305,8 +306,8 @@ class FastLoadInline:
         self.original = original
         self.ctx = ctx
         self.signature = inspect.signature(original)
-        self.__wrapped__ = original
-        self.__doc__ = original.__doc__
+        # Looks like load_inline to code that inspects it (name, doc, signature via __wrapped__).
+        functools.update_wrapper(self, original, updated=())
 
     def _arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
         try:
