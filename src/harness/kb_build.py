@@ -265,38 +265,36 @@ class PchOnly(Exception):
     """Raised by the warm-up mode after the PCH of a candidate's first extension is ready."""
 
 
-def _log_offset() -> int | None:
-    """Where the captured log (fd 1) ends now; None when fd 1 is not a regular file."""
-    import stat
-
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """Send fds 1 and 2 (the captured compile log) to `path` for the duration."""
     sys.stdout.flush()
     sys.stderr.flush()
-    with contextlib.suppress(OSError):
-        st = os.fstat(1)
-        if stat.S_ISREG(st.st_mode):
-            return st.st_size
-    return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os.dup2(saved_out, 1)
+        os.dup2(saved_err, 2)
+        for f in (saved_out, saved_err, fd):
+            os.close(f)
 
 
-def _move_attempt_out_of_log(offset: int | None, build_directory: str, exc: BaseException) -> None:
-    """Cut the fast attempt's output from the captured log (fd 1 and 2 share it) and keep it, with the
-    error (where torch puts the compiler output when not verbose), in FAST_ATTEMPT_LOG."""
-    attempt = b""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if offset is not None:
-        with contextlib.suppress(OSError):
-            end = os.fstat(1).st_size
-            if end > offset:
-                with open("/proc/self/fd/1", "rb") as f:
-                    f.seek(offset)
-                    attempt = f.read(end - offset)
-            os.ftruncate(1, offset)
-            os.lseek(1, offset, os.SEEK_SET)
+def _pass_on(path: Path) -> None:
+    """Copy a successful fast build's output into the compile log, where it belongs."""
     with contextlib.suppress(OSError):
-        Path(build_directory).mkdir(parents=True, exist_ok=True)
-        error = f"\n{type(exc).__name__}: {exc}\n".encode(errors="replace")
-        Path(build_directory, FAST_ATTEMPT_LOG).write_bytes(attempt + error)
+        data = path.read_bytes()
+        path.unlink()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(1, view) :]
 
 
 class FastLoadInline:
@@ -348,14 +346,18 @@ class FastLoadInline:
         from torch.utils import cpp_extension
 
         versions = dict(cpp_extension.JIT_EXTENSION_VERSIONER.entries)
-        offset = _log_offset()
+        build_directory = a.get("build_directory") or cpp_extension._get_build_directory(name, False)
+        # The fast attempt writes its own log: if it fails, the compile log (and its feedback) must be
+        # the plain build's alone.
+        attempt = Path(build_directory, FAST_ATTEMPT_LOG)
         try:
-            return self.original(**self._apply(a, plan))
+            with _output_to(attempt):
+                module = self.original(**self._apply(a, plan))
         except (Exception, SystemExit) as exc:
             cpp_extension.JIT_EXTENSION_VERSIONER.entries.clear()
             cpp_extension.JIT_EXTENSION_VERSIONER.entries.update(versions)
-            build_directory = a.get("build_directory") or cpp_extension._get_build_directory(name, False)
-            _move_attempt_out_of_log(offset, build_directory, exc)
+            with contextlib.suppress(OSError), open(attempt, "a") as f:
+                f.write(f"\n{type(exc).__name__}: {exc}\n")  # torch puts the compiler output here
             print(
                 f"krefine: the fast build of extension '{name}' failed ({type(exc).__name__}); "
                 f"building it the plain way (the fast attempt's log is in {FAST_ATTEMPT_LOG})",
@@ -363,6 +365,8 @@ class FastLoadInline:
             )
             plan.path, plan.pch, plan.narrowed, plan.why = "fallback", None, False, "fast-build-failed"
             return self.original(**self._fresh(a))
+        _pass_on(attempt)
+        return module
 
     def _plan(self, a: dict[str, Any], name: str) -> ExtensionBuild | str:
         """The fast plan for this call, or why it builds the plain way."""
