@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checks::ChecksSection;
 use crate::types::{EvalMode, FeedbackMode, MethodKind, Precision};
+pub use crate::worker::sandbox::SandboxMode;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -597,6 +598,21 @@ pub struct EvalSection {
     /// The Hugging Face cache the workers load level-4 models from.
     #[serde(default)]
     pub hf: crate::hf::HfSection,
+    /// `auto` | `required` | `off`: confine workers in namespaces (README "Threat model"). Unset:
+    /// `required` in strict mode, else `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxMode>,
+}
+
+impl EvalSection {
+    /// The sandbox mode in effect: the configured one, else `required` in strict mode and `auto`
+    /// otherwise.
+    pub fn sandbox_mode(&self) -> SandboxMode {
+        self.sandbox.unwrap_or(match self.mode {
+            EvalMode::Strict => SandboxMode::Required,
+            EvalMode::Faithful => SandboxMode::Auto,
+        })
+    }
 }
 
 fn default_seed() -> u64 {
@@ -640,6 +656,7 @@ impl Default for EvalSection {
             checks: ChecksSection::default(),
             cast_integer_inputs: false,
             hf: crate::hf::HfSection::default(),
+            sandbox: None,
         }
     }
 }
@@ -1029,6 +1046,20 @@ answers = "answers.jsonl"
             .unwrap_err()
             .to_string();
         assert!(e.contains("build") && e.contains("line 9"), "{e}");
+    }
+
+    #[test]
+    fn sandbox_mode_defaults_to_required_in_strict_mode() {
+        let mode = |sets: &[&str]| p(MIN, sets).unwrap().config.eval.sandbox_mode();
+        assert_eq!(mode(&[]), SandboxMode::Auto);
+        assert_eq!(mode(&["eval.mode=\"strict\""]), SandboxMode::Required);
+        assert_eq!(
+            mode(&["eval.mode=\"strict\"", "eval.sandbox=\"off\""]),
+            SandboxMode::Off
+        );
+        assert_eq!(mode(&["eval.sandbox=\"required\""]), SandboxMode::Required);
+        let e = p(MIN, &["eval.sandbox=\"maybe\""]).unwrap_err().to_string();
+        assert!(e.contains("sandbox"), "{e}");
     }
 
     #[test]

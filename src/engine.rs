@@ -333,6 +333,11 @@ impl Engine {
                     krefine_version: env!("CARGO_PKG_VERSION").into(),
                     resumed,
                     simulated: plan.simulated,
+                    problem_names: plan
+                        .problems
+                        .iter()
+                        .map(|p| (p.key, p.name.clone()))
+                        .collect(),
                 },
             )
             .await?;
@@ -535,10 +540,24 @@ async fn generate(
             turn,
             message: e.to_string(),
         })?;
+    // The exact messages, for whoever reads the run later (the TUI's detail view); a failure to
+    // write them costs the display, not the turn.
+    let prompt_file = match shared.dir.write_prompt(task, turn, &messages).await {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!("cannot store the prompt of task {task} turn {turn}: {e}");
+            None
+        }
+    };
     let Some(result) = cancellable(&shared.cancel, async {
         let _permit = shared.llm_gate.acquire().await;
         if shared.llm_stopped.load(Ordering::SeqCst) {
             return None;
+        }
+        // Appended directly (not through the sink) so it always precedes the answer in the log.
+        let started = Event::LlmStarted { turn, prompt_file };
+        if let Err(e) = shared.append(Some(task), started).await {
+            tracing::error!("cannot log an informational event: {e}");
         }
         let req = LlmRequest {
             task,

@@ -17,6 +17,9 @@
 //! - [`sim`]: simulated compile/execute services for tests and the scheduler benchmark.
 //! - [`metrics`], [`report`]: fast_p@N and friends as pure functions of the log, and their formats.
 //! - [`interchange`]: KernelBench generations in (submission JSON, runs folder) and submissions out.
+//! - [`view`]: a run as folded from its log (`RunView`), the one reducer every display uses.
+//! - [`tui`]: the terminal UI (ratatui) for live runs, `watch` and `replay`; [`progress`]: the
+//!   `--no-tui` progress bar.
 //! - [`cli`]: the command-line surface.
 
 pub mod checks;
@@ -38,5 +41,7 @@ pub mod report;
 pub mod services;
 pub mod sim;
 pub mod store;
+pub mod tui;
 pub mod types;
+pub mod view;
 pub mod worker;

@@ -206,26 +206,31 @@ impl Task {
 
     /// What the next prompt may see of a finished turn, by feedback mode.
     fn feedback_of(&self, r: &TurnRecord) -> TurnFeedback {
-        let mode = self.spec.feedback;
-        let execution = mode
-            .includes_execution()
-            .then(|| execution_text(r))
-            .flatten();
-        let profile = if mode.includes_profile() {
-            r.profile
-                .as_ref()
-                .filter(|p| p.ok && !p.table.is_empty())
-                .map(|p| p.table.clone())
-        } else {
-            None
-        };
-        TurnFeedback {
-            turn: r.turn,
-            answer: r.answer.as_ref().map(|a| a.content.clone()),
-            code: r.code.clone(),
-            execution,
-            profile,
-        }
+        turn_feedback(self.spec.feedback, r)
+    }
+}
+
+/// What the next prompt may see of a finished turn under `mode` (also what displays show as the
+/// feedback sent back to the model).
+pub fn turn_feedback(mode: FeedbackMode, r: &TurnRecord) -> TurnFeedback {
+    let execution = mode
+        .includes_execution()
+        .then(|| execution_text(r))
+        .flatten();
+    let profile = if mode.includes_profile() {
+        r.profile
+            .as_ref()
+            .filter(|p| p.ok && !p.table.is_empty())
+            .map(|p| p.table.clone())
+    } else {
+        None
+    };
+    TurnFeedback {
+        turn: r.turn,
+        answer: r.answer.as_ref().map(|a| a.content.clone()),
+        code: r.code.clone(),
+        execution,
+        profile,
     }
 }
 

@@ -1,106 +1,57 @@
-//! Progress display for `--no-tui` runs: one indicatif bar over all turns of all tasks, with the
-//! stages tasks are in and the running tally of outcomes.
-
-use std::collections::HashMap;
-use std::sync::Arc;
+//! Progress display for `--no-tui` runs (and runs whose stdout is not a terminal): one indicatif bar
+//! over all turns of all tasks, with the stages tasks are in and the running tally of outcomes.
+//!
+//! The numbers come from [`RunView`], the same fold of the log the terminal UI draws, so the bar and
+//! the UI cannot disagree; when the broadcast lags, the view is rebuilt from the log file.
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tokio::sync::broadcast;
 
-use crate::types::{Event, LogRecord, TaskId, Verdict};
+use crate::tui::source::{Feed, Live};
+use crate::view::{RunView, Stage};
 
-/// Counts shown next to the bar.
-#[derive(Default)]
-struct Tally {
-    stage: HashMap<TaskId, &'static str>,
-    correct: u64,
-    failed: u64,
-    tokens: u64,
+/// The text next to the bar.
+pub fn message(view: &RunView) -> String {
+    let stages = view.stage_counts();
+    let count = |s: Stage| stages.get(&s).copied().unwrap_or(0);
+    let (correct, failed) = view.verdict_tally();
+    format!(
+        "llm {} · compile {} · execute {} | correct {correct} · failed {failed} | {} tokens",
+        count(Stage::Generate),
+        count(Stage::Compile),
+        count(Stage::Execute) + count(Stage::Profile),
+        view.spend.tokens()
+    )
 }
 
-impl Tally {
-    fn message(&self) -> String {
-        let count = |s: &str| self.stage.values().filter(|v| **v == s).count();
-        format!(
-            "llm {} · compile {} · execute {} | correct {} · failed {} | {} tokens",
-            count("generate"),
-            count("compile"),
-            count("execute"),
-            self.correct,
-            self.failed,
-            self.tokens
-        )
-    }
-}
-
-/// Follow the event bus until it closes, drawing progress on stderr. `done_turns` is how many turns
-/// a resumed run had already finished.
-pub async fn follow(
-    mut rx: broadcast::Receiver<Arc<LogRecord>>,
-    total_turns: u64,
-    done_turns: u64,
-    initial: Vec<(TaskId, &'static str)>,
-) {
+/// Follow the run until it ends, drawing progress on stderr. `view` holds what the log had before
+/// this process continued it (empty for a new run).
+pub async fn follow(mut live: Live, total_turns: u64, mut view: RunView) {
     let bar = ProgressBar::with_draw_target(Some(total_turns), ProgressDrawTarget::stderr());
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} turns  {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
-    bar.set_position(done_turns);
-    let mut t = Tally::default();
-    for (task, s) in initial {
-        t.stage.insert(task, s);
-    }
-    bar.set_message(t.message());
-    loop {
-        let rec = match rx.recv().await {
-            Ok(r) => r,
-            Err(broadcast::error::RecvError::Lagged(_)) => continue,
-            Err(broadcast::error::RecvError::Closed) => break,
-        };
-        let Some(task) = rec.task else {
-            if let Event::RunEnded { .. } = rec.event {
-                break;
-            }
-            continue;
-        };
-        let mut turn_ended = None;
-        match &rec.event {
-            Event::LlmAnswered { answer, code, .. } => {
-                if let Some(u) = answer.usage {
-                    t.tokens += u.total();
-                }
-                if code.is_some() {
-                    t.stage.insert(task, "compile");
-                } else {
-                    turn_ended = Some(false);
+    bar.set_position(view.finished_turns());
+    bar.set_message(message(&view));
+    while let Some(feed) = live.next().await {
+        let mut ended = false;
+        match feed {
+            Feed::Records(recs) => {
+                for r in recs {
+                    view.apply(&r);
+                    ended |= matches!(r.event, crate::types::Event::RunEnded { .. });
                 }
             }
-            Event::LlmFailed { .. } => turn_ended = Some(false),
-            Event::Compiled { outcome, .. } => {
-                if outcome.status == crate::types::CompileStatus::Ok {
-                    t.stage.insert(task, "execute");
-                } else {
-                    turn_ended = Some(false);
-                }
-            }
-            Event::Executed { outcome, .. } => {
-                // A G+E+P profile may still follow, but the candidate's outcome is known now.
-                turn_ended = Some(outcome.verdict == Verdict::Correct);
-            }
-            _ => {}
+            Feed::Rebuilt(v) => view = *v,
+            Feed::Warning(_) => {}
+            Feed::Closed => break,
         }
-        if let Some(ok) = turn_ended {
-            if ok {
-                t.correct += 1;
-            } else {
-                t.failed += 1;
-            }
-            bar.inc(1);
-            t.stage.insert(task, "generate");
+        bar.set_position(view.finished_turns());
+        bar.set_message(message(&view));
+        if ended {
+            break;
         }
-        bar.set_message(t.message());
     }
     bar.finish_and_clear();
 }

@@ -60,7 +60,12 @@ impl RunDir {
         let dir = RunDir {
             root: root.to_path_buf(),
         };
-        for d in [dir.root.clone(), dir.kernels_dir(), dir.logs_dir()] {
+        for d in [
+            dir.root.clone(),
+            dir.kernels_dir(),
+            dir.logs_dir(),
+            dir.prompts_dir(),
+        ] {
             std::fs::create_dir_all(&d).map_err(io(&d))?;
         }
         let cfg = dir.config_path();
@@ -78,7 +83,7 @@ impl RunDir {
         let dir = RunDir {
             root: root.to_path_buf(),
         };
-        for d in [dir.kernels_dir(), dir.logs_dir()] {
+        for d in [dir.kernels_dir(), dir.logs_dir(), dir.prompts_dir()] {
             std::fs::create_dir_all(&d).map_err(io(&d))?;
         }
         Ok(dir)
@@ -99,6 +104,9 @@ impl RunDir {
     pub fn logs_dir(&self) -> PathBuf {
         self.root.join("logs")
     }
+    pub fn prompts_dir(&self) -> PathBuf {
+        self.root.join("prompts")
+    }
     pub fn trace_log_path(&self) -> PathBuf {
         self.root.join("krefine.log")
     }
@@ -116,6 +124,31 @@ impl RunDir {
             "compile_level_{}_problem_{}_sample_{}_turn_{}.log",
             task.problem.level, task.problem.problem_id, task.sample, turn
         ))
+    }
+
+    /// A turn's prompt file (the messages as JSON), relative to the run directory.
+    pub fn prompt_rel(task: TaskId, turn: u32) -> String {
+        format!(
+            "prompts/level_{}_problem_{}_sample_{}_turn_{}_prompt.json",
+            task.problem.level, task.problem.problem_id, task.sample, turn
+        )
+    }
+
+    /// Write the messages of a turn's LLM request; returns the path relative to the run directory.
+    pub async fn write_prompt(
+        &self,
+        task: TaskId,
+        turn: u32,
+        messages: &[crate::types::ChatMessage],
+    ) -> Result<String, StoreError> {
+        let rel = Self::prompt_rel(task, turn);
+        let path = self.root.join(&rel);
+        let json = serde_json::to_vec_pretty(messages).map_err(|e| StoreError::Io {
+            path: path.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        tokio::fs::write(&path, json).await.map_err(io(&path))?;
+        Ok(rel)
     }
 
     /// Write a candidate's code; returns its path relative to the run directory.

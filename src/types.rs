@@ -437,6 +437,9 @@ pub struct EvalEnv {
     /// The worker's Python version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python: Option<String>,
+    /// The sandbox the candidate ran in: `namespaces`, `off`, or `none` (unavailable here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
 }
 
 /// Result of evaluating one compiled candidate on a device.
@@ -558,6 +561,10 @@ pub enum Event {
         resumed: bool,
         #[serde(default)]
         simulated: bool,
+        /// Problem file names by problem (`"1/19"` → `"19_ReLU.py"`), for displays; absent in logs
+        /// written before it was recorded.
+        #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        problem_names: std::collections::BTreeMap<ProblemKey, String>,
     },
     /// Written when a run ends (finished, cancelled or stopped by a budget).
     RunEnded {
@@ -568,6 +575,23 @@ pub enum Event {
         what: String,
     },
 
+    /// The task's LLM request passed the engine's concurrency gate and was sent (informational: the
+    /// request is in flight until `LlmAnswered` or `LlmFailed` of the same turn, or the run ends).
+    /// `prompt_file` holds the exact messages sent, relative to the run directory.
+    LlmStarted {
+        turn: u32,
+        #[serde(default)]
+        prompt_file: Option<String>,
+    },
+    /// An attempt failed transiently (a 429 rate limit, a 5xx, a dropped connection) and the request
+    /// waits `wait_ms` before attempt `attempt + 1` (informational).
+    LlmRetryWait {
+        turn: u32,
+        attempt: u32,
+        wait_ms: u64,
+        #[serde(default)]
+        status: Option<u16>,
+    },
     /// The LLM answered (after retries). `code` is the extracted candidate, `None` when no usable code.
     LlmAnswered {
         turn: u32,
@@ -665,6 +689,8 @@ impl Event {
             Event::RunStarted { .. } => "run_started",
             Event::RunEnded { .. } => "run_ended",
             Event::BudgetExhausted { .. } => "budget_exhausted",
+            Event::LlmStarted { .. } => "llm_started",
+            Event::LlmRetryWait { .. } => "llm_retry_wait",
             Event::LlmAnswered { .. } => "llm_answered",
             Event::LlmFailed { .. } => "llm_failed",
             Event::Compiled { .. } => "compiled",

@@ -107,6 +107,7 @@ fn write_run(
             krefine_version: "test".into(),
             resumed: false,
             simulated: false,
+            problem_names: Default::default(),
         },
     );
     for x in turns {

@@ -101,6 +101,7 @@ fn log() -> Vec<LogRecord> {
                 krefine_version: "0.1.0".into(),
                 resumed: false,
                 simulated: false,
+                problem_names: Default::default(),
             },
         ),
         // Task A, turn 1: a 429, then success.

@@ -426,7 +426,12 @@ fn profile_on_cpu_gives_a_table() {
 fn concurrent_compiles_of_one_source_build_once() {
     run(async {
         let s = shared().await;
-        let counter = s.work.join(format!("imports-{}.txt", std::process::id()));
+        // In the compile worker's own scratch: the only place outside the build a sandboxed
+        // candidate may write (one compile worker, so both jobs would import there).
+        let counter = s
+            .work
+            .join("scratch/compile-0")
+            .join(format!("imports-{}.txt", std::process::id()));
         let _ = std::fs::remove_file(&counter);
         // Unique per run (so it is never cached from an earlier run); every import appends a line.
         let nonce = std::time::SystemTime::now()
@@ -491,14 +496,12 @@ fn dropping_a_pool_leaves_no_processes() {
         );
         let cache = work.join("build-cache");
         let _ = std::fs::remove_dir_all(&cache);
-        let pool = WorkerPool::start(cpu_settings(
-            s.python.clone(),
-            s.harness.clone(),
-            &work,
-            &cache,
-        ))
-        .await
-        .expect("pool");
+        let mut settings = cpu_settings(s.python.clone(), s.harness.clone(), &work, &cache);
+        // The unsandboxed kill path (process group and session scan): a sandboxed candidate could
+        // not write the pid file, and the pids it sees are its PID namespace's. Sandboxed, the
+        // namespace's PID 1 takes every process in it along when it is killed.
+        settings.sandbox = krefine::worker::sandbox::SandboxMode::Off;
+        let pool = WorkerPool::start(settings).await.expect("pool");
         let c = pool
             .compile(compile_job(&code, &s.logs, "orphan"))
             .await

@@ -135,6 +135,10 @@ async fn fake_setup(start: &str) -> (tempfile::TempDir, WorkerSettings) {
         execute_s: 2.0,
         profile_s: 2.0,
     };
+    // The fake worker reports its own pid for the tests to signal, and a sandboxed one would see
+    // only its PID namespace's (1). These tests are about the unsandboxed process handling; the
+    // sandboxed workers meet the same hangs, crashes and kills in worker_hostile.rs.
+    s.sandbox = krefine::worker::sandbox::SandboxMode::Off;
     (tmp, s)
 }
 

@@ -68,6 +68,28 @@ pub enum BenchCmd {
         #[arg(long)]
         work_dir: Option<PathBuf>,
     },
+    /// Terminal UI benchmark: fold a synthetic run's log, then draw frames of it in memory.
+    Tui {
+        #[arg(long, default_value_t = 250)]
+        tasks: u32,
+        #[arg(long, default_value_t = 10)]
+        turns: u32,
+        #[arg(long, default_value_t = 200)]
+        width: u16,
+        #[arg(long, default_value_t = 60)]
+        height: u16,
+        #[arg(long, default_value_t = 100)]
+        frames: u32,
+    },
+    /// Sandbox cost: a worker start with and without the namespaces sandbox, and the per-candidate
+    /// Landlock layer.
+    Sandbox {
+        /// Python with torch (default: as `krefine run` finds it).
+        #[arg(long)]
+        python: Option<std::path::PathBuf>,
+        #[arg(long, default_value_t = 30)]
+        runs: u32,
+    },
 }
 
 pub fn bench(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
@@ -91,6 +113,18 @@ pub fn bench(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
             super::print_out(&out)?;
             Ok(ExitCode::SUCCESS)
         }
+        BenchCmd::Tui {
+            tasks,
+            turns,
+            width,
+            height,
+            frames,
+        } => {
+            let r = super::bench_tui::run(tasks, turns, width, height, frames)?;
+            super::print_out(&r)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCmd::Sandbox { python, runs } => super::bench_sandbox::bench_sandbox(python, runs),
         BenchCmd::Scheduler {
             tasks,
             turns,

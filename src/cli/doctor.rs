@@ -4,6 +4,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::config::{self, LoadedConfig};
+use crate::worker::sandbox::{self, SandboxMode};
 use crate::{gpu, llm, worker};
 
 pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
@@ -41,13 +42,14 @@ pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
     let config_dir = loaded
         .as_ref()
         .and_then(|l| l.path.parent().map(Path::to_path_buf));
-    match rt.block_on(worker::find_python(
+    let python = rt.block_on(worker::find_python(
         configured.as_deref(),
         config_dir.as_deref(),
-    )) {
+    ));
+    match &python {
         Ok(py) => {
             println!("  {}", py.display());
-            let probe = std::process::Command::new(&py)
+            let probe = std::process::Command::new(py)
                 .args([
                     "-c",
                     "import sys, torch\nprint('  python', sys.version.split()[0])\nprint('  torch', torch.__version__, '(CUDA', str(torch.version.cuda) + ',', 'GPU available:', str(torch.cuda.is_available()) + ')')\ntry:\n    import ninja; print('  ninja', ninja.__version__)\nexcept Exception:\n    print('  ninja: missing (load_inline needs it)')\nfrom torch.utils.cpp_extension import CUDA_HOME\nprint('  CUDA_HOME', CUDA_HOME)\nimport importlib.metadata as m\ntry:\n    print('  transformers', m.version('transformers'))\nexcept m.PackageNotFoundError:\n    print('  transformers: missing (KernelBench level 4 needs it)')",
@@ -98,6 +100,7 @@ pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
             "online: missing models are downloaded"
         }
     );
+    print_sandbox(loaded.as_ref(), python.as_ref().ok());
     if let Some(l) = &loaded {
         let problems = crate::dataset::load(
             &l.resolve(&l.config.dataset.path),
@@ -112,6 +115,38 @@ pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         println!("LLM endpoint:\n  {}", llm::describe_endpoint(l));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether workers can be sandboxed here, and what `eval.sandbox` makes of it.
+fn print_sandbox(loaded: Option<&LoadedConfig>, python: Option<&std::path::PathBuf>) {
+    let mode = loaded
+        .map(|l| l.config.eval.sandbox_mode())
+        .unwrap_or_default();
+    println!("Sandbox (eval.sandbox = {}):", mode.as_str());
+    match python.map(|p| sandbox::probe(p, None)) {
+        Some(Ok(took)) => println!(
+            "  namespaces: available (user, pid, network, mount, ipc; read-only file system view); \
+             a sandboxed python -S started in {:.1} ms",
+            took.as_secs_f64() * 1e3
+        ),
+        Some(Err(e)) => {
+            println!("  namespaces: UNAVAILABLE: {e}");
+            match mode {
+                SandboxMode::Required => {
+                    println!("  eval.sandbox = \"required\": runs will refuse to evaluate")
+                }
+                SandboxMode::Auto => println!(
+                    "  eval.sandbox = \"auto\": candidates would run with your user's rights"
+                ),
+                SandboxMode::Off => {}
+            }
+        }
+        None => println!("  namespaces: not checked (no Python with torch)"),
+    }
+    match sandbox::landlock_abi() {
+        0 => println!("  landlock: not available (per-candidate write confinement off)"),
+        abi => println!("  landlock: ABI {abi} (per-candidate write confinement)"),
+    }
 }
 
 fn which(name: &str) -> Option<std::path::PathBuf> {

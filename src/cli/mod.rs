@@ -3,12 +3,15 @@
 mod baseline;
 mod bench;
 mod bench_compile;
+mod bench_sandbox;
+mod bench_tui;
 mod check;
 mod compare;
 mod doctor;
 mod eval;
 mod report;
 mod run;
+mod view;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,6 +33,10 @@ struct Cli {
 enum Cmd {
     /// Run an experiment from a TOML config (or resume one).
     Run(run::RunArgs),
+    /// Follow a run (running or finished, in any process) in the terminal UI; read-only.
+    Watch(view::WatchArgs),
+    /// Play a recorded run back in the terminal UI, in recorded time scaled by --speed.
+    Replay(view::ReplayArgs),
     /// Print fast_p@N, geomean speedup, correct rate, tokens and cost of run directories.
     Report(report::ReportArgs),
     /// Compare runs at matched budgets (LLM calls, tokens, USD, device seconds) with bootstrap
@@ -54,9 +61,16 @@ enum Cmd {
 }
 
 pub fn main() -> ExitCode {
+    // Other processes of this user (a candidate that escaped its sandbox, or any program when the
+    // sandbox is off) must not read our memory or /proc/<pid>/environ, where API keys live.
+    if let Err(e) = crate::worker::sandbox::make_non_dumpable() {
+        eprintln!("warning: cannot make krefine non-dumpable: {e}");
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Cmd::Run(args) => run::run(args),
+        Cmd::Watch(args) => view::watch(args),
+        Cmd::Replay(args) => view::replay(args),
         Cmd::Report(args) => report::report(args),
         Cmd::Compare(args) => compare::compare_cmd(args),
         Cmd::Eval(args) => eval::eval(args),

@@ -1,5 +1,6 @@
 //! `krefine run`: load the config and dataset, pick devices, start services, drive the engine.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -15,7 +16,11 @@ use crate::prompt::{PromptSettings, Prompts};
 use crate::services::{Compiler, DeviceId, Executor};
 use crate::sim::SimServices;
 use crate::store::{ReadLog, RunDir, read_log};
+use crate::tui::app::{App, Mode};
+use crate::tui::source::Live;
+use crate::tui::{self, Exit, Input};
 use crate::types::{Event, FeedbackMode, MethodKind};
+use crate::view::RunView;
 use crate::worker::{self, BaselineTable, WorkerPool, WorkerSettings};
 use crate::{dataset, llm, lock, progress, provenance};
 
@@ -267,6 +272,12 @@ async fn drive(
         cfg.eval.precision,
     );
     let compiler: Arc<dyn Compiler> = Arc::new(CheckedCompiler::new(compiler, checks));
+    // The engine leases the CPU when no GPU was selected.
+    let device_names: Vec<String> = if devices.is_empty() {
+        vec![DeviceId::Cpu.to_string()]
+    } else {
+        devices.iter().map(|d| d.id.to_string()).collect()
+    };
     let parts = EngineParts {
         llm,
         compiler,
@@ -278,6 +289,8 @@ async fn drive(
         compile_workers: cfg.resources.compile_workers as usize,
     };
     let total_turns = plan.problems.len() as u64 * plan.samples as u64 * plan.turns as u64;
+    // What the log held before this process continued it: the displays start from there.
+    let prior_view = RunView::from_records(prior.iter().flat_map(|p| &p.records));
     let engine = Engine::prepare(
         plan,
         parts,
@@ -291,32 +304,48 @@ async fn drive(
         eprintln!("warning: {w}");
         tracing::warn!("{w}");
     }
-    let stages = engine.stages();
-    let done_turns: u64 = stages
-        .iter()
-        .map(|(_, stage, turn)| {
-            if *stage == "done" {
-                *turn as u64
-            } else {
-                turn.saturating_sub(1) as u64
+    let live = Live::new(engine.subscribe(), dir.events_path());
+    let summary = if !args.no_tui && std::io::stdout().is_terminal() {
+        let mut app = App::new(Mode::Live, super::view::meta_of(cfg, dir.root()));
+        app.reset(prior_view);
+        app.set_devices(device_names);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(live.forward(tx));
+        let engine_task = tokio::spawn(engine.run());
+        // The UI handles Ctrl-C (and SIGINT) itself: the first stops the run, the second leaves.
+        match tui::run(app, Input::Feed(rx), Some(cancel.clone())).await {
+            // `q` is only accepted once the run is over.
+            Ok(Exit::Quit) => {}
+            Ok(Exit::Forced) => {
+                eprintln!(
+                    "interrupted twice: left without waiting for the run to stop; the event log stays valid, resume with --resume"
+                );
+                return Ok(ExitCode::from(130));
             }
-        })
-        .sum();
-    let progress = tokio::spawn(progress::follow(
-        engine.subscribe(),
-        total_turns,
-        done_turns,
-        stages.iter().map(|(t, s, _)| (*t, *s)).collect(),
-    ));
-    let ctrl_c = cancel.clone();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("\ninterrupted: stopping; the event log stays valid, resume with --resume");
-            ctrl_c.cancel();
+            Err(e) => {
+                cancel.cancel();
+                let _ = engine_task.await;
+                return Err(e);
+            }
         }
-    });
-    let summary = engine.run().await;
-    let _ = progress.await;
+        engine_task
+            .await
+            .map_err(|e| anyhow::anyhow!("the engine task failed: {e}"))?
+    } else {
+        let progress = tokio::spawn(progress::follow(live, total_turns, prior_view));
+        let ctrl_c = cancel.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                eprintln!(
+                    "\ninterrupted: stopping; the event log stays valid, resume with --resume"
+                );
+                ctrl_c.cancel();
+            }
+        });
+        let summary = engine.run().await;
+        let _ = progress.await;
+        summary
+    };
     if let Some(pool) = pool {
         pool.shutdown().await;
     }

@@ -331,9 +331,9 @@ class FastLoadInline:
             plan = recorded if recorded is not None and recorded.name == name else ExtensionBuild(name, PLAIN)
             self.ctx.builds.append(plan)
             if plan.path == FAST:
-                if plan.pch and not Path(plan.pch).exists():  # cache wiped: same text, no .gch: still correct
-                    Path(plan.pch).parent.mkdir(parents=True, exist_ok=True)
-                    Path(plan.pch).write_text(PCH_TEXT)
+                # The header itself is not needed: a main.o built with the PCH lists only main.cpp in
+                # its deps, so ninja finds it up to date even where this worker cannot see the PCH
+                # folder (and writing into the build cache would taint a sandboxed worker's view).
                 return self.original(**self._apply(a, plan))
             return self.original(**self._fresh(a))
         plan = self._plan(a, name)
@@ -386,7 +386,10 @@ class FastLoadInline:
                 a.get("extra_cflags"), a.get("extra_include_paths"), bool(cuda) if with_cuda is None else bool(with_cuda)
             )
             if flags is not None:
-                pch = ensure_pch(self.ctx.pch_root, compiler, flags)
+                try:
+                    pch = ensure_pch(self.ctx.pch_root, compiler, flags)
+                except OSError as exc:  # e.g. a sandbox where the PCH folder is not writable
+                    pch = PchResult(None, error=str(exc))
                 if pch.header is None:
                     print(f"krefine: no precompiled header for '{name}': {pch.error[-500:]}", flush=True)
         if not narrowed and (pch is None or pch.header is None):

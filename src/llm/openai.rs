@@ -195,6 +195,7 @@ impl Llm for OpenAiLlm {
                 Err(e) => e,
             };
             drop(pass);
+            let status = error.status;
             sink.record(
                 task,
                 Event::LlmAttempt {
@@ -226,6 +227,16 @@ impl Llm for OpenAiLlm {
                 }
                 Failure::Transient => {
                     let wait = self.retry.delay(attempt, retry_after);
+                    sink.record(
+                        task,
+                        Event::LlmRetryWait {
+                            turn,
+                            attempt,
+                            wait_ms: wait.as_millis() as u64,
+                            status,
+                        },
+                    )
+                    .await;
                     self.unless_cancelled(tokio::time::sleep(wait)).await?;
                 }
             }

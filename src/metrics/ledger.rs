@@ -38,7 +38,8 @@ impl Spend {
         self.answers > self.answers_without_cost
     }
 
-    fn of(answer: &LlmAnswer) -> Spend {
+    /// The spending of one answer.
+    pub fn of(answer: &LlmAnswer) -> Spend {
         let usage = answer.usage.unwrap_or_default();
         Spend {
             answers: 1,

@@ -7,15 +7,21 @@
 //! - [`process`]: one worker process: scrubbed environment, own process group, timeouts, kill, reap.
 //! - [`pool`]: [`WorkerPool`], the `Compiler` and `Executor` the engine uses.
 //! - [`pause`]: stopping the compile pool while the CPU device times a candidate.
+//! - [`sandbox`]: the namespaces every worker runs in (no other process, no network, a read-only
+//!   file system view with its own scratch writable).
+//! - `build_store`: publishing builds into the shared cache, sealing them, the copy-on-write taint
+//!   check.
 //! - [`baseline`]: KernelBench baseline timing files.
 
 pub mod baseline;
+mod build_store;
 pub mod harness;
 pub mod pause;
 pub mod pool;
 pub mod process;
 pub mod protocol;
 pub mod python;
+pub mod sandbox;
 
 use std::path::PathBuf;
 

@@ -25,18 +25,20 @@ use tokio::sync::{Mutex, OwnedMutexGuard, Semaphore};
 
 use super::WorkerError;
 use super::baseline::BaselineTable;
+use super::build_store::{cow_tainted, make_files_read_only, publish_build};
 use super::pause::Pauser;
 use super::process::{RequestError, SpawnSpec, WorkerProcess, kill_group, log_tail};
 use super::protocol::{
-    CandidateSpec, CompileRequest, CompileResponse, CompileStatusWire, EvaluateResponse,
-    PrepareRequest, ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody,
-    ResponseBody, TimingSpec, WorkerRole,
+    CandidateSpec, CompileRequest, CompileStatusWire, EvaluateResponse, PrepareRequest,
+    ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody, ResponseBody,
+    TimingSpec, WorkerRole,
 };
+use super::sandbox::{self, Overlay, SandboxLevel, SandboxMode, SandboxSpec};
 use crate::config::{BuildMode, EvalSection, Timeouts};
 use crate::services::{BuildPause, CompileJob, Compiler, DeviceId, ExecJob, Executor, Unavailable};
 use crate::types::{
-    CompileOutcome, CompileStatus, EvalMode, ExecOutcome, Precision, Problem, ProfileOutcome,
-    Verdict,
+    CompileOutcome, CompileStatus, EvalEnv, EvalMode, ExecOutcome, Precision, Problem,
+    ProfileOutcome, Verdict,
 };
 
 /// Written into a build dir after a good compile; its presence means "this build is usable".
@@ -92,6 +94,8 @@ pub struct WorkerSettings {
     /// The orchestrator's own `CUDA_VISIBLE_DEVICES` (set by the user or a scheduler), against which
     /// `DeviceId::Gpu(i)` is an index; see [`crate::gpu::worker_visible_device`].
     pub visible_devices: Option<String>,
+    /// `eval.sandbox`: confine every worker in namespaces (see [`super::sandbox`]).
+    pub sandbox: SandboxMode,
 }
 
 impl WorkerSettings {
@@ -124,6 +128,7 @@ impl WorkerSettings {
             cast_integer_inputs: false,
             extra_env: Vec::new(),
             visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
+            sandbox: SandboxMode::default(),
         };
         s.apply_eval(&eval);
         s
@@ -145,6 +150,7 @@ impl WorkerSettings {
         self.ncu = eval.ncu;
         self.build = eval.build;
         self.cast_integer_inputs = eval.cast_integer_inputs;
+        self.sandbox = eval.sandbox_mode();
         if let Some(dir) = &eval.build_cache {
             self.build_cache = dir.clone();
         }
@@ -279,6 +285,8 @@ pub struct WorkerPool {
     closed: AtomicBool,
     /// Stops the compile workers while the CPU device times a candidate.
     pauser: Arc<Pauser>,
+    /// What the workers run in (recorded in every result's `env.sandbox`).
+    sandbox_level: SandboxLevel,
 }
 
 impl std::fmt::Debug for WorkerPool {
@@ -338,7 +346,11 @@ impl WorkerPool {
                 .map_err(|e| WorkerError::io(what, dir, e))?;
         }
 
+        let sandbox_level = resolve_sandbox(&settings).await?;
+        let confine = sandbox_level.is_confined();
+        let visible = visible_dirs(&settings);
         let spec = |name: String, role, cvd: String, arch: Option<String>| SpawnSpec {
+            sandbox: confine.then(|| worker_sandbox(&settings, &name, &visible)),
             scratch: settings.scratch_root.join(&name),
             log_path: settings.log_dir.join(format!("{name}.log")),
             name,
@@ -468,6 +480,7 @@ impl WorkerPool {
             build_locks: StdMutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             settings,
+            sandbox_level,
         }))
     }
 
@@ -479,6 +492,11 @@ impl WorkerPool {
     /// The torch version the workers run (part of every build key).
     pub fn torch_version(&self) -> &str {
         &self.torch
+    }
+
+    /// The sandbox the workers run in.
+    pub fn sandbox_level(&self) -> &SandboxLevel {
+        &self.sandbox_level
     }
 
     /// The `TORCH_CUDA_ARCH_LIST` builds use.
@@ -663,6 +681,30 @@ impl WorkerPool {
         }
     }
 
+    /// Replace an evaluation worker whose view of the build cache was changed (see [`cow_tainted`]).
+    async fn check_cow(&self, slot: &Slot) {
+        let Some(overlay) = slot.spec.sandbox.as_ref().and_then(|s| s.overlays.first()) else {
+            return;
+        };
+        let upper = overlay.upper.clone();
+        let tainted = tokio::task::spawn_blocking(move || cow_tainted(&upper))
+            .await
+            .ok()
+            .flatten();
+        if let Some(path) = tainted {
+            tracing::warn!(
+                "worker {} changed its view of the build cache ({}); replacing it",
+                slot.spec.name,
+                path.display()
+            );
+            let mut state = slot.state.lock().await;
+            if let Some(mut p) = state.process.take() {
+                p.kill().await;
+            }
+            slot.pgid.store(0, Ordering::SeqCst);
+        }
+    }
+
     fn eval_slot(&self, device: &DeviceId) -> Option<&Slot> {
         self.eval_slots
             .iter()
@@ -733,8 +775,14 @@ impl WorkerPool {
         })
     }
 
-    async fn record_success(&self, build_dir: &Path, job: &CompileJob, response: &CompileResponse) {
-        let (feedback, duration_s) = (response.feedback.as_str(), response.duration_s);
+    async fn record_success(
+        &self,
+        build_dir: &Path,
+        job: &CompileJob,
+        feedback: &str,
+        duration_s: f64,
+        build_path: Option<String>,
+    ) {
         if let Err(e) = tokio::fs::copy(&job.log_path, build_dir.join(CACHED_LOG)).await {
             tracing::warn!(
                 "cannot keep compile log {} with the build: {e}",
@@ -750,7 +798,7 @@ impl WorkerPool {
             arch_list: self.arch_list.clone(),
             feedback: feedback.to_string(),
             duration_s,
-            build_path: response.build_path.clone(),
+            build_path,
         };
         let result = match serde_json::to_vec_pretty(&marker) {
             Ok(bytes) => write_atomic(&build_dir.join(SUCCESS_MARKER), &bytes).await,
@@ -759,6 +807,12 @@ impl WorkerPool {
         if let Err(e) = result {
             // Not fatal: the build is fine, the next identical candidate just compiles again.
             tracing::warn!("cannot write build marker in {}: {e}", build_dir.display());
+        }
+        // Written once, read-only afterwards.
+        let dir = build_dir.to_path_buf();
+        let sealed = tokio::task::spawn_blocking(move || make_files_read_only(&dir)).await;
+        if let Ok(Err(e)) = sealed {
+            tracing::warn!("cannot make build {} read-only: {e}", build_dir.display());
         }
     }
 
@@ -973,6 +1027,7 @@ impl WorkerPool {
         o.env.driver = self.settings.driver.clone();
         o.env.precision = Some(self.settings.precision.as_str().into());
         o.env.mode = Some(self.settings.mode.as_str().into());
+        o.env.sandbox = Some(self.sandbox_level.as_str().into());
         o
     }
 
@@ -994,7 +1049,10 @@ impl WorkerPool {
             ref_source: r.ref_runtime_source,
             speedup: r.speedup,
             feedback: r.feedback,
-            env: r.env.to_eval_env(self.settings.driver.clone()),
+            env: EvalEnv {
+                sandbox: Some(self.sandbox_level.as_str().into()),
+                ..r.env.to_eval_env(self.settings.driver.clone())
+            },
             device: device.to_string(),
             wall_ms: elapsed_ms(started),
             phases: r.phases.to_map(),
@@ -1100,30 +1158,59 @@ impl Compiler for WorkerPool {
         };
         // No build starts while the CPU device is timing.
         self.pauser.wait_unpaused().await;
+        let slot = &self.compile_slots[index];
+        // A sandboxed worker cannot write the run directory: it writes the compile log in its own
+        // scratch, and we copy it to the run's log.
+        let worker_log = match &slot.spec.sandbox {
+            Some(_) => slot.spec.scratch.join(WORKER_COMPILE_LOG),
+            None => job.log_path.clone(),
+        };
         let request = RequestBody::Compile(CompileRequest {
             source: job.code.clone(),
             build_dir: build_dir.to_string_lossy().into_owned(),
             arch_list: self.arch_list.clone(),
-            log_path: job.log_path.to_string_lossy().into_owned(),
+            log_path: worker_log.to_string_lossy().into_owned(),
             build: Some(self.settings.build.as_str().into()),
         });
-        let slot = &self.compile_slots[index];
-        match self.call(slot, request, self.deadlines.compile, true).await {
+        let result = self.call(slot, request, self.deadlines.compile, true).await;
+        if worker_log != job.log_path {
+            copy_log(&worker_log, &job.log_path).await;
+        }
+        match result {
             Ok(ResponseBody::Compile(r)) => {
-                let status = match r.status {
+                let mut status = match r.status {
                     CompileStatusWire::Ok => CompileStatus::Ok,
                     CompileStatusWire::CompileError => CompileStatus::Error,
                 };
+                let mut feedback = r.feedback;
+                let mut error = r.error;
+                if status == CompileStatus::Ok
+                    && let Some(sandbox) = &slot.spec.sandbox
+                    && let Err(e) =
+                        publish_build(sandbox, &self.settings.build_cache, &build_dir).await
+                {
+                    status = CompileStatus::Error;
+                    let message = format!("krefine could not store the build in the cache: {e}");
+                    feedback = message.clone();
+                    error = Some(message);
+                }
                 if status == CompileStatus::Ok {
-                    self.record_success(&build_dir, &job, &r).await;
+                    self.record_success(
+                        &build_dir,
+                        &job,
+                        &feedback,
+                        r.duration_s,
+                        r.build_path.clone(),
+                    )
+                    .await;
                 }
                 Ok(CompileOutcome {
                     status,
                     cached: false,
                     error_name: r.error_name,
-                    error: r.error,
-                    feedback: r.feedback,
-                    log_path: Some(r.log_path),
+                    error,
+                    feedback,
+                    log_path: Some(job.log_path.to_string_lossy().into_owned()),
                     build_dir: Some(build_dir.to_string_lossy().into_owned()),
                     duration_ms: elapsed_ms(started),
                     findings: Vec::new(),
@@ -1148,6 +1235,112 @@ impl Compiler for WorkerPool {
     async fn pause_builds(&self) -> Option<BuildPause> {
         Some(BuildPause::new(self.pauser.pause().await))
     }
+}
+
+/// The compile log a sandboxed compile worker writes, in its scratch folder.
+const WORKER_COMPILE_LOG: &str = "krefine-compile-job.log";
+/// Where a worker's copy-on-write layer of the build cache lives: `<scratch_root>/<name>.cow/`.
+const COW_SUFFIX: &str = "cow";
+
+/// Decide what the workers run in: probe the namespaces sandbox unless it is off.
+async fn resolve_sandbox(settings: &WorkerSettings) -> Result<SandboxLevel, WorkerError> {
+    if settings.sandbox == SandboxMode::Off {
+        return Ok(SandboxLevel::Off);
+    }
+    let python = settings.python.clone();
+    // With the build cache as an overlay, as the workers will have it (overlayfs refuses some file
+    // systems, e.g. NFS as the upper layer).
+    let cow = settings.scratch_root.join(format!(".probe.{COW_SUFFIX}"));
+    let overlay = Overlay {
+        target: settings.build_cache.clone(),
+        upper: cow.join("upper"),
+        work: cow.join("work"),
+    };
+    for d in [&overlay.upper, &overlay.work] {
+        tokio::fs::create_dir_all(d)
+            .await
+            .map_err(|e| WorkerError::io("create sandbox probe folder", d, e))?;
+    }
+    let probed = tokio::task::spawn_blocking(move || sandbox::probe(&python, Some(overlay)))
+        .await
+        .map_err(|e| WorkerError::Settings(format!("sandbox probe panicked: {e}")))?;
+    let _ = tokio::fs::remove_dir_all(&cow).await;
+    match (probed, settings.sandbox) {
+        (Ok(_), _) => Ok(SandboxLevel::Namespaces),
+        (Err(e), SandboxMode::Required) => Err(WorkerError::Settings(format!(
+            "eval.sandbox = \"required\" (the default in strict mode), but this machine cannot \
+             start a sandboxed worker: {e}"
+        ))),
+        (Err(e), _) => {
+            tracing::warn!(
+                "eval.sandbox = \"auto\": workers run WITHOUT a sandbox (candidate code has the \
+                 user's rights): {e}"
+            );
+            Ok(SandboxLevel::Unavailable(e.to_string()))
+        }
+    }
+}
+
+/// Folders a worker must still read where they lie under a hidden one (the home): the Python
+/// install, the harness, and the CUDA toolkit and library folders the environment names.
+fn visible_dirs(settings: &WorkerSettings) -> Vec<PathBuf> {
+    let mut dirs = sandbox::python_dirs(&settings.python);
+    dirs.push(settings.harness_dir.clone());
+    // The Hugging Face cache level-4 models load from (often under the hidden home).
+    for (name, value) in &settings.extra_env {
+        if name == "HF_HUB_CACHE" || name == "HF_HOME" {
+            dirs.push(PathBuf::from(value));
+        }
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(v) = std::env::var_os(var) {
+            dirs.push(PathBuf::from(v));
+        }
+    }
+    for var in ["PATH", "LD_LIBRARY_PATH"] {
+        if let Some(v) = std::env::var_os(var) {
+            dirs.extend(std::env::split_paths(&v));
+        }
+    }
+    dirs.retain(|d| d.is_absolute());
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
+/// The file system view of worker `name`: everything read-only, its scratch writable, the other
+/// workers' scratch folders, the home and `/tmp` hidden, and the build cache copy-on-write (its
+/// writes stay in `<scratch_root>/<name>.cow`; compile results are published by [`publish_build`]).
+fn worker_sandbox(settings: &WorkerSettings, name: &str, visible: &[PathBuf]) -> SandboxSpec {
+    let scratch = settings.scratch_root.join(name);
+    let cow = settings.scratch_root.join(format!("{name}.{COW_SUFFIX}"));
+    let mut hidden = SandboxSpec::default_hidden();
+    hidden.push(settings.scratch_root.clone());
+    SandboxSpec {
+        writable: vec![scratch.clone(), cow.clone()],
+        visible: visible.to_vec(),
+        hidden,
+        overlays: vec![Overlay {
+            target: settings.build_cache.clone(),
+            upper: cow.join("upper"),
+            work: cow.join("work"),
+        }],
+        cwd: scratch,
+    }
+}
+
+/// Copy a sandboxed worker's compile log to the run's log (a missing one is left missing).
+async fn copy_log(from: &Path, to: &Path) {
+    if tokio::fs::metadata(from).await.is_err() {
+        return;
+    }
+    if let Some(dir) = to.parent() {
+        let _ = tokio::fs::create_dir_all(dir).await;
+    }
+    if let Err(e) = tokio::fs::copy(from, to).await {
+        tracing::warn!("cannot copy compile log to {}: {e}", to.display());
+    }
+    let _ = tokio::fs::remove_file(from).await;
 }
 
 #[async_trait]
@@ -1223,6 +1416,7 @@ impl Executor for WorkerPool {
         if let Some(n) = serde_json::Number::from_f64(prepare_s) {
             outcome.phases.insert("prepare_s".into(), Value::Number(n));
         }
+        self.check_cow(slot).await;
         Ok(outcome)
     }
 
@@ -1247,7 +1441,9 @@ impl Executor for WorkerPool {
             row_limit: self.settings.profile_rows,
             ncu: self.settings.ncu,
         });
-        match self.call(slot, request, self.deadlines.profile, true).await {
+        let result = self.call(slot, request, self.deadlines.profile, true).await;
+        self.check_cow(slot).await;
+        match result {
             Ok(ResponseBody::Profile(r)) => Ok(Self::profile_outcome(r, started)),
             Ok(other) => Ok(Self::profile_failure(
                 CallError::Request(RequestError::Protocol {

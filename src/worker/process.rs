@@ -25,6 +25,7 @@ use super::harness::HARNESS_ENTRY;
 use super::protocol::{
     Ready, Request, RequestBody, Response, ResponseBody, WorkerRole, parse_response,
 };
+use super::sandbox::SandboxSpec;
 
 /// Longest response line accepted. Real responses are kilobytes (feedback is trimmed to ~4 KB,
 /// tracebacks and metadata a few more); anything this long is a broken or hostile stream.
@@ -146,6 +147,8 @@ pub struct SpawnSpec {
     /// Variables set on purpose by the orchestrator (the Hugging Face cache and offline mode);
     /// still subject to the secret filter.
     pub extra_env: Vec<(String, OsString)>,
+    /// The namespaces sandbox to start the worker in (`None`: unconfined). See [`super::sandbox`].
+    pub sandbox: Option<SandboxSpec>,
 }
 
 /// The complete environment of a worker: an allowlist, never anything that looks like a secret.
@@ -354,6 +357,22 @@ impl WorkerProcess {
     /// Start a worker and wait (up to `spec.load_timeout`) for its `ready` line.
     pub async fn spawn(spec: &SpawnSpec) -> Result<WorkerProcess, WorkerError> {
         prepare_scratch(&spec.scratch).await?;
+        if let Some(sandbox) = &spec.sandbox {
+            // Overlay layers live in the scratch folder, which was just emptied.
+            // Overlay layers start empty at every spawn: nothing one incarnation wrote survives.
+            for o in &sandbox.overlays {
+                if let Some(parent) = o.upper.parent() {
+                    reset_dir(parent)
+                        .await
+                        .map_err(|e| WorkerError::io("reset overlay folder", parent, e))?;
+                }
+                for dir in [&o.upper, &o.work] {
+                    reset_dir(dir)
+                        .await
+                        .map_err(|e| WorkerError::io("reset overlay folder", dir, e))?;
+                }
+            }
+        }
         let (log_file, log_start) = open_log(spec).await?;
 
         let script = spec.harness_dir.join(HARNESS_ENTRY);
@@ -379,6 +398,19 @@ impl WorkerProcess {
                 nix::unistd::setsid().map_err(std::io::Error::from)?;
                 Ok(())
             });
+        }
+        // The sandbox, entered after `setsid` so the supervisor it leaves outside keeps the pid, the
+        // session and the process group we kill.
+        if let Some(sandbox) = &spec.sandbox {
+            let mut prepared = sandbox.prepare().map_err(|e| WorkerError::Spawn {
+                worker: spec.name.clone(),
+                program: spec.python.clone(),
+                source: std::io::Error::other(e),
+            })?;
+            // SAFETY: `enter` makes only async-signal-safe system calls on data prepared above.
+            unsafe {
+                cmd.pre_exec(move || prepared.enter());
+            }
         }
         let mut child = cmd.spawn().map_err(|source| WorkerError::Spawn {
             worker: spec.name.clone(),
@@ -808,6 +840,39 @@ async fn prepare_scratch(scratch: &Path) -> Result<(), WorkerError> {
         .map_err(|e| WorkerError::io("create scratch folder", scratch, e))
 }
 
+/// Remove and re-create `dir`. overlayfs leaves a `work/work` folder with mode 000, which a normal
+/// user cannot remove until it is made writable again.
+async fn reset_dir(dir: &Path) -> std::io::Result<()> {
+    let d = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = std::fs::remove_dir_all(&d) {
+            match e.kind() {
+                std::io::ErrorKind::NotFound => {}
+                std::io::ErrorKind::PermissionDenied => {
+                    make_dirs_writable(&d);
+                    std::fs::remove_dir_all(&d)?;
+                }
+                _ => return Err(e),
+            }
+        }
+        std::fs::create_dir_all(&d)
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
+fn make_dirs_writable(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                make_dirs_writable(&e.path());
+            }
+        }
+    }
+}
+
 /// Open the worker log for appending (rotating an oversized one) and write a header; returns the file
 /// for the child's stderr and the offset where this incarnation's output starts.
 async fn open_log(spec: &SpawnSpec) -> Result<(std::fs::File, u64), WorkerError> {
@@ -875,6 +940,7 @@ mod tests {
                 ("HF_HUB_OFFLINE".into(), "1".into()),
                 ("HF_TOKEN".into(), "hf_secret".into()),
             ],
+            sandbox: None,
         }
     }
 

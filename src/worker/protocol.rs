@@ -340,6 +340,7 @@ impl WireEnv {
             integer_inputs: self.integer_inputs.clone(),
             transformers: self.transformers.clone(),
             python: self.python.clone(),
+            sandbox: None,
         }
     }
 }

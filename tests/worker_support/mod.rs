@@ -10,8 +10,13 @@ use krefine::services::{CompileJob, DeviceId, ExecJob};
 use krefine::types::{Problem, ProblemKey, TaskId};
 use krefine::worker::{WorkerSettings, deploy_harness, find_python};
 
+/// The repository: `KREFINE_REPO_ROOT` when set (a test binary copied to another machine, e.g. the
+/// GPU procedure in bench/gpu/sandbox.sh), else where it was built.
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    match std::env::var_os("KREFINE_REPO_ROOT") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+    }
 }
 
 /// The Python with torch the tests run workers with: `KREFINE_TEST_PYTHON`, else `.venv/bin/python`

@@ -1,0 +1,163 @@
+//! The shared build cache on disk, as the sandbox needs it: publishing a finished build from a
+//! compile worker's copy-on-write layer (only the orchestrator writes the cache), sealing builds
+//! read-only, and telling whether an evaluation worker changed its view of the cache.
+
+use std::path::{Path, PathBuf};
+
+use super::sandbox::SandboxSpec;
+
+/// Copy a finished build from the compile worker's copy-on-write layer into the shared cache (write
+/// to a temporary name, then rename) and make its files read-only. Only the orchestrator writes the
+/// cache, so no candidate can change another's build.
+pub(crate) async fn publish_build(
+    sandbox: &SandboxSpec,
+    cache: &Path,
+    build_dir: &Path,
+) -> std::io::Result<()> {
+    let (Some(overlay), Ok(rel)) = (sandbox.overlays.first(), build_dir.strip_prefix(cache)) else {
+        return Err(std::io::Error::other(format!(
+            "{} is not inside the build cache {}",
+            build_dir.display(),
+            cache.display()
+        )));
+    };
+    let src = overlay.upper.join(rel);
+    let dst = build_dir.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut tmp = dst.as_os_str().to_os_string();
+        tmp.push(format!(".publish-{}", std::process::id()));
+        let tmp = PathBuf::from(tmp);
+        remove_tree(&tmp)?;
+        copy_tree(&src, &tmp)?;
+        // A folder without a success marker is a leftover: replace it.
+        remove_tree(&dst)?;
+        std::fs::rename(&tmp, &dst)?;
+        make_files_read_only(&dst)
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
+fn remove_tree(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// Copy folders, regular files and symlinks (overlayfs whiteouts and other special files are
+/// skipped: a fresh build has none).
+fn copy_tree(src: &Path, dst: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dst)?;
+    for entry in std::fs::read_dir(src)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let to = dst.join(entry.file_name());
+        if kind.is_dir() {
+            copy_tree(&entry.path(), &to)?;
+        } else if kind.is_file() {
+            std::fs::copy(entry.path(), &to)?;
+            // Keep modification times: ninja and Python's bytecode cache compare them, and a copy
+            // that looked newer than its outputs would be rebuilt (or rewritten) at every load.
+            let meta = entry.metadata()?;
+            let times = std::fs::FileTimes::new()
+                .set_modified(meta.modified()?)
+                .set_accessed(meta.accessed()?);
+            std::fs::File::options()
+                .write(true)
+                .open(&to)?
+                .set_times(times)?;
+        } else if kind.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &to)?;
+        }
+    }
+    Ok(())
+}
+
+/// Make every regular file under `dir` read-only (folders stay writable: loading a build takes
+/// torch's lock file in it).
+pub(crate) fn make_files_read_only(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            make_files_read_only(&entry.path())?;
+        } else if kind.is_file() {
+            let mode = entry.metadata()?.permissions().mode();
+            std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(mode & 0o555))?;
+        }
+    }
+    Ok(())
+}
+
+/// What an evaluation legitimately leaves in its worker's copy-on-write layer of the build cache:
+/// folders copied up on the way to a file it wrote (torch's transient `lock` in the extension's
+/// folder) and each build's `load.log`. Anything else — a changed `.so`, a planted file, a deleted
+/// one (an overlayfs whiteout) or an emptied folder (an opaque one) — would change what later
+/// candidates in this worker load, so the worker is replaced; the path found is returned.
+pub(crate) fn cow_tainted(upper: &Path) -> Option<PathBuf> {
+    fn walk(dir: &Path, depth: usize) -> Option<PathBuf> {
+        let entries = std::fs::read_dir(dir).ok()?;
+        for e in entries.flatten() {
+            let path = e.path();
+            let Ok(kind) = e.file_type() else {
+                return Some(path);
+            };
+            if kind.is_dir() {
+                if is_opaque(&path) {
+                    return Some(path);
+                }
+                if let Some(p) = walk(&path, depth + 1) {
+                    return Some(p);
+                }
+            } else if !(kind.is_file() && depth == 1 && e.file_name() == "load.log") {
+                return Some(path);
+            }
+        }
+        None
+    }
+    walk(upper, 0)
+}
+
+/// Whether overlayfs marked this upper folder opaque (it hides the lower folder's content).
+fn is_opaque(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    let mut buf = [0u8; 4];
+    // SAFETY: NUL-terminated path and attribute name, a buffer of the length passed.
+    let n = unsafe {
+        libc::lgetxattr(
+            path.as_ptr(),
+            c"user.overlay.opaque".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    n >= 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_on_write_layer_taint() {
+        let tmp = tempfile::tempdir().unwrap();
+        let upper = tmp.path();
+        assert_eq!(cow_tainted(upper), None);
+        std::fs::create_dir_all(upper.join("k1/ext")).unwrap();
+        std::fs::write(upper.join("k1/load.log"), "x").unwrap();
+        assert_eq!(cow_tainted(upper), None, "copied-up folders and load.log");
+        std::fs::write(upper.join("k1/ext/model.so"), "forged").unwrap();
+        assert_eq!(cow_tainted(upper), Some(upper.join("k1/ext/model.so")));
+        std::fs::remove_file(upper.join("k1/ext/model.so")).unwrap();
+        std::fs::write(upper.join("k1/ext/load.log"), "x").unwrap();
+        assert!(
+            cow_tainted(upper).is_some(),
+            "load.log only at a build's top"
+        );
+    }
+}
