@@ -578,6 +578,10 @@ pub struct EvalSection {
     /// Where compiled extensions are cached (content-addressed); default `<output.dir>/.build-cache`.
     #[serde(default)]
     pub build_cache: Option<PathBuf>,
+    /// `fast` (krefine's faster build of `load_inline`, falling back to the plain one) or `plain`
+    /// (torch's own build, nothing changed).
+    #[serde(default)]
+    pub build: BuildMode,
     #[serde(default)]
     pub timeouts: Timeouts,
     #[serde(default)]
@@ -646,12 +650,31 @@ impl Default for EvalSection {
             ncu: false,
             recycle_after: default_recycle(),
             build_cache: None,
+            build: BuildMode::default(),
             timeouts: Timeouts::default(),
             simulated: SimulatedSection::default(),
             checks: ChecksSection::default(),
             cast_integer_inputs: false,
             hf: crate::hf::HfSection::default(),
             sandbox: None,
+        }
+    }
+}
+
+/// How candidates' `load_inline` extensions are built (see `src/harness/kb_build.py`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum BuildMode {
+    #[default]
+    Fast,
+    Plain,
+}
+
+impl BuildMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BuildMode::Fast => "fast",
+            BuildMode::Plain => "plain",
         }
     }
 }
@@ -1012,6 +1035,17 @@ answers = "answers.jsonl"
         assert_eq!(c.eval.precision, Precision::Fp32);
         assert_eq!(c.resources.devices, DeviceSelection::Auto);
         assert_eq!(c.dataset.problems, "all");
+    }
+
+    #[test]
+    fn eval_build_defaults_to_fast_and_takes_plain() {
+        assert_eq!(p(MIN, &[]).unwrap().config.eval.build, BuildMode::Fast);
+        let plain = p(MIN, &["eval.build=plain"]).unwrap().config;
+        assert_eq!(plain.eval.build, BuildMode::Plain);
+        let e = p(&format!("{MIN}\n[eval]\nbuild = \"quick\"\n"), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("build") && e.contains("line 9"), "{e}");
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! `krefine bench scheduler`: the engine against simulated services, time scaled down, to measure how
 //! close the schedule comes to its lower bound and what the orchestrator itself costs.
+//! `krefine bench compile` (in `bench_compile`): plain and fast builds of real candidates side by side.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
@@ -43,6 +45,29 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 200.0)]
         scale: f64,
     },
+    /// Compile benchmark: each candidate built the plain load_inline way and krefine's fast way, cold,
+    /// side by side in one run, with the ratio.
+    Compile {
+        /// Candidate files, or folders of them (`*.py`).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// The Python with torch (default: the first python3/python on PATH that imports torch).
+        #[arg(long)]
+        python: Option<PathBuf>,
+        /// TORCH_CUDA_ARCH_LIST for the builds (for example 9.0).
+        #[arg(long)]
+        arch: Option<String>,
+        /// Builds at once, each a fresh Python process with its own build folder.
+        #[arg(long, default_value_t = 1)]
+        jobs: usize,
+        /// Also compare the machine code of both builds (cuobjdump -sass for CUDA objects, objdump -d
+        /// for host objects).
+        #[arg(long)]
+        compare_code: bool,
+        /// Build here and keep the builds (default: a temporary folder, removed afterwards).
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+    },
     /// Terminal UI benchmark: fold a synthetic run's log, then draw frames of it in memory.
     Tui {
         #[arg(long, default_value_t = 250)]
@@ -69,6 +94,25 @@ pub enum BenchCmd {
 
 pub fn bench(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
     match cmd {
+        BenchCmd::Compile {
+            paths,
+            python,
+            arch,
+            jobs,
+            compare_code,
+            work_dir,
+        } => {
+            let out = super::bench_compile::run(super::bench_compile::CompileBench {
+                paths,
+                python,
+                arch,
+                jobs,
+                compare_code,
+                work_dir,
+            })?;
+            super::print_out(&out)?;
+            Ok(ExitCode::SUCCESS)
+        }
         BenchCmd::Tui {
             tasks,
             turns,

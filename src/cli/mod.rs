@@ -2,6 +2,7 @@
 
 mod baseline;
 mod bench;
+mod bench_compile;
 mod bench_sandbox;
 mod bench_tui;
 mod check;

@@ -3,7 +3,9 @@
 A candidate is imported as a real module from `build_dir/candidate.py` (Triton-style decorators read
 their source from the file). Its `load_inline` call does the nvcc/ninja build during the import; we
 capture fds 1 and 2 at the OS level while it runs, so compiler output lands in the log even when the
-candidate passes `verbose=True` (torch then writes ninja's output straight to fd 1).
+candidate passes `verbose=True` (torch then writes ninja's output straight to fd 1). During the import
+`load_inline` builds the fast way with the plain way as the fallback (`kb_build`); the compile step
+records the path each extension took and later imports of the build replay it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import kb_build
 import kb_feedback
 
 CANDIDATE_FILE = "candidate.py"
@@ -215,20 +218,30 @@ def _set_build_env(build_dir: str, arch_list: str | None) -> None:
         os.environ["TORCH_CUDA_ARCH_LIST"] = chosen
 
 
-def _recorded_arch_list(build_dir: str) -> str | None:
-    """The arch list the compile step used, so a later import sees the same ninja flags (no rebuild)."""
+def read_build_info(build_dir: str) -> dict[str, Any]:
+    """What the compile step recorded about a build (`{}` when nothing usable is there)."""
     try:
         info = json.loads((Path(build_dir) / BUILD_INFO_FILE).read_text())
     except (OSError, ValueError):
-        return None
-    value = info.get("arch_list")
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _recorded_arch_list(build_dir: str) -> str | None:
+    """The arch list the compile step used, so a later import sees the same ninja flags (no rebuild)."""
+    value = read_build_info(build_dir).get("arch_list")
     return value if isinstance(value, str) else None
 
 
-def _record_build(build_dir: str, arch_list: str | None) -> None:
+def _record_build(build_dir: str, arch_list: str | None, ctx: kb_build.BuildContext) -> None:
     import torch
 
-    info = {"arch_list": arch_list, "torch": torch.__version__}
+    info = {
+        "arch_list": arch_list,
+        "torch": torch.__version__,
+        "build_path": ctx.build_path(),
+        "extensions": [b.to_json() for b in ctx.builds],
+    }
     (Path(build_dir) / BUILD_INFO_FILE).write_text(json.dumps(info))
 
 
@@ -251,6 +264,8 @@ class LoadResult:
     candidate_path: str
     log_path: str
     duration_s: float
+    # Which way the extensions were built (`fast`, `plain`, `fallback:<why>`); None: none was built.
+    build_path: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -258,12 +273,18 @@ class LoadResult:
 
 
 def load_candidate(
-    source: str, build_dir: str, log_path: str, arch_list: str | None = None, record: bool = False
+    source: str,
+    build_dir: str,
+    log_path: str,
+    arch_list: str | None = None,
+    record: bool = False,
+    build_mode: str = kb_build.FAST,
 ) -> LoadResult:
     """Write the source to build_dir/candidate.py and import it with fds captured into log_path.
 
-    `record=True` (the compile op) stores the arch list it built with; otherwise the recorded one is
-    reused so the import finds the compile step's build up to date.
+    `record=True` (the compile op) builds in `build_mode` (`fast` falls back to `plain` on any error)
+    and stores the arch list and build paths it used; otherwise the recorded ones are replayed so the
+    import finds the compile step's build up to date.
     """
     started = time.perf_counter()
     build = os.path.abspath(build_dir)
@@ -273,11 +294,17 @@ def load_candidate(
     _write_if_changed(Path(candidate_path), source)
     _set_build_env(build, arch_list if record else _recorded_arch_list(build))
     _reset_extension_versions()
+    ctx = kb_build.BuildContext(
+        mode=build_mode,
+        pch_root=kb_build.pch_root_for(build),
+        replay=None if record else kb_build.read_replay(read_build_info(build)),
+    )
     name = module_name_for(build)
     sys.modules.pop(name, None)
-    module, exc = _import_file(name, candidate_path, log_path)
+    with kb_build.patched_load_inline(ctx):
+        module, exc = _import_file(name, candidate_path, log_path)
     if record and exc is None:
-        _record_build(build, arch_list)
+        _record_build(build, arch_list, ctx)
     model_new = getattr(module, "ModelNew", None) if module is not None else None
     if exc is None and model_new is None:
         sys.modules.pop(name, None)
@@ -292,6 +319,7 @@ def load_candidate(
         candidate_path=candidate_path,
         log_path=log_path,
         duration_s=time.perf_counter() - started,
+        build_path=ctx.build_path(),
     )
 
 
@@ -335,8 +363,16 @@ def unload_candidate(result: LoadResult) -> None:
 
 def handle_compile(request: dict[str, Any]) -> dict[str, Any]:
     """`op: compile`: build and import, report KernelBench-style error names and trimmed feedback."""
+    mode = request.get("build") or kb_build.FAST
+    if mode not in kb_build.BUILD_MODES:
+        mode = kb_build.FAST
     result = load_candidate(
-        request["source"], request["build_dir"], request["log_path"], request["arch_list"], record=True
+        request["source"],
+        request["build_dir"],
+        request["log_path"],
+        request["arch_list"],
+        record=True,
+        build_mode=mode,
     )
     unload_candidate(result)
     return {
@@ -349,4 +385,5 @@ def handle_compile(request: dict[str, Any]) -> dict[str, Any]:
         "feedback": result.feedback,
         "log_path": request["log_path"],
         "duration_s": round(result.duration_s, 6),
+        "build_path": result.build_path,
     }

@@ -173,6 +173,8 @@ class CompileResponse(TypedDict):
     feedback: str
     log_path: str
     duration_s: float
+    # `fast`, `plain` or `fallback:<why>`; null when the candidate built no extension.
+    build_path: str | None
 
 
 class EvalEnv(TypedDict):

@@ -34,7 +34,7 @@ use super::protocol::{
     TimingSpec, WorkerRole,
 };
 use super::sandbox::{self, Overlay, SandboxLevel, SandboxMode, SandboxSpec};
-use crate::config::{EvalSection, Timeouts};
+use crate::config::{BuildMode, EvalSection, Timeouts};
 use crate::services::{BuildPause, CompileJob, Compiler, DeviceId, ExecJob, Executor, Unavailable};
 use crate::types::{
     CompileOutcome, CompileStatus, EvalEnv, EvalMode, ExecOutcome, Precision, Problem,
@@ -63,6 +63,8 @@ pub struct WorkerSettings {
     pub log_dir: PathBuf,
     /// Content-addressed build directories.
     pub build_cache: PathBuf,
+    /// How `load_inline` extensions are built (`eval.build`).
+    pub build: BuildMode,
     /// Persistent compile worker processes (at least 1).
     pub compile_workers: usize,
     /// One evaluation worker per device.
@@ -107,6 +109,7 @@ impl WorkerSettings {
             scratch_root: work_dir.join("scratch"),
             log_dir: work_dir.join("workers"),
             build_cache: work_dir.join("build-cache"),
+            build: BuildMode::default(),
             compile_workers: 1,
             devices: vec![DeviceId::Cpu],
             arch_list: None,
@@ -145,6 +148,7 @@ impl WorkerSettings {
         self.recycle_after = eval.recycle_after;
         self.profile_rows = eval.profile_rows;
         self.ncu = eval.ncu;
+        self.build = eval.build;
         self.cast_integer_inputs = eval.cast_integer_inputs;
         self.sandbox = eval.sandbox_mode();
         if let Some(dir) = &eval.build_cache {
@@ -261,6 +265,9 @@ struct BuildMarker {
     arch_list: Option<String>,
     feedback: String,
     duration_s: f64,
+    /// How the build was made (`fast`, `plain`, `fallback:<why>`), reported again on a cache hit.
+    #[serde(default)]
+    build_path: Option<String>,
 }
 
 pub struct WorkerPool {
@@ -508,12 +515,16 @@ impl WorkerPool {
 
     fn build_key(&self, source: &str) -> String {
         let mut h = blake3::Hasher::new();
-        for part in [
+        let mut parts = vec![
             source,
             self.torch.as_str(),
             self.arch_list.as_deref().unwrap_or(""),
-        ] {
-            // Length prefixes: ("ab", "c") and ("a", "bc") must not collide.
+        ];
+        // A plain build is its own artifact; fast builds keep the keys builds had before `eval.build`.
+        if self.settings.build == BuildMode::Plain {
+            parts.push("plain");
+        }
+        for part in parts {
             h.update(&(part.len() as u64).to_le_bytes());
             h.update(part.as_bytes());
         }
@@ -760,7 +771,7 @@ impl WorkerPool {
             build_dir: Some(build_dir.to_string_lossy().into_owned()),
             duration_ms: elapsed_ms(started),
             findings: Vec::new(),
-            build_path: None,
+            build_path: marker.build_path,
         })
     }
 
@@ -770,6 +781,7 @@ impl WorkerPool {
         job: &CompileJob,
         feedback: &str,
         duration_s: f64,
+        build_path: Option<String>,
     ) {
         if let Err(e) = tokio::fs::copy(&job.log_path, build_dir.join(CACHED_LOG)).await {
             tracing::warn!(
@@ -786,6 +798,7 @@ impl WorkerPool {
             arch_list: self.arch_list.clone(),
             feedback: feedback.to_string(),
             duration_s,
+            build_path,
         };
         let result = match serde_json::to_vec_pretty(&marker) {
             Ok(bytes) => write_atomic(&build_dir.join(SUCCESS_MARKER), &bytes).await,
@@ -1157,6 +1170,7 @@ impl Compiler for WorkerPool {
             build_dir: build_dir.to_string_lossy().into_owned(),
             arch_list: self.arch_list.clone(),
             log_path: worker_log.to_string_lossy().into_owned(),
+            build: Some(self.settings.build.as_str().into()),
         });
         let result = self.call(slot, request, self.deadlines.compile, true).await;
         if worker_log != job.log_path {
@@ -1181,8 +1195,14 @@ impl Compiler for WorkerPool {
                     error = Some(message);
                 }
                 if status == CompileStatus::Ok {
-                    self.record_success(&build_dir, &job, &feedback, r.duration_s)
-                        .await;
+                    self.record_success(
+                        &build_dir,
+                        &job,
+                        &feedback,
+                        r.duration_s,
+                        r.build_path.clone(),
+                    )
+                    .await;
                 }
                 Ok(CompileOutcome {
                     status,
@@ -1194,7 +1214,7 @@ impl Compiler for WorkerPool {
                     build_dir: Some(build_dir.to_string_lossy().into_owned()),
                     duration_ms: elapsed_ms(started),
                     findings: Vec::new(),
-                    build_path: None,
+                    build_path: r.build_path,
                 })
             }
             // `request` checks that the response kind matches the op, so this cannot happen.

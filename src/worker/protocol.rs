@@ -83,6 +83,9 @@ pub struct CompileRequest {
     /// `TORCH_CUDA_ARCH_LIST` for the build; `null` keeps the worker's start-up value.
     pub arch_list: Option<String>,
     pub log_path: String,
+    /// `fast` or `plain` (see `eval.build`); absent means `fast`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -243,6 +246,10 @@ pub struct CompileResponse {
     pub feedback: String,
     pub log_path: String,
     pub duration_s: f64,
+    /// How the extensions were built: `fast`, `plain`, `fallback:<why>`; null when none was built
+    /// (absent from workers older than the field).
+    #[serde(default)]
+    pub build_path: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,306 @@
+"""The fast build (kb_build): header narrowing, the shared precompiled header, the fallback to the plain
+build, and replaying a recorded build path. The real C++ builds reuse the session's compile worker
+(conftest `compiled`) where they can; one more real build checks a fallback that succeeds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kb_build
+import kb_compile
+from harness_client import HARNESS_DIR
+
+TINY_PCH = "#include <vector>\n#include <string>\n"
+TINY_FLAGS = ["-std=c++17", "-fPIC"]
+
+
+def test_narrowing_replaces_only_the_extension_header() -> None:
+    source = '#include <torch/extension.h>\n# include "torch/extension.h" // again\n__global__ void k() {}\n'
+    narrowed = kb_build.narrow_cuda_sources([source, "int x;"])
+    assert narrowed is not None
+    assert "torch/extension.h" not in narrowed[0]
+    assert narrowed[0].count("#include <torch/types.h>") == 2
+    assert narrowed[0].endswith("__global__ void k() {}\n") and narrowed[1] == "int x;"
+    # Nothing to narrow, or a file that writes bindings itself: left alone.
+    assert kb_build.narrow_cuda_sources(["#include <torch/types.h>\n"]) is None
+    with_bindings = "#include <torch/extension.h>\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}\n"
+    assert kb_build.narrow_cuda_sources([with_bindings]) is None
+
+
+def test_build_path_summarises_the_extensions(tmp_path: Path) -> None:
+    ctx = kb_build.BuildContext(mode=kb_build.FAST, pch_root=tmp_path)
+    assert ctx.build_path() is None
+    ctx.builds.append(kb_build.ExtensionBuild("a", kb_build.FAST))
+    assert ctx.build_path() == "fast"
+    ctx.builds.append(kb_build.ExtensionBuild("b", kb_build.PLAIN, why="options"))
+    assert ctx.build_path() == "plain"
+    ctx.builds.append(kb_build.ExtensionBuild("c", "fallback", why="fast-build-failed"))
+    assert ctx.build_path() == "fallback:fast-build-failed"
+
+
+def test_main_cpp_flags_are_torchs_without_the_extension_name() -> None:
+    flags = kb_build.main_cpp_flags(["-O3"], None, with_cuda=False)
+    assert flags is not None
+    assert "-DTORCH_API_INCLUDE_EXTENSION_H" in flags and "-std=c++17" in flags
+    assert flags[-1] == "-O3"
+    assert not any(f.startswith("-DTORCH_EXTENSION_NAME") for f in flags)
+
+
+def _compiler() -> str:
+    from torch.utils import cpp_extension
+
+    return cpp_extension.get_cxx_compiler()
+
+
+def test_concurrent_pch_builds_share_one_valid_header(tmp_path: Path) -> None:
+    """Two processes asking for the same PCH at once: one builds, the other waits; both get the same,
+    complete header, no temporary folder is left, and GCC accepts the PCH."""
+    root = tmp_path / "pch"
+    script = textwrap.dedent(
+        f"""
+        import sys, json
+        from pathlib import Path
+        sys.path.insert(0, {str(HARNESS_DIR)!r})
+        import kb_build
+        r = kb_build.ensure_pch(Path({str(root)!r}), {_compiler()!r}, {TINY_FLAGS!r}, text={TINY_PCH!r})
+        print(json.dumps(r.header))
+        """
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    headers = [p.communicate(timeout=300)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert headers[0] == headers[1] and headers[0] != "null"
+    header = Path(headers[0].strip('"'))
+    entries = sorted(p.name for p in root.iterdir())
+    key = header.parent.name
+    assert entries == [key, f"{key}.lock"]
+    assert header.read_text() == TINY_PCH
+    main = tmp_path / "m.cpp"
+    main.write_text("int main() { std::vector<std::string> v; return (int)v.size(); }\n")
+    used = subprocess.run(
+        [_compiler(), *TINY_FLAGS, "-include", str(header), "-Winvalid-pch", "-H", "-c", str(main),
+         "-o", str(tmp_path / "m.o")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert f"! {header}.gch" in used.stderr  # GCC's mark for a PCH it used
+    assert "invalid" not in used.stderr
+
+
+def test_a_pch_that_cannot_be_built_is_remembered(tmp_path: Path) -> None:
+    root = tmp_path / "pch"
+    first = kb_build.ensure_pch(root, _compiler(), TINY_FLAGS, text="#error no PCH here\n")
+    assert first.header is None and "no PCH here" in first.error
+    again = kb_build.ensure_pch(root, _compiler(), TINY_FLAGS, text="#error no PCH here\n")
+    assert again.header is None and "no PCH here" in again.error
+    assert [p.suffix for p in root.iterdir() if p.is_dir()] == []
+
+
+# ------------------------------------------------------------------------------------------ real builds
+
+
+@pytest.mark.slow
+def test_compile_records_fast_and_a_replay_rebuilds_nothing(
+    compiled: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    response = compiled["ok_cpp.py"]["response"]
+    assert response["status"] == "ok" and response["build_path"] == "fast"
+    build: Path = compiled["ok_cpp.py"]["build_dir"]
+    info = kb_compile.read_build_info(str(build))
+    assert info["build_path"] == "fast"
+    [ext] = info["extensions"]
+    assert ext["name"] == "krefine_fixture_ok_add" and ext["path"] == "fast" and ext["pch"]
+    assert Path(ext["pch"]).parent.parent == kb_build.pch_root_for(str(build))
+    objects = {p: p.stat().st_mtime_ns for p in build.rglob("*.o")}
+    so = {p: p.stat().st_mtime_ns for p in build.rglob("*.so")}
+    # The GPU worker's import: same flags, so ninja finds everything up to date.
+    loaded = kb_compile.load_candidate(
+        (build / "candidate.py").read_text(), str(build), str(tmp_path / "load.log")
+    )
+    try:
+        assert loaded.ok, loaded.feedback
+        assert loaded.build_path == "fast"
+        assert {p: p.stat().st_mtime_ns for p in build.rglob("*.o")} == objects
+        assert {p: p.stat().st_mtime_ns for p in build.rglob("*.so")} == so
+        import torch
+
+        ext_module = loaded.module.add_ext  # type: ignore[union-attr]
+        # Loaded exactly as load_inline loads it: the module of that name, from the build dir.
+        assert ext_module.__name__ == "krefine_fixture_ok_add"
+        assert Path(ext_module.__file__).parent == build / "krefine_fixture_ok_add"
+        a, b = torch.arange(5.0), torch.full((5,), 2.0)
+        assert torch.equal(loaded.model_new()(a, b), a + b)
+    finally:
+        kb_compile.unload_candidate(loaded)
+
+
+@pytest.mark.slow
+def test_compile_error_falls_back_and_reports_the_plain_build(compiled: dict[str, dict[str, Any]]) -> None:
+    response = compiled["compile_error.py"]["response"]
+    assert response["status"] == "compile_error"
+    assert response["build_path"] == "fallback:fast-build-failed"
+    log = Path(response["log_path"]).read_text()
+    # The fast attempt's output is kept aside; the log (and its feedback) is the plain build's alone.
+    assert log.count("error: expected") == 1 and "-include" not in log
+    assert "building it the plain way" in log
+    attempt = next(compiled["compile_error.py"]["build_dir"].rglob(kb_build.FAST_ATTEMPT_LOG))
+    assert "-include" in attempt.read_text() and "error: expected" in attempt.read_text()
+
+
+FALLBACK_CANDIDATE = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+ext = load_inline(
+    name="krefine_fixture_fallback",
+    cpp_sources="torch::Tensor twice(torch::Tensor x) { return x * 2; }",
+    functions=["twice"],
+    extra_cflags=["-Werror"],
+)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return ext.twice(x)
+'''
+
+
+@pytest.mark.slow
+def test_a_candidate_that_only_builds_plain_still_builds(tmp_path: Path) -> None:
+    """An unusable PCH plus -Werror fails the fast build; the plain build succeeds and is recorded, and
+    a replay uses the plain build as it is."""
+    from torch.utils import cpp_extension
+
+    build = tmp_path / "builds" / "fallback"
+    flags = kb_build.main_cpp_flags(["-Werror"], None, with_cuda=False)
+    assert flags is not None
+    compiler = cpp_extension.get_cxx_compiler()
+    key_dir = kb_build.pch_root_for(str(build)) / kb_build.pch_key(compiler, flags)
+    key_dir.mkdir(parents=True)
+    (key_dir / kb_build.PCH_HEADER).write_text(kb_build.PCH_TEXT)
+    (key_dir / (kb_build.PCH_HEADER + ".gch")).write_bytes(b"not a PCH")
+    saved = {k: os.environ.get(k) for k in ("TORCH_EXTENSIONS_DIR", "TORCH_CUDA_ARCH_LIST", "TORCH_USE_CUDA_DSA")}
+    try:
+        result = kb_compile.load_candidate(
+            FALLBACK_CANDIDATE, str(build), str(tmp_path / "c.log"), record=True
+        )
+        assert result.ok, result.feedback
+        assert result.build_path == "fallback:fast-build-failed"
+        assert kb_compile.read_build_info(str(build))["build_path"] == "fallback:fast-build-failed"
+        assert "invalid-pch" in (build / "krefine_fixture_fallback" / kb_build.FAST_ATTEMPT_LOG).read_text()
+        import torch
+
+        x = torch.arange(4.0)
+        assert torch.equal(result.model_new()(x), x * 2)
+        kb_compile.unload_candidate(result)
+        objects = {p: p.stat().st_mtime_ns for p in build.rglob("*.o")}
+        again = kb_compile.load_candidate(FALLBACK_CANDIDATE, str(build), str(tmp_path / "d.log"))
+        assert again.ok and again.build_path == "fallback:fast-build-failed"
+        assert {p: p.stat().st_mtime_ns for p in build.rglob("*.o")} == objects
+        kb_compile.unload_candidate(again)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# --------------------------------------------------------------- the wrapper's decisions, without a compiler
+
+
+class FakeLoadInline:
+    """Stands in for torch's load_inline (same signature): records each call, fails fast builds on demand."""
+
+    def __init__(self, fail_fast: bool) -> None:
+        from torch.utils import cpp_extension
+
+        self.fail_fast = fail_fast
+        self.calls: list[dict[str, Any]] = []
+        self.__signature__ = __import__("inspect").signature(cpp_extension.load_inline)
+
+    def __call__(self, **kwargs: Any) -> str:
+        self.calls.append(kwargs)
+        from torch.utils import cpp_extension
+
+        cpp_extension.JIT_EXTENSION_VERSIONER.entries[kwargs["name"]] = len(self.calls)
+        if self.fail_fast and "-include" in (kwargs.get("extra_cflags") or []):
+            raise RuntimeError(f"Error building extension '{kwargs['name']}'")
+        return f"module {kwargs['name']}"
+
+
+def _fake_pch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    header = str(tmp_path / "pch" / "k" / kb_build.PCH_HEADER)
+    monkeypatch.setattr(kb_build, "ensure_pch", lambda *a, **k: kb_build.PchResult(header))
+    monkeypatch.setattr(kb_build, "_pch_supported", lambda compiler: True)
+    # No CUDA toolkit on CI: torch cannot name a CUDA build's flags there, so give the wrapper some.
+    monkeypatch.setattr(kb_build, "main_cpp_flags", lambda *a, **k: ["-std=c++17"])
+    return header
+
+
+CUDA_SRC = "#include <torch/extension.h>\n__global__ void k() {}\n"
+
+
+def test_fast_call_keeps_the_candidates_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    header = _fake_pch(monkeypatch, tmp_path)
+    fake = FakeLoadInline(fail_fast=False)
+    ctx = kb_build.BuildContext(mode=kb_build.FAST, pch_root=tmp_path / "pch")
+    cpp = ["torch::Tensor f(torch::Tensor x);"]
+    out = kb_build.FastLoadInline(fake, ctx)("ext", cpp, cuda_sources=CUDA_SRC, functions=["f"], extra_cflags=["-O3"])
+    assert out == "module ext" and len(fake.calls) == 1
+    call = fake.calls[0]
+    assert call["name"] == "ext" and call["functions"] == ["f"] and call["build_directory"] is None
+    assert call["extra_cflags"] == ["-include", header, "-Winvalid-pch", "-O3"]
+    assert "torch/extension.h" not in call["cuda_sources"][0]
+    assert call["cpp_sources"] == cpp and call["cpp_sources"] is not cpp  # torch appends to lists
+    assert ctx.build_path() == "fast"
+
+
+def test_failed_fast_call_is_repeated_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.utils import cpp_extension
+
+    _fake_pch(monkeypatch, tmp_path)
+    fake = FakeLoadInline(fail_fast=True)
+    ctx = kb_build.BuildContext(mode=kb_build.FAST, pch_root=tmp_path / "pch")
+    cpp_extension.JIT_EXTENSION_VERSIONER.entries.clear()
+    kwargs = {"cuda_sources": CUDA_SRC, "functions": ["f"], "build_directory": str(tmp_path / "ext")}
+    out = kb_build.FastLoadInline(fake, ctx)("ext", "decl;", **kwargs)
+    assert out == "module ext" and len(fake.calls) == 2
+    plain = fake.calls[1]
+    assert plain["extra_cflags"] is None and plain["cuda_sources"] == CUDA_SRC and plain["cpp_sources"] == "decl;"
+    # The fast attempt's version entry was rolled back, so the plain build keeps the extension's name.
+    assert cpp_extension.JIT_EXTENSION_VERSIONER.entries == {"ext": 2}
+    assert ctx.build_path() == "fallback:fast-build-failed"
+    assert "Error building extension 'ext'" in (tmp_path / "ext" / kb_build.FAST_ATTEMPT_LOG).read_text()
+    # A replay (the GPU worker's import) goes straight to the plain build.
+    replay = kb_build.BuildContext(
+        mode=kb_build.FAST, pch_root=tmp_path / "pch", replay=kb_build.read_replay({"extensions": [b.to_json() for b in ctx.builds]})
+    )
+    again = FakeLoadInline(fail_fast=True)
+    assert kb_build.FastLoadInline(again, replay)("ext", "decl;", **kwargs) == "module ext"
+    assert len(again.calls) == 1 and again.calls[0]["extra_cflags"] is None
+
+
+def test_plain_mode_and_opt_outs_call_load_inline_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_pch(monkeypatch, tmp_path)
+    for mode, kwargs, why in [
+        (kb_build.PLAIN, {}, "mode"),
+        (kb_build.FAST, {"use_pch": True}, "options"),
+        (kb_build.FAST, {"no_implicit_headers": True}, "options"),
+    ]:
+        fake = FakeLoadInline(fail_fast=False)
+        ctx = kb_build.BuildContext(mode=mode, pch_root=tmp_path / "pch")
+        kb_build.FastLoadInline(fake, ctx)("ext", "decl;", cuda_sources=CUDA_SRC, **kwargs)
+        assert fake.calls[0]["extra_cflags"] is None and fake.calls[0]["cuda_sources"] == CUDA_SRC
+        assert ctx.builds[0].why == why and ctx.build_path() == "plain"
