@@ -119,6 +119,7 @@ def evaluate_request(
     trials: int = 5,
     precision: str = "fp32",
     timing_trials: int = 100,
+    max_speedup: float | None = None,
 ) -> dict[str, Any]:
     return {
         "id": rid,
@@ -138,6 +139,7 @@ def evaluate_request(
             "l2_flush": True,
         },
         "reference_runtime": None,
+        "integrity": {"max_speedup": max_speedup, "peak_tflops": None, "peak_bandwidth_gbs": None},
     }
 
 
@@ -147,6 +149,7 @@ def prepare_request(
     """The `prepare` request the Rust side sends before each evaluate: the same fields, no candidate."""
     request = evaluate_request(rid, problem_code, "", Path("."), device=device, measure=measure, trials=trials)
     del request["candidate"]
+    del request["integrity"]
     request["op"] = "prepare"
     return request
 
