@@ -73,7 +73,8 @@ def apply_settings(settings: dict[str, Any]) -> None:
     torch.backends.cudnn.allow_tf32 = settings["tf32_cudnn"]
     torch.backends.cudnn.benchmark = settings["cudnn_benchmark"]
     torch.backends.cudnn.deterministic = settings["cudnn_deterministic"]
-    torch.use_deterministic_algorithms(settings["deterministic_algorithms"])
+    if torch.are_deterministic_algorithms_enabled() != settings["deterministic_algorithms"]:
+        torch.use_deterministic_algorithms(settings["deterministic_algorithms"])  # seconds: imports
     if torch.get_num_threads() != settings["num_threads"]:
         torch.set_num_threads(settings["num_threads"])
     torch.set_default_dtype(getattr(torch, settings["default_dtype"].removeprefix("torch.")))
@@ -95,13 +96,13 @@ class Integrity:
         self.pinned = pinned
         self.threads = {t.ident for t in _enumerate_threads()}
         self.native = native_threads()
-        self._seen: set[tuple[str, str]] = set()
+        self._seen: set[str] = set()
 
     def report(self, verdict: Verdict, category: str, message: str, fatal: bool = True) -> bool:
         """Record a finding. Returns False when it fails the candidate (strict mode, `fatal`)."""
         error = self.strict and fatal
-        if (category, message) not in self._seen:
-            self._seen.add((category, message))
+        if category not in self._seen:  # the first occurrence says when; one finding per category
+            self._seen.add(category)
             severity = "error" if error else "warning"
             verdict.findings.append({"category": category, "severity": severity, "message": message})
             if error:
@@ -549,18 +550,29 @@ def run_job(conn: Any, job: dict[str, Any], flusher: kb_timing.L2Flusher) -> dic
     return verdict_to_wire(verdict)
 
 
+def forkserver_context() -> Any:
+    """Candidate processes fork from a server process that has imported torch and this module and
+    never run a candidate or touched CUDA (fork is only unsafe after CUDA is initialised), so a new
+    process costs milliseconds plus its own device context, not a torch import (seconds). The server
+    is started (spawned) once per worker, on first use."""
+    import torch.multiprocessing as torch_mp
+
+    context = torch_mp.get_context("forkserver")
+    context.set_forkserver_preload(["kb_candidate", "kb_profile", "kb_sandbox", "torch.utils.cpp_extension"])
+    return context
+
+
 class CandidateProcess:
     """A single-use candidate process, started ahead of need (see the module doc)."""
 
     def __init__(self, device: str) -> None:
-        import torch.multiprocessing as torch_mp
-
-        context = torch_mp.get_context("spawn")
+        context = forkserver_context()
         self.device = device
         self.conn, child = context.Pipe(duplex=True)
         # Not daemonic: a candidate may start processes of its own (daemons may not).
         self.process = context.Process(target=child_main, args=(child, device, HARNESS_DIR), name="krefine-candidate")
         self.started = _perf_counter()
+        self.finished: float | None = None
         self.process.start()
         child.close()
         self.ready = False
@@ -587,10 +599,8 @@ class CandidateProcess:
             raise ChildDied(self.process.exitcode) from exc
         with contextlib.suppress(Exception):
             self.conn.send(("exit",))
-        self.process.join(10)
-        if self.process.exitcode is None:
-            self.kill()
-        self.conn.close()
+        # It exits by itself now; the worker reaps it later (see Worker.reap), not on this path.
+        self.finished = _perf_counter()
         return result
 
     def kill(self) -> None:

@@ -83,6 +83,8 @@ EXCESSIVE_SPEEDUP = 10.0
 DEFAULT_MAX_SPEEDUP = 50.0
 # A re-timed speedup confirms the first when it reaches this share of it.
 REVERIFY_KEEPS = 0.5
+# A candidate process still alive this long after its result is killed (it should exit at once).
+RETIRED_GRACE_S = 5.0
 # Warm candidate processes kept per device: on a GPU two, so back-to-back candidates never wait for a
 # spawn (4-9 s with the CUDA context); on the CPU one, started after a result so that warming never
 # competes with a candidate being timed on the same cores.
@@ -101,19 +103,35 @@ class Worker:
         self.flusher = kb_timing.L2Flusher()
         self.isolate = isolate
         self.spares: list[CandidateProcess] = []
+        # Processes that were handed a job; they exit by themselves and are reaped on the next take.
+        self.retired: list[CandidateProcess] = []
         # A candidate process that died: by default the worker ends the same way (see ChildDied).
         self.on_child_death = ChildDied.reproduce
         self.processes_started = 0
         multiprocessing.util.Finalize(self, _kill_all, args=(self.spares,), exitpriority=10)
+        multiprocessing.util.Finalize(self, _kill_all, args=(self.retired,), exitpriority=10)
 
     def take_process(self, device: str) -> tuple[CandidateProcess, float]:
         """A warm candidate process for `device` and how long we waited for it to be ready."""
+        self.reap()
         started = time.perf_counter()
         while self.spares and (self.spares[0].device != device or not self.spares[0].process.is_alive()):
             self.spares.pop(0).kill()
         process = self.spares.pop(0) if self.spares else self._start(device)
         process.wait_ready()
+        self.retired.append(process)
         return process, time.perf_counter() - started
+
+    def reap(self) -> None:
+        """Collect candidate processes that have finished (each exits by itself after its result)."""
+        for process in list(self.retired):
+            if not process.process.is_alive():
+                process.process.join(0)
+                process.conn.close()
+                self.retired.remove(process)
+            elif process.finished is not None and time.perf_counter() - process.finished > RETIRED_GRACE_S:
+                process.kill()
+                self.retired.remove(process)
 
     def warm_spares(self, device: str) -> None:
         if not self.isolate:
@@ -128,6 +146,7 @@ class Worker:
 
     def close(self) -> None:
         _kill_all(self.spares)
+        _kill_all(self.retired)
 
 
 def _kill_all(processes: list[CandidateProcess]) -> None:

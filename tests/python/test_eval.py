@@ -79,7 +79,21 @@ def test_correct_candidate(harness: Harness) -> None:
         "grad_mode": "no_grad",
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        # What krefine set in the candidate's process (the reference's settings).
+        "settings": {
+            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+            "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "num_threads": torch.get_num_threads(),
+            "default_dtype": "torch.float32",
+        },
+        "sandbox": None,
+        "isolation": "in_worker",
     }
+    assert r["findings"] == [] and r["speedup_check"]["flagged"] is False
     assert "Correctness: 5 / 5 trials passed" in r["feedback"]
     assert "speedup" in r["feedback"]
     # The reference is timed once per worker; the next candidate reuses it.
