@@ -421,6 +421,16 @@ pub struct EvalEnv {
     pub tf32_matmul: Option<bool>,
     #[serde(default)]
     pub tf32_cudnn: Option<bool>,
+    /// The settings krefine set in the candidate's process before importing it (the reference's:
+    /// TF32, cuDNN flags, threads, default dtype).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<serde_json::Value>,
+    /// What the per-candidate sandbox applied (`kb_sandbox.enter_candidate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<serde_json::Value>,
+    /// `process`: the candidate ran in its own single-use process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<String>,
 }
 
 /// Result of evaluating one compiled candidate on a device.

@@ -97,6 +97,18 @@ pub struct EvaluateRequest {
     pub correct_trials: u32,
     pub timing: TimingSpec,
     pub reference_runtime: Option<BaselineRuntime>,
+    /// The excessive-speedup guard's inputs.
+    pub integrity: Option<IntegritySpec>,
+}
+
+/// What the harness needs to bound a plausible speedup: `eval.max_speedup`, or the device's peak
+/// throughput and bandwidth for the roofline of the reference (from `prompt::gpu_specs`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+pub struct IntegritySpec {
+    pub max_speedup: Option<f64>,
+    /// Peak TFLOP/s at the run's precision.
+    pub peak_tflops: Option<f64>,
+    pub peak_bandwidth_gbs: Option<f64>,
 }
 
 /// Build the reference's cached data (model, every trial's inputs and outputs, the timing inputs and
@@ -115,8 +127,13 @@ pub struct PrepareRequest {
 }
 
 impl PrepareRequest {
-    /// The evaluate request that follows: the same problem and settings, plus the candidate.
-    pub fn evaluate(&self, candidate: CandidateSpec) -> EvaluateRequest {
+    /// The evaluate request that follows: the same problem and settings, plus the candidate and
+    /// the excessive-speedup guard's inputs.
+    pub fn evaluate(
+        &self,
+        candidate: CandidateSpec,
+        integrity: Option<IntegritySpec>,
+    ) -> EvaluateRequest {
         EvaluateRequest {
             problem: self.problem.clone(),
             candidate,
@@ -127,6 +144,7 @@ impl PrepareRequest {
             correct_trials: self.correct_trials,
             timing: self.timing,
             reference_runtime: self.reference_runtime.clone(),
+            integrity,
         }
     }
 }
@@ -294,6 +312,15 @@ pub struct WireEnv {
     pub grad_mode: String,
     pub tf32_matmul: bool,
     pub tf32_cudnn: bool,
+    /// The settings krefine set in the candidate's process before importing it.
+    #[serde(default)]
+    pub settings: Option<Value>,
+    /// What the sandbox applied in the candidate's process.
+    #[serde(default)]
+    pub sandbox: Option<Value>,
+    /// `process` (a single-use process per candidate) or `in_worker`.
+    #[serde(default)]
+    pub isolation: Option<String>,
 }
 
 impl WireEnv {
@@ -309,6 +336,9 @@ impl WireEnv {
             grad_mode: Some(self.grad_mode.clone()),
             tf32_matmul: Some(self.tf32_matmul),
             tf32_cudnn: Some(self.tf32_cudnn),
+            settings: self.settings.clone(),
+            sandbox: self.sandbox.clone(),
+            isolation: self.isolation.clone(),
         }
     }
 }
@@ -321,6 +351,12 @@ pub struct EvalPhases {
     pub correctness_s: f64,
     pub timing_s: f64,
     pub ref_timing_s: f64,
+    /// Handing the job and the reference data to the candidate's process, and its exit.
+    #[serde(default)]
+    pub isolation_s: f64,
+    /// Waiting for a warm candidate process.
+    #[serde(default)]
+    pub spawn_wait_s: f64,
 }
 
 impl EvalPhases {
@@ -332,6 +368,8 @@ impl EvalPhases {
             ("correctness_s", self.correctness_s),
             ("timing_s", self.timing_s),
             ("ref_timing_s", self.ref_timing_s),
+            ("isolation_s", self.isolation_s),
+            ("spawn_wait_s", self.spawn_wait_s),
         ] {
             // A non-finite duration cannot be JSON; leave it out rather than lie.
             if let Some(n) = serde_json::Number::from_f64(v) {
@@ -365,6 +403,12 @@ pub struct EvaluateResponse {
     pub phases: EvalPhases,
     /// The CUDA context is poisoned: the worker must be replaced.
     pub sticky: bool,
+    /// Runtime integrity findings from the candidate's process.
+    #[serde(default)]
+    pub findings: Vec<crate::types::Finding>,
+    /// The excessive-speedup guard, when a speedup was measured.
+    #[serde(default)]
+    pub speedup_check: Option<crate::types::SpeedupCheck>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
