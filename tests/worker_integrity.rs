@@ -82,22 +82,35 @@ fn timer_patch_then_honest_then_memoise_in_both_modes() {
             for o in [&alone, &honest] {
                 assert_eq!(o.verdict, Verdict::Correct, "{mode:?}: {o:#?}");
                 assert!(o.findings.is_empty(), "{mode:?}: {:?}", o.findings);
-                assert!(o.speedup_check.is_some(), "{mode:?}: a speedup was measured");
+                assert!(
+                    o.speedup_check.is_some(),
+                    "{mode:?}: a speedup was measured"
+                );
                 assert_eq!(o.env.isolation.as_deref(), Some("process"));
             }
             assert_eq!(honest.env.settings, alone.env.settings);
             match mode {
                 EvalMode::Faithful => {
                     assert_eq!(patched.verdict, Verdict::Correct, "{patched:#?}");
-                    assert!(has(&patched, "timing_patch", Severity::Warning), "{patched:#?}");
+                    assert!(
+                        has(&patched, "timing_patch", Severity::Warning),
+                        "{patched:#?}"
+                    );
                 }
                 EvalMode::Strict => {
                     assert_eq!(patched.verdict, Verdict::Incorrect, "{patched:#?}");
-                    assert!(has(&patched, "timing_patch", Severity::Error), "{patched:#?}");
+                    assert!(
+                        has(&patched, "timing_patch", Severity::Error),
+                        "{patched:#?}"
+                    );
                     assert_eq!(patched.speedup, None);
                 }
             }
-            assert_eq!(memoised.verdict, Verdict::Incorrect, "{mode:?}: {memoised:#?}");
+            assert_eq!(
+                memoised.verdict,
+                Verdict::Incorrect,
+                "{mode:?}: {memoised:#?}"
+            );
             assert_eq!(memoised.speedup, None);
         }
     });

@@ -27,9 +27,9 @@ use super::WorkerError;
 use super::baseline::BaselineTable;
 use super::process::{RequestError, SpawnSpec, WorkerProcess, kill_group, log_tail};
 use super::protocol::{
-    CandidateSpec, CompileRequest, CompileStatusWire, EvaluateResponse, IntegritySpec, PrepareRequest,
-    ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody, ResponseBody,
-    TimingSpec, WorkerRole,
+    CandidateSpec, CompileRequest, CompileStatusWire, EvaluateResponse, IntegritySpec,
+    PrepareRequest, ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody,
+    ResponseBody, TimingSpec, WorkerRole,
 };
 use crate::config::{EvalSection, Timeouts};
 use crate::services::{CompileJob, Compiler, DeviceId, ExecJob, Executor};
