@@ -510,13 +510,17 @@ def _guard_speedup(
         )
         return
     first_seed = ctx.seed + kb_candidate.REVERIFY_SEED_OFFSET
-    retimed = _run_candidate(worker, _job(request, hardware, "retime", first_seed), ctx)
-    verdict.findings.extend(f for f in retimed.findings if f not in verdict.findings)
-    new = retimed.runtime_stats.get("mean") if retimed.status == "correct" else None
-    reverified = None
-    if new:
-        ref_times = _time_reference(ctx, request["timing"], worker, first_seed)
-        reverified = kb_timing.runtime_stats(ref_times)["mean"] / float(new)
+    ctx.timing_sets(kb_candidate.STRICT_SETS, first_seed)  # made once, for both sides, then dropped
+    try:
+        retimed = _run_candidate(worker, _job(request, hardware, "retime", first_seed), ctx)
+        verdict.findings.extend(f for f in retimed.findings if f not in verdict.findings)
+        new = retimed.runtime_stats.get("mean") if retimed.status == "correct" else None
+        reverified = None
+        if new:
+            ref_times = _time_reference(ctx, request["timing"], worker, first_seed)
+            reverified = kb_timing.runtime_stats(ref_times)["mean"] / float(new)
+    finally:
+        ctx.forget_timing_sets(first_seed, kb_candidate.STRICT_SETS)
     check["reverified_speedup"] = reverified
     check["verified"] = reverified is not None and reverified >= REVERIFY_KEEPS * speedup
     verdict.phases["ref_timing_s"] += retimed.phases.get("timing_s", 0.0)

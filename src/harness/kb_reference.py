@@ -540,6 +540,14 @@ class ProblemContext:
         return sets
 
 
+    def forget_timing_sets(self, first_seed: int, count: int) -> None:
+        """Drop input sets kept for one use (the re-verification of an excessive speedup)."""
+        for seed in range(first_seed, first_seed + count):
+            dropped = self.strict_sets.pop(seed, None)
+            if dropped is not None and seed != self.seed:
+                self.device_bytes -= nbytes(dropped[0]) + nbytes(dropped[1])
+
+
 class ReferenceCache:
     """Per-worker cache of ProblemContexts (LRU) plus reference timings (kept across eviction)."""
 
