@@ -502,6 +502,11 @@ def child_main(conn: Any, device_name: str, harness_dir: str) -> None:
     _die_with_parent()
     if harness_dir not in sys.path:
         sys.path.insert(0, harness_dir)
+    if device_name.startswith("cuda") and torch.cuda._is_in_bad_fork():
+        # The server process touched CUDA after all: this process cannot use it. Say so; the worker
+        # starts its candidate processes with spawn from then on.
+        conn.send(("bad_fork", os.getpid()))
+        os._exit(0)
     device = kb_reference.normalize_device(device_name)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -550,23 +555,33 @@ def run_job(conn: Any, job: dict[str, Any], flusher: kb_timing.L2Flusher) -> dic
     return verdict_to_wire(verdict)
 
 
-def forkserver_context() -> Any:
-    """Candidate processes fork from a server process that has imported torch and this module and
-    never run a candidate or touched CUDA (fork is only unsafe after CUDA is initialised), so a new
-    process costs milliseconds plus its own device context, not a torch import (seconds). The server
-    is started (spawned) once per worker, on first use."""
+def process_context(method: str) -> Any:
+    """`forkserver` (the default): candidate processes fork from a server process that has imported
+    torch and this module and never run a candidate or touched CUDA (fork is only unsafe after CUDA is
+    initialised), so a new process costs milliseconds plus its own device context, not a torch import
+    (seconds). The server is started (spawned) once per worker, on first use. `spawn`: the fallback
+    when a forked process finds CUDA unusable (see child_main)."""
     import torch.multiprocessing as torch_mp
 
+    if method == "spawn":
+        return torch_mp.get_context("spawn")
+    # torch.cuda.is_available() through NVML: the CUDA driver's device count would mark every process
+    # forked afterwards as unable to use CUDA.
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     context = torch_mp.get_context("forkserver")
     context.set_forkserver_preload(["kb_candidate", "kb_profile", "kb_sandbox", "torch.utils.cpp_extension"])
     return context
 
 
+class BadFork(Exception):
+    """A forked candidate process cannot use CUDA (the server process initialised it)."""
+
+
 class CandidateProcess:
     """A single-use candidate process, started ahead of need (see the module doc)."""
 
-    def __init__(self, device: str) -> None:
-        context = forkserver_context()
+    def __init__(self, device: str, method: str = "forkserver") -> None:
+        context = process_context(method)
         self.device = device
         self.conn, child = context.Pipe(duplex=True)
         # Not daemonic: a candidate may start processes of its own (daemons may not).
@@ -585,6 +600,9 @@ class CandidateProcess:
         except (EOFError, OSError) as exc:
             self.process.join(5)
             raise ChildDied(self.process.exitcode) from exc
+        if message[0] == "bad_fork":
+            self.process.join(5)
+            raise BadFork()
         if message[0] != "ready":
             raise RuntimeError(f"candidate process sent {message[0]!r} instead of ready")
         self.ready = True

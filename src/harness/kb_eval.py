@@ -108,6 +108,8 @@ class Worker:
         # A candidate process that died: by default the worker ends the same way (see ChildDied).
         self.on_child_death = ChildDied.reproduce
         self.processes_started = 0
+        # How candidate processes start: forked from a torch-preloaded server, or spawned (fallback).
+        self.start_method = "forkserver"
         multiprocessing.util.Finalize(self, _kill_all, args=(self.spares,), exitpriority=10)
         multiprocessing.util.Finalize(self, _kill_all, args=(self.retired,), exitpriority=10)
 
@@ -118,7 +120,14 @@ class Worker:
         while self.spares and (self.spares[0].device != device or not self.spares[0].process.is_alive()):
             self.spares.pop(0).kill()
         process = self.spares.pop(0) if self.spares else self._start(device)
-        process.wait_ready()
+        try:
+            process.wait_ready()
+        except kb_candidate.BadFork:
+            print("krefine harness: forked candidate processes cannot use CUDA; spawning them", file=sys.stderr)
+            self.start_method = "spawn"
+            _kill_all(self.spares)
+            process = self._start(device)
+            process.wait_ready()
         self.retired.append(process)
         return process, time.perf_counter() - started
 
@@ -142,7 +151,7 @@ class Worker:
 
     def _start(self, device: str) -> CandidateProcess:
         self.processes_started += 1
-        return CandidateProcess(device)
+        return CandidateProcess(device, self.start_method)
 
     def close(self) -> None:
         _kill_all(self.spares)
