@@ -213,18 +213,18 @@ def run_new(args: argparse.Namespace, problem: str, out: Path) -> list[dict[str,
     try:
         adversarial = ["result_reuse", "zero_out", "side_stream"]
         a, b, c = adversarial
-        for mode in ("faithful", "strict"):
+        for mode in ("faithful", "strict") if "A" in args.groups else ():
             for kind in [a, b, c, a, b, a, c, b, a]:  # every order of the three as consecutive turns
                 bench.evaluate(kind, mode, "A-adv")
-        for mode in ("faithful", "strict"):
+        for mode in ("faithful", "strict") if "B" in args.groups else ():
             bench.evaluate("honest", mode, "B-alone")
             for kind in ("timer_patch", "honest", "memoise"):
                 bench.evaluate(kind, mode, "B-3turn")
-        for mode in ("faithful", "strict"):
+        for mode in ("faithful", "strict") if "C" in args.groups else ():
             for kind in ("memoise", "side_stream", "timer_patch", "thread_fill", "tf32", "bf16"):
                 bench.evaluate(kind, mode, "C-hack")
                 bench.evaluate("honest", mode, "C-control")
-        for _ in range(args.repeat):
+        for _ in range(args.repeat if "D" in args.groups else 0):
             bench.evaluate("honest", "faithful", "D-cost")
     finally:
         worker.close()
@@ -272,6 +272,7 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=4096)
     parser.add_argument("--repeat", type=int, default=6)
     parser.add_argument("--device", default="cuda:0", help="cpu: a smoke test of this script")
+    parser.add_argument("--groups", default="ABCD", help="which of the groups A-D to run")
     # H100 SXM dense figures (src/prompt/gpu_specs.rs): fp32 non-tensor 67 TFLOP/s (strict pins TF32
     # off; faithful would use TF32's 495), 3350 GB/s. The Rust pool sends these from its GPU table.
     parser.add_argument("--peak-tflops", type=float, default=67.0)

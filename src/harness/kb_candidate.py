@@ -569,7 +569,9 @@ def process_context(method: str) -> Any:
     # forked afterwards as unable to use CUDA.
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     context = torch_mp.get_context("forkserver")
-    context.set_forkserver_preload(["kb_candidate", "kb_profile", "kb_sandbox", "torch.utils.cpp_extension"])
+    # Not torch.utils.cpp_extension: importing it marks later forks as unable to use CUDA (seen on the
+    # H100 with torch 2.11); each candidate process imports it after the fork, while it is a spare.
+    context.set_forkserver_preload(["kb_candidate", "kb_profile", "kb_sandbox"])
     return context
 
 
