@@ -106,12 +106,12 @@ fn timer_patch_then_honest_then_memoise_in_both_modes() {
                     assert_eq!(patched.speedup, None);
                 }
             }
-            assert_eq!(
-                memoised.verdict,
-                Verdict::Incorrect,
-                "{mode:?}: {memoised:#?}"
-            );
-            assert_eq!(memoised.speedup, None);
+            // KernelBench's loop cannot see the memo (faithful: correct); strict timing can.
+            let expected = match mode {
+                EvalMode::Faithful => Verdict::Correct,
+                EvalMode::Strict => Verdict::Incorrect,
+            };
+            assert_eq!(memoised.verdict, expected, "{mode:?}: {memoised:#?}");
         }
     });
 }

@@ -517,7 +517,10 @@ def child_main(conn: Any, device_name: str, harness_dir: str) -> None:
     torch.ones(1 << 17).add_(1)
     importlib.import_module("torch.utils.cpp_extension")  # slow to import; every candidate load needs it
     flusher = kb_timing.L2Flusher()
-    conn.send(("ready", os.getpid()))
+    try:
+        conn.send(("ready", os.getpid()))
+    except OSError:  # the worker let this spare go (shutdown, another device): nothing to report
+        os._exit(0)
     try:
         job = conn.recv()
     except (EOFError, OSError):

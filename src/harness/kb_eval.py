@@ -85,10 +85,11 @@ DEFAULT_MAX_SPEEDUP = 50.0
 REVERIFY_KEEPS = 0.5
 # A candidate process still alive this long after its result is killed (it should exit at once).
 RETIRED_GRACE_S = 5.0
-# Warm candidate processes kept per device: on a GPU two, so back-to-back candidates never wait for a
-# spawn (4-9 s with the CUDA context); on the CPU one, started after a result so that warming never
-# competes with a candidate being timed on the same cores.
-SPARES = {"cuda": 2, "cpu": 1}
+# Warm candidate processes kept per device. On a GPU three, and a replacement starts warming as soon
+# as one is taken: a forked process needs 2-4 s for its CUDA context on the H100, a candidate about
+# 0.8 s, so back-to-back candidates rarely wait. On the CPU one, started after a result so that warming
+# never competes with a candidate being timed on the same cores.
+SPARES = {"cuda": 3, "cpu": 1}
 
 
 # ------------------------------------------------------------------------------------------ the worker
@@ -317,6 +318,8 @@ def _run_candidate(worker: Worker, job: dict[str, Any], ctx: ProblemContext) -> 
         waited = 0.0
     else:
         process, waited = worker.take_process(job["device"])
+        if job["device"].startswith("cuda"):
+            worker.warm_spares(job["device"])  # GPU timing does not compete with a warming process
         try:
             verdict = kb_candidate.verdict_from_wire(process.run(job, ctx))
         except ChildDied as died:

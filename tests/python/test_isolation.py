@@ -120,10 +120,15 @@ def test_three_turns_timer_patch_honest_memoise(worker: IsolatedWorker, mode: st
         assert patched["status"] == "correct"
         assert "timing_patch" in categories(patched, "warning")
         assert patched["metadata"].get("excessive_speedup") is None
-    # The memoising turn gets no speedup credited in strict mode: each timed call has fresh inputs and
-    # the outputs are checked (in faithful mode its inputs arrive through shared memory, so identities
-    # change between trials and the memo hands back another trial's output).
-    assert memoised["status"] == "incorrect" and memoised["speedup"] is None, memoised["feedback"]
+    # The memoising turn: KernelBench's loop cannot see it (faithful: correct, as KernelBench judges it;
+    # its speedup is only flagged when above the bound). Strict timing gives every call fresh inputs and
+    # checks the outputs, so it fails and no speedup is credited.
+    if mode == "strict":
+        assert memoised["status"] == "incorrect" and memoised["speedup"] is None, memoised["feedback"]
+        assert memoised["metadata"]["correctness_issue_name"] == "timed_output_mismatch"
+    else:
+        assert memoised["status"] == "correct", memoised["feedback"]
+        assert memoised["speedup_check"] is not None
 
 
 @pytest.mark.parametrize(
