@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::checks::ChecksSection;
 use crate::types::{EvalMode, FeedbackMode, MethodKind, Precision};
 
 #[derive(Debug, thiserror::Error)]
@@ -67,9 +68,47 @@ pub struct DatasetSection {
     pub path: PathBuf,
     #[serde(default = "default_level")]
     pub level: u32,
-    /// Problem selection such as `"1-10,42"`, or `"all"`.
-    #[serde(default = "default_problems")]
+    /// Problem selection such as `"1-10,42"`, or `"all"`; a problem id (`1`) or a list of ids
+    /// (`[1, 3]`) is taken as that selection.
+    #[serde(default = "default_problems", deserialize_with = "problem_selection")]
     pub problems: String,
+}
+
+/// `dataset.problems` as the selection string: a string as is, an integer as that problem id (so
+/// `--set dataset.problems=1`, which reads as a TOML integer, just works), a list of ids (and
+/// ranges as strings) joined with commas.
+fn problem_selection<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Item {
+        Id(i64),
+        Text(String),
+    }
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        One(Item),
+        List(Vec<Item>),
+    }
+    let expected = "expected a selection such as \"1-10,42\" or \"all\", a problem id, or a list of problem ids";
+    let item = |i: Item| match i {
+        Item::Id(n) if n >= 0 => Ok(n.to_string()),
+        Item::Id(n) => Err(serde::de::Error::custom(format!(
+            "{expected}; got {n}, and problem ids are not negative"
+        ))),
+        Item::Text(t) => Ok(t),
+    };
+    match Raw::deserialize(d).map_err(|_| serde::de::Error::custom(expected))? {
+        Raw::One(i) => item(i),
+        Raw::List(v) if v.is_empty() => {
+            Err(serde::de::Error::custom(format!("{expected}; got []")))
+        }
+        Raw::List(v) => Ok(v
+            .into_iter()
+            .map(item)
+            .collect::<Result<Vec<_>, _>>()?
+            .join(",")),
+    }
 }
 
 fn default_level() -> u32 {
@@ -410,6 +449,40 @@ fn t_profile() -> f64 {
     180.0
 }
 
+impl Timeouts {
+    /// The defaults for a KernelBench level: level 4 builds whole Hugging Face models (seconds to
+    /// load, a forward of a 2.7 B-parameter model per trial), so its reference, execute, load and
+    /// profile stages get more time.
+    pub fn for_level(level: u32) -> Timeouts {
+        let mut t = Timeouts::default();
+        if level >= 4 {
+            t.load_s = 600.0;
+            t.reference_s = 3600.0;
+            t.execute_s = 1800.0;
+            t.profile_s = 900.0;
+        }
+        t
+    }
+
+    /// Level-aware defaults for the keys the config did not set (`given`: the `[eval.timeouts]`
+    /// table as written, with overrides applied).
+    fn fill_level_defaults(&mut self, level: u32, given: Option<&toml::Table>) {
+        let defaults = Timeouts::for_level(level);
+        let set = |key: &str| given.is_some_and(|t| t.contains_key(key));
+        for (key, field, default) in [
+            ("compile_s", &mut self.compile_s, defaults.compile_s),
+            ("load_s", &mut self.load_s, defaults.load_s),
+            ("reference_s", &mut self.reference_s, defaults.reference_s),
+            ("execute_s", &mut self.execute_s, defaults.execute_s),
+            ("profile_s", &mut self.profile_s, defaults.profile_s),
+        ] {
+            if !set(key) {
+                *field = default;
+            }
+        }
+    }
+}
+
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {
@@ -513,6 +586,18 @@ pub struct EvalSection {
     /// allow at the GPU's peak (its roofline), or 50 where that is unknown.
     #[serde(default)]
     pub max_speedup: Option<f64>,
+    /// Static checks on candidates' sources: a level per category (`checks::ChecksSection`).
+    /// Left out of the frozen config while empty, so older runs still resume.
+    #[serde(default, skip_serializing_if = "ChecksSection::is_default")]
+    pub checks: ChecksSection,
+    /// Cast integer and bool input tensors to the precision dtype, as KernelBench's
+    /// `_process_input_tensor` does (which breaks references that index with them); false keeps
+    /// their dtype. Recorded in every result's env as `integer_inputs`.
+    #[serde(default)]
+    pub cast_integer_inputs: bool,
+    /// The Hugging Face cache the workers load level-4 models from.
+    #[serde(default)]
+    pub hf: crate::hf::HfSection,
 }
 
 fn default_seed() -> u64 {
@@ -553,6 +638,9 @@ impl Default for EvalSection {
             timeouts: Timeouts::default(),
             simulated: SimulatedSection::default(),
             max_speedup: None,
+            checks: ChecksSection::default(),
+            cast_integer_inputs: false,
+            hf: crate::hf::HfSection::default(),
         }
     }
 }
@@ -675,7 +763,7 @@ pub fn parse(text: &str, path: &Path, sets: &[String]) -> Result<LoadedConfig, C
     for assignment in sets {
         apply_set(&mut table, assignment)?;
     }
-    let config: Config = if sets.is_empty() {
+    let mut config: Config = if sets.is_empty() {
         toml::from_str(text).map_err(parse_err)?
     } else {
         toml::Value::Table(table.clone())
@@ -685,6 +773,15 @@ pub fn parse(text: &str, path: &Path, sets: &[String]) -> Result<LoadedConfig, C
                 message: e.to_string().trim_end().to_string(),
             })?
     };
+    let given_timeouts = table
+        .get("eval")
+        .and_then(|e| e.get("timeouts"))
+        .and_then(|t| t.as_table());
+    let level = config.dataset.level;
+    config
+        .eval
+        .timeouts
+        .fill_level_defaults(level, given_timeouts);
     validate(&config, path)?;
     let effective_toml = toml::to_string_pretty(&config).map_err(|e| ConfigError::Parse {
         path: path.to_path_buf(),
@@ -857,6 +954,47 @@ answers = "answers.jsonl"
     }
 
     #[test]
+    fn level_4_gets_whole_model_timeouts_unless_set() {
+        let t = p(MIN, &[]).unwrap().config.eval.timeouts;
+        assert_eq!(t, Timeouts::default());
+        let l4 = p(MIN, &["dataset.level=4", "eval.timeouts.execute_s=99"]).unwrap();
+        let t = &l4.config.eval.timeouts;
+        assert_eq!(
+            (
+                t.compile_s,
+                t.load_s,
+                t.reference_s,
+                t.execute_s,
+                t.profile_s
+            ),
+            (600.0, 600.0, 3600.0, 99.0, 900.0)
+        );
+        // The effective config states them, so a resume reads the same values.
+        assert!(l4.effective_toml.contains("reference_s = 3600.0"));
+        let text = format!("{MIN}[eval.timeouts]\nreference_s = 10\n");
+        let t = p(&text, &["dataset.level=4"]).unwrap().config.eval.timeouts;
+        assert_eq!((t.reference_s, t.execute_s), (10.0, 1800.0));
+    }
+
+    #[test]
+    fn integer_inputs_and_hf_cache_keys() {
+        let c = p(MIN, &[]).unwrap().config;
+        assert!(!c.eval.cast_integer_inputs);
+        assert!(c.eval.hf.offline);
+        assert_eq!(c.eval.hf.cache, None);
+        let text = format!(
+            "{MIN}[eval]\ncast_integer_inputs = true\n[eval.hf]\ncache = \"/m/hub\"\noffline = false\n"
+        );
+        let c = p(&text, &[]).unwrap().config;
+        assert!(c.eval.cast_integer_inputs && !c.eval.hf.offline);
+        assert_eq!(c.eval.hf.cache, Some(PathBuf::from("/m/hub")));
+        let err = p(&format!("{MIN}[eval.hf]\ncahce = 1\n"), &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cahce"), "{err}");
+    }
+
+    #[test]
     fn defaults_fill_in() {
         let c = p(MIN, &[]).unwrap().config;
         assert_eq!(c.method.kind, MethodKind::Refine);
@@ -913,6 +1051,27 @@ answers = "answers.jsonl"
     }
 
     #[test]
+    fn problem_ids_as_integers_and_lists() {
+        for (set, want) in [
+            ("dataset.problems=1", "1"),
+            ("dataset.problems=[1, 3]", "1,3"),
+            ("dataset.problems=[2, \"5-7\"]", "2,5-7"),
+            ("dataset.problems=all", "all"),
+        ] {
+            let c = p(MIN, &[set]).unwrap().config;
+            assert_eq!(c.dataset.problems, want, "{set}");
+        }
+        for bad in [
+            "dataset.problems=-1",
+            "dataset.problems=[]",
+            "dataset.problems=1.5",
+        ] {
+            let e = p(MIN, &[bad]).unwrap_err().to_string();
+            assert!(e.contains("problem id"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn devices_forms() {
         for (v, want) in [
             ("cpu", DeviceSelection::Cpu),
@@ -949,8 +1108,37 @@ answers = "answers.jsonl"
     }
 
     #[test]
+    fn checks_levels_parse_and_unknown_categories_are_named() {
+        use crate::checks::{Category, Level};
+        let text =
+            format!("{MIN}\n[eval]\nmode = \"strict\"\n[eval.checks]\ncode_bypass = \"warn\"\n");
+        let c = p(&text, &["eval.checks.pytorch_wrap=off"]).unwrap().config;
+        assert_eq!(
+            c.eval.checks.level(Category::CodeBypass, c.eval.mode),
+            Level::Warn
+        );
+        assert_eq!(
+            c.eval.checks.level(Category::TimingPatch, c.eval.mode),
+            Level::Error
+        );
+        assert_eq!(
+            c.eval.checks.level(Category::PytorchWrap, c.eval.mode),
+            Level::Off
+        );
+        let text = format!("{MIN}\n[eval.checks]\ntiming_hack = \"error\"\n");
+        let e = p(&text, &[]).unwrap_err().to_string();
+        assert!(e.contains("timing_hack") && e.contains("line 9"), "{e}");
+        let e = p(MIN, &["eval.checks.lazy_eval=fatal"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lazy_eval=fatal") && e.contains("`warn`"), "{e}");
+        // Unset, the table stays out of the frozen config (older runs resume unchanged).
+        assert!(!p(MIN, &[]).unwrap().effective_toml.contains("checks"));
+    }
+
+    #[test]
     fn effective_toml_round_trips() {
-        let l = p(MIN, &["method.turns=3"]).unwrap();
+        let l = p(MIN, &["method.turns=3", "eval.checks.timing_patch=off"]).unwrap();
         let again: Config = toml::from_str(&l.effective_toml).unwrap();
         assert_eq!(again, l.config);
     }

@@ -4,6 +4,12 @@
 //! (behind its gate: LLM concurrency, compile pool, device leases), appends the answering event to the
 //! log, and only then feeds it to the machine. Resume is the same loop started from a folded log, so a
 //! completed turn is never redone and a logged LLM answer is never requested again.
+//!
+//! An outage is not a verdict: when the LLM endpoint does not answer within its retries
+//! (`LlmError::Unavailable`) or the worker machinery cannot serve a step (`services::Unavailable`),
+//! the driver logs an informational `Deferred` event and stops that task where it is. The machine
+//! never sees the event, so a resume folds the task back to the same command and performs it again;
+//! the run ends "incomplete" ([`RunSummary::incomplete_reason`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -17,12 +23,13 @@ use crate::llm::extract::extract_code;
 use crate::machine::{MachineError, TaskRunner, TaskSpec};
 use crate::prompt::{PromptSettings, Prompts};
 use crate::services::{
-    CompileJob, Compiler, DeviceId, EventSink, ExecJob, Executor, Llm, LlmError,
+    BuildPause, CompileJob, Compiler, DeviceId, EventSink, ExecJob, Executor, Llm, LlmError,
+    SINK_CAPACITY, Unavailable,
 };
 use crate::store::{EventLog, ReadLog, RunDir, StoreError};
 use crate::types::{
     Command, Event, FeedbackMode, LlmRequest, LogRecord, MethodKind, Problem, ProblemKey,
-    PromptContext, TaskId,
+    PromptContext, TaskId, WaitingOn,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -92,7 +99,50 @@ pub struct RunSummary {
     pub finished: usize,
     /// Why the run stopped before finishing every task, if it did.
     pub stopped: Option<String>,
+    /// Tasks left unfinished because the LLM endpoint did not answer within its retries; a resume
+    /// redoes exactly their pending step.
+    pub waiting_on_llm: usize,
+    /// Tasks left unfinished because no worker could be started (or the pool went away).
+    pub waiting_on_workers: usize,
     pub torn_tail: Option<String>,
+}
+
+impl RunSummary {
+    /// True when tasks wait on the LLM or on workers (an outage), as opposed to a stop or a finish.
+    pub fn incomplete(&self) -> bool {
+        self.waiting_on_llm + self.waiting_on_workers > 0
+    }
+
+    /// `incomplete: 4 task(s) waiting on the LLM, 1 on workers`, when tasks wait.
+    pub fn incomplete_reason(&self) -> Option<String> {
+        incomplete_reason(self.waiting_on_llm, self.waiting_on_workers)
+    }
+}
+
+fn incomplete_reason(llm: usize, workers: usize) -> Option<String> {
+    match (llm, workers) {
+        (0, 0) => None,
+        (n, 0) => Some(format!("incomplete: {n} task(s) waiting on the LLM")),
+        (0, n) => Some(format!("incomplete: {n} task(s) waiting on workers")),
+        (n, m) => Some(format!(
+            "incomplete: {n} task(s) waiting on the LLM, {m} on workers"
+        )),
+    }
+}
+
+/// What performing one command produced.
+// Built once per command and matched at once, like `Event` itself; boxing would only add a hop.
+#[allow(clippy::large_enum_variant)]
+enum Step {
+    /// The answering event, to log and feed to the machine.
+    Event(Event),
+    /// Nothing to log: the run was cancelled or LLM requests were stopped.
+    Halt,
+    /// An outage outside the candidate: the task stays where it is and waits for a resume.
+    Defer {
+        waiting_on: WaitingOn,
+        error: String,
+    },
 }
 
 struct Shared {
@@ -115,6 +165,9 @@ struct Shared {
     llm_stopped: AtomicBool,
     stop_reason: std::sync::Mutex<Option<String>>,
     finished: AtomicU32,
+    /// Tasks deferred by an outage, by what they wait on.
+    waiting_llm: AtomicU32,
+    waiting_workers: AtomicU32,
 }
 
 impl Shared {
@@ -144,7 +197,7 @@ impl Shared {
 pub struct Engine {
     shared: Arc<Shared>,
     runners: Vec<(TaskRunner, Command)>,
-    info_rx: mpsc::UnboundedReceiver<(Option<TaskId>, Event)>,
+    info_rx: mpsc::Receiver<(Option<TaskId>, Event)>,
     torn_tail: Option<String>,
     plan: RunPlan,
     resumed: bool,
@@ -193,7 +246,7 @@ impl Engine {
 
         let log = EventLog::open(&events_path, valid_len, next_seq, fsync).await?;
         let (bus, _) = broadcast::channel(4096);
-        let (info_tx, info_rx) = mpsc::unbounded_channel();
+        let (info_tx, info_rx) = mpsc::channel(SINK_CAPACITY);
         let problems = plan.problems.iter().map(|p| (p.key, p.clone())).collect();
         let devices = if parts.devices.is_empty() {
             vec![DeviceInfo::cpu()]
@@ -219,6 +272,8 @@ impl Engine {
             llm_stopped: AtomicBool::new(false),
             stop_reason: std::sync::Mutex::new(None),
             finished: AtomicU32::new(0),
+            waiting_llm: AtomicU32::new(0),
+            waiting_workers: AtomicU32::new(0),
         });
         Ok(Engine {
             shared,
@@ -326,6 +381,9 @@ impl Engine {
             }
         }
         let finished = shared.finished.load(Ordering::SeqCst) as usize;
+        let waiting_on_llm = shared.waiting_llm.load(Ordering::SeqCst) as usize;
+        let waiting_on_workers = shared.waiting_workers.load(Ordering::SeqCst) as usize;
+        let incomplete = incomplete_reason(waiting_on_llm, waiting_on_workers);
         let stopped = if shared.cancel.is_cancelled() && finished < total {
             Some(
                 shared
@@ -336,14 +394,13 @@ impl Engine {
                     .unwrap_or_else(|| "cancelled".into()),
             )
         } else if finished < total {
-            Some(
-                shared
-                    .stop_reason
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone()
-                    .unwrap_or_else(|| "stopped".into()),
-            )
+            // Deferred tasks alone are not a stop: they say so in `incomplete`.
+            shared
+                .stop_reason
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .or_else(|| incomplete.is_none().then(|| "stopped".into()))
         } else {
             None
         };
@@ -354,7 +411,12 @@ impl Engine {
             .append(
                 None,
                 Event::RunEnded {
-                    reason: stopped.clone().unwrap_or_else(|| "finished".into()),
+                    reason: match (&stopped, &incomplete) {
+                        (Some(s), Some(i)) => format!("{s}; {i}"),
+                        (Some(s), None) => s.clone(),
+                        (None, Some(i)) => i.clone(),
+                        (None, None) => "finished".into(),
+                    },
                 },
             )
             .await?;
@@ -365,6 +427,8 @@ impl Engine {
             tasks: total,
             finished,
             stopped,
+            waiting_on_llm,
+            waiting_on_workers,
             torn_tail,
         })
     }
@@ -394,23 +458,49 @@ async fn drive(
 ) -> Result<(), EngineError> {
     let task = runner.spec().id;
     loop {
-        // `None`: the task stops here without an event (cancelled, or no more LLM requests).
-        let event = match cmd {
+        let (turn, step) = match cmd {
             Command::Finish => {
                 shared.finished.fetch_add(1, Ordering::SeqCst);
                 return Ok(());
             }
-            Command::CallLlm { turn, context } => generate(&shared, task, turn, &context).await?,
-            Command::Compile { turn, code } => compile(&shared, task, turn, code).await,
-            Command::Execute { turn, code } => {
-                on_device(&shared, &runner, task, turn, code, false).await?
+            Command::CallLlm { turn, context } => {
+                (turn, generate(&shared, task, turn, &context).await?)
             }
-            Command::Profile { turn, code } => {
-                on_device(&shared, &runner, task, turn, code, true).await?
-            }
+            Command::Compile { turn, code } => (turn, compile(&shared, task, turn, code).await),
+            Command::Execute { turn, code } => (
+                turn,
+                on_device(&shared, &runner, task, turn, code, false).await?,
+            ),
+            Command::Profile { turn, code } => (
+                turn,
+                on_device(&shared, &runner, task, turn, code, true).await?,
+            ),
         };
-        let Some(event) = event else {
-            return Ok(());
+        let event = match step {
+            Step::Event(e) => e,
+            // The task stops here without an event (cancelled, or no more LLM requests).
+            Step::Halt => return Ok(()),
+            Step::Defer { waiting_on, error } => {
+                // Informational only: the machine never sees it, so a resume folds the task back to
+                // this very command and performs it again.
+                tracing::warn!("task {task} turn {turn} waits on {waiting_on}: {error}");
+                let counter = match waiting_on {
+                    WaitingOn::Llm => &shared.waiting_llm,
+                    WaitingOn::Workers => &shared.waiting_workers,
+                };
+                counter.fetch_add(1, Ordering::SeqCst);
+                shared
+                    .append(
+                        Some(task),
+                        Event::Deferred {
+                            turn,
+                            waiting_on,
+                            error,
+                        },
+                    )
+                    .await?;
+                return Ok(());
+            }
         };
         // Write-ahead: the event is durable before the machine acts on it.
         shared.append(Some(task), event.clone()).await?;
@@ -432,9 +522,9 @@ async fn generate(
     task: TaskId,
     turn: u32,
     context: &PromptContext,
-) -> Result<Option<Event>, EngineError> {
+) -> Result<Step, EngineError> {
     if shared.llm_stopped.load(Ordering::SeqCst) {
-        return Ok(None);
+        return Ok(Step::Halt);
     }
     let problem = shared.problem(task)?;
     let messages = shared
@@ -459,7 +549,7 @@ async fn generate(
     })
     .await
     .flatten() else {
-        return Ok(None);
+        return Ok(Step::Halt);
     };
     Ok(match result {
         Ok(answer) => {
@@ -468,44 +558,67 @@ async fn generate(
                 Some(c) => Some(shared.dir.write_kernel(task, turn, c).await?),
                 None => None,
             };
-            Some(Event::LlmAnswered {
+            Step::Event(Event::LlmAnswered {
                 turn,
                 answer,
                 code,
                 code_file,
             })
         }
-        Err(LlmError::Failed(error)) => Some(Event::LlmFailed {
+        Err(LlmError::Failed(error)) => Step::Event(Event::LlmFailed {
             turn,
             error,
             fatal: false,
         }),
+        Err(LlmError::Unavailable(error)) => Step::Defer {
+            waiting_on: WaitingOn::Llm,
+            error,
+        },
         Err(LlmError::Fatal(reason)) => {
             // Nothing is logged for the task: after the cause is fixed, a resume asks again for
             // exactly this turn.
             tracing::error!("LLM requests stopped: {reason}");
             shared.stop(reason);
-            None
+            Step::Halt
         }
-        Err(LlmError::Cancelled) => None,
+        Err(LlmError::Cancelled) => Step::Halt,
     })
 }
 
 /// Precompile: build the candidate in the CPU compile pool.
-async fn compile(shared: &Shared, task: TaskId, turn: u32, code: String) -> Option<Event> {
+async fn compile(shared: &Shared, task: TaskId, turn: u32, code: String) -> Step {
     let job = CompileJob {
         task,
         turn,
         code,
         log_path: shared.dir.compile_log_path(task, turn),
     };
-    let mut outcome = cancellable(&shared.cancel, async {
+    let result = cancellable(&shared.cancel, async {
         let _permit = shared.compile_gate.acquire().await;
         shared.compiler.compile(job).await
     })
-    .await?;
-    outcome.log_path = outcome.log_path.map(|p| relative_to(&shared.dir, &p));
-    Some(Event::Compiled { turn, outcome })
+    .await;
+    match result {
+        None => Step::Halt,
+        Some(Err(Unavailable(error))) => Step::Defer {
+            waiting_on: WaitingOn::Workers,
+            error,
+        },
+        Some(Ok(mut outcome)) => {
+            outcome.log_path = outcome.log_path.map(|p| relative_to(&shared.dir, &p));
+            Step::Event(Event::Compiled { turn, outcome })
+        }
+    }
+}
+
+/// What keeps the cores quiet while the CPU device times a candidate.
+// The fields are held for their Drop only.
+#[allow(dead_code)]
+enum Quiet<'a> {
+    /// The compiler paused its running builds (and holds new ones back).
+    Paused(BuildPause),
+    /// The compiler cannot pause: every compile slot is held, so no build runs.
+    Drained(tokio::sync::SemaphorePermit<'a>),
 }
 
 /// Execute or profile the turn's candidate under a device lease; the lease's wait, hold and busy
@@ -517,7 +630,7 @@ async fn on_device(
     turn: u32,
     code: String,
     profile: bool,
-) -> Result<Option<Event>, EngineError> {
+) -> Result<Step, EngineError> {
     let build_dir = runner
         .turns()
         .get((turn as usize).saturating_sub(1))
@@ -532,15 +645,27 @@ async fn on_device(
     };
     let asked = std::time::Instant::now();
     let Some(lease) = cancellable(&shared.cancel, shared.devices.acquire()).await else {
-        return Ok(None);
+        return Ok(Step::Halt);
     };
-    // On the CPU device, builds would run on the cores being timed: the whole compile pool pauses
-    // while a CPU lease is held (FIFO, so builds queue behind, not starve).
+    // On the CPU device, builds would run on the cores being timed. The compiler pauses the builds
+    // in flight (a build that hangs must not hold timing back for its whole timeout) and holds new
+    // ones back until the lease ends. A compiler that cannot pause is drained instead: every
+    // compile slot is taken (FIFO, so builds queue behind, not starve).
     let _quiet = if lease.device.id == DeviceId::Cpu {
-        let all = shared.compile_gate.acquire_many(shared.compile_slots);
-        match cancellable(&shared.cancel, all).await {
-            Some(p) => Some(p),
-            None => return Ok(None),
+        let quiet = async {
+            match shared.compiler.pause_builds().await {
+                Some(p) => Ok(Quiet::Paused(p)),
+                None => shared
+                    .compile_gate
+                    .acquire_many(shared.compile_slots)
+                    .await
+                    .map(Quiet::Drained),
+            }
+        };
+        match cancellable(&shared.cancel, quiet).await {
+            Some(Ok(q)) => Some(q),
+            // Cancelled, or the gate closed (it never is).
+            Some(Err(_)) | None => return Ok(Step::Halt),
         }
     } else {
         None
@@ -558,25 +683,35 @@ async fn on_device(
             },
         )
         .await?;
-    let event = if profile {
-        cancellable(&shared.cancel, shared.executor.profile(job, &device))
-            .await
-            .map(|outcome| Event::Profiled { turn, outcome })
+    let step = if profile {
+        match cancellable(&shared.cancel, shared.executor.profile(job, &device)).await {
+            None => Step::Halt,
+            Some(Ok(outcome)) => Step::Event(Event::Profiled { turn, outcome }),
+            Some(Err(Unavailable(error))) => Step::Defer {
+                waiting_on: WaitingOn::Workers,
+                error,
+            },
+        }
     } else {
-        cancellable(&shared.cancel, shared.executor.execute(job, &device))
-            .await
-            .map(|outcome| Event::Executed { turn, outcome })
+        match cancellable(&shared.cancel, shared.executor.execute(job, &device)).await {
+            None => Step::Halt,
+            Some(Ok(outcome)) => Step::Event(Event::Executed { turn, outcome }),
+            Some(Err(Unavailable(error))) => Step::Defer {
+                waiting_on: WaitingOn::Workers,
+                error,
+            },
+        }
     };
     let held_ms = granted.elapsed().as_millis() as u64;
     drop(lease);
     // Busy = the time the worker reports working on the request; the rest of the hold is the
     // orchestrator's and the protocol's overhead.
-    let busy_ms = match &event {
-        Some(Event::Executed { outcome, .. }) if !outcome.phases.is_empty() => {
+    let busy_ms = match &step {
+        Step::Event(Event::Executed { outcome, .. }) if !outcome.phases.is_empty() => {
             let secs: f64 = outcome.phases.values().filter_map(|v| v.as_f64()).sum();
             ((secs * 1000.0) as u64).min(held_ms)
         }
-        Some(Event::Profiled { outcome, .. }) if outcome.duration_ms > 0 => {
+        Step::Event(Event::Profiled { outcome, .. }) if outcome.duration_ms > 0 => {
             outcome.duration_ms.min(held_ms)
         }
         _ => held_ms,
@@ -592,7 +727,7 @@ async fn on_device(
             },
         )
         .await?;
-    Ok(event)
+    Ok(step)
 }
 
 /// Run `fut` unless the run is cancelled first.

@@ -142,6 +142,30 @@ pub fn select(sel: &DeviceSelection, found: &Discovery) -> Result<Vec<DeviceInfo
     }
 }
 
+/// The `CUDA_VISIBLE_DEVICES` a worker needs to see, as its only GPU, the device this process calls
+/// `cuda:index`. The CUDA driver numbers only the devices visible to this process, so when the user
+/// or a scheduler (Slurm) set `CUDA_VISIBLE_DEVICES` (`parent`), index i is the i-th entry of that
+/// list (an index, a `GPU-<uuid>` or a `MIG-<uuid>`), not physical GPU i; workers start with a
+/// scrubbed environment, so they must be given that entry. Unset: every device is visible and the
+/// index is the device's own.
+pub fn worker_visible_device(index: u32, parent: Option<&str>) -> Result<String, String> {
+    let Some(list) = parent else {
+        return Ok(index.to_string());
+    };
+    // The driver stops at the first invalid entry; the ones before it are what it enumerates.
+    list.split(',')
+        .map(str::trim)
+        .nth(index as usize)
+        .filter(|entry| !entry.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| {
+            format!(
+                "GPU {index} is not among the visible devices (CUDA_VISIBLE_DEVICES={list:?}); \
+                 resources.devices counts from 0 among them"
+            )
+        })
+}
+
 /// `TORCH_CUDA_ARCH_LIST` for the devices' compute capabilities (e.g. "9.0"); `None` on CPU.
 pub fn arch_list(devices: &[DeviceInfo]) -> Option<String> {
     let mut caps: Vec<(u32, u32)> = devices.iter().filter_map(|d| d.capability).collect();
@@ -254,6 +278,24 @@ mod tests {
         );
         assert_eq!(arch_list(&two.gpus).as_deref(), Some("8.0;9.0"));
         assert_eq!(arch_list(&[DeviceInfo::cpu()]), None);
+    }
+
+    #[test]
+    fn worker_devices_follow_the_visible_list() {
+        // No restriction: index i is GPU i.
+        assert_eq!(worker_visible_device(0, None).unwrap(), "0");
+        assert_eq!(worker_visible_device(3, None).unwrap(), "3");
+        // A scheduler gave this job GPUs 2 and 3: our cuda:0 and cuda:1 are those.
+        assert_eq!(worker_visible_device(0, Some("2,3")).unwrap(), "2");
+        assert_eq!(worker_visible_device(1, Some("2, 3")).unwrap(), "3");
+        // UUIDs and MIG instances are passed on as written.
+        let uuids = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6,MIG-1a2b";
+        assert_eq!(worker_visible_device(1, Some(uuids)).unwrap(), "MIG-1a2b");
+        // `CUDA_VISIBLE_DEVICES=0` on the H100 box: one device, index 0.
+        assert_eq!(worker_visible_device(0, Some("0")).unwrap(), "0");
+        let e = worker_visible_device(2, Some("5,6")).unwrap_err();
+        assert!(e.contains("GPU 2") && e.contains("\"5,6\""), "{e}");
+        assert!(worker_visible_device(0, Some("")).is_err());
     }
 
     #[tokio::test]

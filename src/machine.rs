@@ -10,6 +10,7 @@
 
 use statig::prelude::*;
 
+use crate::checks;
 use crate::types::{
     Command, CompileStatus, Event, FeedbackMode, PromptContext, TaskId, TurnFeedback, TurnRecord,
     Verdict,
@@ -100,6 +101,7 @@ impl Task {
                     CompileStatus::Error => self.end_turn(*turn, Verdict::CompileError),
                     CompileStatus::Timeout => self.end_turn(*turn, Verdict::Timeout),
                     CompileStatus::Crashed => self.end_turn(*turn, Verdict::Crashed),
+                    CompileStatus::Rejected => self.end_turn(*turn, Verdict::Rejected),
                 }
             }
             other => self.reject(other, "precompile", *turn),
@@ -227,7 +229,11 @@ impl Task {
     }
 }
 
-/// The execution feedback (E) of a turn in plain words.
+/// Findings listed per kind (static, runtime) in one turn's feedback; the rest are counted.
+const FINDINGS_IN_FEEDBACK: usize = 10;
+
+/// The execution feedback (E) of a turn in plain words: the result, then the static-check findings
+/// on its source and the runtime findings of its evaluation.
 pub fn execution_text(r: &TurnRecord) -> Option<String> {
     if let Some(err) = &r.llm_error {
         return Some(format!(
@@ -237,6 +243,21 @@ pub fn execution_text(r: &TurnRecord) -> Option<String> {
     if r.answer.is_some() && r.code.is_none() {
         return Some(NO_CODE_FEEDBACK.to_string());
     }
+    let static_findings = r.compile.as_ref().map_or(&[][..], |c| &c.findings[..]);
+    let runtime_findings = r.exec.as_ref().map_or(&[][..], |e| &e.findings[..]);
+    let parts: Vec<String> = [
+        result_text(r),
+        checks::findings_text("static", static_findings, FINDINGS_IN_FEEDBACK),
+        checks::findings_text("runtime", runtime_findings, FINDINGS_IN_FEEDBACK),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!parts.is_empty()).then(|| parts.join("\n"))
+}
+
+/// What the evaluation (or the build, when it ended the turn) said about a turn's candidate.
+fn result_text(r: &TurnRecord) -> Option<String> {
     if let Some(e) = &r.exec {
         return Some(e.feedback.clone());
     }
@@ -249,6 +270,9 @@ pub fn execution_text(r: &TurnRecord) -> Option<String> {
         },
         CompileStatus::Timeout => "Compilation did not finish within the time limit.".to_string(),
         CompileStatus::Crashed => "The compiler process crashed.".to_string(),
+        CompileStatus::Rejected => {
+            "The candidate was rejected before compiling: static checks found code that the evaluation does not allow.".to_string()
+        }
     };
     Some(if c.feedback.trim().is_empty() {
         head
@@ -544,6 +568,81 @@ mod tests {
             assert_eq!(m.turns()[0].verdict, Some(verdict));
             assert!(m.is_done());
         }
+    }
+
+    #[test]
+    fn rejected_by_static_checks_ends_the_turn_with_the_findings() {
+        use crate::types::{Finding, Severity};
+        let finding = |category: &str, severity, line| Finding {
+            category: category.into(),
+            severity,
+            message: "why".into(),
+            line,
+        };
+        let (mut m, _) = TaskRunner::start(spec(2, FeedbackMode::GE));
+        m.handle(&answered(1, Some("c"))).unwrap();
+        let Event::Compiled { mut outcome, .. } = compiled(1, CompileStatus::Rejected) else {
+            unreachable!()
+        };
+        outcome.findings = vec![
+            finding("timing_patch", Severity::Error, Some(12)),
+            finding("missing_kernel", Severity::Warning, None),
+        ];
+        let next = m
+            .handle(&Event::Compiled { turn: 1, outcome })
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.turns()[0].verdict, Some(Verdict::Rejected));
+        assert_eq!(
+            call_llm(&next).history[0].execution.as_deref(),
+            Some(
+                "The candidate was rejected before compiling: static checks found code that the evaluation does not allow.\n\
+                 Static check errors (the candidate fails them):\n\
+                 - static check: timing_patch at line 12: why\n\
+                 Static check warnings (recorded; they do not change the verdict):\n\
+                 - static check: missing_kernel: why"
+            )
+        );
+    }
+
+    #[test]
+    fn warnings_and_runtime_findings_follow_the_execution_result() {
+        use crate::types::{Finding, Severity};
+        let (mut m, _) = TaskRunner::start(spec(2, FeedbackMode::GE));
+        m.handle(&answered(1, Some("c"))).unwrap();
+        let Event::Compiled { mut outcome, .. } = compiled(1, CompileStatus::Ok) else {
+            unreachable!()
+        };
+        outcome.findings = vec![Finding {
+            category: "code_bypass".into(),
+            severity: Severity::Warning,
+            message: "try".into(),
+            line: Some(4),
+        }];
+        m.handle(&Event::Compiled { turn: 1, outcome }).unwrap();
+        let Event::Executed { mut outcome, .. } = executed(1, Verdict::Incorrect, None) else {
+            unreachable!()
+        };
+        outcome.findings = vec![Finding {
+            category: "leftover_thread".into(),
+            severity: Severity::Error,
+            message: "a thread kept running".into(),
+            line: None,
+        }];
+        let next = m
+            .handle(&Event::Executed { turn: 1, outcome })
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            call_llm(&next).history[0].execution.as_deref(),
+            Some(
+                "E1: incorrect\n\
+                 Static check warnings (recorded; they do not change the verdict):\n\
+                 - static check: code_bypass at line 4: try\n\
+                 Runtime check errors (the candidate fails them):\n\
+                 - runtime check: leftover_thread: a thread kept running"
+            )
+        );
     }
 
     #[test]

@@ -13,36 +13,54 @@ use crate::types::{
     CompileOutcome, Event, ExecOutcome, LlmAnswer, LlmRequest, Problem, ProfileOutcome, TaskId,
 };
 
+/// Room in the informational-event channel. Bounded so that a flood (a fast token stream while the
+/// log writer is slow) holds its producers back instead of growing memory without limit.
+pub const SINK_CAPACITY: usize = 4096;
+
 /// Where services report informational events (LLM attempts, token streams). The engine appends
 /// them to the log and forwards them to subscribers.
 #[derive(Clone)]
 pub struct EventSink {
-    tx: mpsc::UnboundedSender<(Option<TaskId>, Event)>,
+    tx: mpsc::Sender<(Option<TaskId>, Event)>,
 }
 
 impl EventSink {
-    pub fn new(tx: mpsc::UnboundedSender<(Option<TaskId>, Event)>) -> Self {
+    /// A sink over a bounded channel (see [`SINK_CAPACITY`]).
+    pub fn new(tx: mpsc::Sender<(Option<TaskId>, Event)>) -> Self {
         EventSink { tx }
     }
 
     /// A sink that drops everything (for tools and tests that do not log).
     pub fn discard() -> Self {
-        let (tx, _rx) = mpsc::unbounded_channel();
+        let (tx, _rx) = mpsc::channel(1);
         EventSink { tx }
     }
 
-    pub fn emit(&self, task: Option<TaskId>, event: Event) {
+    /// Record an event that goes into the log (attempts, budget): waits for room in the channel.
+    pub async fn record(&self, task: Option<TaskId>, event: Event) {
         // A closed channel means the run is shutting down; informational events may be dropped then.
-        let _ = self.tx.send((task, event));
+        let _ = self.tx.send((task, event)).await;
+    }
+
+    /// Emit a transient event (streamed tokens) from synchronous code: dropped when the channel is
+    /// full, since live views only lose a little text and the answer itself is logged whole.
+    pub fn emit(&self, task: Option<TaskId>, event: Event) {
+        let _ = self.tx.try_send((task, event));
     }
 }
 
 /// Why an LLM request produced no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum LlmError {
-    /// Retries exhausted or an unusable response; this turn is spent, the run goes on.
+    /// The request as sent will not succeed (e.g. a prompt over the context length, no recorded
+    /// answer to replay): this turn is spent with an `llm_error` verdict, the run goes on.
     #[error("{0}")]
     Failed(String),
+    /// The endpoint did not answer within the retries (5xx, 429, timeouts, refused connections):
+    /// not the turn's fault. Nothing is recorded for the turn; the run ends incomplete and a resume
+    /// asks again.
+    #[error("{0}")]
+    Unavailable(String),
     /// The run cannot go on (bad API key, unknown model, budget exhausted): stop early.
     #[error("{0}")]
     Fatal(String),
@@ -68,9 +86,33 @@ pub struct CompileJob {
     pub log_path: std::path::PathBuf,
 }
 
+/// The evaluation machinery itself failed (no worker could be started, the pool was shut down):
+/// not the candidate's fault, so no verdict. The turn is left unfinished and a resume redoes it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Unavailable(pub String);
+
+/// Held while the CPU device times a candidate: builds stay paused until it is dropped.
+// Held for its Drop only.
+#[allow(dead_code)]
+pub struct BuildPause(Box<dyn Send + Sync>);
+
+impl BuildPause {
+    pub fn new(guard: impl Send + Sync + 'static) -> Self {
+        BuildPause(Box::new(guard))
+    }
+}
+
 #[async_trait]
 pub trait Compiler: Send + Sync {
-    async fn compile(&self, job: CompileJob) -> CompileOutcome;
+    async fn compile(&self, job: CompileJob) -> Result<CompileOutcome, Unavailable>;
+
+    /// Pause the builds running now (and hold new ones back) until the returned guard is dropped,
+    /// so a CPU timing runs on quiet cores without waiting for those builds to end. `None`: this
+    /// compiler cannot pause; the engine then waits for its compile pool to drain instead.
+    async fn pause_builds(&self) -> Option<BuildPause> {
+        None
+    }
 }
 
 /// A compiled candidate to check, time or profile on a leased device.
@@ -103,7 +145,8 @@ impl std::fmt::Display for DeviceId {
 #[async_trait]
 pub trait Executor: Send + Sync {
     /// Correctness and timing of one candidate on `device`, which the caller holds a lease for.
-    async fn execute(&self, job: ExecJob, device: &DeviceId) -> ExecOutcome;
+    async fn execute(&self, job: ExecJob, device: &DeviceId) -> Result<ExecOutcome, Unavailable>;
     /// Profile of one correct candidate on `device`.
-    async fn profile(&self, job: ExecJob, device: &DeviceId) -> ProfileOutcome;
+    async fn profile(&self, job: ExecJob, device: &DeviceId)
+    -> Result<ProfileOutcome, Unavailable>;
 }

@@ -16,7 +16,7 @@ use rand_distr::{Distribution, LogNormal};
 
 use crate::config::SimulatedSection;
 use crate::services::{
-    CompileJob, Compiler, DeviceId, EventSink, ExecJob, Executor, Llm, LlmError,
+    CompileJob, Compiler, DeviceId, EventSink, ExecJob, Executor, Llm, LlmError, Unavailable,
 };
 use crate::types::{
     CompileOutcome, CompileStatus, ExecOutcome, LlmAnswer, LlmRequest, ProfileOutcome, Usage,
@@ -112,14 +112,14 @@ impl SimServices {
 
 #[async_trait]
 impl Compiler for SimServices {
-    async fn compile(&self, job: CompileJob) -> CompileOutcome {
+    async fn compile(&self, job: CompileJob) -> Result<CompileOutcome, Unavailable> {
         let script = SimScript::parse(&job.code);
         let secs = script.compile_s.unwrap_or(self.cfg.compile_s);
         tokio::time::sleep(self.real(secs)).await;
         self.tally
             .compile_us
             .fetch_add((secs * 1e6) as u64, Ordering::Relaxed);
-        CompileOutcome {
+        Ok(CompileOutcome {
             status: if script.compile_ok {
                 CompileStatus::Ok
             } else {
@@ -138,13 +138,13 @@ impl Compiler for SimServices {
             duration_ms: (secs * 1000.0) as u64,
             findings: Vec::new(),
             build_path: None,
-        }
+        })
     }
 }
 
 #[async_trait]
 impl Executor for SimServices {
-    async fn execute(&self, job: ExecJob, device: &DeviceId) -> ExecOutcome {
+    async fn execute(&self, job: ExecJob, device: &DeviceId) -> Result<ExecOutcome, Unavailable> {
         let script = SimScript::parse(&job.code);
         let secs = self.exec_seconds(&job, &script);
         tokio::time::sleep(self.real(secs)).await;
@@ -177,18 +177,22 @@ impl Executor for SimServices {
         }
         o.env.device_name = "simulated".into();
         o.env.timing_method = Some("simulated".into());
-        o
+        Ok(o)
     }
 
-    async fn profile(&self, _job: ExecJob, _device: &DeviceId) -> ProfileOutcome {
+    async fn profile(
+        &self,
+        _job: ExecJob,
+        _device: &DeviceId,
+    ) -> Result<ProfileOutcome, Unavailable> {
         tokio::time::sleep(self.real(self.cfg.profile_s)).await;
-        ProfileOutcome {
+        Ok(ProfileOutcome {
             ok: true,
             table: "simulated profile: one kernel, 100% of device time".into(),
             ncu: None,
             error: None,
             duration_ms: (self.cfg.profile_s * 1000.0) as u64,
-        }
+        })
     }
 }
 

@@ -3,7 +3,8 @@
 //! A run directory holds `config.toml` (the frozen effective config), `events.jsonl` (one
 //! [`LogRecord`] a line, flushed per event), `kernels/` (every candidate's code), `logs/` (compiler and
 //! worker logs) and `krefine.log` (tracing). An existing run directory is never overwritten: it is
-//! either resumed (`--resume`) or refused.
+//! either resumed (`--resume`) or refused. One process writes a run directory at a time: see
+//! [`crate::lock::lock_run_dir`].
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};

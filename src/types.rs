@@ -204,6 +204,9 @@ pub enum Verdict {
     Crashed,
     ReferenceError,
     LlmError,
+    /// Rejected before compiling: a static check on the source found an error (strict mode, or a
+    /// category configured as `error`; see `checks`).
+    Rejected,
 }
 
 impl Verdict {
@@ -220,6 +223,7 @@ impl Verdict {
             Verdict::Crashed => "crashed",
             Verdict::ReferenceError => "reference_error",
             Verdict::LlmError => "llm_error",
+            Verdict::Rejected => "rejected",
         }
     }
 }
@@ -308,6 +312,8 @@ pub enum CompileStatus {
     Error,
     Timeout,
     Crashed,
+    /// Not compiled: a static check found an error (`findings` says which).
+    Rejected,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -431,6 +437,16 @@ pub struct EvalEnv {
     /// `process`: the candidate ran in its own single-use process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<String>,
+    /// `kept` (integer and bool inputs keep their dtype, the default) or `cast` (KernelBench's cast,
+    /// `eval.cast_integer_inputs`); absent in logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub integer_inputs: Option<String>,
+    /// The worker's `transformers` version (level 4 builds Hugging Face models with it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transformers: Option<String>,
+    /// The worker's Python version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
 }
 
 /// Result of evaluating one compiled candidate on a device.
@@ -613,6 +629,14 @@ pub enum Event {
         turn: u32,
         delta: String,
     },
+    /// A step of a turn could not be done for reasons outside the candidate: the LLM endpoint did not
+    /// answer within its retries, or no worker could be started. Informational: the task stays where
+    /// it was (no verdict), the run ends incomplete, and `--resume` redoes exactly this step.
+    Deferred {
+        turn: u32,
+        waiting_on: WaitingOn,
+        error: String,
+    },
     /// A GPU (or CPU) lease was granted after waiting `wait_ms`.
     LeaseGranted {
         device: String,
@@ -658,9 +682,29 @@ impl Event {
             Event::Profiled { .. } => "profiled",
             Event::LlmAttempt { .. } => "llm_attempt",
             Event::LlmDelta { .. } => "llm_delta",
+            Event::Deferred { .. } => "deferred",
             Event::LeaseGranted { .. } => "lease_granted",
             Event::LeaseReleased { .. } => "lease_released",
         }
+    }
+}
+
+/// What a deferred task waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitingOn {
+    /// The LLM endpoint (down, overloaded, unreachable beyond the retries).
+    Llm,
+    /// The worker machinery (a worker that cannot start, a pool that was shut down).
+    Workers,
+}
+
+impl fmt::Display for WaitingOn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WaitingOn::Llm => "the LLM",
+            WaitingOn::Workers => "workers",
+        })
     }
 }
 

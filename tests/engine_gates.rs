@@ -12,7 +12,7 @@ use krefine::engine::{Engine, EngineParts, RunPlan};
 use krefine::gpu::DeviceInfo;
 use krefine::prompt::{PromptSettings, Prompts};
 use krefine::services::{
-    CompileJob, Compiler, DeviceId, EventSink, ExecJob, Executor, Llm, LlmError,
+    CompileJob, Compiler, DeviceId, EventSink, ExecJob, Executor, Llm, LlmError, Unavailable,
 };
 use krefine::store::RunDir;
 use krefine::types::{
@@ -48,6 +48,9 @@ struct Probe {
     execute: Meter,
     /// Times a build was running while a candidate was being timed.
     overlaps: AtomicUsize,
+    /// Compile calls so far, and how many of the first ones find no worker (an outage).
+    compiles: AtomicUsize,
+    compile_outage: AtomicUsize,
 }
 
 struct Services(Arc<Probe>);
@@ -75,11 +78,15 @@ impl Llm for Services {
 
 #[async_trait]
 impl Compiler for Services {
-    async fn compile(&self, _job: CompileJob) -> CompileOutcome {
+    async fn compile(&self, _job: CompileJob) -> Result<CompileOutcome, Unavailable> {
+        let n = self.0.compiles.fetch_add(1, Ordering::SeqCst);
+        if n < self.0.compile_outage.load(Ordering::SeqCst) {
+            return Err(Unavailable("no worker could be started".into()));
+        }
         self.0.compile.enter();
         tokio::time::sleep(Duration::from_millis(15)).await;
         self.0.compile.leave();
-        CompileOutcome {
+        Ok(CompileOutcome {
             status: CompileStatus::Ok,
             cached: false,
             error_name: None,
@@ -90,13 +97,13 @@ impl Compiler for Services {
             duration_ms: 15,
             findings: Vec::new(),
             build_path: None,
-        }
+        })
     }
 }
 
 #[async_trait]
 impl Executor for Services {
-    async fn execute(&self, _job: ExecJob, device: &DeviceId) -> ExecOutcome {
+    async fn execute(&self, _job: ExecJob, device: &DeviceId) -> Result<ExecOutcome, Unavailable> {
         self.0.execute.enter();
         for _ in 0..5 {
             if self.0.compile.now.load(Ordering::SeqCst) > 0 {
@@ -108,16 +115,20 @@ impl Executor for Services {
         let mut o = ExecOutcome::failure(Verdict::Correct, &device.to_string(), "ok".into(), 10);
         o.correctness = true;
         o.speedup = Some(1.0);
-        o
+        Ok(o)
     }
-    async fn profile(&self, _job: ExecJob, _device: &DeviceId) -> ProfileOutcome {
-        ProfileOutcome {
+    async fn profile(
+        &self,
+        _job: ExecJob,
+        _device: &DeviceId,
+    ) -> Result<ProfileOutcome, Unavailable> {
+        Ok(ProfileOutcome {
             ok: true,
             table: String::new(),
             ncu: None,
             error: None,
             duration_ms: 0,
-        }
+        })
     }
 }
 
@@ -127,9 +138,22 @@ async fn run(
     compile_workers: usize,
 ) -> Arc<Probe> {
     let probe = Arc::new(Probe::default());
-    let services = Arc::new(Services(probe.clone()));
     let tmp = tempfile::tempdir().unwrap();
     let dir = RunDir::create(&tmp.path().join("run"), "").unwrap();
+    let summary = run_in(&probe, dir, None, devices, llm_concurrency, compile_workers).await;
+    assert_eq!((summary.finished, summary.tasks), (12, 12));
+    probe
+}
+
+async fn run_in(
+    probe: &Arc<Probe>,
+    dir: RunDir,
+    prior: Option<krefine::store::ReadLog>,
+    devices: Vec<DeviceInfo>,
+    llm_concurrency: usize,
+    compile_workers: usize,
+) -> krefine::engine::RunSummary {
+    let services = Arc::new(Services(probe.clone()));
     let problems = (1..=12)
         .map(|i| {
             Arc::new(Problem {
@@ -161,12 +185,10 @@ async fn run(
         llm_concurrency,
         compile_workers,
     };
-    let engine = Engine::prepare(plan, parts, dir, None, false, CancellationToken::new())
+    let engine = Engine::prepare(plan, parts, dir, prior, false, CancellationToken::new())
         .await
         .unwrap();
-    let summary = engine.run().await.unwrap();
-    assert_eq!((summary.finished, summary.tasks), (12, 12));
-    probe
+    engine.run().await.unwrap()
 }
 
 fn gpu(i: u32) -> DeviceInfo {
@@ -197,4 +219,52 @@ async fn no_build_runs_while_the_cpu_device_is_timing() {
         p.compile.max() > 1,
         "builds still run in parallel between timings"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_outage_defers_tasks_and_resume_redoes_exactly_them() {
+    let probe = Arc::new(Probe::default());
+    probe.compile_outage.store(3, Ordering::SeqCst);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("run");
+    let dir = RunDir::create(&root, "").unwrap();
+    let s = run_in(&probe, dir, None, vec![gpu(0)], 4, 4).await;
+    assert_eq!((s.finished, s.tasks), (9, 12));
+    assert_eq!((s.waiting_on_workers, s.waiting_on_llm), (3, 0));
+    assert_eq!(s.stopped, None, "an outage is not a stop");
+    assert_eq!(
+        s.incomplete_reason().as_deref(),
+        Some("incomplete: 3 task(s) waiting on workers")
+    );
+    let log = krefine::store::read_log(&root.join("events.jsonl")).unwrap();
+    let kinds = |log: &krefine::store::ReadLog, kind: &str| {
+        log.records
+            .iter()
+            .filter(|r| r.event.kind() == kind)
+            .count()
+    };
+    assert_eq!(kinds(&log, "deferred"), 3);
+    // The three deferred tasks stopped at their first compile: no verdict was recorded for them.
+    assert_eq!(kinds(&log, "compiled"), 9 * 3);
+
+    let s = run_in(
+        &probe,
+        RunDir::open(&root).unwrap(),
+        Some(log),
+        vec![gpu(0)],
+        4,
+        4,
+    )
+    .await;
+    assert_eq!((s.finished, s.tasks), (12, 12));
+    assert!(!s.incomplete());
+    let log = krefine::store::read_log(&root.join("events.jsonl")).unwrap();
+    assert_eq!(kinds(&log, "compiled"), 12 * 3);
+    assert_eq!(
+        kinds(&log, "llm_answered"),
+        12 * 3,
+        "no answer asked for twice"
+    );
+    // 3 refused calls, then every turn's compile exactly once.
+    assert_eq!(probe.compiles.load(Ordering::SeqCst), 3 + 12 * 3);
 }

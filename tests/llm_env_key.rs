@@ -76,7 +76,7 @@ usd = 0.007
         );
 
         let (llm, ledger) = llm::build_with_ledger(&cfg, None, CancellationToken::new()).unwrap();
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = mpsc::channel(krefine::services::SINK_CAPACITY);
         let sink = EventSink::new(tx);
         let req = LlmRequest {
             task: "1/1/0".parse().unwrap(),

@@ -250,7 +250,7 @@ struct Client {
     llm: Arc<Metered>,
     ledger: Arc<Ledger>,
     sink: EventSink,
-    events: mpsc::UnboundedReceiver<(Option<TaskId>, Event)>,
+    events: mpsc::Receiver<(Option<TaskId>, Event)>,
     key: String,
     cancel: CancellationToken,
 }
@@ -284,7 +284,7 @@ impl Setup {
             .build()
             .unwrap();
         let ledger = Arc::new(Ledger::new(&self.budget));
-        let (tx, events) = mpsc::unbounded_channel();
+        let (tx, events) = mpsc::channel(krefine::services::SINK_CAPACITY);
         Client {
             llm: Arc::new(Metered::new(Arc::new(inner), ledger.clone())),
             ledger,
@@ -602,7 +602,8 @@ async fn retries_stop_at_max_retries() {
     setup.model.max_retries = 2;
     let mut c = setup.client("cap");
     let e = c.ask(1).await.unwrap_err();
-    assert!(matches!(e, LlmError::Failed(_)), "{e:?}");
+    // An outage, not a verdict: the engine leaves the turn for a resume.
+    assert!(matches!(e, LlmError::Unavailable(_)), "{e:?}");
     assert_eq!(
         e.to_string(),
         "no answer after 3 attempts; last: HTTP 502 Bad Gateway: bad gateway"
@@ -980,4 +981,25 @@ async fn silent_stream_is_retried() {
         )
     );
     assert_eq!(fake.seen().len(), 2);
+}
+
+#[tokio::test]
+async fn an_oversized_body_is_refused_not_read_whole() {
+    // A 40 MiB "answer": more than any real one, so the server is broken; the attempt stops reading.
+    let huge = format!(
+        r#"{{"choices": [{{"index": 0, "message": {{"role": "assistant", "content": "{}"}}}}]}}"#,
+        "x".repeat(40 * 1024 * 1024)
+    );
+    let (fake, url) = serve(vec![status(200, &huge)], None).await;
+    let mut setup = Setup::new(&url);
+    setup.model.max_retries = 0;
+    let c = setup.client("huge");
+    let e = c.ask(1).await.unwrap_err();
+    assert!(matches!(e, LlmError::Unavailable(_)), "{e:?}");
+    assert!(
+        e.to_string().contains("larger than 32 MiB"),
+        "{}",
+        e.to_string().chars().take(300).collect::<String>()
+    );
+    assert_eq!(fake.seen().len(), 1);
 }

@@ -4,12 +4,13 @@
 use std::collections::BTreeMap;
 
 use krefine::metrics::{
-    FastP, MetricsError, PassAtK, RunInput, cumulative_tokens_per_problem, equal_attempts,
-    equal_tokens, ledger, pass_at_k, run_metrics, run_problems,
+    FastP, FindingCounts, Integrity, MetricsError, PassAtK, RunInput, RunMetrics, SpeedupCounts,
+    cumulative_tokens_per_problem, equal_attempts, equal_tokens, ledger, pass_at_k, run_metrics,
+    run_problems,
 };
 use krefine::types::{
-    CompileOutcome, CompileStatus, Event, ExecOutcome, LlmAnswer, LogRecord, MethodKind,
-    ProblemKey, TaskId, TurnRecord, Usage, Verdict,
+    CompileOutcome, CompileStatus, Event, ExecOutcome, Finding, LlmAnswer, LogRecord, MethodKind,
+    ProblemKey, Severity, SpeedupCheck, TaskId, TurnRecord, Usage, Verdict,
 };
 
 fn pk(id: u32) -> ProblemKey {
@@ -479,4 +480,204 @@ fn equal_budget_rejects_wrong_methods_and_different_problems() {
         e.to_string(),
         "the runs cover different problems (1 only in the first run, 2 only in the second)"
     );
+}
+
+// ------------------------------------------------------------------------------------------------
+// Integrity: findings and excessive speedups
+
+fn finding(category: &str, severity: Severity) -> Finding {
+    Finding {
+        category: category.into(),
+        severity,
+        message: "m".into(),
+        line: Some(3),
+    }
+}
+
+/// A correct turn measured in `mode` whose speedup the guard flagged, re-verified or not.
+fn flagged(turn: u32, speedup: f64, mode: &str, verified: Option<bool>) -> TurnRecord {
+    let mut r = correct(turn, speedup);
+    let e = r.exec.as_mut().unwrap();
+    e.env.mode = Some(mode.into());
+    e.speedup_check = Some(SpeedupCheck {
+        bound: 50.0,
+        bound_source: "default".into(),
+        flagged: true,
+        verified,
+        reverified_speedup: None,
+    });
+    r
+}
+
+fn rejected(turn: u32) -> TurnRecord {
+    let mut c = compile(CompileStatus::Rejected);
+    c.findings = vec![
+        finding("timing_patch", Severity::Error),
+        finding("timing_patch", Severity::Error),
+        finding("pytorch_wrap", Severity::Warning),
+    ];
+    TurnRecord {
+        turn,
+        code: Some("patched".into()),
+        compile: Some(c),
+        verdict: Some(Verdict::Rejected),
+        ..TurnRecord::default()
+    }
+}
+
+/// Three problems, two turns, every result measured in `mode`:
+/// - 1: 60× flagged, not re-verified; then 2.0×
+/// - 2: 80× flagged and confirmed; then rejected by static checks
+/// - 3: 100× flagged, re-timing disagreed; then 1.5× with a static and a runtime warning
+fn guarded_run(mode: &str) -> BTreeMap<TaskId, Vec<TurnRecord>> {
+    let mut warned = correct(2, 1.5);
+    warned.compile.as_mut().unwrap().findings = vec![finding("code_bypass", Severity::Warning)];
+    let e = warned.exec.as_mut().unwrap();
+    e.env.mode = Some(mode.into());
+    e.findings = vec![finding("tf32_changed", Severity::Warning)];
+    BTreeMap::from([
+        (
+            task(1, 0),
+            vec![flagged(1, 60.0, mode, None), correct(2, 2.0)],
+        ),
+        (
+            task(2, 0),
+            vec![flagged(1, 80.0, mode, Some(true)), rejected(2)],
+        ),
+        (
+            task(3, 0),
+            vec![flagged(1, 100.0, mode, Some(false)), warned],
+        ),
+    ])
+}
+
+fn guarded_metrics(mode: &str) -> RunMetrics {
+    let turns = guarded_run(mode);
+    run_metrics(&RunInput {
+        method: MethodKind::Refine,
+        axis: 2,
+        problems: &[pk(1), pk(2), pk(3)],
+        turns: &turns,
+    })
+}
+
+#[test]
+fn strict_mode_leaves_unverified_excessive_speedups_out_of_fast_p_and_geomean() {
+    let m = guarded_metrics("strict");
+    let third = 1.0 / 3.0;
+    let s1 = &m.steps[0].summary;
+    // Only the confirmed 80× counts; the other two are correct but untimed.
+    assert_fast_p(s1.fast_p, [third; 6], "strict step 1");
+    assert!(close(s1.geomean_speedup.unwrap(), 80.0));
+    assert_eq!((s1.correct, s1.timed), (3, 1));
+    assert_eq!(s1.correct_rate, 1.0);
+    let s2 = &m.steps[1].summary;
+    assert_fast_p(
+        s2.fast_p,
+        [1.0, 1.0, 1.0, 1.0, 2.0 * third, third],
+        "strict step 2",
+    );
+    assert!(close(
+        s2.geomean_speedup.unwrap(),
+        (2.0f64 * 80.0 * 1.5).powf(1.0 / 3.0)
+    ));
+    assert_eq!(s2.timed, 3);
+    assert_eq!(
+        m.steps[1].verdicts,
+        verdicts(&[("correct", 2), ("rejected", 1)])
+    );
+}
+
+#[test]
+fn faithful_mode_counts_flagged_speedups_and_reports_them() {
+    let m = guarded_metrics("faithful");
+    let s1 = &m.steps[0].summary;
+    assert_fast_p(s1.fast_p, [1.0; 6], "faithful step 1");
+    assert!(close(
+        s1.geomean_speedup.unwrap(),
+        (60.0f64 * 80.0 * 100.0).powf(1.0 / 3.0)
+    ));
+    let i = m.integrity();
+    assert_eq!(
+        i.speedups,
+        SpeedupCounts {
+            flagged: 3,
+            verified: 1,
+            unverified: 2,
+            excluded: 0,
+        }
+    );
+}
+
+#[test]
+fn integrity_counts_candidates_per_category_and_step() {
+    let m = guarded_metrics("strict");
+    let s1 = &m.steps[0].integrity;
+    assert_eq!(
+        *s1,
+        Integrity {
+            speedups: SpeedupCounts {
+                flagged: 3,
+                verified: 1,
+                unverified: 2,
+                excluded: 2,
+            },
+            ..Integrity::default()
+        }
+    );
+    let s2 = &m.steps[1].integrity;
+    let counts = |w, e| FindingCounts {
+        warnings: w,
+        errors: e,
+    };
+    // Two timing_patch errors in one candidate count once.
+    assert_eq!(
+        s2.static_checks,
+        BTreeMap::from([
+            ("code_bypass".to_string(), counts(1, 0)),
+            ("pytorch_wrap".to_string(), counts(1, 0)),
+            ("timing_patch".to_string(), counts(0, 1)),
+        ])
+    );
+    assert_eq!(
+        s2.runtime_checks,
+        BTreeMap::from([("tf32_changed".to_string(), counts(1, 0))])
+    );
+    assert_eq!(s2.rejected, 1);
+    assert_eq!(s2.speedups, SpeedupCounts::default());
+    let total = m.integrity();
+    assert_eq!(total.rejected, 1);
+    assert_eq!(total.speedups.excluded, 2);
+    assert_eq!(total.static_checks.len(), 3);
+}
+
+#[test]
+fn a_rejected_candidate_is_not_a_build() {
+    let rec = |seq, event| LogRecord {
+        v: 1,
+        seq,
+        ts_ms: seq,
+        task: Some(task(1, 0)),
+        event,
+    };
+    let mut ok = compile(CompileStatus::Ok);
+    ok.duration_ms = 7;
+    let records = vec![
+        rec(
+            0,
+            Event::Compiled {
+                turn: 1,
+                outcome: compile(CompileStatus::Rejected),
+            },
+        ),
+        rec(
+            1,
+            Event::Compiled {
+                turn: 2,
+                outcome: ok,
+            },
+        ),
+    ];
+    let l = ledger(&records);
+    assert_eq!((l.compiles, l.compile_ms), (1, 7));
 }

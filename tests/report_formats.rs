@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use krefine::metrics::{
-    DeviceUse, FastP, Ledger, PassAtK, RunMetrics, Spend, StepMetrics, Summary,
+    DeviceUse, FastP, FindingCounts, Integrity, Ledger, PassAtK, RunMetrics, SpeedupCounts, Spend,
+    StepMetrics, Summary,
 };
 use krefine::report::{Format, RunReport, render};
 use krefine::types::{FeedbackMode, MethodKind, ProblemKey, TaskId};
@@ -60,6 +61,7 @@ fn step(
             .map(|(v, n)| (v.to_string(), n))
             .collect(),
         pending,
+        integrity: Integrity::default(),
     }
 }
 
@@ -126,6 +128,7 @@ fn refine_report() -> RunReport {
         metrics,
         ledger,
         complete: true,
+        provenance: None,
     }
 }
 
@@ -172,6 +175,7 @@ fn sampling_report() -> RunReport {
         metrics,
         ledger,
         complete: false,
+        provenance: None,
     }
 }
 
@@ -250,11 +254,11 @@ pass@1 25.0%, pass@2 50.0%
 - wall: 60.0 s
 "#;
 
-const CSV: &str = r#"run,method,feedback,model,complete,axis,turn,problems,fast_0,fast_0.5,fast_0.8,fast_1,fast_1.5,fast_2,geomean_speedup,correct_rate,compiled_rate,correct,compiled,pending,prompt_tokens,completion_tokens,reasoning_tokens,tokens,cost_usd,cumulative_tokens,cumulative_cost_usd
-refine-ge,refine,GE,gpt-test,true,turns,1,3,0.3333333333333333,0.3333333333333333,0,0,0,0,0.75,0.3333333333333333,1,1,3,0,3000,750,0,3750,0.375,3750,0.375
-refine-ge,refine,GE,gpt-test,true,turns,2,3,0.6666666666666666,0.6666666666666666,0.6666666666666666,0.3333333333333333,0.3333333333333333,0,1.224744871391589,0.6666666666666666,1,2,3,0,6000,750,0,6750,0.75,10500,1.125
-"sample, k=2",sampling,,gpt-test,false,samples,1,3,0,0,0,0,0,0,,0,1,0,3,0,3000,600,0,3600,,3600,
-"sample, k=2",sampling,,gpt-test,false,samples,2,3,0.3333333333333333,0.3333333333333333,0.3333333333333333,0.3333333333333333,0,0,1.1,0.3333333333333333,1,1,3,1,2000,600,0,2600,,6200,
+const CSV: &str = r#"run,method,feedback,model,complete,axis,turn,problems,fast_0,fast_0.5,fast_0.8,fast_1,fast_1.5,fast_2,geomean_speedup,correct_rate,compiled_rate,correct,compiled,pending,prompt_tokens,completion_tokens,reasoning_tokens,tokens,cost_usd,cumulative_tokens,cumulative_cost_usd,rejected,speedups_flagged,speedups_verified,speedups_unverified,speedups_excluded,findings
+refine-ge,refine,GE,gpt-test,true,turns,1,3,0.3333333333333333,0.3333333333333333,0,0,0,0,0.75,0.3333333333333333,1,1,3,0,3000,750,0,3750,0.375,3750,0.375,0,0,0,0,0,
+refine-ge,refine,GE,gpt-test,true,turns,2,3,0.6666666666666666,0.6666666666666666,0.6666666666666666,0.3333333333333333,0.3333333333333333,0,1.224744871391589,0.6666666666666666,1,2,3,0,6000,750,0,6750,0.75,10500,1.125,0,0,0,0,0,
+"sample, k=2",sampling,,gpt-test,false,samples,1,3,0,0,0,0,0,0,,0,1,0,3,0,3000,600,0,3600,,3600,,0,0,0,0,0,
+"sample, k=2",sampling,,gpt-test,false,samples,2,3,0.3333333333333333,0.3333333333333333,0.3333333333333333,0.3333333333333333,0,0,1.1,0.3333333333333333,1,1,3,1,2000,600,0,2600,,6200,,0,0,0,0,0,
 "#;
 
 const ONE_JSON: &str = r#"{
@@ -428,4 +432,76 @@ fn no_runs() {
     assert_eq!(render(&[], Format::Text), "");
     assert!(render(&[], Format::Csv).starts_with("run,method,feedback,model,complete,axis,turn,"));
     assert_eq!(render(&[], Format::Csv).lines().count(), 1);
+}
+
+#[test]
+fn integrity_in_every_format() {
+    let counts = |warnings, errors| FindingCounts { warnings, errors };
+    let mut r = refine_report();
+    r.metrics.steps[0].integrity = Integrity {
+        static_checks: BTreeMap::from([
+            ("code_bypass".to_string(), counts(2, 0)),
+            ("timing_patch".to_string(), counts(0, 1)),
+        ]),
+        runtime_checks: BTreeMap::from([("tf32_changed".to_string(), counts(1, 0))]),
+        rejected: 1,
+        speedups: SpeedupCounts {
+            flagged: 2,
+            verified: 1,
+            unverified: 1,
+            excluded: 1,
+        },
+    };
+    let text = render(std::slice::from_ref(&r), Format::Text);
+    assert!(
+        text.contains(
+            "checks   static: code_bypass (2 warned), timing_patch (1 rejected); runtime: tf32_changed (1 warned)\n\
+             speedups 2 flagged as excessive: 1 re-verified, 1 unverified; not counted in fast_p and geomean (strict mode)\n\
+             tokens   "
+        ),
+        "{text}"
+    );
+    let md = render(std::slice::from_ref(&r), Format::Md);
+    assert!(
+        md.contains("\n- checks: static: code_bypass (2 warned), timing_patch (1 rejected); runtime: tf32_changed (1 warned)\n- speedups: 2 flagged"),
+        "{md}"
+    );
+    let csv = render(std::slice::from_ref(&r), Format::Csv);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert!(
+        lines[0].ends_with(",rejected,speedups_flagged,speedups_verified,speedups_unverified,speedups_excluded,findings")
+    );
+    assert!(
+        lines[1].ends_with(
+            ",1,2,1,1,1,static.code_bypass:2/0 static.timing_patch:0/1 runtime.tf32_changed:1/0"
+        ),
+        "{}",
+        lines[1]
+    );
+    assert!(lines[2].ends_with(",0,0,0,0,0,"), "{}", lines[2]);
+    let v: serde_json::Value =
+        serde_json::from_str(&render(std::slice::from_ref(&r), Format::Json)).unwrap();
+    assert_eq!(
+        v["integrity"],
+        serde_json::json!({
+            "static": {
+                "code_bypass": {"warnings": 2, "errors": 0},
+                "timing_patch": {"warnings": 0, "errors": 1}
+            },
+            "runtime": {"tf32_changed": {"warnings": 1, "errors": 0}},
+            "rejected": 1,
+            "speedups": {"flagged": 2, "verified": 1, "unverified": 1, "excluded": 1}
+        })
+    );
+    assert_eq!(v["turns"][0]["integrity"], v["integrity"]);
+    assert!(v["turns"][1].get("integrity").is_none());
+    // Faithful mode only flags: the report says the flagged speedups were counted.
+    r.metrics.steps[0].integrity.speedups.excluded = 0;
+    let text = render(&[r], Format::Text);
+    assert!(
+        text.contains(
+            "1 unverified; counted in fast_p and geomean (faithful mode only flags them)"
+        ),
+        "{text}"
+    );
 }

@@ -172,3 +172,56 @@ fn last_turn_per_task() {
     assert_eq!(level2["1"], json!([correct_entry(0, 1.0)]));
     assert_eq!(level2.as_object().map(|o| o.len()), Some(1));
 }
+
+#[test]
+fn rejected_and_unverified_strict_speedups() {
+    let rejected = TurnRecord {
+        turn: 1,
+        compile: Some(CompileOutcome {
+            status: CompileStatus::Rejected,
+            cached: false,
+            error_name: Some("StaticCheckError".into()),
+            error: Some("static check: timing_patch at line 3: assigns `time.time`".into()),
+            feedback: String::new(),
+            log_path: None,
+            build_dir: None,
+            duration_ms: 0,
+            findings: Vec::new(),
+            build_path: None,
+        }),
+        verdict: Some(Verdict::Rejected),
+        ..TurnRecord::default()
+    };
+    // A strict-mode 90x that re-timing did not confirm ranks below an honest 1.2x.
+    let mut hacked = ran(2, Verdict::Correct, Some(90.0), 0.01);
+    let e = hacked.exec.as_mut().unwrap();
+    e.env.mode = Some("strict".into());
+    e.speedup_check = Some(krefine::types::SpeedupCheck {
+        bound: 50.0,
+        bound_source: "default".into(),
+        flagged: true,
+        verified: Some(false),
+        reverified_speedup: Some(1.0),
+    });
+    let honest = ran(3, Verdict::Correct, Some(1.2), 0.8);
+    let turns = BTreeMap::from([
+        (task(1, 1, 0), vec![rejected.clone()]),
+        (task(1, 2, 0), vec![hacked, honest]),
+    ]);
+    let out = kernelbench_eval_results(1, &turns, Pick::Best);
+    assert_eq!(
+        out["1"][0],
+        json!({
+            "sample_id": 0,
+            "compiled": false,
+            "correctness": false,
+            "metadata": {
+                "compilation_error_name": "StaticCheckError",
+                "compilation_error": "static check: timing_patch at line 3: assigns `time.time`"
+            },
+            "runtime": -1.0,
+            "runtime_stats": {}
+        })
+    );
+    assert_eq!(out["2"][0]["runtime"], 0.8);
+}

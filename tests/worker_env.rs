@@ -67,11 +67,13 @@ fn workers_cannot_see_orchestrator_secrets() {
 
         let c = pool
             .compile(compile_job(CANDIDATE, &tmp.path().join("logs"), "env"))
-            .await;
+            .await
+            .unwrap();
         assert_eq!(c.status, CompileStatus::Ok, "{c:#?}");
         let e = pool
             .execute(exec_job(CANDIDATE, c.build_dir.clone()), &DeviceId::Cpu)
-            .await;
+            .await
+            .unwrap();
         assert_eq!(e.verdict, Verdict::Correct, "{e:#?}");
         pool.shutdown().await;
 

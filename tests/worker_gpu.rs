@@ -145,9 +145,13 @@ fn gpu_pool_end_to_end() {
         let logs = tmp.path().join("logs");
         let t = Instant::now();
         let (c_ok, c_bad, c_hang) = tokio::join!(
-            pool.compile(compile_job(&ok, &logs, "ok")),
-            pool.compile(compile_job(&bad, &logs, "bad")),
-            pool.compile(compile_job(&hang, &logs, "hang")),
+            async { pool.compile(compile_job(&ok, &logs, "ok")).await.unwrap() },
+            async { pool.compile(compile_job(&bad, &logs, "bad")).await.unwrap() },
+            async {
+                pool.compile(compile_job(&hang, &logs, "hang"))
+                    .await
+                    .unwrap()
+            },
         );
         eprintln!(
             "3 CUDA compiles in parallel: {:.1} s ({} / {} / {} ms)",
@@ -167,7 +171,7 @@ fn gpu_pool_end_to_end() {
             let dir = c_ok.build_dir.clone();
             async move {
                 let t = Instant::now();
-                let e = pool.execute(job(ok, dir), &DeviceId::Gpu(0)).await;
+                let e = pool.execute(job(ok, dir), &DeviceId::Gpu(0)).await.unwrap();
                 eprintln!(
                     "{label}: {} in {:.2} s (runtime {:.3} ms, ref {:.3} ms, phases {:?})",
                     e.verdict,
@@ -193,14 +197,20 @@ fn gpu_pool_end_to_end() {
         assert_eq!(again.ref_source.as_deref(), Some("cached"));
 
         let t = Instant::now();
-        let p = pool.profile(job(&ok, c_ok.build_dir.clone()), &gpu).await;
+        let p = pool
+            .profile(job(&ok, c_ok.build_dir.clone()), &gpu)
+            .await
+            .unwrap();
         eprintln!("profile: ok={} in {:.2} s", p.ok, t.elapsed().as_secs_f64());
         assert!(p.ok, "{p:#?}");
         assert!(p.table.contains("add_kernel"), "{}", p.table);
 
         let before = pool.worker_pids().await;
         let t = Instant::now();
-        let e = pool.execute(job(&bad, c_bad.build_dir.clone()), &gpu).await;
+        let e = pool
+            .execute(job(&bad, c_bad.build_dir.clone()), &gpu)
+            .await
+            .unwrap();
         eprintln!(
             "illegal address: {} in {:.2} s\n{}",
             e.verdict,
@@ -219,7 +229,8 @@ fn gpu_pool_end_to_end() {
         let t = Instant::now();
         let e = pool
             .execute(job(&hang, c_hang.build_dir.clone()), &gpu)
-            .await;
+            .await
+            .unwrap();
         eprintln!(
             "endless kernel: {} in {:.2} s: {}",
             e.verdict,
@@ -241,7 +252,10 @@ fn gpu_pool_end_to_end() {
         run_ok("ok after the endless kernel").await;
 
         let t = Instant::now();
-        let cached = pool.compile(compile_job(&ok, &logs, "ok-again")).await;
+        let cached = pool
+            .compile(compile_job(&ok, &logs, "ok-again"))
+            .await
+            .unwrap();
         assert!(cached.cached && t.elapsed() < Duration::from_secs(1));
 
         let pids = pool.worker_pids().await;

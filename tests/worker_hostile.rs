@@ -88,7 +88,8 @@ async fn compile(pool: &WorkerPool, logs: &std::path::Path, name: &str) -> Compi
             logs,
             name.trim_end_matches(".py"),
         ))
-        .await;
+        .await
+        .expect("the compile pool is available");
     eprintln!(
         "compile {name}: {:?} cached={} in {:.2} s",
         out.status,
@@ -102,7 +103,8 @@ async fn execute(pool: &WorkerPool, name: &str, build_dir: Option<String>) -> Ex
     let t = Instant::now();
     let out = pool
         .execute(exec_job(&hostile(name), build_dir), &DeviceId::Cpu)
-        .await;
+        .await
+        .expect("the evaluation worker is available");
     eprintln!(
         "execute {name}: {} in {:.2} s",
         out.verdict,
@@ -408,7 +410,8 @@ fn profile_on_cpu_gives_a_table() {
         let p = s
             .pool
             .profile(exec_job(&hostile("ok_cpp.py"), c.build_dir), &DeviceId::Cpu)
-            .await;
+            .await
+            .unwrap();
         eprintln!(
             "profile ok_cpp: ok={} in {:.2} s",
             p.ok,
@@ -437,8 +440,18 @@ fn concurrent_compiles_of_one_source_build_once() {
             counter = counter.to_string_lossy()
         );
         let (a, b) = tokio::join!(
-            s.pool.compile(compile_job(&code, &s.logs, "concurrent-a")),
-            s.pool.compile(compile_job(&code, &s.logs, "concurrent-b")),
+            async {
+                s.pool
+                    .compile(compile_job(&code, &s.logs, "concurrent-a"))
+                    .await
+                    .unwrap()
+            },
+            async {
+                s.pool
+                    .compile(compile_job(&code, &s.logs, "concurrent-b"))
+                    .await
+                    .unwrap()
+            },
         );
         assert_eq!(a.status, CompileStatus::Ok, "{a:#?}");
         assert_eq!(b.status, CompileStatus::Ok, "{b:#?}");
@@ -486,11 +499,15 @@ fn dropping_a_pool_leaves_no_processes() {
         ))
         .await
         .expect("pool");
-        let c = pool.compile(compile_job(&code, &s.logs, "orphan")).await;
+        let c = pool
+            .compile(compile_job(&code, &s.logs, "orphan"))
+            .await
+            .unwrap();
         assert_eq!(c.status, CompileStatus::Ok, "{c:#?}");
         let e = pool
             .execute(exec_job(&code, c.build_dir), &DeviceId::Cpu)
-            .await;
+            .await
+            .unwrap();
         assert_eq!(e.verdict, Verdict::Correct, "{e:#?}");
         let mut pids = pool.worker_pids().await;
         assert_eq!(pids.len(), 2, "one compile and one cpu worker");

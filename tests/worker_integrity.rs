@@ -32,7 +32,10 @@ fn matmul() -> Arc<Problem> {
 
 async fn turn(pool: &WorkerPool, logs: &std::path::Path, name: &str, n: u32) -> ExecOutcome {
     let code = integrity(name);
-    let compiled = pool.compile(compile_job(&code, logs, name)).await;
+    let compiled = pool
+        .compile(compile_job(&code, logs, name))
+        .await
+        .expect("pool available");
     assert_eq!(compiled.status, CompileStatus::Ok, "{name}: {compiled:#?}");
     let job = ExecJob {
         task: TaskId {
@@ -44,7 +47,9 @@ async fn turn(pool: &WorkerPool, logs: &std::path::Path, name: &str, n: u32) -> 
         code,
         build_dir: compiled.build_dir,
     };
-    pool.execute(job, &DeviceId::Cpu).await
+    pool.execute(job, &DeviceId::Cpu)
+        .await
+        .expect("pool available")
 }
 
 fn has(o: &ExecOutcome, category: &str, severity: Severity) -> bool {

@@ -11,6 +11,7 @@ cargo build --release
 cp target/release/krefine "$K/" && strip "$K/krefine"
 cp "$KB/problems.jsonl" "$K/problems.jsonl"
 cp "$KB/baseline_timing/H100_Modal/baseline_time_torch.json" "$K/baseline_h100_modal.json"
+cp "$KB/baseline_timing/H100_Modal/baseline_time_torch_compile_inductor_default.json" "$K/baseline_h100_modal_compile.json"
 
 answer() { # problem sample turn file -> one scripted answer line
   jq -nc --arg p "$1" --argjson s "$2" --argjson t "$3" --rawfile code "$4" \
@@ -45,6 +46,22 @@ jq -c --arg sel "$REFEQ_L1,$REFEQ_L2" '
   answer 1/19 0 3 $C/l1_19_relu_float4.py
 } > "$K/answers-hostile.jsonl"
 
+# Integer inputs (issue 17): level-1 problems 95 (CrossEntropyLoss, integer class targets) and 98
+# (KLDivLoss), reference-equivalent; and the tiny level-4 test problems (a GPT-2 from a config, and one
+# from a Hugging Face cache that run.sh builds on the GPU machine with tests/python/hf_cache.py).
+jq -c 'select(.level == 1 and (.problem_id == 95 or .problem_id == 98))
+  | {problem: "1/\(.problem_id)", sample: 0, turn: 1,
+     content: ("```python\n" + (.code | gsub("\\bModel\\b"; "ModelNew")) + "\n```")}' \
+  "$KB/problems.jsonl" > "$K/answers-int-l1.jsonl"
+mkdir -p "$K/l4problems/level4"
+cp tests/fixtures/kernelbench/level4/*.py "$K/l4problems/level4/"
+cp tests/fixtures/kernelbench/level1/95_CrossEntropyLoss.py "$K/l4problems/level4/3_CrossEntropyLoss.py"
+for f in "$K"/l4problems/level4/*.py; do
+  id=$(basename "$f" | cut -d_ -f1)
+  jq -nc --arg p "4/$id" --rawfile code "$f" \
+    '{problem: $p, sample: 0, turn: 1, content: ("```python\n" + $code + "\n\nclass ModelNew(Model):\n    pass\n```")}'
+done > "$K/answers-tiny-l4.jsonl"
+
 cfg() { # name level problems method turns answers
   cat > "$K/$1.toml" <<TOML
 [run]
@@ -73,4 +90,7 @@ cfg refeq-l2 2 "$REFEQ_L2" one_shot 1 answers-refeq.jsonl
 cfg fused-l1 1 "19,25" refine 2 answers-fused-l1.jsonl
 cfg fused-l2 2 "1,12" one_shot 1 answers-fused-l2.jsonl
 cfg hostile 1 "19" refine 3 answers-hostile.jsonl
+cfg int-l1 1 "95,98" one_shot 1 answers-int-l1.jsonl
+cfg tiny-l4 4 "all" one_shot 1 answers-tiny-l4.jsonl
+sed -i 's|path = ".gpu/problems.jsonl"|path = ".gpu/l4problems"|; s|^execute_s = 30|execute_s = 300\n[eval.hf]\ncache = ".gpu/hub"|' "$K/tiny-l4.toml"
 ls -la "$K"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The H100 checks, run from the repository root on the GPU machine with the kit of make-kit.sh in .gpu/.
 #   bash bench/gpu/run.sh STEP...     steps: env refeq fused-l2 fused-l1 big-l1 big-l1-19 hostile gpu-checks
+#                                     baseline int-l4 cvd
 # Each step's results land in $OUT as soon as it ends: summary.txt (appended) and runs.tgz (every run
 # directory so far, scratch folders left out).
 set -uo pipefail
@@ -59,6 +60,56 @@ step_gpu_checks() {
   log "tests/python/run_gpu_checks.py"
   timeout 300 python3 tests/python/run_gpu_checks.py --work /tmp/krefine-gc --arch-list 9.0 --out runs/gpu_checks.json > runs/gpu-checks.txt 2>&1
   tail -5 runs/gpu-checks.txt >> "$S"; save
+}
+step_baseline() { # krefine baseline (eager) on level 1 against KernelBench's H100 baseline, then eval of a
+  # submission of the reference-equivalent kernels (correct, speedups near 1), and the compile baseline.
+  local sel="1,2,7,8,9,10,12,13,14,15,16,17,18,40" t0
+  log "krefine baseline level 1 ($sel), eager"
+  t0=$(date +%s%N)
+  $K baseline --dataset .gpu/problems.jsonl --levels 1 --problems "$sel" --out runs/baseline-l1.json \
+    > runs/baseline-l1.txt 2>&1
+  echo "exit $? wall $(ms_since "$t0") ms" >> "$S"
+  python3 bench/gpu/baseline_table.py runs/baseline-l1.json .gpu/baseline_h100_modal.json >> "$S" 2>&1
+  $K report runs/baseline-l1.json.runs/level1-eager --submission runs/refeq-l1-sub.json >> "$S" 2>&1
+  $K eval runs/refeq-l1-sub.json --dataset .gpu/problems.jsonl --out runs/eval-refeq-l1 > runs/eval-refeq-l1.txt 2>&1
+  echo "eval exit $?" >> "$S"; tail -12 runs/eval-refeq-l1.txt >> "$S"
+  $K report runs/eval-refeq-l1 --plot "$OUT/eval-refeq-l1.png" >> "$S" 2>&1
+  log "krefine baseline level 1 ($sel), torch.compile default"
+  $K baseline --dataset .gpu/problems.jsonl --levels 1 --problems "$sel" --mode compile \
+    --out runs/baseline-l1-compile.json > runs/baseline-l1-compile.txt 2>&1
+  echo "exit $?" >> "$S"
+  python3 bench/gpu/baseline_table.py runs/baseline-l1-compile.json \
+    .gpu/baseline_h100_modal_compile.json >> "$S" 2>&1
+  cp runs/baseline-l1*.json "$OUT/"; save
+}
+step_int_l4() { # issue 17: integer inputs kept (default) and cast (KernelBench), tiny level-4 models on the GPU
+  run int-l1 .gpu/int-l1.toml
+  run int-l1-cast .gpu/int-l1.toml --set eval.cast_integer_inputs=true --set 'run.name="int-l1-cast"'
+  python3 tests/python/hf_cache.py .gpu/hub >> "$S" 2>&1
+  run tiny-l4 .gpu/tiny-l4.toml
+  $K report runs/tiny-l4 --format json > runs/tiny-l4.report.json 2>> "$S"
+  grep -h '"verdict"' runs/int-l1*/events.jsonl runs/tiny-l4/events.jsonl \
+    | python3 -c 'import json,sys
+for l in sys.stdin:
+    r = json.loads(l); o = r["event"].get("outcome") or {}
+    if r["event"]["type"] == "executed":
+        print(r["task"], o.get("verdict"), o.get("speedup"), o.get("env", {}).get("integer_inputs"))' >> "$S"
+  save
+}
+step_cvd() { # CUDA_VISIBLE_DEVICES set by a user or a scheduler is respected (issue 11, point 6)
+  local uuid; uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
+  CUDA_VISIBLE_DEVICES=0 run cvd-index configs/quickstart.toml --set 'run.name="cvd-index"'
+  CUDA_VISIBLE_DEVICES=$uuid run cvd-uuid configs/quickstart.toml --set 'run.name="cvd-uuid"'
+  # Index 1 among one visible GPU does not exist: refused before anything starts (exit 2).
+  CUDA_VISIBLE_DEVICES=0 run cvd-missing configs/quickstart.toml --set 'run.name="cvd-missing"' \
+    --set resources.devices=1
+  for r in cvd-index cvd-uuid; do
+    grep -h '"type":"executed"' "runs/$r/events.jsonl" | python3 -c '
+import json, sys
+d = [json.loads(l)["event"]["outcome"] for l in sys.stdin]
+print(sys.argv[1], len(d), "executed;", sorted({(o["device"], o["env"]["device_name"]) for o in d}))' "$r" >> "$S"
+  done
+  save
 }
 for step in "$@"; do "step_${step//-/_}"; done
 log done

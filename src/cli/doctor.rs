@@ -38,13 +38,19 @@ pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         .and_then(|l| l.config.resources.python.as_deref().map(|p| l.resolve(p)));
     let rt = super::runtime()?;
     println!("Python:");
-    match rt.block_on(worker::find_python(configured.as_deref())) {
+    let config_dir = loaded
+        .as_ref()
+        .and_then(|l| l.path.parent().map(Path::to_path_buf));
+    match rt.block_on(worker::find_python(
+        configured.as_deref(),
+        config_dir.as_deref(),
+    )) {
         Ok(py) => {
             println!("  {}", py.display());
             let probe = std::process::Command::new(&py)
                 .args([
                     "-c",
-                    "import sys, torch\nprint('  python', sys.version.split()[0])\nprint('  torch', torch.__version__, '(CUDA', str(torch.version.cuda) + ',', 'GPU available:', str(torch.cuda.is_available()) + ')')\ntry:\n    import ninja; print('  ninja', ninja.__version__)\nexcept Exception:\n    print('  ninja: missing (load_inline needs it)')\nfrom torch.utils.cpp_extension import CUDA_HOME\nprint('  CUDA_HOME', CUDA_HOME)",
+                    "import sys, torch\nprint('  python', sys.version.split()[0])\nprint('  torch', torch.__version__, '(CUDA', str(torch.version.cuda) + ',', 'GPU available:', str(torch.cuda.is_available()) + ')')\ntry:\n    import ninja; print('  ninja', ninja.__version__)\nexcept Exception:\n    print('  ninja: missing (load_inline needs it)')\nfrom torch.utils.cpp_extension import CUDA_HOME\nprint('  CUDA_HOME', CUDA_HOME)\nimport importlib.metadata as m\ntry:\n    print('  transformers', m.version('transformers'))\nexcept m.PackageNotFoundError:\n    print('  transformers: missing (KernelBench level 4 needs it)')",
                 ])
                 .output();
             match probe {
@@ -58,7 +64,51 @@ pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         Some(p) => println!("  nvcc {}", p.display()),
         None => println!("  nvcc: not on PATH (needed for CUDA candidates)"),
     }
+    let hf = loaded
+        .as_ref()
+        .map(|l| l.config.eval.hf.clone())
+        .unwrap_or_default();
+    let cache = match &loaded {
+        Some(l) => super::run::hf_cache_dir(l),
+        None => hf.cache_dir(None),
+    };
+    println!("Hugging Face (KernelBench level 4):");
+    match &cache {
+        Some(c) => {
+            let models = std::fs::read_dir(c)
+                .map(|d| {
+                    d.filter_map(|e| e.ok())
+                        .filter(|e| e.file_name().to_string_lossy().starts_with("models--"))
+                        .count()
+                })
+                .ok();
+            println!(
+                "  cache {} ({})",
+                c.display(),
+                models.map_or("does not exist".to_string(), |n| format!("{n} model(s)"))
+            );
+        }
+        None => println!("  no cache folder found (set eval.hf.cache)"),
+    }
+    println!(
+        "  workers {}",
+        if hf.offline {
+            "offline (HF_HUB_OFFLINE=1): models must be in the cache"
+        } else {
+            "online: missing models are downloaded"
+        }
+    );
     if let Some(l) = &loaded {
+        let problems = crate::dataset::load(
+            &l.resolve(&l.config.dataset.path),
+            l.config.dataset.level,
+            &l.config.dataset.problems,
+        );
+        if let Ok(problems) = problems
+            && let Err(e) = hf.check_models(cache.as_deref(), &problems)
+        {
+            println!("  {e}");
+        }
         println!("LLM endpoint:\n  {}", llm::describe_endpoint(l));
     }
     Ok(ExitCode::SUCCESS)

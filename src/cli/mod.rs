@@ -1,7 +1,11 @@
 //! The command-line surface: argument parsing and dispatch to one module per command.
 
+mod baseline;
 mod bench;
+mod check;
+mod compare;
 mod doctor;
+mod eval;
 mod report;
 mod run;
 
@@ -27,11 +31,22 @@ enum Cmd {
     Run(run::RunArgs),
     /// Print fast_p@N, geomean speedup, correct rate, tokens and cost of run directories.
     Report(report::ReportArgs),
+    /// Compare runs at matched budgets (LLM calls, tokens, USD, device seconds) with bootstrap
+    /// intervals over the problems they share.
+    Compare(compare::CompareArgs),
+    /// Evaluate existing generations (a leaderboard submission JSON or a KernelBench runs folder)
+    /// without an LLM, into a run directory plus KernelBench's eval_results.json.
+    Eval(eval::EvalArgs),
+    /// Time the references of a dataset's levels into a KernelBench baseline JSON (eager or
+    /// torch.compile), for `eval.baseline`.
+    Baseline(baseline::BaselineArgs),
     /// Show what this machine offers: GPUs, the worker Python (torch, ninja, nvcc), the LLM endpoint.
     Doctor {
         /// A config whose Python and LLM endpoint to check.
         config: Option<PathBuf>,
     },
+    /// Run the static checks on candidate files (exit status 1 when one has an error).
+    Check(check::CheckArgs),
     /// Benchmarks of krefine itself.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -42,7 +57,11 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Run(args) => run::run(args),
         Cmd::Report(args) => report::report(args),
+        Cmd::Compare(args) => compare::compare_cmd(args),
+        Cmd::Eval(args) => eval::eval(args),
+        Cmd::Baseline(args) => baseline::baseline(args),
         Cmd::Doctor { config } => doctor::doctor(config.as_deref()),
+        Cmd::Check(args) => check::check(args),
         Cmd::Bench(cmd) => bench::bench(cmd),
     };
     match result {

@@ -1,16 +1,13 @@
-//! `krefine report`: read run directories, fold their logs, print metrics.
+//! `krefine report`: read run directories, fold their logs, print metrics (and optionally plot or
+//! export a leaderboard submission).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 
-use crate::config::Config;
-use crate::engine::fold_records;
-use crate::metrics::{RunInput, equal_attempts, ledger, run_metrics, run_problems};
-use crate::report::{Format, RunReport, render};
-use crate::store::{RunDir, read_log};
-use crate::types::{Event, MethodKind};
+use crate::interchange::submission::{self, SubmissionMeta, SubmissionPick};
+use crate::report::{Format, LoadedRun, RunReport, equal_attempts_table, load_run, plot, render};
 
 #[derive(clap::Args)]
 pub struct ReportArgs {
@@ -20,128 +17,98 @@ pub struct ReportArgs {
     /// text, md, json or csv.
     #[arg(long, default_value = "text")]
     format: Format,
+    /// Draw fast_p@N curves and the speedup distribution into this file (`.svg` or `.png`; one run).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+    /// Write the run's kernels as a leaderboard submission JSON (one run).
+    #[arg(long, value_name = "FILE")]
+    submission: Option<PathBuf>,
+    /// Which candidate of each problem the submission holds.
+    #[arg(long, value_enum, default_value = "best", requires = "submission")]
+    pick: SubmissionPick,
+    /// The submission's `metadata.display_name` (default: the run name).
+    #[arg(long, requires = "submission")]
+    display_name: Option<String>,
+    /// The submission's `metadata.organization`.
+    #[arg(long, requires = "submission")]
+    organization: Option<String>,
+    /// The submission's `metadata.notes` (default: what produced it).
+    #[arg(long, requires = "submission")]
+    notes: Option<String>,
 }
 
 pub fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
-    super::print_out(&render_dirs(&args.runs, args.format)?)?;
+    if (args.plot.is_some() || args.submission.is_some()) && args.runs.len() != 1 {
+        bail!(
+            "--plot and --submission take one run directory; use `krefine compare --plot` for several"
+        );
+    }
+    let runs = load_runs(&args.runs)?;
+    let reports: Vec<RunReport> = runs.iter().map(|r| r.report.clone()).collect();
+    super::print_out(&render_reports(&reports, args.format))?;
+    if let (Some(path), Some(run)) = (&args.plot, runs.first()) {
+        plot::write_plot(path, &plot::run_svg(run)?)?;
+        eprintln!("plot written to {}", path.display());
+    }
+    if let (Some(path), Some(run)) = (&args.submission, runs.first()) {
+        let meta = SubmissionMeta {
+            display_name: args.display_name.clone(),
+            organization: args.organization.clone(),
+            notes: args.notes.clone(),
+        };
+        let (value, summary) = submission::export(run, args.pick, &meta);
+        std::fs::write(path, serde_json::to_string_pretty(&value)? + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!(
+            "submission written to {}: {} kernel(s), {} correct{}",
+            path.display(),
+            summary.kernels,
+            summary.correct,
+            if summary.without_code.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; no code for {} (left out, KernelBench counts them as failed)",
+                    summary.without_code.join(", ")
+                )
+            }
+        );
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Read and fold run directories, warning about torn log tails.
+pub fn load_runs(dirs: &[PathBuf]) -> anyhow::Result<Vec<LoadedRun>> {
+    dirs.iter()
+        .map(|d| {
+            let run = load_run(d)?;
+            for w in run.torn_tail.iter().chain(&run.provenance_warning) {
+                eprintln!("warning: {w}");
+            }
+            Ok(run)
+        })
+        .collect()
 }
 
 /// Render the reports of several run directories in one format.
 pub fn render_dirs(dirs: &[PathBuf], format: Format) -> anyhow::Result<String> {
-    let reports = dirs
+    let reports: Vec<RunReport> = load_runs(dirs)?.into_iter().map(|r| r.report).collect();
+    Ok(render_reports(&reports, format))
+}
+
+fn render_reports(reports: &[RunReport], format: Format) -> String {
+    let provenances: Vec<(&str, &crate::report::provenance::Provenance)> = reports
         .iter()
-        .map(|d| load_report(d))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut out = render(&reports, format);
+        .filter_map(|r| r.provenance.as_ref().map(|p| (r.run.as_str(), p)))
+        .collect();
+    for m in crate::report::provenance::mismatches(&provenances) {
+        eprintln!("WARNING: {m}: their numbers are not comparable as they stand");
+    }
+    let mut out = render(reports, format);
     if matches!(format, Format::Text | Format::Md)
-        && let Some(table) = equal_attempts_table(&reports, format)
+        && let Some(table) = equal_attempts_table(reports, format)
     {
         out.push_str(&table);
     }
-    Ok(out)
-}
-
-/// Refinement against repeated sampling at equal attempts, when the runs hold one of each.
-fn equal_attempts_table(reports: &[RunReport], format: Format) -> Option<String> {
-    let refine = reports.iter().find(|r| r.method == MethodKind::Refine)?;
-    let sampling = reports.iter().find(|r| r.method == MethodKind::Sampling)?;
-    let rows = equal_attempts(&refine.metrics, &sampling.metrics).ok()?;
-    let md = format == Format::Md;
-    let mut s = format!(
-        "\n{}equal attempts: {} (refine) vs {} (sampling), fast_1 and geomean speedup\n",
-        if md { "### " } else { "" },
-        refine.run,
-        sampling.run
-    );
-    let pct = |x: f64| format!("{:.1}%", 100.0 * x);
-    let geo = |g: Option<f64>| g.map(|g| format!("{g:.3}")).unwrap_or_else(|| "-".into());
-    if md {
-        s.push_str("\n| attempts | refine fast_1 | sampling fast_1 | refine geomean | sampling geomean |\n|---|---|---|---|---|\n");
-    } else {
-        s.push_str("attempts  refine_fast_1  sampling_fast_1  refine_geomean  sampling_geomean\n");
-    }
-    for r in rows {
-        let (a, b) = (r.refine.fast_p.0[3], r.sampling.fast_p.0[3]);
-        if md {
-            s.push_str(&format!(
-                "| {} | {} | {} | {} | {} |\n",
-                r.attempts,
-                pct(a),
-                pct(b),
-                geo(r.refine.geomean_speedup),
-                geo(r.sampling.geomean_speedup)
-            ));
-        } else {
-            s.push_str(&format!(
-                "{:>8}  {:>13}  {:>15}  {:>14}  {:>16}\n",
-                r.attempts,
-                pct(a),
-                pct(b),
-                geo(r.refine.geomean_speedup),
-                geo(r.sampling.geomean_speedup)
-            ));
-        }
-    }
-    Some(s)
-}
-
-/// Metrics and ledger of one run, as pure functions of its log.
-pub fn load_report(dir: &Path) -> anyhow::Result<RunReport> {
-    let run = RunDir::open(dir)?;
-    let log = read_log(&run.events_path())?;
-    if let Some(w) = &log.torn_tail {
-        eprintln!("warning: {w}");
-    }
-    let (started, turns) = fold_records(&log.records).with_context(|| {
-        format!(
-            "{} does not fold into task states",
-            run.events_path().display()
-        )
-    })?;
-    let Some(Event::RunStarted {
-        run: name,
-        method,
-        feedback,
-        task_ids,
-        turns: n_turns,
-        samples,
-        ..
-    }) = started
-    else {
-        anyhow::bail!(
-            "{}: the log has no run_started record",
-            run.events_path().display()
-        );
-    };
-    let model = std::fs::read_to_string(run.config_path())
-        .ok()
-        .and_then(|t| toml::from_str::<Config>(&t).ok())
-        .map(|c| c.model.name)
-        .unwrap_or_default();
-    let axis = match method {
-        MethodKind::Refine => n_turns,
-        MethodKind::Sampling => samples,
-        MethodKind::OneShot => 1,
-    };
-    let problems = run_problems(&task_ids);
-    let metrics = run_metrics(&RunInput {
-        method,
-        axis,
-        problems: &problems,
-        turns: &turns,
-    });
-    let complete = matches!(
-        log.records.last().map(|r| &r.event),
-        Some(Event::RunEnded { reason }) if reason == "finished"
-    );
-    Ok(RunReport {
-        run: name,
-        method,
-        feedback: (method == MethodKind::Refine).then_some(feedback).flatten(),
-        model,
-        metrics,
-        ledger: ledger(&log.records),
-        complete,
-    })
+    out
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use tokio_util::sync::CancellationToken;
 
+use crate::checks::{CheckedCompiler, StaticChecks};
 use crate::config::{self, Config, ExecutorKind, LoadedConfig};
 use crate::engine::{Engine, EngineParts, RunPlan};
 use crate::gpu::{self, DeviceInfo};
@@ -16,31 +17,39 @@ use crate::sim::SimServices;
 use crate::store::{ReadLog, RunDir, read_log};
 use crate::types::{Event, FeedbackMode, MethodKind};
 use crate::worker::{self, BaselineTable, WorkerPool, WorkerSettings};
-use crate::{dataset, llm, progress};
+use crate::{dataset, llm, lock, progress, provenance};
+
+/// Exit status of a run that ended with tasks waiting on the LLM endpoint or on workers.
+pub const EXIT_INCOMPLETE: u8 = 3;
 
 #[derive(clap::Args)]
 pub struct RunArgs {
     /// Experiment config (TOML).
-    config: PathBuf,
+    pub(super) config: PathBuf,
     /// Run directory (default: `<output.dir>/<run name>`).
     #[arg(long)]
-    out: Option<PathBuf>,
+    pub(super) out: Option<PathBuf>,
     /// Continue the run in --out (or the default run directory) from its event log.
     #[arg(long)]
-    resume: bool,
+    pub(super) resume: bool,
     /// Plain progress output instead of the live terminal UI.
     #[arg(long)]
-    no_tui: bool,
+    pub(super) no_tui: bool,
     /// Override a config key, e.g. `--set method.turns=5` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
-    sets: Vec<String>,
+    pub(super) sets: Vec<String>,
     /// Serve the LLM answers recorded in this run directory instead of calling a model.
     #[arg(long, value_name = "RUN_DIR")]
-    replay_llm: Option<PathBuf>,
+    pub(super) replay_llm: Option<PathBuf>,
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let loaded = config::load(&args.config, &args.sets)?;
+    run_loaded(args, loaded)
+}
+
+/// Run (or resume) an experiment whose config is already loaded (`krefine eval` builds its own).
+pub(super) fn run_loaded(args: RunArgs, loaded: LoadedConfig) -> anyhow::Result<ExitCode> {
     let cfg = &loaded.config;
     // Everything that can be checked is checked before a run directory exists.
     let dataset_path = loaded.resolve(&cfg.dataset.path);
@@ -53,6 +62,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             cfg.dataset.level
         );
     }
+    if cfg.eval.executor == ExecutorKind::Worker {
+        let hf_cache = hf_cache_dir(&loaded);
+        cfg.eval.hf.check_models(hf_cache.as_deref(), &problems)?;
+    }
     let discovery = gpu::discover();
     let devices = gpu::select(&cfg.resources.devices, &discovery).map_err(anyhow::Error::msg)?;
     let out = match &args.out {
@@ -60,28 +73,87 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         // Output goes where the user runs krefine, not next to the config.
         None => cfg.output.dir.join(loaded.run_name()),
     };
-    let (dir, prior) = if args.resume {
+    // One process writes a run directory at a time: the lock is taken before anything in it is
+    // read or written, and held until this process ends (the OS releases it however we end).
+    let (dir, prior, _lock) = if args.resume {
         let dir = RunDir::open(&out)?;
+        let lock = lock::lock_run_dir(dir.root())?;
         check_frozen_config(&dir, &loaded)?;
         let prior = read_log(&dir.events_path())?;
-        (dir, Some(prior))
+        (dir, Some(prior), lock)
     } else {
-        (RunDir::create(&out, &loaded.effective_toml)?, None)
+        std::fs::create_dir_all(&out)
+            .with_context(|| format!("cannot create run directory {}", out.display()))?;
+        let lock = lock::lock_run_dir(&out)?;
+        (RunDir::create(&out, &loaded.effective_toml)?, None, lock)
     };
     let fresh = prior.is_none();
-    let result = start(
-        args,
-        loaded,
-        dir.clone(),
-        prior,
-        problems,
-        devices,
-        discovery,
-    );
+    let result = record_provenance(
+        &dir,
+        &loaded,
+        &dataset_path,
+        &problems,
+        &devices,
+        &discovery,
+    )
+    .and_then(|()| {
+        start(
+            args,
+            loaded,
+            dir.clone(),
+            prior,
+            problems,
+            devices,
+            discovery,
+        )
+    });
     if fresh && result.is_err() {
         remove_if_unstarted(&dir);
     }
     result
+}
+
+/// Write the run's `provenance.json` (dataset revision, baseline hash, machine, build). A resumed
+/// run keeps the one it started with and says so loudly when the problems or baseline changed since.
+fn record_provenance(
+    dir: &RunDir,
+    loaded: &LoadedConfig,
+    dataset_path: &std::path::Path,
+    problems: &[crate::types::Problem],
+    devices: &[DeviceInfo],
+    discovery: &gpu::Discovery,
+) -> anyhow::Result<()> {
+    let cfg = &loaded.config;
+    let worker = cfg.eval.executor == ExecutorKind::Worker;
+    let baseline = cfg.eval.baseline.as_deref().map(|b| loaded.resolve(b));
+    let now = provenance::collect(&provenance::Inputs {
+        dataset_path,
+        level: cfg.dataset.level,
+        selection: &cfg.dataset.problems,
+        problems,
+        baseline: baseline.as_deref(),
+        devices,
+        discovery,
+        hf_cache: if worker { hf_cache_dir(loaded) } else { None },
+        hf_offline: worker.then_some(cfg.eval.hf.offline),
+    })?;
+    match provenance::read(dir.root())? {
+        None => provenance::write(dir.root(), &now)?,
+        Some(first) => {
+            if first.dataset.content_hash != now.dataset.content_hash {
+                eprintln!(
+                    "WARNING: the problems changed since this run started ({} then, {} now); the run's provenance.json keeps the first",
+                    first.dataset.content_hash, now.dataset.content_hash
+                );
+            }
+            if first.baseline.as_ref().map(|b| &b.hash) != now.baseline.as_ref().map(|b| &b.hash) {
+                eprintln!(
+                    "WARNING: the baseline file changed since this run started; the run's provenance.json keeps the first"
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A new run that failed before its first event (no Python with torch, a missing API key, ...)
@@ -187,6 +259,14 @@ async fn drive(
     );
     // Template errors in user overrides surface now, not in the middle of a run.
     prompts.check(&prompt_settings)?;
+    // Static checks run on every candidate before it is built, for the backend the prompt asks for.
+    let checks = StaticChecks::new(
+        &cfg.eval.checks,
+        cfg.eval.mode,
+        prompt_settings.backend,
+        cfg.eval.precision,
+    );
+    let compiler: Arc<dyn Compiler> = Arc::new(CheckedCompiler::new(compiler, checks));
     let parts = EngineParts {
         llm,
         compiler,
@@ -250,14 +330,22 @@ async fn drive(
             None => String::new(),
         }
     );
+    if let Some(incomplete) = summary.incomplete_reason() {
+        eprintln!(
+            "{incomplete}; nothing was recorded for their pending steps: run again with --resume \
+             (same config and --out) to redo exactly those"
+        );
+    }
     match super::report::render_dirs(&[dir.root().to_path_buf()], crate::report::Format::Text) {
         Ok(text) => super::print_out(&text)?,
         Err(e) => eprintln!("warning: could not build the report: {e:#}"),
     }
     Ok(match summary.stopped {
-        None => ExitCode::SUCCESS,
         Some(_) if cancel.is_cancelled() => ExitCode::from(130),
         Some(_) => ExitCode::from(1),
+        // Tasks wait on the LLM endpoint or on workers (an outage): see README, "Exit status".
+        None if summary.incomplete() => ExitCode::from(EXIT_INCOMPLETE),
+        None => ExitCode::SUCCESS,
     })
 }
 
@@ -280,7 +368,7 @@ async fn build_eval_services(
         }
         ExecutorKind::Worker => {
             let configured = cfg.resources.python.as_deref().map(|p| loaded.resolve(p));
-            let python = worker::find_python(configured.as_deref()).await?;
+            let python = worker::find_python(configured.as_deref(), loaded.path.parent()).await?;
             // Workers run in their own scratch folders, so every path they get is absolute.
             let out_dir = std::path::absolute(&cfg.output.dir)?;
             let harness_dir = worker::deploy_harness(&out_dir.join(".harness")).await?;
@@ -299,6 +387,7 @@ async fn build_eval_services(
                 s.arch_list = gpu::arch_list(devices);
             }
             s.driver = discovery.driver_version.clone();
+            s.extra_env = cfg.eval.hf.worker_env(hf_cache_dir(loaded).as_deref());
             if let Some(b) = &cfg.eval.baseline {
                 s.baseline = Some(Arc::new(BaselineTable::load(&loaded.resolve(b)).await?));
             }
@@ -313,6 +402,14 @@ async fn build_eval_services(
             Ok((pool.clone(), pool.clone(), Some(pool)))
         }
     }
+}
+
+/// The Hugging Face cache the workers get: `eval.hf.cache` (resolved like every input path), else
+/// the user's.
+pub(crate) fn hf_cache_dir(loaded: &LoadedConfig) -> Option<PathBuf> {
+    let hf = &loaded.config.eval.hf;
+    hf.cache_dir(hf.cache.as_deref().map(|p| loaded.resolve(p)))
+        .map(|p| std::path::absolute(&p).unwrap_or(p))
 }
 
 /// A resumed run must be the same experiment: everything but resources, budget and output must

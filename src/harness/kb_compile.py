@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import hashlib
 import importlib.util
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +30,18 @@ CANDIDATE_FILE = "candidate.py"
 BUILD_INFO_FILE = "krefine_build.json"
 SYNTAX_MESSAGE = "Syntax error in custom generated code or ModelNew not found"
 LOG_READ_LIMIT = 2 * 1024 * 1024
+# What a candidate's import may write into its compile/load log; the rest is read and dropped with a
+# note, so a candidate printing without end cannot fill the disk during its build's timeout.
+CAPTURE_LIMIT = 8 * 1024 * 1024
+# Room in the capture pipe (Linux' unprivileged maximum), so C code that prints a lot while holding
+# the GIL (the pump thread needs it) does not block on a full pipe.
+_PIPE_SIZE = 1024 * 1024
+# How long the end of a capture waits for the pump: a process the candidate left behind may keep the
+# pipe open for good.
+_PUMP_JOIN_S = 5.0
+# Held by the worker that builds or loads in a build dir (see remove_stale_locks); not torch's `lock`.
+BUILD_LOCK_FILE = "krefine-build.lock"
+_held_build_lock: tuple[str, int] | None = None
 # What the worker was started with: when a request gives no arch list we fall back to this, never to
 # "unset", so an operator-provided TORCH_CUDA_ARCH_LIST keeps working.
 _STARTUP_ARCH_LIST = os.environ.get("TORCH_CUDA_ARCH_LIST")
@@ -42,15 +56,34 @@ def get_error_name(exc: BaseException) -> str:
 
 
 def remove_stale_locks(build_dir: str) -> int:
-    """Delete torch's `lock` batons under build_dir.
+    """Delete torch's `lock` batons under build_dir that no live build holds; returns how many.
 
     A worker killed mid-build leaves `<ext>/lock` behind and every later build of that extension would
-    wait on it forever. Rust guarantees one builder per build_dir, so any lock found here is stale.
+    wait on it forever. A baton is stale only if its builder is dead: every worker that builds or loads
+    in build_dir holds an exclusive `flock` on `build_dir/BUILD_LOCK_FILE` (taken here and kept until
+    it moves on to another build dir or exits; the OS drops it when the process dies, however it
+    dies). If another live process holds it (a second krefine run sharing the build cache, a worker
+    left over from a killed run), its build may still be running: nothing is removed, and torch's
+    baton makes this build wait for that one instead of racing it.
     """
+    global _held_build_lock
+    path = os.path.join(build_dir, BUILD_LOCK_FILE)
+    if _held_build_lock is not None and _held_build_lock[0] == path:
+        fd = _held_build_lock[1]
+    else:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return 0
+        if _held_build_lock is not None:
+            os.close(_held_build_lock[1])  # releases the previous build dir's lock
+        _held_build_lock = (path, fd)
     removed = 0
-    for path in Path(build_dir).rglob("lock"):
-        if path.is_file():
-            path.unlink(missing_ok=True)
+    for baton in Path(build_dir).rglob("lock"):
+        if baton.is_file():
+            baton.unlink(missing_ok=True)
             removed += 1
     return removed
 
@@ -65,18 +98,55 @@ def _flush_all() -> None:
         ctypes.CDLL(None).fflush(None)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _pump(read_fd: int, log_fd: int, limit: int) -> None:
+    """Copy the capture pipe into the log, keeping at most `limit` bytes; drain the rest."""
+    written = 0
+    noted = False
+    try:
+        while True:
+            data = os.read(read_fd, 65536)
+            if not data:
+                return
+            keep = data[: max(0, limit - written)]
+            if keep:
+                _write_all(log_fd, keep)
+                written += len(keep)
+            if len(keep) < len(data) and not noted:
+                noted = True
+                _write_all(log_fd, f"\n[krefine: output beyond {limit} bytes is dropped]\n".encode())
+    except OSError:
+        return
+    finally:
+        os.close(read_fd)
+        os.close(log_fd)
+
+
 @contextlib.contextmanager
-def capture_fds(log_path: str, append: bool = False) -> Iterator[None]:
-    """Point fds 1 and 2 at log_path for the duration (OS level: catches C, ninja and nvcc output)."""
+def capture_fds(log_path: str, append: bool = False, limit: int = CAPTURE_LIMIT) -> Iterator[None]:
+    """Point fds 1 and 2 at log_path for the duration (OS level: catches C, ninja and nvcc output).
+
+    The output goes through a pipe and a pump thread that keeps at most `limit` bytes of it.
+    """
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
     log_fd = os.open(log_path, flags, 0o644)
+    read_fd, write_fd = os.pipe()
+    with contextlib.suppress(OSError, AttributeError):
+        fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+    pump = threading.Thread(target=_pump, args=(read_fd, log_fd, limit), name="krefine-capture", daemon=True)
+    pump.start()
     _flush_all()
     saved_out, saved_err = os.dup(1), os.dup(2)
     saved_streams = sys.stdout, sys.stderr
     try:
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
+        os.dup2(write_fd, 1)
+        os.dup2(write_fd, 2)
         # Python-level prints go through sys.stdout/sys.stderr, which someone may have replaced (a test
         # runner, or the candidate itself); point them at the captured fds too.
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
@@ -87,8 +157,11 @@ def capture_fds(log_path: str, append: bool = False) -> Iterator[None]:
         sys.stdout, sys.stderr = saved_streams
         os.dup2(saved_out, 1)
         os.dup2(saved_err, 2)
-        for fd in (saved_out, saved_err, log_fd):
+        for fd in (saved_out, saved_err, write_fd):
             os.close(fd)
+        # The pump ends when the last writer is gone; a process the candidate left running may hold
+        # the pipe, so do not wait for it forever (its output stays capped).
+        pump.join(_PUMP_JOIN_S)
 
 
 def read_log(path: str) -> str:

@@ -13,7 +13,10 @@ lists every deliberate difference.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.metadata
 import multiprocessing.util
+import platform
 import sys
 import time
 from collections.abc import Iterator
@@ -40,7 +43,9 @@ from kb_reference import (
     CapturedError,
     ProblemContext,
     ReferenceCache,
+    cast_integers_of,
     hardware_name,
+    integer_inputs_policy,
     load_problem,
     nbytes,
     normalize_device,
@@ -62,7 +67,9 @@ __all__ = [
     "Worker",
     "construct_candidate",
     "evaluate",
+    "cast_integers_of",
     "hardware_name",
+    "integer_inputs_policy",
     "is_out_of_memory",
     "load_problem",
     "poison_free_memory",
@@ -185,7 +192,9 @@ def precision_policy(mode: str, precision: str) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def environment(device: torch.device, hardware: str, precision: str, mode: str) -> dict[str, Any]:
+def environment(
+    device: torch.device, hardware: str, precision: str, mode: str, cast_integers: bool = False
+) -> dict[str, Any]:
     return {
         "device_name": hardware,
         "torch": torch.__version__,
@@ -196,7 +205,19 @@ def environment(device: torch.device, hardware: str, precision: str, mode: str) 
         "grad_mode": "no_grad",
         "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
         "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        "integer_inputs": integer_inputs_policy(cast_integers),
+        "transformers": package_version("transformers"),
+        "python": platform.python_version(),
     }
+
+
+@functools.lru_cache(maxsize=None)
+def package_version(name: str) -> str | None:
+    """An installed package's version without importing it (importing transformers takes seconds)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 # ------------------------------------------------------------------------------------------ evaluate
@@ -210,14 +231,16 @@ def evaluate(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     torch.set_printoptions(precision=4, threshold=10, edgeitems=3, linewidth=80)
     verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
     with precision_policy(mode, precision):
-        env = environment(device, hardware, precision, mode)
+        env = environment(device, hardware, precision, mode, cast_integers_of(request))
         verdict = _evaluate_into(verdict, request, worker, device, hardware)
         cache = worker.references
         if cache_could_have_caused(verdict, cache.device_bytes(device), device):
             # KernelBench holds no reference data on the device between trials; a candidate must not
             # fail for memory that our cache took. Free it and evaluate once more.
             spent = dict(verdict.phases)
-            cache.move_off_device(request["problem"]["code"], device, precision, mode, request["seed"])
+            cache.move_off_device(
+                request["problem"]["code"], device, precision, mode, request["seed"], cast_integers_of(request)
+            )
             verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
             verdict = _evaluate_into(verdict, request, worker, device, hardware)
             verdict.metadata["retried_without_device_cache"] = True
@@ -241,7 +264,9 @@ def prepare(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     started = time.perf_counter()
     status, feedback = "ready", ""
     with precision_policy(mode, precision):
-        ctx = worker.references.context(request["problem"]["code"], device, precision, mode, seed)
+        ctx = worker.references.context(
+            request["problem"]["code"], device, precision, mode, seed, cast_integers_of(request)
+        )
         error = ctx.error
         parallel = 0
         if error is None:
@@ -344,11 +369,16 @@ def _evaluate_into(
 ) -> Verdict:
     precision, mode, seed = request["precision"], request["mode"], request["seed"]
     started = time.perf_counter()
-    ctx = worker.references.context(request["problem"]["code"], device, precision, mode, seed)
+    ctx = worker.references.context(
+            request["problem"]["code"], device, precision, mode, seed, cast_integers_of(request)
+        )
     reference_s = time.perf_counter() - started
     if ctx.error is not None:  # KernelBench builds the reference before loading the candidate
         verdict.phases["reference_s"] = reference_s
         _reference_failed(verdict, ctx.error, hardware, device)
+        hint = kb_feedback.hf_offline_hint(ctx.error.exc, request["problem"]["code"])
+        if hint is not None:
+            verdict.feedback.append(hint)
         return verdict
     verdict = _run_candidate(worker, _job(request, hardware, "evaluate", seed), ctx)
     verdict.phases["reference_s"] += reference_s
@@ -402,6 +432,7 @@ def _reference_timing(verdict: Verdict, request: dict[str, Any], worker: Worker,
         ctx.precision,
         ctx.mode,
         ctx.seed,
+        ctx.cast_integers,
         timing["warmup"],
         timing["trials"],
         timing["discard_first"],

@@ -7,6 +7,7 @@ Everything here is pure string work (no torch), so it is cheap to test exactly. 
 
 from __future__ import annotations
 
+import os
 import re
 import traceback
 from dataclasses import dataclass, field
@@ -173,6 +174,28 @@ def candidate_traceback(
             out.append(f"    {frame.line.strip()}")
     out.append(exception_line(exc, candidate_path))
     return "\n".join(out)
+
+
+_MODEL_NAME = re.compile(r"""^\s*model_name\s*=\s*["']([^"']+)["']""", re.MULTILINE)
+
+
+def hf_offline_hint(exc: BaseException, code: str) -> str | None:
+    """When a problem's model could not be loaded because the worker is offline (HF_HUB_OFFLINE) and the
+    model is not in its cache, say which model and which cache: transformers' own message names
+    neither. None for any other failure."""
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    if not offline or not isinstance(exc, OSError):
+        return None
+    text = str(exc)
+    if "cached files" not in text and "offline" not in text.lower():
+        return None
+    models = sorted(set(_MODEL_NAME.findall(code)))
+    cache = os.environ.get("HF_HUB_CACHE", "(the default Hugging Face cache)")
+    named = ", ".join(models) if models else "the problem's model"
+    return (
+        f"Hugging Face model {named} is not in the cache {cache}, and workers run offline "
+        "(eval.hf.offline = true). Download it first (e.g. `hf download NAME`) or set eval.hf.cache."
+    )
 
 
 def exception_line(exc: BaseException, candidate_path: str | None = None) -> str:

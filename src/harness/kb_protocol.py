@@ -63,6 +63,14 @@ class BaselineRuntime(RuntimeStats):
     source: str
 
 
+class EvalOptions(TypedDict, total=False):
+    """Optional fields of evaluate and prepare requests (absent means the default)."""
+
+    # eval.cast_integer_inputs: cast integer and bool inputs to the precision as KernelBench does;
+    # absent or false, they keep their dtype.
+    cast_integer_inputs: bool
+
+
 class CompileRequest(TypedDict):
     id: int
     op: Literal["compile"]
@@ -80,7 +88,7 @@ class IntegritySpec(TypedDict):
     peak_bandwidth_gbs: float | None
 
 
-class EvaluateRequest(TypedDict):
+class EvaluateRequest(EvalOptions):
     id: int
     op: Literal["evaluate"]
     problem: ProblemSpec
@@ -106,7 +114,7 @@ class ProfileRequest(TypedDict):
     ncu: bool
 
 
-class PrepareRequest(TypedDict):
+class PrepareRequest(EvalOptions):
     id: int
     op: Literal["prepare"]
     problem: ProblemSpec
@@ -191,6 +199,9 @@ class EvalEnv(TypedDict):
     # What kb_sandbox.enter_candidate applied in the candidate's process.
     sandbox: Any
     isolation: Literal["process", "in_worker"]
+    integer_inputs: Literal["kept", "cast"]
+    transformers: str | None
+    python: str
 
 
 class EvalPhases(TypedDict):

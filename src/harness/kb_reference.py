@@ -58,14 +58,26 @@ def trial_seeds(seed: int, trials: int) -> list[int]:
     return [int(torch.randint(0, 2**32 - 1, (1,)).item()) for _ in range(trials)]
 
 
-def prepare_value(value: Any, device: torch.device, dtype: torch.dtype, mode: str) -> Any:
-    """KernelBench casts every tensor to the precision dtype, then moves it. Strict mode keeps
-    integer and bool tensors (token ids, targets, masks) in their own dtype."""
+def prepare_value(value: Any, device: torch.device, dtype: torch.dtype, cast_integers: bool = False) -> Any:
+    """Floating tensors are cast to the precision dtype, then moved. Integer and bool tensors (token
+    ids, class targets, masks) keep their dtype and are only moved: KernelBench's `_process_input_tensor`
+    casts them too, which breaks every reference that indexes with them (its open bug, whose proposed
+    fix this is). `cast_integers` (`eval.cast_integer_inputs`) reproduces that cast for exact parity."""
     if not isinstance(value, torch.Tensor):
         return value
-    if mode == "strict" and not (value.is_floating_point() or value.is_complex()):
+    if not cast_integers and not (value.is_floating_point() or value.is_complex()):
         return value.to(device=device)
     return value.to(dtype=dtype).to(device=device)
+
+
+def integer_inputs_policy(cast_integers: bool) -> str:
+    """How integer and bool inputs were treated, as the result's env records it."""
+    return "cast" if cast_integers else "kept"
+
+
+def cast_integers_of(request: dict[str, Any]) -> bool:
+    """The request's `cast_integer_inputs` flag (absent: False, integer inputs keep their dtype)."""
+    return bool(request.get("cast_integer_inputs", False))
 
 
 def synchronize(device: torch.device) -> None:
@@ -302,13 +314,21 @@ class ProblemContext:
     model (built once), cached trial data per trial count, and the seed-`seed` timing inputs."""
 
     def __init__(
-        self, cache: ReferenceCache, code: str, device: torch.device, precision: str, mode: str, seed: int
+        self,
+        cache: ReferenceCache,
+        code: str,
+        device: torch.device,
+        precision: str,
+        mode: str,
+        seed: int,
+        cast_integers: bool = False,
     ) -> None:
         self.cache = cache
         self.device = device
         self.precision = precision
         self.dtype = DTYPES[precision]
         self.mode = mode
+        self.cast_integers = cast_integers
         self.seed = seed
         self.problem: ProblemCode | None = None
         self.ref_model: torch.nn.Module | None = None
@@ -348,7 +368,7 @@ class ProblemContext:
         assert self.problem is not None
         set_seed(self.seed)
         raw = self.problem.get_init_inputs()
-        return [prepare_value(x, self.device, self.dtype, self.mode) for x in raw]
+        return [prepare_value(x, self.device, self.dtype, self.cast_integers) for x in raw]
 
     def _make_inputs(self, seed: int) -> list[Any]:
         assert self.problem is not None
@@ -356,7 +376,7 @@ class ProblemContext:
         if raw is None:
             set_seed(seed)
             raw = self.problem.get_inputs()
-        inputs = [prepare_value(x, self.device, self.dtype, self.mode) for x in raw]
+        inputs = [prepare_value(x, self.device, self.dtype, self.cast_integers) for x in raw]
         if self.device.type == "cpu":
             # Candidate processes map CPU inputs from shared memory. Sending a tensor moves it there
             # in place (a new data pointer); doing it now keeps the checksummed identity stable.
@@ -566,16 +586,16 @@ class ReferenceCache:
         return hashlib.sha256(code.encode("utf-8")).hexdigest()
 
     def context(
-        self, code: str, device: torch.device, precision: str, mode: str, seed: int
+        self, code: str, device: torch.device, precision: str, mode: str, seed: int, cast_integers: bool = False
     ) -> ProblemContext:
-        key = (self.code_key(code), str(device), precision, mode, seed)
+        key = (self.code_key(code), str(device), precision, mode, seed, cast_integers)
         ctx = self.contexts.get(key)
         if ctx is not None:
             self.contexts.move_to_end(key)
             return ctx
         while len(self.contexts) >= self.max_contexts:
             self._evict_oldest(keep=None)
-        ctx = ProblemContext(self, code, device, precision, mode, seed)
+        ctx = ProblemContext(self, code, device, precision, mode, seed, cast_integers)
         ctx.device_cache = key not in self.off_device
         self.contexts[key] = ctx
         return ctx
@@ -583,10 +603,12 @@ class ReferenceCache:
     def device_bytes(self, device: torch.device) -> int:
         return self._used(device, "device_bytes")
 
-    def move_off_device(self, code: str, device: torch.device, precision: str, mode: str, seed: int) -> None:
+    def move_off_device(
+        self, code: str, device: torch.device, precision: str, mode: str, seed: int, cast_integers: bool = False
+    ) -> None:
         """Forget every cached problem on `device` (freeing its memory) and keep this problem's
         reference data off the device from now on."""
-        self.off_device.add((self.code_key(code), str(device), precision, mode, seed))
+        self.off_device.add((self.code_key(code), str(device), precision, mode, seed, cast_integers))
         for key in [k for k, c in self.contexts.items() if c.device == device]:
             del self.contexts[key]
         release_memory(device)

@@ -25,6 +25,61 @@ use crate::types::{ChatMessage, Role};
 
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 
+/// The largest JSON answer read. Real answers are kilobytes to a few megabytes (100k tokens of
+/// text is ~0.5 MB); a body past this is a broken or hostile server, not an answer.
+pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// The largest streamed answer read (SSE repeats JSON framing around every token).
+pub const MAX_STREAM_BYTES: usize = 128 * 1024 * 1024;
+/// How much of an error body is read for the message.
+const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+
+/// Why a response body could not be read whole.
+#[derive(Debug)]
+enum BodyError {
+    Http(reqwest::Error),
+    TooLarge(usize),
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::Http(e) => f.write_str(&chain(e)),
+            BodyError::TooLarge(limit) => write!(
+                f,
+                "the response body is larger than {} MiB; it was not read further",
+                limit / (1024 * 1024)
+            ),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {}
+
+/// The whole body, refusing one over `limit` bytes without reading the rest.
+async fn read_body(mut response: reqwest::Response, limit: usize) -> Result<Vec<u8>, BodyError> {
+    let mut out = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(BodyError::Http)? {
+        if out.len() + chunk.len() > limit {
+            return Err(BodyError::TooLarge(limit));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+/// The first `limit` bytes of a body (an error message), dropping the rest.
+async fn read_prefix(mut response: reqwest::Response, limit: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Ok(Some(chunk)) = response.chunk().await {
+        let room = limit.saturating_sub(out.len());
+        out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if out.len() >= limit {
+            break;
+        }
+    }
+    out
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
     #[error("model.base_url {url:?} is not an http(s) URL: {message}")]
@@ -251,7 +306,8 @@ impl Endpoint {
             // An unreadable error body still leaves the status to act on.
             let text = self
                 .unless_silent(Some(status), async {
-                    Ok(response.text().await.unwrap_or_default())
+                    let bytes = read_prefix(response, MAX_ERROR_BODY_BYTES).await;
+                    Ok(String::from_utf8_lossy(&bytes).into_owned())
                 })
                 .await
                 .unwrap_or_default();
@@ -268,11 +324,12 @@ impl Endpoint {
         } else {
             let bytes = self
                 .unless_silent(Some(status), async {
-                    response.bytes().await.map_err(|e| {
-                        AttemptError::transient(
-                            Some(status),
-                            self.redact(&format!("response body broke off: {}", chain(&e))),
-                        )
+                    read_body(response, MAX_BODY_BYTES).await.map_err(|e| {
+                        let what = match e {
+                            BodyError::TooLarge(_) => e.to_string(),
+                            BodyError::Http(_) => format!("response body broke off: {e}"),
+                        };
+                        AttemptError::transient(Some(status), self.redact(&what))
                     })
                 })
                 .await?;
@@ -291,7 +348,20 @@ impl Endpoint {
         on_delta: &mut (dyn FnMut(&str) + Send),
     ) -> Result<Reply, AttemptError> {
         let fail = |m: String| AttemptError::transient(Some(status), self.redact(&m));
-        let mut events = response.bytes_stream().eventsource();
+        // Counted as it arrives: a stream that never ends (or one endless event, which the SSE
+        // parser would buffer whole) stops at MAX_STREAM_BYTES.
+        let mut seen = 0usize;
+        let mut events = response
+            .bytes_stream()
+            .map(move |chunk| {
+                let chunk = chunk.map_err(BodyError::Http)?;
+                seen += chunk.len();
+                if seen > MAX_STREAM_BYTES {
+                    return Err(BodyError::TooLarge(MAX_STREAM_BYTES));
+                }
+                Ok(chunk)
+            })
+            .eventsource();
         let mut fold = StreamFold::default();
         let mut done = false;
         while let Some(event) = self

@@ -26,9 +26,9 @@ impl Metered {
         &self.ledger
     }
 
-    fn announce(&self, sink: &EventSink) {
+    async fn announce(&self, sink: &EventSink) {
         if let Some(what) = self.ledger.announce() {
-            sink.emit(None, Event::BudgetExhausted { what });
+            sink.record(None, Event::BudgetExhausted { what }).await;
         }
     }
 }
@@ -41,12 +41,12 @@ impl Llm for Metered {
 
     async fn complete(&self, req: LlmRequest, sink: &EventSink) -> Result<LlmAnswer, LlmError> {
         if let Some(what) = self.ledger.exhausted() {
-            self.announce(sink);
+            self.announce(sink).await;
             return Err(LlmError::Fatal(format!("budget exhausted: {what}")));
         }
         let answer = self.inner.complete(req, sink).await?;
         self.ledger.record(&answer);
-        self.announce(sink);
+        self.announce(sink).await;
         Ok(answer)
     }
 }

@@ -63,7 +63,10 @@ pub fn build_with_ledger(
                 .answers
                 .as_deref()
                 .context("model.provider = \"scripted\" needs model.answers")?;
-            Arc::new(scripted::ScriptedLlm::load(&cfg.resolve(answers))?)
+            Arc::new(
+                scripted::ScriptedLlm::load(&cfg.resolve(answers))?
+                    .with_price(m.prices.get(&m.name).cloned()),
+            )
         }
         (None, Provider::Openai) => {
             if c.budget.usd.is_some() && !m.prices.contains_key(&m.name) {

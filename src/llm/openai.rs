@@ -168,7 +168,7 @@ impl Llm for OpenAiLlm {
                     }
                     drop(pass);
                     let (cost_usd, note) = self.price(&reply);
-                    sink.emit(
+                    sink.record(
                         task,
                         Event::LlmAttempt {
                             turn,
@@ -180,7 +180,8 @@ impl Llm for OpenAiLlm {
                             cost_usd,
                             note,
                         },
-                    );
+                    )
+                    .await;
                     return Ok(LlmAnswer {
                         content: reply.content,
                         usage: reply.usage,
@@ -194,7 +195,7 @@ impl Llm for OpenAiLlm {
                 Err(e) => e,
             };
             drop(pass);
-            sink.emit(
+            sink.record(
                 task,
                 Event::LlmAttempt {
                     turn,
@@ -206,7 +207,8 @@ impl Llm for OpenAiLlm {
                     cost_usd: None,
                     note: None,
                 },
-            );
+            )
+            .await;
             let AttemptError {
                 failure,
                 message,
@@ -216,8 +218,9 @@ impl Llm for OpenAiLlm {
             match failure {
                 Failure::Fatal => return Err(LlmError::Fatal(message)),
                 Failure::Final => return Err(LlmError::Failed(message)),
+                // An outage, not the turn's fault: the engine leaves the turn for a resume.
                 Failure::Transient if attempt > self.retry.max_retries => {
-                    return Err(LlmError::Failed(format!(
+                    return Err(LlmError::Unavailable(format!(
                         "no answer after {attempt} attempts; last: {message}"
                     )));
                 }

@@ -1,10 +1,19 @@
 //! When to try an LLM request again: exponential backoff with jitter, or what the server asked for.
+//!
+//! Kept by hand rather than `backon`: the retry loop (in `openai.rs`) interleaves the rate gate, an
+//! event per attempt and the server's `Retry-After`, which a generic retry combinator would need
+//! bending to express; the policy itself is the dozen lines below.
 
 use std::time::{Duration, SystemTime};
 
 use reqwest::header::HeaderMap;
 
 use crate::config::ModelSection;
+
+/// The longest `Retry-After` honoured. A server asking for more (an hour, a day) is down for longer
+/// than a run should sit idle on it: the wait is cut here, and when the retries run out the turn is
+/// left for a resume (see `LlmError::Unavailable`).
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
 
 /// Retries after the first attempt, and how long to wait before each.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -24,12 +33,12 @@ impl RetryPolicy {
     }
 
     /// Wait before retry number `retry` (1 = the first retry). A server's `Retry-After` is honoured
-    /// as given, even beyond `max`: retrying earlier would only spend an attempt on another 429.
-    /// Otherwise `base * 2^(retry-1)` capped at `max`, with "equal jitter" (half fixed, half random)
+    /// as given, even beyond `max` (retrying earlier would only spend an attempt on another 429), up
+    /// to [`MAX_RETRY_AFTER`]. Otherwise `base * 2^(retry-1)` capped at `max`, with "equal jitter" (half fixed, half random)
     /// so that tasks rejected together do not come back together.
     pub fn delay(&self, retry: u32, retry_after: Option<Duration>) -> Duration {
         if let Some(wait) = retry_after {
-            return wait;
+            return wait.min(MAX_RETRY_AFTER);
         }
         let exp = self
             .base
@@ -99,6 +108,18 @@ mod tests {
             p.delay(1, Some(Duration::from_secs(30))),
             Duration::from_secs(30)
         );
+    }
+
+    #[test]
+    fn retry_after_is_capped() {
+        let p = policy(1.0, 2.0);
+        assert_eq!(
+            p.delay(1, Some(Duration::from_secs(86_400))),
+            MAX_RETRY_AFTER
+        );
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let huge = parse_retry_after("100000", now);
+        assert_eq!(p.delay(1, huge), MAX_RETRY_AFTER);
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The scripted provider: answers read from a JSONL file, one per (problem, sample, turn).
 //!
 //! Deterministic and offline; used by tests and the quickstart. A missing answer is an empty message,
-//! which the turn handles like any answer without code.
+//! which the turn handles like any answer without code. Usage is estimated (4 characters a token);
+//! with a price ([`ScriptedLlm::with_price`], from `model.prices[model.name]`) answers cost what a
+//! priced model would charge for that usage, so USD budgets and comparisons can be tried offline.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -9,7 +11,10 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 use serde::Deserialize;
 
+use crate::config::Price;
 use crate::services::{EventSink, Llm, LlmError};
+
+use super::ledger::cost_usd;
 use crate::types::{LlmAnswer, LlmRequest, ProblemKey, Usage};
 
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +45,8 @@ struct ScriptLine {
 pub struct ScriptedLlm {
     path: PathBuf,
     answers: HashMap<(ProblemKey, u32, u32), String>,
+    /// Price of the estimated usage; `None`: answers cost 0.
+    price: Option<Price>,
 }
 
 impl ScriptedLlm {
@@ -84,7 +91,16 @@ impl ScriptedLlm {
         Ok(ScriptedLlm {
             path: path.to_path_buf(),
             answers,
+            price: None,
         })
+    }
+}
+
+impl ScriptedLlm {
+    /// Charge answers at `price` (USD per million tokens of the estimated usage).
+    pub fn with_price(mut self, price: Option<Price>) -> Self {
+        self.price = price;
+        self
     }
 }
 
@@ -106,14 +122,15 @@ impl Llm for ScriptedLlm {
             .cloned()
             .unwrap_or_default();
         let prompt_tokens = req.messages.iter().map(|m| approx_tokens(&m.content)).sum();
+        let usage = Usage {
+            prompt_tokens,
+            completion_tokens: approx_tokens(&content),
+            reasoning_tokens: 0,
+        };
         Ok(LlmAnswer {
-            usage: Some(Usage {
-                prompt_tokens,
-                completion_tokens: approx_tokens(&content),
-                reasoning_tokens: 0,
-            }),
+            usage: Some(usage),
             content,
-            cost_usd: Some(0.0),
+            cost_usd: Some(self.price.as_ref().map_or(0.0, |p| cost_usd(p, &usage))),
             model: "scripted".into(),
             finish_reason: Some("stop".into()),
             latency_ms: 0,
@@ -152,6 +169,28 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(a.content, "");
+    }
+
+    #[tokio::test]
+    async fn a_price_charges_the_estimated_usage() {
+        let text = r#"{"problem": "1/2", "turn": 1, "content": "12345678"}"#;
+        let llm = ScriptedLlm::parse(text, Path::new("a.jsonl"))
+            .unwrap()
+            .with_price(Some(Price {
+                prompt: 1_000_000.0,
+                completion: 2_000_000.0,
+            }));
+        let req = LlmRequest {
+            task: "1/2/0".parse().unwrap(),
+            turn: 1,
+            messages: vec![crate::types::ChatMessage {
+                role: crate::types::Role::User,
+                content: "abcd".into(),
+            }],
+        };
+        let a = llm.complete(req, &EventSink::discard()).await.unwrap();
+        // 1 prompt token at $1 each, 2 completion tokens at $2 each.
+        assert_eq!(a.cost_usd, Some(5.0));
     }
 
     #[test]

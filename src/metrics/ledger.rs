@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::types::{Event, LlmAnswer, LogRecord, MethodKind, TaskId};
+use crate::types::{CompileStatus, Event, LlmAnswer, LogRecord, MethodKind, TaskId};
 
 use super::attempt_position;
 
@@ -103,7 +103,8 @@ pub struct Ledger {
     pub devices: BTreeMap<String, DeviceUse>,
     /// Sum over devices.
     pub device_total: DeviceUse,
-    /// `Compiled` events, of which `compiles_cached` reused an identical build.
+    /// Builds (`Compiled` events other than static-check rejections), of which `compiles_cached`
+    /// reused an identical build.
     pub compiles: u64,
     pub compiles_cached: u64,
     /// Sum of compile durations (CPU pool time, not wall time: builds overlap).
@@ -167,7 +168,8 @@ pub fn ledger(records: &[LogRecord]) -> Ledger {
                 d.held_ms += held_ms;
                 d.busy_ms += busy_ms;
             }
-            Event::Compiled { outcome, .. } => {
+            // A candidate rejected by static checks was never built.
+            Event::Compiled { outcome, .. } if outcome.status != CompileStatus::Rejected => {
                 l.compiles += 1;
                 l.compiles_cached += u64::from(outcome.cached);
                 l.compile_ms += outcome.duration_ms;

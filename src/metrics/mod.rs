@@ -7,10 +7,17 @@
 //! The denominator is always every problem of the run, so failed, missing and unfinished candidates
 //! count against a method, as in KernelBench's `fastp` (§7.3 of the protocol notes).
 //!
-//! Submodules: [`ledger`] (tokens, USD, LLM attempts, GPU and compile time from the log) and
-//! [`budget`] (refinement vs. sampling at equal attempts and at equal tokens).
+//! Submodules: [`ledger`] (tokens, USD, LLM attempts, GPU and compile time from the log),
+//! [`budget`] (refinement vs. sampling at equal attempts and at equal tokens), [`integrity`]
+//! (static and runtime findings, excessive speedups; in strict mode an unverified excessive speedup
+//! does not count in fast_p and the geomean), [`attempts`] (a run as attempts with their costs),
+//! [`compare`] (any runs at matched budgets along four axes, with [`bootstrap`] intervals).
 
+pub mod attempts;
+pub mod bootstrap;
 pub mod budget;
+pub mod compare;
+pub mod integrity;
 pub mod ledger;
 
 use std::collections::BTreeMap;
@@ -20,9 +27,11 @@ use serde::ser::SerializeMap;
 
 use crate::types::{MethodKind, ProblemKey, TaskId, TurnRecord, Verdict};
 
+pub use attempts::{Attempt, AttemptCost, RunAttempts, device_ms_per_turn, run_attempts};
 pub use budget::{
     AttemptsRow, TokensRow, cumulative_tokens_per_problem, equal_attempts, equal_tokens,
 };
+pub use integrity::{FindingCounts, Integrity, SpeedupCounts, counted_speedup, speedup_excluded};
 pub use ledger::{DeviceUse, Ledger, Spend, ledger, step_spend};
 
 /// The speedup thresholds of fast_p, as in KernelBench's `benchmark_eval_analysis.py`.
@@ -99,6 +108,9 @@ pub struct StepMetrics {
     pub verdicts: BTreeMap<String, usize>,
     /// Problems whose candidate at this step has no verdict yet (never started, or in progress).
     pub pending: usize,
+    /// Findings and excessive-speedup flags of this step's candidates alone.
+    #[serde(skip_serializing_if = "Integrity::is_empty")]
+    pub integrity: Integrity,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -126,6 +138,15 @@ impl RunMetrics {
     /// The last point of the curve (the run's headline numbers).
     pub fn last(&self) -> Option<&StepMetrics> {
         self.steps.last()
+    }
+
+    /// Findings and speedup flags of every candidate on the curve (the steps' sum).
+    pub fn integrity(&self) -> Integrity {
+        let mut total = Integrity::default();
+        for s in &self.steps {
+            total.merge(&s.integrity);
+        }
+        total
     }
 }
 
@@ -199,7 +220,8 @@ impl Best {
         if r.verdict == Some(Verdict::Correct) {
             self.correct = true;
             // A non-finite or non-positive speedup is a broken measurement; it would poison max and log.
-            if let Some(s) = r.correct_speedup().filter(|s| s.is_finite() && *s > 0.0) {
+            // In strict mode an unverified excessive speedup does not count (see `integrity`).
+            if let Some(s) = counted_speedup(r).filter(|s| s.is_finite() && *s > 0.0) {
                 self.speedup = Some(self.speedup.map_or(s, |b| b.max(s)));
             }
         }
@@ -255,6 +277,7 @@ pub fn run_metrics(run: &RunInput<'_>) -> RunMetrics {
         let idx = (n - 1) as usize;
         let mut verdicts = BTreeMap::new();
         let mut pending = 0;
+        let mut integrity = Integrity::default();
         for (best, list) in bests.iter_mut().zip(&attempts) {
             let record = list.get(idx).copied().flatten();
             match record.and_then(|r| r.verdict) {
@@ -263,6 +286,7 @@ pub fn run_metrics(run: &RunInput<'_>) -> RunMetrics {
             }
             if let Some(r) = record {
                 best.add(r);
+                integrity.add(r);
             }
         }
         steps.push(StepMetrics {
@@ -270,6 +294,7 @@ pub fn run_metrics(run: &RunInput<'_>) -> RunMetrics {
             summary: summarize(&bests),
             verdicts,
             pending,
+            integrity,
         });
     }
     let pass_at_k = match run.method {

@@ -3,9 +3,24 @@
 
 use crate::metrics::FAST_P_LABELS;
 
+use crate::metrics::Integrity;
+
 use super::{RunReport, axis_name, feedback_key, rows};
 
-fn field(s: &str) -> String {
+/// Per-category findings of a row in one cell: `static.<category>:<warned>/<errors>` items
+/// separated by spaces (`static.code_bypass:2/0 runtime.tf32_changed:1/0`); empty when none.
+fn findings_cell(i: &Integrity) -> String {
+    let items = [("static", &i.static_checks), ("runtime", &i.runtime_checks)]
+        .into_iter()
+        .flat_map(|(kind, counts)| {
+            counts
+                .iter()
+                .map(move |(c, n)| format!("{kind}.{c}:{}/{}", n.warnings, n.errors))
+        });
+    items.collect::<Vec<_>>().join(" ")
+}
+
+pub(super) fn field(s: &str) -> String {
     if s.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
@@ -40,6 +55,12 @@ fn header() -> String {
             "cost_usd",
             "cumulative_tokens",
             "cumulative_cost_usd",
+            "rejected",
+            "speedups_flagged",
+            "speedups_verified",
+            "speedups_unverified",
+            "speedups_excluded",
+            "findings",
         ]
         .iter()
         .map(|s| s.to_string()),
@@ -78,6 +99,15 @@ pub(super) fn render(runs: &[RunReport]) -> String {
                 opt(row.spend.priced().then_some(row.spend.cost_usd)),
                 row.cumulative.tokens().to_string(),
                 opt(row.cumulative.priced().then_some(row.cumulative.cost_usd)),
+            ]);
+            let i = &row.step.integrity;
+            c.extend([
+                i.rejected.to_string(),
+                i.speedups.flagged.to_string(),
+                i.speedups.verified.to_string(),
+                i.speedups.unverified.to_string(),
+                i.speedups.excluded.to_string(),
+                field(&findings_cell(i)),
             ]);
             out.push_str(&c.join(","));
             out.push('\n');

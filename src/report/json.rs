@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde::ser::SerializeMap;
 
-use crate::metrics::{DeviceUse, FastP, Ledger, PassAtK, Spend};
+use crate::metrics::{DeviceUse, FastP, Integrity, Ledger, PassAtK, Spend};
 use crate::types::MethodKind;
 
 use super::{Row, RunReport, axis_name, feedback_key, rows};
@@ -24,7 +24,12 @@ struct Run<'a> {
     turns: Vec<Turn<'a>>,
     #[serde(skip_serializing_if = "PassAt::is_empty")]
     pass_at_k: PassAt<'a>,
+    /// Findings and excessive speedups over the whole curve; absent when there were none.
+    #[serde(skip_serializing_if = "Integrity::is_empty")]
+    integrity: Integrity,
     ledger: LedgerTotals<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    provenance: Option<&'a super::provenance::Provenance>,
 }
 
 #[derive(Serialize)]
@@ -43,6 +48,8 @@ struct Turn<'a> {
     cost_usd: Option<f64>,
     cumulative_tokens: u64,
     cumulative_cost_usd: Option<f64>,
+    #[serde(skip_serializing_if = "Integrity::is_empty")]
+    integrity: &'a Integrity,
 }
 
 #[derive(Serialize)]
@@ -124,6 +131,7 @@ fn turn<'a>(row: &Row<'a>) -> Turn<'a> {
         cost_usd: cost(&row.spend),
         cumulative_tokens: row.cumulative.tokens(),
         cumulative_cost_usd: cost(&row.cumulative),
+        integrity: &row.step.integrity,
     }
 }
 
@@ -158,7 +166,9 @@ fn run(r: &RunReport) -> Run<'_> {
         problems: r.metrics.problems.len(),
         turns: rows(r).iter().map(turn).collect(),
         pass_at_k: PassAt(&r.metrics.pass_at_k),
+        integrity: r.metrics.integrity(),
         ledger: totals(&r.ledger),
+        provenance: r.provenance.as_ref(),
     }
 }
 

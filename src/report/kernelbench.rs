@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 
+use crate::metrics::counted_speedup;
 use crate::types::{CompileStatus, TaskId, TurnRecord, Verdict};
 
 /// Which turn of a task stands for it.
@@ -19,7 +20,8 @@ pub enum Pick {
     Last,
 }
 
-fn pick(records: &[TurnRecord], how: Pick) -> Option<&TurnRecord> {
+/// The turn of a task that stands for it, chosen by `how`; `None` when no turn finished.
+pub fn pick(records: &[TurnRecord], how: Pick) -> Option<&TurnRecord> {
     let finished = || records.iter().filter(|r| r.verdict.is_some());
     let last = finished().max_by_key(|r| r.turn);
     match how {
@@ -27,7 +29,8 @@ fn pick(records: &[TurnRecord], how: Pick) -> Option<&TurnRecord> {
         Pick::Best => {
             // Rank: timed correct (by speedup) > untimed correct > anything else; the earliest turn
             // wins ties, as a user stopping at the first such turn would have.
-            let rank = |r: &TurnRecord| match (r.verdict, r.correct_speedup()) {
+            // A strict-mode speedup that re-timing did not confirm ranks as untimed.
+            let rank = |r: &TurnRecord| match (r.verdict, counted_speedup(r)) {
                 (Some(Verdict::Correct), Some(s)) if s.is_finite() => (2, s),
                 (Some(Verdict::Correct), _) => (1, 0.0),
                 _ => (0, 0.0),

@@ -1,21 +1,32 @@
-//! `krefine report`: metrics of one or more run directories as text, Markdown, JSON or CSV, and the
-//! KernelBench `eval_results.json` export.
+//! `krefine report` and `krefine compare`: metrics of one or more run directories as text, Markdown,
+//! JSON or CSV, matched-budget comparisons, plots, and the KernelBench `eval_results.json` export.
 //!
-//! Rendering is a pure function of [`RunReport`]s; reading run directories and folding logs happens in
-//! the caller. docs/output-formats.md describes every format for users; keep it in step.
+//! Rendering is a pure function of [`RunReport`]s (and [`crate::metrics::compare::Comparison`]s);
+//! [`load`] reads run directories and folds their logs. docs/output-formats.md describes every format
+//! for users; keep it in step.
 
+mod compare;
 mod csv;
+mod equal;
 mod json;
 mod kernelbench;
+pub mod load;
+pub mod plot;
+pub mod provenance;
 mod text;
 
 use std::fmt;
 use std::str::FromStr;
 
-use crate::metrics::{Ledger, RunMetrics, Spend, StepMetrics, step_spend};
+use crate::metrics::{
+    FindingCounts, Integrity, Ledger, RunMetrics, Spend, StepMetrics, step_spend,
+};
 use crate::types::{FeedbackMode, MethodKind};
 
-pub use kernelbench::{Pick, kernelbench_eval_results};
+pub use compare::{axis_title, budget_text, render_comparison};
+pub use equal::equal_attempts_table;
+pub use kernelbench::{Pick, kernelbench_eval_results, pick};
+pub use load::{LoadError, LoadedRun, RunInfo, load_run};
 
 /// Everything a report shows of one run.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,6 +41,9 @@ pub struct RunReport {
     pub ledger: Ledger,
     /// False while the run is in progress or when it stopped early (cancelled, budget).
     pub complete: bool,
+    /// What the scores were measured on and how; `None` only for reports built without a run
+    /// directory.
+    pub provenance: Option<provenance::Provenance>,
 }
 
 /// Output format of `krefine report` (`--format text|md|json|csv`).
@@ -122,4 +136,67 @@ pub(crate) fn feedback_key(f: FeedbackMode) -> &'static str {
         FeedbackMode::GE => "GE",
         FeedbackMode::GEP => "GEP",
     }
+}
+
+/// Per-category counts as the text report and the CSV `findings` cell write them:
+/// `timing_patch (1 rejected)`, `code_bypass (2 warned, 1 rejected)`; `error_word` names what an
+/// error did (`rejected` for static checks, `failed` for runtime ones).
+pub(crate) fn category_counts(
+    counts: &std::collections::BTreeMap<String, FindingCounts>,
+    error_word: &str,
+) -> Vec<String> {
+    counts
+        .iter()
+        .map(|(category, n)| {
+            let mut parts = Vec::new();
+            if n.warnings > 0 {
+                parts.push(format!("{} warned", n.warnings));
+            }
+            if n.errors > 0 {
+                parts.push(format!("{} {error_word}", n.errors));
+            }
+            format!("{category} ({})", parts.join(", "))
+        })
+        .collect()
+}
+
+/// The integrity lines of a run (label, text): findings per category and excessive speedups.
+/// Empty when no candidate had either.
+pub(crate) fn integrity_lines(i: &Integrity) -> Vec<(&'static str, String)> {
+    let mut lines = Vec::new();
+    let mut checks = Vec::new();
+    if !i.static_checks.is_empty() {
+        checks.push(format!(
+            "static: {}",
+            category_counts(&i.static_checks, "rejected").join(", ")
+        ));
+    }
+    if !i.runtime_checks.is_empty() {
+        checks.push(format!(
+            "runtime: {}",
+            category_counts(&i.runtime_checks, "failed").join(", ")
+        ));
+    }
+    if !checks.is_empty() {
+        lines.push(("checks", checks.join("; ")));
+    }
+    let s = &i.speedups;
+    if s.flagged > 0 {
+        let mut text = format!(
+            "{} flagged as excessive: {} re-verified, {} unverified",
+            s.flagged, s.verified, s.unverified
+        );
+        if s.unverified > 0 {
+            let counted = s.unverified - s.excluded.min(s.unverified);
+            text.push_str(&match (s.excluded, counted) {
+                (0, _) => "; counted in fast_p and geomean (faithful mode only flags them)".into(),
+                (_, 0) => "; not counted in fast_p and geomean (strict mode)".into(),
+                (e, c) => {
+                    format!("; {e} not counted in fast_p and geomean (strict mode), {c} counted")
+                }
+            });
+        }
+        lines.push(("speedups", text));
+    }
+    lines
 }

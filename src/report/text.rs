@@ -10,7 +10,7 @@ use crate::metrics::{FAST_P_LABELS, Ledger, Spend};
 
 use crate::types::MethodKind;
 
-use super::{Row, RunReport, rows};
+use super::{Row, RunReport, integrity_lines, rows};
 
 fn pct(x: f64) -> String {
     format!("{:.1}%", x * 100.0)
@@ -198,22 +198,39 @@ fn render_one(r: &RunReport, md: bool) -> String {
     if md {
         let _ = writeln!(out, "### {}\n", r.run);
         let _ = writeln!(out, "{}\n", title(r));
+        if let Some(p) = &r.provenance {
+            for (label, value) in super::provenance::lines(p) {
+                let _ = writeln!(out, "- {label}: {value}");
+            }
+            out.push('\n');
+        }
         out.push_str(&markdown_table(&table));
         if let Some(line) = pass_at_k_line(r) {
             let _ = writeln!(out, "\n{line}");
         }
         out.push('\n');
-        for (label, value) in totals(&r.ledger) {
+        for (label, value) in integrity_lines(&r.metrics.integrity())
+            .into_iter()
+            .chain(totals(&r.ledger))
+        {
             let _ = writeln!(out, "- {label}: {value}");
         }
     } else {
         let _ = writeln!(out, "{} ({})", r.run, title(r));
+        if let Some(p) = &r.provenance {
+            for (label, value) in super::provenance::lines(p) {
+                let _ = writeln!(out, "{label:<11}{value}");
+            }
+        }
         out.push_str(&aligned(&table));
         if let Some(line) = pass_at_k_line(r) {
             out.push_str(&line);
             out.push('\n');
         }
-        for (label, value) in totals(&r.ledger) {
+        for (label, value) in integrity_lines(&r.metrics.integrity())
+            .into_iter()
+            .chain(totals(&r.ledger))
+        {
             let _ = writeln!(out, "{label:<9}{value}");
         }
     }

@@ -6,10 +6,12 @@
 //! - [`python`]: finding an interpreter that imports torch.
 //! - [`process`]: one worker process: scrubbed environment, own process group, timeouts, kill, reap.
 //! - [`pool`]: [`WorkerPool`], the `Compiler` and `Executor` the engine uses.
+//! - [`pause`]: stopping the compile pool while the CPU device times a candidate.
 //! - [`baseline`]: KernelBench baseline timing files.
 
 pub mod baseline;
 pub mod harness;
+pub mod pause;
 pub mod pool;
 pub mod process;
 pub mod protocol;

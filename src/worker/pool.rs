@@ -25,6 +25,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard, Semaphore};
 
 use super::WorkerError;
 use super::baseline::BaselineTable;
+use super::pause::Pauser;
 use super::process::{RequestError, SpawnSpec, WorkerProcess, kill_group, log_tail};
 use super::protocol::{
     CandidateSpec, CompileRequest, CompileStatusWire, EvaluateResponse, IntegritySpec,
@@ -32,7 +33,7 @@ use super::protocol::{
     ResponseBody, TimingSpec, WorkerRole,
 };
 use crate::config::{EvalSection, Timeouts};
-use crate::services::{CompileJob, Compiler, DeviceId, ExecJob, Executor};
+use crate::services::{BuildPause, CompileJob, Compiler, DeviceId, ExecJob, Executor, Unavailable};
 use crate::types::{
     CompileOutcome, CompileStatus, EvalMode, ExecOutcome, Precision, Problem, ProfileOutcome,
     Verdict,
@@ -84,6 +85,13 @@ pub struct WorkerSettings {
     pub driver: Option<String>,
     /// `eval.max_speedup`: the excessive-speedup bound (default: the roofline, or 50).
     pub max_speedup: Option<f64>,
+    /// `eval.cast_integer_inputs`: KernelBench's cast of integer and bool inputs.
+    pub cast_integer_inputs: bool,
+    /// Extra worker environment (the Hugging Face cache and offline mode, see `crate::hf`).
+    pub extra_env: Vec<(String, std::ffi::OsString)>,
+    /// The orchestrator's own `CUDA_VISIBLE_DEVICES` (set by the user or a scheduler), against which
+    /// `DeviceId::Gpu(i)` is an index; see [`crate::gpu::worker_visible_device`].
+    pub visible_devices: Option<String>,
 }
 
 impl WorkerSettings {
@@ -113,6 +121,9 @@ impl WorkerSettings {
             baseline: None,
             driver: None,
             max_speedup: None,
+            cast_integer_inputs: false,
+            extra_env: Vec::new(),
+            visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
         };
         s.apply_eval(&eval);
         s
@@ -133,6 +144,7 @@ impl WorkerSettings {
         self.profile_rows = eval.profile_rows;
         self.ncu = eval.ncu;
         self.max_speedup = eval.max_speedup;
+        self.cast_integer_inputs = eval.cast_integer_inputs;
         if let Some(dir) = &eval.build_cache {
             self.build_cache = dir.clone();
         }
@@ -176,8 +188,8 @@ struct Slot {
     spec: SpawnSpec,
     state: Mutex<SlotState>,
     /// Process group of the live process (0: none), readable without the lock so `shutdown` can kill
-    /// a worker that is busy with a request.
-    pgid: AtomicU32,
+    /// a worker that is busy with a request (and the pauser can stop a compile worker mid-build).
+    pgid: Arc<AtomicU32>,
     /// The device name the worker reported (GPUs only), for outcomes the orchestrator writes itself.
     hardware: StdMutex<Option<String>>,
 }
@@ -215,6 +227,30 @@ enum CallError {
     Closed,
 }
 
+fn closed() -> Unavailable {
+    Unavailable("the worker pool was shut down".into())
+}
+
+/// Exclusive use of one build dir: the in-process lock, then the cross-process file lock that every
+/// krefine process sharing the build cache takes (`<build dir>.lock`, next to the dir so that the
+/// build itself never touches it). A concurrent run therefore never sees a half-written build.
+struct BuildGuard {
+    _local: OwnedMutexGuard<()>,
+    _file: std::fs::File,
+}
+
+impl CallError {
+    /// Sort a failure: the candidate's (a verdict: `Ok`) or the machinery's (`Err`: no worker could
+    /// be started, the pool was shut down), which leaves the turn unfinished for a resume.
+    fn candidate_fault(self) -> Result<CallError, Unavailable> {
+        match self {
+            CallError::Start(e) => Err(Unavailable(format!("no worker could be started: {e}"))),
+            CallError::Closed => Err(closed()),
+            other => Ok(other),
+        }
+    }
+}
+
 /// The success marker's content.
 #[derive(Debug, Serialize, Deserialize)]
 struct BuildMarker {
@@ -238,6 +274,8 @@ pub struct WorkerPool {
     eval_slots: Vec<(DeviceId, Slot)>,
     build_locks: StdMutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
     closed: AtomicBool,
+    /// Stops the compile workers while the CPU device times a candidate.
+    pauser: Arc<Pauser>,
 }
 
 impl std::fmt::Debug for WorkerPool {
@@ -307,6 +345,11 @@ impl WorkerPool {
             cuda_visible_devices: Some(cvd),
             arch_list: arch,
             load_timeout: deadlines.load,
+            extra_env: settings.extra_env.clone(),
+        };
+        let physical = |i: u32| {
+            crate::gpu::worker_visible_device(i, settings.visible_devices.as_deref())
+                .map_err(WorkerError::Settings)
         };
         let eval_specs: Vec<(DeviceId, SpawnSpec)> = settings
             .devices
@@ -316,7 +359,7 @@ impl WorkerPool {
                     DeviceId::Gpu(i) => spec(
                         format!("gpu-{i}"),
                         WorkerRole::Gpu,
-                        i.to_string(),
+                        physical(*i)?,
                         settings.arch_list.clone(),
                     ),
                     // An empty CUDA_VISIBLE_DEVICES hides every GPU: "cpu" means CPU only.
@@ -327,9 +370,9 @@ impl WorkerPool {
                         settings.arch_list.clone(),
                     ),
                 };
-                (d.clone(), s)
+                Ok((d.clone(), s))
             })
-            .collect();
+            .collect::<Result<_, WorkerError>>()?;
         // Compile workers see the run's GPUs, as KernelBench's CPU pre-compile does: a candidate
         // that picks its sources with `torch.cuda.is_available()` at import must build here what
         // the device will load. They never run kernels; a candidate that allocates on the GPU at
@@ -338,10 +381,10 @@ impl WorkerPool {
             .devices
             .iter()
             .filter_map(|d| match d {
-                DeviceId::Gpu(i) => Some(i.to_string()),
+                DeviceId::Gpu(i) => Some(physical(*i)),
                 DeviceId::Cpu => None,
             })
-            .collect::<Vec<_>>()
+            .collect::<Result<Vec<_>, _>>()?
             .join(",");
         let compile_specs: Vec<SpawnSpec> = (0..settings.compile_workers)
             .map(|i| {
@@ -384,7 +427,7 @@ impl WorkerPool {
 
         let make_slot = |spec: SpawnSpec, process: Option<WorkerProcess>| {
             let mut slot = Slot {
-                pgid: AtomicU32::new(process.as_ref().map_or(0, |p| p.pid())),
+                pgid: Arc::new(AtomicU32::new(process.as_ref().map_or(0, |p| p.pid()))),
                 spec,
                 state: Mutex::new(SlotState {
                     process: None,
@@ -409,7 +452,9 @@ impl WorkerPool {
             .map(|((d, s), p)| (d, make_slot(s, Some(p))))
             .collect();
         let n = compile_slots.len();
+        let pauser = Pauser::new(compile_slots.iter().map(|s| s.pgid.clone()).collect());
         Ok(Arc::new(WorkerPool {
+            pauser,
             deadlines,
             torch,
             arch_list,
@@ -421,6 +466,11 @@ impl WorkerPool {
             closed: AtomicBool::new(false),
             settings,
         }))
+    }
+
+    /// How many times the compile pool was paused for a CPU timing (for tests and diagnostics).
+    pub fn build_pauses(&self) -> u32 {
+        self.pauser.pauses()
     }
 
     /// The torch version the workers run (part of every build key).
@@ -496,8 +546,8 @@ impl WorkerPool {
     }
 
     /// Lock a build dir for exclusive use (compile, or the load step of an evaluation, which also
-    /// writes into it and clears torch's lock files there).
-    async fn lock_build(&self, dir: &Path) -> OwnedMutexGuard<()> {
+    /// writes into it and clears torch's lock files there), in this process and across processes.
+    async fn lock_build(&self, dir: &Path) -> Result<BuildGuard, Unavailable> {
         let lock = {
             let mut locks = match self.build_locks.lock() {
                 Ok(l) => l,
@@ -507,7 +557,25 @@ impl WorkerPool {
             locks.retain(|_, m| Arc::strong_count(m) > 1);
             locks.entry(dir.to_path_buf()).or_default().clone()
         };
-        lock.lock_owned().await
+        let local = lock.lock_owned().await;
+        let mut path = dir.as_os_str().to_os_string();
+        path.push(".lock");
+        let path = PathBuf::from(path);
+        if let Some(parent) = path.parent() {
+            tokio::fs::create_dir_all(parent).await.map_err(|e| {
+                Unavailable(format!(
+                    "cannot create build cache {}: {e}",
+                    parent.display()
+                ))
+            })?;
+        }
+        let file = crate::lock::lock_exclusive(&path)
+            .await
+            .map_err(|e| Unavailable(format!("cannot lock {}: {e}", path.display())))?;
+        Ok(BuildGuard {
+            _local: local,
+            _file: file,
+        })
     }
 
     /// Send one request through a slot, starting its worker if needed, and retire the worker when it
@@ -544,7 +612,20 @@ impl WorkerPool {
             }
         };
         slot.pgid.store(process.pid(), Ordering::SeqCst);
-        let result = process.request(body, timeout).await;
+        let result = if slot.spec.role == WorkerRole::Compile {
+            // A build may be paused (stopped) while the CPU device times a candidate; its timeout
+            // counts only the time it could run. The request's own bound is a far backstop.
+            let backstop = timeout.saturating_add(Duration::from_secs(24 * 3600));
+            tokio::select! {
+                r = process.request(body, backstop) => r,
+                () = self.pauser.deadline(timeout) => {
+                    process.kill().await;
+                    Err(RequestError::Timeout { after: timeout })
+                }
+            }
+        } else {
+            process.request(body, timeout).await
+        };
         if counts {
             state.served += 1;
         }
@@ -1009,17 +1090,15 @@ impl WorkerPool {
 
 #[async_trait]
 impl Compiler for WorkerPool {
-    async fn compile(&self, job: CompileJob) -> CompileOutcome {
+    async fn compile(&self, job: CompileJob) -> Result<CompileOutcome, Unavailable> {
         let started = Instant::now();
         let build_dir = self.build_dir_for(&job.code);
-        let _build = self.lock_build(&build_dir).await;
+        let _build = self.lock_build(&build_dir).await?;
         if let Some(outcome) = self.cached_compile(&build_dir, &job, started).await {
-            return outcome;
+            return Ok(outcome);
         }
         let Ok(_permit) = self.compile_permits.acquire().await else {
-            return self
-                .compile_failure(CallError::Closed, &job, &build_dir, started)
-                .await;
+            return Err(closed());
         };
         let index = match self.compile_free.lock() {
             Ok(mut free) => free.pop(),
@@ -1027,14 +1106,14 @@ impl Compiler for WorkerPool {
         };
         // The semaphore has as many permits as free slots, so a permit always finds one.
         let Some(index) = index else {
-            return self
-                .compile_failure(CallError::Closed, &job, &build_dir, started)
-                .await;
+            return Err(closed());
         };
         let _slot_guard = FreeSlot {
             free: &self.compile_free,
             index,
         };
+        // No build starts while the CPU device is timing.
+        self.pauser.wait_unpaused().await;
         let request = RequestBody::Compile(CompileRequest {
             source: job.code.clone(),
             build_dir: build_dir.to_string_lossy().into_owned(),
@@ -1052,7 +1131,7 @@ impl Compiler for WorkerPool {
                     self.record_success(&build_dir, &job, &r.feedback, r.duration_s)
                         .await;
                 }
-                CompileOutcome {
+                Ok(CompileOutcome {
                     status,
                     cached: false,
                     error_name: r.error_name,
@@ -1063,7 +1142,7 @@ impl Compiler for WorkerPool {
                     duration_ms: elapsed_ms(started),
                     findings: Vec::new(),
                     build_path: None,
-                }
+                })
             }
             // `request` checks that the response kind matches the op, so this cannot happen.
             Ok(other) => {
@@ -1071,28 +1150,31 @@ impl Compiler for WorkerPool {
                     detail: format!("compile answered with `{}`", other.kind()),
                     log_tail: String::new(),
                 });
-                self.compile_failure(err, &job, &build_dir, started).await
+                Ok(self.compile_failure(err, &job, &build_dir, started).await)
             }
-            Err(e) => self.compile_failure(e, &job, &build_dir, started).await,
+            Err(e) => {
+                let e = e.candidate_fault()?;
+                Ok(self.compile_failure(e, &job, &build_dir, started).await)
+            }
         }
+    }
+
+    async fn pause_builds(&self) -> Option<BuildPause> {
+        Some(BuildPause::new(self.pauser.pause().await))
     }
 }
 
 #[async_trait]
 impl Executor for WorkerPool {
-    async fn execute(&self, job: ExecJob, device: &DeviceId) -> ExecOutcome {
+    async fn execute(&self, job: ExecJob, device: &DeviceId) -> Result<ExecOutcome, Unavailable> {
         let started = Instant::now();
         let Some(slot) = self.eval_slot(device) else {
-            let msg = format!("device {device} is not served by this worker pool");
-            return self.exec_failure(
-                CallError::Start(WorkerError::Settings(msg)),
-                device,
-                None,
-                started,
-            );
+            return Err(Unavailable(format!(
+                "device {device} is not served by this worker pool"
+            )));
         };
         let (build_dir, candidate) = self.candidate_spec(&job);
-        let _build = self.lock_build(&build_dir).await;
+        let _build = self.lock_build(&build_dir).await?;
         let prepare = PrepareRequest {
             problem: Self::problem_spec(&job.problem),
             device: Self::worker_device(device).into(),
@@ -1113,6 +1195,7 @@ impl Executor for WorkerPool {
                 .baseline
                 .as_ref()
                 .and_then(|b| b.reference_runtime(&job.problem)),
+            cast_integer_inputs: self.settings.cast_integer_inputs,
         };
         let integrity = self.integrity_spec(slot.hardware().as_deref());
         let request = RequestBody::Evaluate(prepare.evaluate(candidate, Some(integrity)));
@@ -1130,9 +1213,12 @@ impl Executor for WorkerPool {
             // A broken reference or a harness failure: the evaluate below reports it in full.
             Ok(_) | Err(CallError::Request(RequestError::Harness { .. })) => {}
             Err(CallError::Request(RequestError::Timeout { after })) => {
-                return self.reference_timeout(after, device, slot.hardware(), started);
+                return Ok(self.reference_timeout(after, device, slot.hardware(), started));
             }
-            Err(e) => return self.exec_failure(e, device, slot.hardware(), started),
+            Err(e) => {
+                let e = e.candidate_fault()?;
+                return Ok(self.exec_failure(e, device, slot.hardware(), started));
+            }
         }
         let mut outcome = match self.call(slot, request, self.deadlines.execute, true).await {
             Ok(ResponseBody::Evaluate(r)) => self.exec_outcome(*r, device, started),
@@ -1143,23 +1229,31 @@ impl Executor for WorkerPool {
                 });
                 self.exec_failure(err, device, slot.hardware(), started)
             }
-            Err(e) => self.exec_failure(e, device, slot.hardware(), started),
+            Err(e) => {
+                let e = e.candidate_fault()?;
+                self.exec_failure(e, device, slot.hardware(), started)
+            }
         };
         // Also on failures: a timeout's wall time is mostly the reference's on a fresh worker.
         if let Some(n) = serde_json::Number::from_f64(prepare_s) {
             outcome.phases.insert("prepare_s".into(), Value::Number(n));
         }
-        outcome
+        Ok(outcome)
     }
 
-    async fn profile(&self, job: ExecJob, device: &DeviceId) -> ProfileOutcome {
+    async fn profile(
+        &self,
+        job: ExecJob,
+        device: &DeviceId,
+    ) -> Result<ProfileOutcome, Unavailable> {
         let started = Instant::now();
         let Some(slot) = self.eval_slot(device) else {
-            let msg = format!("device {device} is not served by this worker pool");
-            return Self::profile_failure(CallError::Start(WorkerError::Settings(msg)), started);
+            return Err(Unavailable(format!(
+                "device {device} is not served by this worker pool"
+            )));
         };
         let (build_dir, candidate) = self.candidate_spec(&job);
-        let _build = self.lock_build(&build_dir).await;
+        let _build = self.lock_build(&build_dir).await?;
         let request = RequestBody::Profile(ProfileRequest {
             problem: Self::problem_spec(&job.problem),
             candidate,
@@ -1169,15 +1263,15 @@ impl Executor for WorkerPool {
             ncu: self.settings.ncu,
         });
         match self.call(slot, request, self.deadlines.profile, true).await {
-            Ok(ResponseBody::Profile(r)) => Self::profile_outcome(r, started),
-            Ok(other) => Self::profile_failure(
+            Ok(ResponseBody::Profile(r)) => Ok(Self::profile_outcome(r, started)),
+            Ok(other) => Ok(Self::profile_failure(
                 CallError::Request(RequestError::Protocol {
                     detail: format!("profile answered with `{}`", other.kind()),
                     log_tail: String::new(),
                 }),
                 started,
-            ),
-            Err(e) => Self::profile_failure(e, started),
+            )),
+            Err(e) => Ok(Self::profile_failure(e.candidate_fault()?, started)),
         }
     }
 }

@@ -8,12 +8,17 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
 use tokio::io::{
     AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncSeekExt, AsyncWriteExt, BufReader,
 };
-use tokio::process::{Child, ChildStdin, ChildStdout};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout};
+use tokio::sync::watch;
 
 use super::WorkerError;
 use super::harness::HARNESS_ENTRY;
@@ -27,6 +32,12 @@ const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 /// A worker log is rotated (to `.log.1`) at spawn once it is this big: print floods must not fill the
 /// disk over a long run.
 const LOG_ROTATE_BYTES: u64 = 64 * 1024 * 1024;
+/// What one request (or the start-up) may add to the worker log: everything a candidate prints goes
+/// there, and a candidate that prints without end must not fill the disk. The rest is dropped with a
+/// note; the next request starts a fresh allowance.
+pub const LOG_BYTES_PER_REQUEST: u64 = 8 * 1024 * 1024;
+/// How long reading a dead worker's log tail waits for its output to be written out.
+const LOG_SETTLE: Duration = Duration::from_secs(2);
 /// How long to wait for a killed process to be reaped. SIGKILL is immediate unless the process is in
 /// uninterruptible sleep (a wedged driver call); then we give up and let tokio reap it later.
 const REAP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,8 +45,11 @@ const REAP_TIMEOUT: Duration = Duration::from_secs(10);
 const EXIT_STATUS_WAIT: Duration = Duration::from_secs(5);
 
 /// Environment variables passed through from the orchestrator when set. Everything else is dropped.
-const PASS_THROUGH: [&str; 8] = [
+const PASS_THROUGH: [&str; 9] = [
     "PATH",
+    // The order in which the driver numbers devices must match the orchestrator's, or a worker's
+    // CUDA_VISIBLE_DEVICES index names another GPU.
+    "CUDA_DEVICE_ORDER",
     "LANG",
     "LC_ALL",
     "CUDA_HOME",
@@ -47,35 +61,50 @@ const PASS_THROUGH: [&str; 8] = [
 /// Names that never reach a worker, whatever an allowlist says.
 const SECRET_MARKERS: [&str; 5] = ["KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL"];
 
-mod sys {
-    // The crate has no `libc` dependency and std can neither signal a process group nor start a
-    // session, so declare the glibc functions needed. They take plain integers and touch no memory
-    // of ours.
-    unsafe extern "C" {
-        pub safe fn killpg(pgrp: i32, sig: i32) -> i32;
-        pub safe fn kill(pid: i32, sig: i32) -> i32;
-        pub safe fn setsid() -> i32;
-    }
-    pub const SIGKILL: i32 = 9;
-}
-
-/// SIGKILL every process of the worker's session `sid` (the worker is its session and group
-/// leader). ninja starts each compiler in a process group of its own, so killing the worker's group
-/// alone would leave `cc1plus`/`nvcc` running; every descendant stays in the session unless it calls
-/// `setsid` itself. Refuses 0 and 1 (our own group / init), which a bug must never turn into "kill
-/// everything".
-pub fn kill_group(sid: u32) {
-    let Ok(sid) = i32::try_from(sid) else {
+/// Send `signal` to every process of the worker's session `sid` (the worker is its session and
+/// group leader): its process group, then each other member found in /proc. ninja starts each
+/// compiler in a process group of its own, so signalling the worker's group alone would miss
+/// `cc1plus`/`nvcc`; every descendant stays in the session unless it calls `setsid` itself. Refuses 0
+/// and 1 (our own group / init), which a bug must never turn into "signal everything".
+///
+/// Reads /proc synchronously: call it off the async runtime ([`signal_session_async`]).
+pub fn signal_session(sid: u32, signal: Signal) {
+    let Some(sid) = session_pid(sid) else {
         return;
     };
-    if sid <= 1 {
+    // ESRCH (already gone) is the common, harmless case; nothing useful to do on error.
+    let _ = killpg(sid, signal);
+    for pid in session_members(sid.as_raw()) {
+        let _ = kill(Pid::from_raw(pid), signal);
+    }
+}
+
+/// [`signal_session`] on a blocking thread; returns once every member was signalled.
+pub async fn signal_session_async(sid: u32, signal: Signal) {
+    if session_pid(sid).is_none() {
         return;
     }
-    // ESRCH (already gone) is the common, harmless case; nothing useful to do on error.
-    let _ = sys::killpg(sid, sys::SIGKILL);
-    for pid in session_members(sid) {
-        let _ = sys::kill(pid, sys::SIGKILL);
+    let _ = tokio::task::spawn_blocking(move || signal_session(sid, signal)).await;
+}
+
+/// SIGKILL the worker's session now, from synchronous code (Drop): the group is killed at once; the
+/// /proc scan for members in other groups runs on a blocking thread when a runtime is there.
+pub fn kill_group(sid: u32) {
+    let Some(pgid) = session_pid(sid) else {
+        return;
+    };
+    let _ = killpg(pgid, Signal::SIGKILL);
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn_blocking(move || signal_session(sid, Signal::SIGKILL));
+        }
+        Err(_) => signal_session(sid, Signal::SIGKILL),
     }
+}
+
+fn session_pid(sid: u32) -> Option<Pid> {
+    let sid = i32::try_from(sid).ok()?;
+    (sid > 1).then(|| Pid::from_raw(sid))
 }
 
 /// Processes whose session id is `sid`, from /proc (empty where /proc is unavailable).
@@ -114,6 +143,9 @@ pub struct SpawnSpec {
     /// `TORCH_CUDA_ARCH_LIST`; `None` passes the orchestrator's own value through, if any.
     pub arch_list: Option<String>,
     pub load_timeout: Duration,
+    /// Variables set on purpose by the orchestrator (the Hugging Face cache and offline mode);
+    /// still subject to the secret filter.
+    pub extra_env: Vec<(String, OsString)>,
 }
 
 /// The complete environment of a worker: an allowlist, never anything that looks like a secret.
@@ -142,6 +174,7 @@ pub fn worker_env(spec: &SpawnSpec) -> Vec<(String, OsString)> {
             }
         }
     }
+    env.extend(spec.extra_env.iter().cloned());
     env.retain(|(k, _)| {
         let upper = k.to_ascii_uppercase();
         !SECRET_MARKERS.iter().any(|m| upper.contains(m))
@@ -222,6 +255,10 @@ enum LineRead {
 }
 
 /// Read one `\n`-terminated line into `buf` (without the newline), refusing lines over `max` bytes.
+///
+/// Kept by hand rather than tokio-util's `LinesCodec`: it reads bytes (a stray non-UTF-8 byte is a
+/// protocol error with the line quoted, not a decoder failure), stops at the first overlong line
+/// instead of discarding up to the next newline, and is a dozen lines with its own test.
 async fn read_line_capped<R: AsyncBufRead + Unpin>(
     r: &mut R,
     buf: &mut Vec<u8>,
@@ -292,6 +329,10 @@ pub struct WorkerProcess {
     stdout: BufReader<ChildStdout>,
     log_path: PathBuf,
     log_start: u64,
+    /// Bytes of output the current request has sent to the log (reset per request).
+    log_used: Arc<AtomicU64>,
+    /// Becomes true once the log pump has written everything the worker's stderr carried.
+    log_done: watch::Receiver<bool>,
     ready: Ready,
     next_id: u64,
     /// False once the group was killed or the process exited; Drop then has nothing to do.
@@ -326,16 +367,16 @@ impl WorkerProcess {
             .envs(worker_env(spec))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::from(log_file))
+            // Through a pipe and a capped pump rather than straight into the file: see
+            // LOG_BYTES_PER_REQUEST.
+            .stderr(Stdio::piped())
             .kill_on_drop(true);
         // Own session (and process group): ninja, nvcc and anything a candidate forks die with the
         // worker, see `kill_group`.
         // SAFETY: between fork and exec only the async-signal-safe `setsid` is called.
         unsafe {
             cmd.pre_exec(|| {
-                if sys::setsid() == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
                 Ok(())
             });
         }
@@ -345,8 +386,16 @@ impl WorkerProcess {
             source,
         })?;
         let pid = child.id().unwrap_or(0);
+        let log_used = Arc::new(AtomicU64::new(0));
+        let (done_tx, log_done) = watch::channel(false);
+        if let Some(stderr) = child.stderr.take() {
+            let file = tokio::fs::File::from_std(log_file);
+            tokio::spawn(pump_log(stderr, file, log_used.clone(), done_tx));
+        } else {
+            let _ = done_tx.send(true);
+        }
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            kill_group(pid);
+            signal_session_async(pid, Signal::SIGKILL).await;
             return Err(WorkerError::Start {
                 worker: spec.name.clone(),
                 detail: "stdin/stdout pipes were not created".into(),
@@ -361,6 +410,8 @@ impl WorkerProcess {
             stdout: BufReader::with_capacity(64 * 1024, stdout),
             log_path: spec.log_path.clone(),
             log_start,
+            log_used,
+            log_done,
             ready: Ready {
                 role: spec.role,
                 python: String::new(),
@@ -430,7 +481,7 @@ impl WorkerProcess {
         WorkerError::Start {
             worker: self.name.clone(),
             detail,
-            log_tail: log_tail(&self.log_path, self.log_start, 20).await,
+            log_tail: self.log_tail(20).await,
         }
     }
 
@@ -482,6 +533,11 @@ impl WorkerProcess {
 
     /// The last lines this incarnation wrote to its log.
     pub async fn log_tail(&self, max_lines: usize) -> String {
+        if !self.alive {
+            // The pump may still hold the last lines a dead worker wrote.
+            let mut done = self.log_done.clone();
+            let _ = tokio::time::timeout(LOG_SETTLE, done.wait_for(|d| *d)).await;
+        }
         log_tail(&self.log_path, self.log_start, max_lines).await
     }
 
@@ -499,6 +555,7 @@ impl WorkerProcess {
         let id = self.next_id;
         self.next_id += 1;
         let op = body.op();
+        self.log_used.store(0, Ordering::SeqCst);
         let line = match serde_json::to_string(&Request { id, body }) {
             Ok(mut s) => {
                 s.push('\n');
@@ -605,7 +662,7 @@ impl WorkerProcess {
             Ok(ReadOutcome::Exited(Some(status))) => {
                 self.alive = false;
                 // The leader is reaped; candidates' children may still hold the group.
-                kill_group(self.pid);
+                signal_session_async(self.pid, Signal::SIGKILL).await;
                 Err(RequestError::Exited {
                     exit: ExitInfo::from_status(status),
                     log_tail: self.log_tail(20).await,
@@ -626,7 +683,7 @@ impl WorkerProcess {
         match tokio::time::timeout(EXIT_STATUS_WAIT, self.child.wait()).await {
             Ok(Ok(status)) => {
                 self.alive = false;
-                kill_group(self.pid);
+                signal_session_async(self.pid, Signal::SIGKILL).await;
                 RequestError::Exited {
                     exit: ExitInfo::from_status(status),
                     log_tail: self.log_tail(20).await,
@@ -647,7 +704,8 @@ impl WorkerProcess {
         if !self.alive {
             return;
         }
-        kill_group(self.pid);
+        // Every member is signalled before the leader is reaped (see above).
+        signal_session_async(self.pid, Signal::SIGKILL).await;
         let _ = tokio::time::timeout(REAP_TIMEOUT, self.child.wait()).await;
         self.alive = false;
     }
@@ -663,7 +721,7 @@ impl WorkerProcess {
                 Ok(Ok(_)) => {
                     self.alive = false;
                     // Anything the worker left running in its group goes too.
-                    kill_group(self.pid);
+                    signal_session_async(self.pid, Signal::SIGKILL).await;
                 }
                 _ => self.kill().await,
             }
@@ -696,6 +754,45 @@ fn clip(s: &str, max_chars: usize) -> String {
         let cut: String = s.chars().take(max_chars).collect();
         format!("{cut} ... [truncated]")
     }
+}
+
+/// Copy the worker's stderr into its log, at most [`LOG_BYTES_PER_REQUEST`] per request (`used` is
+/// reset by each request); beyond that the output is read and dropped, so the worker never blocks
+/// on a full pipe. Says `true` on `done` once the stream has ended and everything is written.
+async fn pump_log(
+    mut from: ChildStderr,
+    mut to: tokio::fs::File,
+    used: Arc<AtomicU64>,
+    done: watch::Sender<bool>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let before = used.fetch_add(n as u64, Ordering::SeqCst);
+        let room = LOG_BYTES_PER_REQUEST.saturating_sub(before);
+        if room == 0 {
+            continue;
+        }
+        let keep = n.min(usize::try_from(room).unwrap_or(usize::MAX));
+        let mut write = to.write_all(&buf[..keep]).await;
+        if keep < n && write.is_ok() {
+            let note = format!(
+                "\n[krefine: more than {} MiB of output in one request; the rest of it is dropped]\n",
+                LOG_BYTES_PER_REQUEST / (1024 * 1024)
+            );
+            write = to.write_all(note.as_bytes()).await;
+        }
+        // Flushed per read so a log tail read right after sees it (tokio's File buffers writes).
+        if write.is_err() || to.flush().await.is_err() {
+            // The log cannot be written (disk full?): keep draining so the worker never blocks.
+            used.store(u64::MAX / 2, Ordering::SeqCst);
+        }
+    }
+    let _ = to.flush().await;
+    let _ = done.send(true);
 }
 
 /// Empty the worker's scratch folder: what one incarnation (or its candidates) left must not leak into
@@ -774,6 +871,10 @@ mod tests {
             cuda_visible_devices: Some("0".into()),
             arch_list: Some("9.0".into()),
             load_timeout: Duration::from_secs(1),
+            extra_env: vec![
+                ("HF_HUB_OFFLINE".into(), "1".into()),
+                ("HF_TOKEN".into(), "hf_secret".into()),
+            ],
         }
     }
 
@@ -785,6 +886,8 @@ mod tests {
         assert_eq!(get("TMPDIR"), Some("/s/gpu-0".into()));
         assert_eq!(get("CUDA_VISIBLE_DEVICES"), Some("0".into()));
         assert_eq!(get("TORCH_CUDA_ARCH_LIST"), Some("9.0".into()));
+        assert_eq!(get("HF_HUB_OFFLINE"), Some("1".into()));
+        assert_eq!(get("HF_TOKEN"), None);
         for (k, _) in &env {
             let allowed = PASS_THROUGH.contains(&k.as_str())
                 || [
@@ -793,6 +896,7 @@ mod tests {
                     "TORCH_EXTENSIONS_DIR",
                     "CUDA_VISIBLE_DEVICES",
                     "TORCH_CUDA_ARCH_LIST",
+                    "HF_HUB_OFFLINE",
                 ]
                 .contains(&k.as_str());
             assert!(allowed, "unexpected variable {k}");

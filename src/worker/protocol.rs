@@ -99,6 +99,10 @@ pub struct EvaluateRequest {
     pub reference_runtime: Option<BaselineRuntime>,
     /// The excessive-speedup guard's inputs.
     pub integrity: Option<IntegritySpec>,
+    /// `eval.cast_integer_inputs`: cast integer and bool inputs to the precision as KernelBench does.
+    /// Left off the wire when false (the harness's default: they keep their dtype).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cast_integer_inputs: bool,
 }
 
 /// What the harness needs to bound a plausible speedup: `eval.max_speedup`, or the device's peak
@@ -124,6 +128,10 @@ pub struct PrepareRequest {
     pub correct_trials: u32,
     pub timing: TimingSpec,
     pub reference_runtime: Option<BaselineRuntime>,
+    /// `eval.cast_integer_inputs`: cast integer and bool inputs to the precision as KernelBench does.
+    /// Left off the wire when false (the harness's default: they keep their dtype).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cast_integer_inputs: bool,
 }
 
 impl PrepareRequest {
@@ -145,8 +153,13 @@ impl PrepareRequest {
             timing: self.timing,
             reference_runtime: self.reference_runtime.clone(),
             integrity,
+            cast_integer_inputs: self.cast_integer_inputs,
         }
     }
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -321,6 +334,14 @@ pub struct WireEnv {
     /// `process` (a single-use process per candidate) or `in_worker`.
     #[serde(default)]
     pub isolation: Option<String>,
+    /// `kept` (integer and bool inputs keep their dtype) or `cast` (KernelBench's cast).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub integer_inputs: Option<String>,
+    /// The installed `transformers` version, null when it is not installed.
+    #[serde(default)]
+    pub transformers: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
 }
 
 impl WireEnv {
@@ -339,6 +360,9 @@ impl WireEnv {
             settings: self.settings.clone(),
             sandbox: self.sandbox.clone(),
             isolation: self.isolation.clone(),
+            integer_inputs: self.integer_inputs.clone(),
+            transformers: self.transformers.clone(),
+            python: self.python.clone(),
         }
     }
 }

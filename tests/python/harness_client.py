@@ -120,8 +120,9 @@ def evaluate_request(
     precision: str = "fp32",
     timing_trials: int = 100,
     max_speedup: float | None = None,
+    cast_integer_inputs: bool | None = None,
 ) -> dict[str, Any]:
-    return {
+    request: dict[str, Any] = {
         "id": rid,
         "op": "evaluate",
         "problem": {"key": "test/1", "code": problem_code, "code_hash": "unused-by-the-harness"},
@@ -141,6 +142,9 @@ def evaluate_request(
         "reference_runtime": None,
         "integrity": {"max_speedup": max_speedup, "peak_tflops": None, "peak_bandwidth_gbs": None},
     }
+    if cast_integer_inputs is not None:
+        request["cast_integer_inputs"] = cast_integer_inputs
+    return request
 
 
 def prepare_request(

@@ -74,6 +74,7 @@ def main() -> int:
             "mean": 0.0026, "median": 0.0026, "std": 0.0, "min": 0.0025, "max": 0.0031, "num_trials": 100,
             "source": "baseline:hostile/problem_add.json",
         }  # fmt: skip
+        baseline["cast_integer_inputs"] = True
         files["evaluate_request_baseline.json"] = baseline
         mismatch = evaluate_request(
             5, problem, (HOSTILE / "value_mismatch.py").read_text(), work / "build" / "vm"

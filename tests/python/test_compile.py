@@ -28,6 +28,56 @@ def test_stale_locks_are_removed(tmp_path: Path) -> None:
     assert (tmp_path / "a" / "main.cpp").exists()
 
 
+def test_a_lock_held_by_a_live_builder_is_kept(tmp_path: Path) -> None:
+    import subprocess
+    import textwrap
+
+    (tmp_path / "ext").mkdir()
+    baton = tmp_path / "ext" / "lock"
+    baton.write_text("")
+    # Another process (a second run's worker) builds here: it took the build dir's lock and lives on.
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import sys, time
+                sys.path.insert(0, {os.path.dirname(kb_compile.__file__)!r})
+                import kb_compile
+                kb_compile.remove_stale_locks({str(tmp_path)!r})
+                open({str(baton)!r}, "w").close()  # its own torch baton, mid-build
+                print("building", flush=True)
+                time.sleep(60)
+                """
+            ),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"building"
+        assert kb_compile.remove_stale_locks(str(tmp_path)) == 0
+        assert baton.exists(), "a live build's baton must stay"
+    finally:
+        holder.kill()
+        holder.wait()
+    # Its builder is dead now (the OS released its lock): the baton is stale and goes.
+    assert kb_compile.remove_stale_locks(str(tmp_path)) == 1
+    assert not baton.exists()
+
+
+def test_capture_keeps_at_most_the_limit(tmp_path: Path) -> None:
+    log = tmp_path / "flood.log"
+    with kb_compile.capture_fds(str(log), limit=64 * 1024):
+        for _ in range(4000):
+            print("x" * 100)
+        os.write(2, b"y" * 200_000)
+    text = log.read_text()
+    assert len(text) < 64 * 1024 + 200
+    assert text.startswith("x" * 100)
+    assert text.count("[krefine: output beyond 65536 bytes is dropped]") == 1
+
+
 def test_capture_fds_catches_python_c_and_raw_fd_output(tmp_path: Path) -> None:
     log = tmp_path / "out.log"
     libc = ctypes.CDLL(None)

@@ -4,6 +4,7 @@ KernelBench metadata strings, result classes, the reference cache, RNG fidelity,
 from __future__ import annotations
 
 import math
+import platform
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,9 @@ def test_correct_candidate(harness: Harness) -> None:
         },
         "sandbox": None,
         "isolation": "in_worker",
+        "integer_inputs": "kept",
+        "transformers": kb_eval.package_version("transformers"),
+        "python": platform.python_version(),
     }
     assert r["findings"] == [] and r["speedup_check"]["flagged"] is False
     assert "Correctness: 5 / 5 trials passed" in r["feedback"]
@@ -611,7 +615,7 @@ def get_init_inputs():
 """
 
 
-def test_strict_keeps_integer_inputs_faithful_casts_them(harness: Harness) -> None:
+def test_integer_inputs_are_kept_in_both_modes_and_cast_on_request(harness: Harness) -> None:
     source = candidate(
         """
         class ModelNew(nn.Module):
@@ -619,12 +623,15 @@ def test_strict_keeps_integer_inputs_faithful_casts_them(harness: Harness) -> No
                 return torch.index_select(x, 0, idx)
         """
     )
-    faithful = harness.evaluate(source, problem=INDEXED, measure=False)
-    assert faithful["status"] == "reference_error"  # the float-cast index breaks the reference (issue #151)
-    assert faithful["metadata"]["runtime_error_name"] == "builtins.IndexError"
-    strict = harness.evaluate(source, problem=INDEXED, measure=False, mode="strict")
-    assert strict["status"] == "correct", strict["feedback"]
-    assert strict["env"]["mode"] == "strict"
+    for mode in ("faithful", "strict"):
+        kept = harness.evaluate(source, problem=INDEXED, measure=False, mode=mode)
+        assert kept["status"] == "correct", kept["feedback"]
+        assert (kept["env"]["mode"], kept["env"]["integer_inputs"]) == (mode, "kept")
+    # eval.cast_integer_inputs: KernelBench's cast breaks the reference (its issue #151).
+    cast = harness.evaluate(source, problem=INDEXED, measure=False, cast_integer_inputs=True)
+    assert cast["status"] == "reference_error"
+    assert cast["metadata"]["runtime_error_name"] == "builtins.IndexError"
+    assert cast["env"]["integer_inputs"] == "cast"
 
 
 def test_strict_rejects_input_modification(harness: Harness) -> None:
@@ -719,10 +726,16 @@ def test_same_bytes_treats_nan_as_equal_to_itself() -> None:
 def test_prepare_value_casting_rules() -> None:
     cpu = torch.device("cpu")
     idx = torch.tensor([1, 2])
-    assert kb_eval.prepare_value(idx, cpu, torch.float16, "faithful").dtype == torch.float16
-    assert kb_eval.prepare_value(idx, cpu, torch.float16, "strict").dtype == torch.int64
-    assert kb_eval.prepare_value(torch.tensor([True]), cpu, torch.float32, "strict").dtype == torch.bool
-    assert kb_eval.prepare_value(3, cpu, torch.float16, "faithful") == 3
+    # Default: integer and bool tensors keep their dtype; floating ones take the precision.
+    assert kb_eval.prepare_value(idx, cpu, torch.float16).dtype == torch.int64
+    assert kb_eval.prepare_value(torch.tensor([True]), cpu, torch.float32).dtype == torch.bool
+    assert kb_eval.prepare_value(torch.zeros(2), cpu, torch.float16).dtype == torch.float16
+    # eval.cast_integer_inputs: KernelBench's cast of every tensor.
+    assert kb_eval.prepare_value(idx, cpu, torch.float16, cast_integers=True).dtype == torch.float16
+    assert kb_eval.prepare_value(torch.tensor([True]), cpu, torch.bfloat16, True).dtype == torch.bfloat16
+    assert kb_eval.prepare_value(3, cpu, torch.float16) == 3
+    assert kb_eval.integer_inputs_policy(False) == "kept"
+    assert kb_eval.integer_inputs_policy(True) == "cast"
 
 
 def test_models_are_never_put_in_eval_mode(harness: Harness) -> None:

@@ -30,7 +30,7 @@ pub async fn test_python() -> PathBuf {
             tried.push(format!("{} (does not exist)", c.display()));
             continue;
         }
-        match find_python(Some(c)).await {
+        match find_python(Some(c), None).await {
             Ok(p) => return p,
             Err(e) => tried.push(e.to_string()),
         }

@@ -1,0 +1,77 @@
+//! `krefine compare`: several runs at matched budgets (LLM calls, tokens, USD, device seconds), with
+//! bootstrap intervals over the problems they share.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::bail;
+
+use crate::metrics::compare::{CompareRun, CompareSettings, compare};
+use crate::report::{Format, RunInfo, plot, render_comparison};
+
+#[derive(clap::Args)]
+pub struct CompareArgs {
+    /// Run directories (two or more; the first is the one differences are taken against).
+    #[arg(required = true, num_args = 2..)]
+    runs: Vec<PathBuf>,
+    /// text, md, json or csv.
+    #[arg(long, default_value = "text")]
+    format: Format,
+    /// Also draw the comparison (fast_1 against every budget axis, speedup distributions) into this
+    /// file: `.svg` or `.png`.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+    /// Bootstrap resamples over problems (0: no intervals).
+    #[arg(long, default_value_t = 1000)]
+    resamples: u32,
+    /// Seed of the bootstrap (the same seed gives the same intervals).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Coverage of the intervals, in (0, 1).
+    #[arg(long, default_value_t = 0.95)]
+    level: f64,
+}
+
+pub fn compare_cmd(args: CompareArgs) -> anyhow::Result<ExitCode> {
+    if !(args.level > 0.0 && args.level < 1.0) {
+        bail!(
+            "--level {}: expected a coverage between 0 and 1, like 0.95",
+            args.level
+        );
+    }
+    let runs = super::report::load_runs(&args.runs)?;
+    let mut names: Vec<&str> = Vec::new();
+    for r in &runs {
+        if names.contains(&r.report.run.as_str()) {
+            bail!(
+                "two of the runs are both named {:?}; compare runs with distinct names",
+                r.report.run
+            );
+        }
+        names.push(&r.report.run);
+    }
+    let inputs: Vec<CompareRun<'_>> = runs
+        .iter()
+        .map(|r| CompareRun {
+            name: &r.report.run,
+            attempts: &r.attempts,
+        })
+        .collect();
+    let settings = CompareSettings {
+        resamples: args.resamples,
+        seed: args.seed,
+        level: args.level,
+    };
+    let c = compare(&inputs, settings);
+    if c.shared_problems.is_empty() {
+        bail!("the runs share no problem, so there is nothing to compare");
+    }
+    let infos: Vec<RunInfo> = runs.iter().map(|r| r.info.clone()).collect();
+    super::print_out(&render_comparison(&c, &infos, args.format))?;
+    if let Some(path) = &args.plot {
+        let svg = plot::comparison_svg(&c, &runs)?;
+        plot::write_plot(path, &svg)?;
+        eprintln!("plot written to {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}

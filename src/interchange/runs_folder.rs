@@ -1,0 +1,105 @@
+//! KernelBench's runs folder: `runs/<run>/level_{L}_problem_{P}_sample_{S}_kernel.py`, one file per
+//! generated kernel (what `generate_samples.py` writes and `eval_from_generations.py` reads).
+
+use std::path::Path;
+
+use super::{Generation, Generations, Issue, parse_sample_key};
+
+/// Read every `level_*_kernel.py` file of `dir`. Other files (KernelBench also writes prompts,
+/// `eval_results.json`, ...) are skipped; a `.py` file that looks like a kernel but is misnamed,
+/// unreadable or empty is an issue naming it.
+pub fn read(dir: &Path) -> Result<Generations, std::io::Error> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut g = Generations::default();
+    for name in names {
+        if !(name.starts_with("level_") && name.ends_with(".py")) {
+            continue;
+        }
+        let issue = |message: String| Issue {
+            key: name.clone(),
+            message,
+        };
+        let Some(stem) = name.strip_suffix("_kernel.py") else {
+            g.issues.push(issue(
+                "not a kernel file name (expected level_<L>_problem_<P>_sample_<S>_kernel.py)"
+                    .into(),
+            ));
+            continue;
+        };
+        let (problem, sample) = match parse_sample_key(stem) {
+            Ok(k) => k,
+            Err(m) => {
+                g.issues
+                    .push(issue(format!("bad file name: {m}_kernel.py")));
+                continue;
+            }
+        };
+        let code = match std::fs::read(dir.join(&name)) {
+            Ok(bytes) => match String::from_utf8(bytes) {
+                Ok(s) => s,
+                Err(_) => {
+                    g.issues.push(issue("not UTF-8 text".into()));
+                    continue;
+                }
+            },
+            Err(e) => {
+                g.issues.push(issue(format!("cannot read: {e}")));
+                continue;
+            }
+        };
+        if code.trim().is_empty() {
+            g.issues.push(issue("the file is empty".into()));
+            continue;
+        }
+        g.items.push(Generation {
+            problem,
+            sample,
+            code,
+            origin: name,
+        });
+    }
+    if g.items.is_empty() && g.issues.is_empty() {
+        g.issues.push(Issue {
+            key: "(folder)".into(),
+            message: format!(
+                "{} has no level_<L>_problem_<P>_sample_<S>_kernel.py files",
+                dir.display()
+            ),
+        });
+    }
+    Ok(g)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_kernel_files_and_names_bad_ones() {
+        let d = tempfile::tempdir().unwrap();
+        let w = |n: &str, t: &str| std::fs::write(d.path().join(n), t).unwrap();
+        w("level_1_problem_2_sample_0_kernel.py", "code");
+        w("level_1_problem_2_sample_1_kernel.py", "");
+        w("level_1_problem_x_sample_0_kernel.py", "code");
+        w("level_1_problem_3_sample_0.py", "code");
+        w("eval_results.json", "{}");
+        w("level_1_problem_2_sample_0_prompt.txt", "p");
+        let g = read(d.path()).unwrap();
+        assert_eq!(g.items.len(), 1);
+        assert_eq!(g.items[0].origin, "level_1_problem_2_sample_0_kernel.py");
+        let issues: Vec<String> = g.issues.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            issues,
+            vec![
+                "level_1_problem_2_sample_1_kernel.py: the file is empty",
+                "level_1_problem_3_sample_0.py: not a kernel file name (expected level_<L>_problem_<P>_sample_<S>_kernel.py)",
+                "level_1_problem_x_sample_0_kernel.py: bad file name: problem id \"x\" is not a non-negative integer (expected level_<L>_problem_<P>_sample_<S>, like level_1_problem_19_sample_0)_kernel.py",
+            ]
+        );
+    }
+}

@@ -1,0 +1,355 @@
+//! Reading a run directory into everything reports, comparisons, plots and exports need: the fold of
+//! its log (turn records), its metrics and ledger, its attempts with their costs, and what describes
+//! the run (method, model, hardware, evaluation settings) so comparisons can say what differs.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::engine::{TaskTurns, fold_records};
+use crate::machine::MachineError;
+use crate::metrics::{
+    RunAttempts, RunInput, device_ms_per_turn, ledger, run_attempts, run_metrics, run_problems,
+};
+use crate::store::{RunDir, StoreError, read_log};
+use crate::types::{Event, FeedbackMode, MethodKind, TaskId};
+
+use super::{RunReport, feedback_key};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{path} does not fold into task states: {source}")]
+    Fold {
+        path: PathBuf,
+        #[source]
+        source: MachineError,
+    },
+    #[error("{path}: the log has no run_started record")]
+    NotStarted { path: PathBuf },
+}
+
+/// What describes a run, as `(field, value)` pairs in a fixed order; a comparison lists the fields
+/// whose values differ between runs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunInfo {
+    pub run: String,
+    pub method: MethodKind,
+    pub feedback: Option<FeedbackMode>,
+    pub model: String,
+    /// Device names that measured the run's candidates (`cpu`, `NVIDIA H100 80GB HBM3`).
+    pub hardware: Vec<String>,
+    pub precision: Option<String>,
+    pub eval_mode: Option<String>,
+    pub timing_method: Option<String>,
+    /// Where reference timings came from (`measured`, `cached`, `baseline:<file>`).
+    pub reference: Vec<String>,
+    pub dataset: Option<String>,
+    /// Turns (refine) or samples (sampling) per problem.
+    pub axis: u32,
+    pub simulated: bool,
+}
+
+impl RunInfo {
+    /// The fields a comparison looks at, with their values as text.
+    pub fn fields(&self) -> Vec<(&'static str, String)> {
+        let list = |v: &[String]| {
+            if v.is_empty() {
+                "-".to_string()
+            } else {
+                v.join(", ")
+            }
+        };
+        let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+        vec![
+            ("method", self.method.to_string()),
+            (
+                "feedback",
+                self.feedback.map_or("-".into(), |f| feedback_key(f).into()),
+            ),
+            (
+                "model",
+                if self.model.is_empty() {
+                    "-".into()
+                } else {
+                    self.model.clone()
+                },
+            ),
+            ("hardware", list(&self.hardware)),
+            ("precision", opt(&self.precision)),
+            ("eval_mode", opt(&self.eval_mode)),
+            ("timing", opt(&self.timing_method)),
+            ("reference", list(&self.reference)),
+            ("dataset", opt(&self.dataset)),
+            (
+                "budget",
+                format!(
+                    "{} {}",
+                    self.axis,
+                    match self.method {
+                        MethodKind::Sampling => "samples",
+                        _ => "turns",
+                    }
+                ),
+            ),
+            ("simulated", self.simulated.to_string()),
+        ]
+    }
+}
+
+/// A run directory, read and folded.
+#[derive(Debug, Clone)]
+pub struct LoadedRun {
+    pub dir: PathBuf,
+    pub report: RunReport,
+    pub info: RunInfo,
+    pub attempts: RunAttempts,
+    /// Every task's turn records.
+    pub turns: TaskTurns,
+    pub task_ids: Vec<TaskId>,
+    /// A torn last line of the log that was dropped, to warn about.
+    pub torn_tail: Option<String>,
+    /// Why `provenance.json` could not be read, when it exists but is damaged.
+    pub provenance_warning: Option<String>,
+}
+
+/// Read and fold the run in `dir`.
+pub fn load_run(dir: &Path) -> Result<LoadedRun, LoadError> {
+    let run = RunDir::open(dir)?;
+    let log = read_log(&run.events_path())?;
+    let (started, turns) = fold_records(&log.records).map_err(|source| LoadError::Fold {
+        path: run.events_path(),
+        source,
+    })?;
+    let Some(Event::RunStarted {
+        run: name,
+        method,
+        feedback,
+        task_ids,
+        turns: n_turns,
+        samples,
+        simulated,
+        ..
+    }) = started
+    else {
+        return Err(LoadError::NotStarted {
+            path: run.events_path(),
+        });
+    };
+    let config = std::fs::read_to_string(run.config_path())
+        .ok()
+        .and_then(|t| toml::from_str::<Config>(&t).ok());
+    let model = config
+        .as_ref()
+        .map(|c| c.model.name.clone())
+        .unwrap_or_default();
+    let axis = match method {
+        MethodKind::Refine => n_turns,
+        MethodKind::Sampling => samples,
+        MethodKind::OneShot => 1,
+    };
+    let problems = run_problems(&task_ids);
+    let input = RunInput {
+        method,
+        axis,
+        problems: &problems,
+        turns: &turns,
+    };
+    let metrics = run_metrics(&input);
+    let ledger = ledger(&log.records);
+    let attempts = run_attempts(&input, &ledger, &device_ms_per_turn(&log.records));
+    let complete = matches!(
+        log.records.last().map(|r| &r.event),
+        Some(Event::RunEnded { reason }) if reason == "finished"
+    );
+    let feedback = (method == MethodKind::Refine).then_some(feedback).flatten();
+    // A damaged provenance.json must not hide the run's numbers: say so and report without it.
+    let (recorded, provenance_warning) = match crate::provenance::read(dir) {
+        Ok(p) => (p, None),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    let provenance = crate::report::provenance::provenance(
+        &crate::report::provenance::Started {
+            method,
+            turns: n_turns,
+            samples,
+            feedback,
+        },
+        config.as_ref(),
+        recorded.as_ref(),
+        turns.values().flatten().filter_map(|t| t.exec.as_ref()),
+    );
+    let info = describe(
+        &name,
+        method,
+        feedback,
+        &model,
+        axis,
+        simulated,
+        config.as_ref(),
+        &turns,
+    );
+    Ok(LoadedRun {
+        dir: dir.to_path_buf(),
+        report: RunReport {
+            run: name,
+            method,
+            feedback,
+            model,
+            metrics,
+            ledger,
+            complete,
+            provenance: Some(provenance),
+        },
+        info,
+        attempts,
+        turns,
+        task_ids,
+        torn_tail: log.torn_tail,
+        provenance_warning,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn describe(
+    name: &str,
+    method: MethodKind,
+    feedback: Option<FeedbackMode>,
+    model: &str,
+    axis: u32,
+    simulated: bool,
+    config: Option<&Config>,
+    turns: &TaskTurns,
+) -> RunInfo {
+    let mut hardware = BTreeSet::new();
+    let mut reference = BTreeSet::new();
+    let mut precision = None;
+    let mut mode = None;
+    let mut timing = None;
+    for e in turns.values().flatten().filter_map(|r| r.exec.as_ref()) {
+        if !e.env.device_name.is_empty() {
+            hardware.insert(e.env.device_name.clone());
+        } else if !e.device.is_empty() {
+            hardware.insert(e.device.clone());
+        }
+        if let Some(s) = &e.ref_source {
+            reference.insert(s.clone());
+        }
+        precision = precision.or(e.env.precision.clone());
+        mode = mode.or(e.env.mode.clone());
+        timing = timing.or(e.env.timing_method.clone());
+    }
+    let dataset = config.map(|c| {
+        let file = c
+            .dataset
+            .path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        format!("{file} level {} ({})", c.dataset.level, c.dataset.problems)
+    });
+    RunInfo {
+        run: name.to_string(),
+        method,
+        feedback,
+        model: model.to_string(),
+        hardware: hardware.into_iter().collect(),
+        precision: precision.or_else(|| config.map(|c| c.eval.precision.as_str().to_string())),
+        eval_mode: mode.or_else(|| config.map(|c| c.eval.mode.as_str().to_string())),
+        timing_method: timing,
+        reference: reference.into_iter().collect(),
+        dataset,
+        axis,
+        simulated,
+    }
+}
+
+/// Fields whose values differ between runs: the field and each run's value.
+pub type Differing = Vec<(&'static str, Vec<String>)>;
+/// Fields with one value for all runs.
+pub type Shared = Vec<(&'static str, String)>;
+
+/// Which fields of [`RunInfo::fields`] differ between runs, and which are the same (with the value).
+pub fn differences(infos: &[RunInfo]) -> (Differing, Shared) {
+    let fields: Vec<Vec<(&'static str, String)>> = infos.iter().map(RunInfo::fields).collect();
+    let mut differ = Vec::new();
+    let mut same = Vec::new();
+    let Some(first) = fields.first() else {
+        return (differ, same);
+    };
+    for (i, (key, value)) in first.iter().enumerate() {
+        let values: Vec<String> = fields.iter().map(|f| f[i].1.clone()).collect();
+        if values.iter().all(|v| v == value) {
+            same.push((*key, value.clone()));
+        } else {
+            differ.push((*key, values));
+        }
+    }
+    (differ, same)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(run: &str, method: MethodKind, feedback: Option<FeedbackMode>, hw: &str) -> RunInfo {
+        RunInfo {
+            run: run.into(),
+            method,
+            feedback,
+            model: "m".into(),
+            hardware: vec![hw.into()],
+            precision: Some("fp32".into()),
+            eval_mode: Some("faithful".into()),
+            timing_method: None,
+            reference: vec![],
+            dataset: None,
+            axis: 3,
+            simulated: false,
+        }
+    }
+
+    #[test]
+    fn differences_list_each_runs_value() {
+        let (differ, same) = differences(&[
+            info("a", MethodKind::Refine, Some(FeedbackMode::GEP), "H100"),
+            info("b", MethodKind::Sampling, None, "H100"),
+            info("c", MethodKind::Refine, Some(FeedbackMode::G), "A100"),
+        ]);
+        assert_eq!(
+            differ,
+            vec![
+                (
+                    "method",
+                    vec!["refine".into(), "sampling".into(), "refine".into()]
+                ),
+                ("feedback", vec!["GEP".into(), "-".into(), "G".into()]),
+                (
+                    "hardware",
+                    vec!["H100".into(), "H100".into(), "A100".into()]
+                ),
+                (
+                    "budget",
+                    vec!["3 turns".into(), "3 samples".into(), "3 turns".into()]
+                ),
+            ]
+        );
+        let keys: Vec<&str> = same.iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            keys,
+            [
+                "model",
+                "precision",
+                "eval_mode",
+                "timing",
+                "reference",
+                "dataset",
+                "simulated"
+            ]
+        );
+        assert_eq!(differences(&[]), (vec![], vec![]));
+    }
+}

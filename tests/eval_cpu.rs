@@ -1,0 +1,188 @@
+//! `krefine eval` on CPU with real workers: a KernelBench runs folder for one tiny problem (a
+//! reference-equivalent kernel and a wrong one) becomes a normal run directory plus
+//! `eval_results.json`; its submission round-trips through `eval` again, and `compare` reads both.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The Python with torch for workers (`KREFINE_TEST_PYTHON`, else the repository's `.venv`). A
+/// missing one fails loudly: a silently skipped worker test proves nothing.
+fn python() -> PathBuf {
+    let p = std::env::var_os("KREFINE_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join(".venv/bin/python"));
+    assert!(
+        p.exists(),
+        "no Python with torch at {}; set KREFINE_TEST_PYTHON",
+        p.display()
+    );
+    p
+}
+
+fn krefine(args: &[&str]) -> Output {
+    let o = Command::new(env!("CARGO_BIN_EXE_krefine"))
+        .args(args)
+        .output()
+        .expect("run krefine");
+    if !o.status.success() {
+        panic!(
+            "krefine {args:?} failed ({}):\n{}\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    o
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn read_json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+#[test]
+fn runs_folder_and_submission_evaluate_on_cpu_workers() {
+    let d = tempfile::tempdir().unwrap();
+    let dataset = repo().join("configs/quickstart/problems");
+    let reference = std::fs::read_to_string(dataset.join("level1/2_ReLU.py")).unwrap();
+    let folder = d.path().join("kb_run");
+    std::fs::create_dir_all(&folder).unwrap();
+    // Sample 0: the reference itself (correct, speedup near 1); sample 1: the identity, which the
+    // problem's signed inputs catch.
+    std::fs::write(
+        folder.join("level_1_problem_2_sample_0_kernel.py"),
+        format!("{reference}\n\nModelNew = Model\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        folder.join("level_1_problem_2_sample_1_kernel.py"),
+        "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n",
+    )
+    .unwrap();
+    let py = format!("resources.python=\"{}\"", python().display());
+    let sets = [
+        "--set",
+        &py,
+        "--set",
+        "resources.devices=cpu",
+        "--set",
+        "resources.compile_workers=1",
+        "--set",
+        "eval.timing_trials=3",
+        "--set",
+        "eval.warmup=1",
+        "--set",
+        "eval.correct_trials=2",
+    ];
+    let run_a = d.path().join("runs/eval-folder");
+    let mut args = vec![
+        "eval",
+        s(&folder),
+        "--dataset",
+        s(&dataset),
+        "--out",
+        s(&run_a),
+    ];
+    args.extend(sets);
+    krefine(&args);
+
+    let results = read_json(&run_a.join("eval_results.json"));
+    let list = results["2"]
+        .as_array()
+        .expect("problem 2 in eval_results.json");
+    assert_eq!(list.len(), 2);
+    assert_eq!(list[0]["sample_id"], 0);
+    assert_eq!(
+        (list[0]["compiled"].clone(), list[0]["correctness"].clone()),
+        (true.into(), true.into())
+    );
+    assert!(list[0]["runtime"].as_f64().unwrap() > 0.0);
+    assert_eq!(list[1]["sample_id"], 1);
+    assert_eq!(list[1]["correctness"], false);
+    assert_eq!(list[1]["metadata"]["correctness_issue"], "Output mismatch");
+
+    // The run directory is a normal run: report reads it.
+    let o = krefine(&["report", s(&run_a), "--format", "json"]);
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["method"], "sampling");
+    assert_eq!(report["turns"][1]["correct"], 1);
+    assert_eq!(report["pass_at_k"]["1"], 0.5);
+
+    // Round trip: its submission (the correct sample) evaluates as correct again.
+    let sub = d.path().join("sub.json");
+    krefine(&["report", s(&run_a), "--submission", s(&sub)]);
+    let run_b = d.path().join("runs/eval-sub");
+    let mut args = vec![
+        "eval",
+        s(&sub),
+        "--dataset",
+        s(&dataset),
+        "--out",
+        s(&run_b),
+    ];
+    args.extend(sets);
+    krefine(&args);
+    let results = read_json(&run_b.join("eval_results.json"));
+    assert_eq!(results["2"][0]["correctness"], true);
+    let o = krefine(&["report", s(&run_b), "--format", "json"]);
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["method"], "one_shot");
+    assert_eq!(report["turns"][0]["correct"], 1);
+    assert!(report["turns"][0]["geomean_speedup"].as_f64().unwrap() > 0.0);
+
+    let o = krefine(&["compare", s(&run_a), s(&run_b), "--resamples", "10"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("differs: method sampling | one_shot"), "{out}");
+}
+
+#[test]
+fn baseline_times_references_into_kernelbench_shape() {
+    let d = tempfile::tempdir().unwrap();
+    let dataset = repo().join("configs/quickstart/problems");
+    let out = d.path().join("baseline.json");
+    let py = format!("resources.python=\"{}\"", python().display());
+    krefine(&[
+        "baseline",
+        "--dataset",
+        s(&dataset),
+        "--levels",
+        "1",
+        "--problems",
+        "2",
+        "--out",
+        s(&out),
+        "--set",
+        &py,
+        "--set",
+        "resources.devices=cpu",
+        "--set",
+        "resources.compile_workers=1",
+        "--set",
+        "eval.timing_trials=3",
+        "--set",
+        "eval.warmup=1",
+        "--set",
+        "eval.correct_trials=1",
+    ]);
+    let v = read_json(&out);
+    let e = &v["level1"]["2_ReLU.py"];
+    assert!(e["mean"].as_f64().unwrap() > 0.0, "{v}");
+    assert_eq!(e["num_trials"], 3);
+    assert_eq!(e["device"], "cpu");
+    assert_eq!(v["level1"].as_object().unwrap().len(), 1);
+    // The file is what eval.baseline reads, and its run directory is a normal run.
+    let text = std::fs::read_to_string(&out).unwrap();
+    let table = krefine::worker::BaselineTable::parse(&out, &text).unwrap();
+    assert_eq!(table.len(), 1);
+    let run = d.path().join("baseline.json.runs/level1-eager");
+    let o = krefine(&["report", s(&run), "--format", "json"]);
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(report["turns"][0]["correct"], 1);
+}
