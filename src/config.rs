@@ -586,6 +586,11 @@ pub struct EvalSection {
     pub timeouts: Timeouts,
     #[serde(default)]
     pub simulated: SimulatedSection,
+    /// Excessive-speedup bound: a speedup above it is flagged (and re-timed in a fresh process on
+    /// fresh inputs in strict mode before it counts). Default: what the reference's FLOPs and bytes
+    /// allow at the GPU's peak (its roofline), or 50 where that is unknown.
+    #[serde(default)]
+    pub max_speedup: Option<f64>,
     /// Static checks on candidates' sources: a level per category (`checks::ChecksSection`).
     /// Left out of the frozen config while empty, so older runs still resume.
     #[serde(default, skip_serializing_if = "ChecksSection::is_default")]
@@ -653,6 +658,7 @@ impl Default for EvalSection {
             build: BuildMode::default(),
             timeouts: Timeouts::default(),
             simulated: SimulatedSection::default(),
+            max_speedup: None,
             checks: ChecksSection::default(),
             cast_integer_inputs: false,
             hf: crate::hf::HfSection::default(),
@@ -931,6 +937,11 @@ fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
     }
     if c.eval.timing_trials == 0 {
         return Err(invalid("eval.timing_trials", "expected at least 1"));
+    }
+    if let Some(bound) = c.eval.max_speedup
+        && !(bound.is_finite() && bound > 0.0)
+    {
+        return Err(invalid("eval.max_speedup", "expected a positive number"));
     }
     let t = &c.eval.timeouts;
     for (key, v) in [

@@ -427,6 +427,17 @@ pub struct EvalEnv {
     pub tf32_matmul: Option<bool>,
     #[serde(default)]
     pub tf32_cudnn: Option<bool>,
+    /// The settings krefine set in the candidate's process before importing it (the reference's:
+    /// TF32, cuDNN flags, threads, default dtype).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<serde_json::Value>,
+    /// What the per-candidate confinement applied inside the candidate's process
+    /// (`kb_sandbox.enter_candidate`: `{"layers": ["no_new_privs", "landlock-fs(abi 7)", ...]}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate_sandbox: Option<serde_json::Value>,
+    /// `process`: the candidate ran in its own single-use process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<String>,
     /// `kept` (integer and bool inputs keep their dtype, the default) or `cast` (KernelBench's cast,
     /// `eval.cast_integer_inputs`); absent in logs written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -437,7 +448,7 @@ pub struct EvalEnv {
     /// The worker's Python version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python: Option<String>,
-    /// The sandbox the candidate ran in: `namespaces`, `off`, or `none` (unavailable here).
+    /// The sandbox the candidate's worker ran in: `namespaces`, `off`, or `none` (unavailable here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<String>,
 }

@@ -76,11 +76,11 @@ def how_many_in_parallel(per_seed: int | None, seeds: int) -> int:
 
 def _make(code: str, seed: int) -> list[Any]:
     """In the child: KernelBench's set_seed(seed); get_inputs(), on the CPU, into shared memory."""
-    import kb_eval
+    import kb_reference
 
     torch.set_num_threads(1)
-    problem = kb_eval.load_problem(code)
-    kb_eval.set_seed(seed)
+    problem = kb_reference.load_problem(code)
+    kb_reference.set_seed(seed)
     raw = problem.get_inputs()
     for t in tensors(raw):
         if t.device.type != "cpu":
@@ -93,7 +93,7 @@ def make_in_parallel(code: str, seeds: list[int]) -> dict[int, list[Any]]:
     """Raw get_inputs() results per seed, made at once in spawned processes (fork is unsafe in a
     process that holds a CUDA context). Raises whatever a child raised."""
     context = torch_mp.get_context("spawn")
-    # The children import kb_eval from the harness folder, wherever the parent was started from.
+    # The children import kb_reference from the harness folder, wherever the parent was started from.
     here = os.path.dirname(os.path.abspath(__file__))
     if here not in sys.path:
         sys.path.insert(0, here)

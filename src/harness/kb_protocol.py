@@ -80,6 +80,14 @@ class CompileRequest(TypedDict):
     log_path: str
 
 
+class IntegritySpec(TypedDict):
+    """The excessive-speedup guard's inputs: `eval.max_speedup`, or the device's peak numbers."""
+
+    max_speedup: float | None
+    peak_tflops: float | None
+    peak_bandwidth_gbs: float | None
+
+
 class EvaluateRequest(EvalOptions):
     id: int
     op: Literal["evaluate"]
@@ -92,6 +100,7 @@ class EvaluateRequest(EvalOptions):
     correct_trials: int
     timing: TimingSpec
     reference_runtime: BaselineRuntime | None
+    integrity: IntegritySpec | None
 
 
 class ProfileRequest(TypedDict):
@@ -187,6 +196,11 @@ class EvalEnv(TypedDict):
     grad_mode: Literal["no_grad"]
     tf32_matmul: bool
     tf32_cudnn: bool
+    # The settings krefine set in the candidate's process before importing it (the reference's).
+    settings: dict[str, Any] | None
+    # What kb_sandbox.enter_candidate applied in the candidate's process.
+    sandbox: Any
+    isolation: Literal["process", "in_worker"]
     integer_inputs: Literal["kept", "cast"]
     transformers: str | None
     python: str
@@ -198,6 +212,24 @@ class EvalPhases(TypedDict):
     correctness_s: float
     timing_s: float
     ref_timing_s: float
+    # Handing the job and the reference data to the candidate's process, and its exit.
+    isolation_s: float
+    # Waiting for a warm candidate process (zero when one was ready).
+    spawn_wait_s: float
+
+
+class Finding(TypedDict):
+    category: str
+    severity: Literal["warning", "error"]
+    message: str
+
+
+class SpeedupCheck(TypedDict):
+    bound: float
+    bound_source: Literal["roofline", "config", "default"]
+    flagged: bool
+    verified: bool | None
+    reverified_speedup: float | None
 
 
 class PrepareResponse(TypedDict):
@@ -231,6 +263,8 @@ class EvaluateResponse(TypedDict):
     env: EvalEnv
     phases: EvalPhases
     sticky: bool
+    findings: list[Finding]
+    speedup_check: SpeedupCheck | None
 
 
 class NcuMetrics(TypedDict):

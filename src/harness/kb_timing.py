@@ -1,7 +1,16 @@
 """Timing, structured as KernelBench's `cuda_event` timer (src/kernelbench/timing.py), with two recorded
 differences: both reference and candidate run under `torch.no_grad()` (env.grad_mode = "no_grad"), and
-the 256 MiB L2-flush buffer is allocated once per worker and refilled instead of re-allocated per trial.
+the 256 MiB L2-flush buffer is allocated once per process and refilled instead of re-allocated per trial.
 Statistics keep full precision (KernelBench rounds to 3 significant digits; Rust can do that itself).
+
+Every clock and event function is captured when this module is imported, which in a candidate process
+is before the candidate's code is: a candidate that replaces `time.perf_counter` or
+`torch.cuda.Event.elapsed_time` changes nothing here (and kb_candidate reports that it tried).
+
+Strict mode times differently (`time_strict`): each timed call gets a fresh clone of one of several
+input sets (made outside the timed region), the timed region ends with a device-wide synchronize (work
+the candidate left on other streams is inside the measurement), and outputs of some timed calls are
+checked against the reference's, so an output memoised across calls fails.
 """
 
 from __future__ import annotations
@@ -13,6 +22,47 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+# Captured before any candidate code runs (see the module doc). Keep these module-private names only.
+_perf_counter = time.perf_counter
+_Event = torch.cuda.Event
+_event_record = torch.cuda.Event.record
+_event_elapsed = torch.cuda.Event.elapsed_time
+_cuda_synchronize = torch.cuda.synchronize
+_no_grad = torch.no_grad
+_clone = torch.Tensor.clone
+CAPTURED: dict[str, tuple[Any, str, Any]] = {
+    # name -> (owner, attribute, the original): what a candidate must leave alone.
+    "time.perf_counter": (time, "perf_counter", time.perf_counter),
+    "time.perf_counter_ns": (time, "perf_counter_ns", time.perf_counter_ns),
+    "time.time": (time, "time", time.time),
+    "time.monotonic": (time, "monotonic", time.monotonic),
+    "torch.cuda.Event": (torch.cuda, "Event", torch.cuda.Event),
+    "torch.cuda.Event.record": (torch.cuda.Event, "record", torch.cuda.Event.record),
+    "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time", torch.cuda.Event.elapsed_time),
+    "torch.cuda.Event.synchronize": (torch.cuda.Event, "synchronize", torch.cuda.Event.synchronize),
+    "torch.cuda.synchronize": (torch.cuda, "synchronize", torch.cuda.synchronize),
+    "torch.allclose": (torch, "allclose", torch.allclose),
+    "torch.equal": (torch, "equal", torch.equal),
+}
+# Which timed calls strict mode checks: the first `STRICT_CHECK_FIRST` and then every `STRICT_CHECK_EVERY`.
+STRICT_CHECK_FIRST = 4
+STRICT_CHECK_EVERY = 10
+
+
+def patched_functions() -> list[str]:
+    """The captured functions that are no longer what they were when this module was imported."""
+    return [name for name, (owner, attr, original) in CAPTURED.items() if getattr(owner, attr, None) is not original]
+
+
+class TimedOutputMismatch(Exception):
+    """Strict timing: the output of a timed call did not match the reference for its inputs."""
+
+    def __init__(self, call: int, problem: str) -> None:
+        super().__init__(f"timed call {call}: {problem}")
+        self.call = call
+        self.problem = problem
+
 
 # KernelBench's flush buffer: torch.empty((32, 1024, 1024), dtype=torch.int64) = 256 MiB, fill_(42).
 L2_FLUSH_SHAPE = (32, 1024, 1024)
@@ -49,24 +99,24 @@ def time_cuda_events(
 ) -> list[float]:
     """Per-call times in ms: warm-ups each followed by a sync, empty_cache, then per timed call
     device sync -> new events -> L2 flush -> start.record -> fn -> end.record -> device sync."""
-    with torch.no_grad(), torch.cuda.device(device):
+    with _no_grad(), torch.cuda.device(device):
         for _ in range(warmup):
             fn(*args)
-            torch.cuda.synchronize(device=device)
+            _cuda_synchronize(device=device)
         torch.cuda.empty_cache()
         times: list[float] = []
         for index in range(trials + discard_first):
-            torch.cuda.synchronize(device=device)
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
+            _cuda_synchronize(device=device)
+            start = _Event(enable_timing=True)
+            end = _Event(enable_timing=True)
             if flusher is not None:
                 flusher.flush(device)
-            start.record()
+            _event_record(start)
             fn(*args)
-            end.record()
-            torch.cuda.synchronize(device=device)
+            _event_record(end)
+            _cuda_synchronize(device=device)
             if index >= discard_first:
-                times.append(float(start.elapsed_time(end)))
+                times.append(float(_event_elapsed(start, end)))
     return times
 
 
@@ -74,16 +124,75 @@ def time_cpu(
     fn: Callable[..., Any], args: Sequence[Any], warmup: int, trials: int, discard_first: int
 ) -> list[float]:
     """The same loop on CPU with time.perf_counter (no flush: there is no device cache to clear)."""
-    with torch.no_grad():
+    with _no_grad():
         for _ in range(warmup):
             fn(*args)
         times: list[float] = []
         for index in range(trials + discard_first):
-            started = time.perf_counter()
+            started = _perf_counter()
             fn(*args)
-            elapsed_ms = (time.perf_counter() - started) * 1000.0
+            elapsed_ms = (_perf_counter() - started) * 1000.0
             if index >= discard_first:
                 times.append(elapsed_ms)
+    return times
+
+
+def _fresh(value: Any) -> Any:
+    if type(value) is torch.Tensor:
+        return _clone(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fresh(item) for item in value)
+    return value
+
+
+def time_strict(
+    fn: Callable[..., Any],
+    sets: Sequence[tuple[Sequence[Any], Any]],
+    device: torch.device,
+    timing: dict[str, Any],
+    flusher: L2Flusher,
+    check: Callable[[Any, Any], str | None] | None,
+) -> list[float]:
+    """Strict mode's loop (module doc): per call a fresh clone of input set `call % len(sets)`, then
+    device sync -> L2 flush -> start -> fn -> device-wide sync -> end. `check(output, expected)` returns
+    a problem or None; a problem raises TimedOutputMismatch. The reference is timed the same way
+    (check=None), so the ratio compares like with like."""
+    warmup, trials, discard = timing["warmup"], timing["trials"], timing["discard_first"]
+    cuda = device.type == "cuda"
+    flush = flusher if cuda and timing["l2_flush"] else None
+    times: list[float] = []
+    with _no_grad(), torch.cuda.device(device) if cuda else _no_grad():
+        for call in range(warmup):
+            fn(*_fresh(sets[call % len(sets)][0]))
+            if cuda:
+                _cuda_synchronize(device=device)
+        if cuda:
+            torch.cuda.empty_cache()
+        for call in range(trials + discard):
+            inputs, expected = sets[call % len(sets)]
+            args = _fresh(inputs)
+            if cuda:
+                _cuda_synchronize(device=device)
+                start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+                if flush is not None:
+                    flush.flush(device)
+                _event_record(start)
+                output = fn(*args)
+                _cuda_synchronize(device=device)  # device-wide: side streams are inside the fence
+                _event_record(end)
+                _cuda_synchronize(device=device)
+                elapsed = float(_event_elapsed(start, end))
+            else:
+                started = _perf_counter()
+                output = fn(*args)
+                elapsed = (_perf_counter() - started) * 1000.0
+            if check is not None and (call < discard + STRICT_CHECK_FIRST or call % STRICT_CHECK_EVERY == 0):
+                problem = check(output, expected)
+                if problem is not None:
+                    raise TimedOutputMismatch(call + 1, problem)
+            del output, args
+            if call >= discard:
+                times.append(elapsed)
     return times
 
 

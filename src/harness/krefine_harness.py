@@ -3,18 +3,26 @@
     python -u krefine_harness.py serve --role compile|gpu --scratch DIR   # docs/worker-protocol.md
     python krefine_harness.py seeds [--seed 42] [--trials 5]              # correctness trial seeds
 
-The Rust side writes this file and its seven sibling modules (kb_*.py) into one folder and starts
-`serve`. Only the standard library is imported at module level: the protocol fds must be isolated
-before torch (or any candidate) can write to fd 1.
+The Rust side writes this file and its sibling modules (kb_*.py) into one folder and starts `serve`.
+Only the standard library is imported at module level: the protocol fds must be isolated before torch
+(or any candidate) can write to fd 1.
+
+No candidate code runs in this process. A compile runs in a child forked for it (a compile worker never
+initialises CUDA, so the fork is safe: `cuda_available` is read through NVML); an evaluation or a
+profile runs in a pre-warmed single-use process (kb_candidate). Whatever a candidate patches, sets,
+starts or imports ends with its process.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
 import math
 import os
 import platform
+import signal
 import sys
 import traceback
 from typing import Any
@@ -93,6 +101,10 @@ def ready_message(role: str) -> dict[str, Any]:
     import torch
 
     device = None
+    if role == "compile":
+        # Ask NVML, not the CUDA driver: a process that called cuInit must not fork, and compile
+        # workers fork a child per compile.
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     # Only GPU workers touch the device: a compile worker must not create a CUDA context.
     if role == "gpu" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -156,9 +168,7 @@ class Server:
     def dispatch(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request["op"]
         if op == "compile":
-            import kb_compile
-
-            return kb_compile.handle_compile(request)
+            return compile_in_child(request)
         if op == "prepare":
             import kb_eval
 
@@ -168,10 +178,54 @@ class Server:
 
             return kb_eval.evaluate(request, self.worker)
         if op == "profile":
-            import kb_profile
+            import kb_eval
 
-            return kb_profile.profile(request, self.worker, self.scratch)
+            return kb_eval.profile_isolated(request, self.worker, self.scratch)
         return {"id": request["id"], "ok": True, "kind": "shutdown"}
+
+
+def compile_in_child(request: dict[str, Any]) -> dict[str, Any]:
+    """Build and import the candidate in a child forked for this one compile, so that nothing its
+    import does (patches, threads, a module named like the next candidate's) stays in the worker. A
+    child that dies takes the worker with it the same way, as when compiles ran in the worker."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one compile, then exit without running any teardown
+        code = 0
+        try:
+            os.close(read_fd)
+            _die_with_parent()
+            import kb_compile
+            import kb_sandbox
+
+            writable = [request["build_dir"], os.path.dirname(request["log_path"]), os.getcwd()]
+            kb_sandbox.enter_candidate(os.getcwd(), writable)
+            data = (encode_json(kb_compile.handle_compile(request)) + "\n").encode("utf-8")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(write_fd, view) :]
+        except BaseException:  # noqa: BLE001 - the parent answers for a child without a result
+            traceback.print_exc()
+            code = 70
+        sys.stderr.flush()
+        os._exit(code)
+    os.close(write_fd)
+    chunks = []
+    with open(read_fd, "rb") as reader:
+        while chunk := reader.read(1 << 16):
+            chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    if chunks:
+        return json.loads(b"".join(chunks))
+    if os.WIFSIGNALED(status):
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def serve(role: str, scratch: str) -> int:

@@ -13,7 +13,7 @@ use super::WorkerError;
 pub const HARNESS_ENTRY: &str = "krefine_harness.py";
 
 /// Every harness file: (file name, content).
-pub const HARNESS_FILES: [(&str, &str); 10] = [
+pub const HARNESS_FILES: [(&str, &str); 13] = [
     (
         "krefine_harness.py",
         include_str!("../harness/krefine_harness.py"),
@@ -21,6 +21,18 @@ pub const HARNESS_FILES: [(&str, &str); 10] = [
     ("kb_protocol.py", include_str!("../harness/kb_protocol.py")),
     ("kb_compile.py", include_str!("../harness/kb_compile.py")),
     ("kb_eval.py", include_str!("../harness/kb_eval.py")),
+    (
+        "kb_reference.py",
+        include_str!("../harness/kb_reference.py"),
+    ),
+    (
+        "kb_correctness.py",
+        include_str!("../harness/kb_correctness.py"),
+    ),
+    (
+        "kb_candidate.py",
+        include_str!("../harness/kb_candidate.py"),
+    ),
     ("kb_inputs.py", include_str!("../harness/kb_inputs.py")),
     ("kb_timing.py", include_str!("../harness/kb_timing.py")),
     ("kb_profile.py", include_str!("../harness/kb_profile.py")),

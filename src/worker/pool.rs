@@ -29,9 +29,9 @@ use super::build_store::{cow_tainted, make_files_read_only, publish_build};
 use super::pause::Pauser;
 use super::process::{RequestError, SpawnSpec, WorkerProcess, kill_group, log_tail};
 use super::protocol::{
-    CandidateSpec, CompileRequest, CompileStatusWire, EvaluateResponse, PrepareRequest,
-    ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody, ResponseBody,
-    TimingSpec, WorkerRole,
+    CandidateSpec, CompileRequest, CompileStatusWire, EvaluateResponse, IntegritySpec,
+    PrepareRequest, ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody,
+    ResponseBody, TimingSpec, WorkerRole,
 };
 use super::sandbox::{self, Overlay, SandboxLevel, SandboxMode, SandboxSpec};
 use crate::config::{BuildMode, EvalSection, Timeouts};
@@ -87,6 +87,8 @@ pub struct WorkerSettings {
     pub baseline: Option<Arc<BaselineTable>>,
     /// GPU driver version, recorded in every result's `env`.
     pub driver: Option<String>,
+    /// `eval.max_speedup`: the excessive-speedup bound (default: the roofline, or 50).
+    pub max_speedup: Option<f64>,
     /// `eval.cast_integer_inputs`: KernelBench's cast of integer and bool inputs.
     pub cast_integer_inputs: bool,
     /// Extra worker environment (the Hugging Face cache and offline mode, see `crate::hf`).
@@ -125,6 +127,7 @@ impl WorkerSettings {
             ncu: false,
             baseline: None,
             driver: None,
+            max_speedup: None,
             cast_integer_inputs: false,
             extra_env: Vec::new(),
             visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
@@ -149,6 +152,7 @@ impl WorkerSettings {
         self.profile_rows = eval.profile_rows;
         self.ncu = eval.ncu;
         self.build = eval.build;
+        self.max_speedup = eval.max_speedup;
         self.cast_integer_inputs = eval.cast_integer_inputs;
         self.sandbox = eval.sandbox_mode();
         if let Some(dir) = &eval.build_cache {
@@ -1056,8 +1060,8 @@ impl WorkerPool {
             device: device.to_string(),
             wall_ms: elapsed_ms(started),
             phases: r.phases.to_map(),
-            findings: Vec::new(),
-            speedup_check: None,
+            findings: r.findings,
+            speedup_check: r.speedup_check,
         }
     }
 
@@ -1120,6 +1124,23 @@ impl WorkerPool {
             ncu: None,
             error: Some(error),
             duration_ms: elapsed_ms(started),
+        }
+    }
+
+    /// The excessive-speedup guard's inputs: the configured bound, and the GPU's peak numbers at
+    /// the run's precision (TF32 for fp32 unless strict mode pins it off) when the GPU is known.
+    fn integrity_spec(&self, hardware: Option<&str>) -> IntegritySpec {
+        let spec = hardware.and_then(crate::prompt::gpu_specs::lookup);
+        let strict = self.settings.mode == EvalMode::Strict;
+        IntegritySpec {
+            max_speedup: self.settings.max_speedup,
+            peak_tflops: spec.map(|g| match self.settings.precision {
+                Precision::Fp32 if strict => g.fp32_tflops,
+                Precision::Fp32 => g.tf32_tflops.unwrap_or(g.fp32_tflops),
+                Precision::Fp16 => g.fp16_tflops,
+                Precision::Bf16 => g.bf16_tflops.unwrap_or(g.fp16_tflops),
+            }),
+            peak_bandwidth_gbs: spec.map(|g| f64::from(g.memory_bandwidth_gbs)),
         }
     }
 
@@ -1376,7 +1397,8 @@ impl Executor for WorkerPool {
                 .and_then(|b| b.reference_runtime(&job.problem)),
             cast_integer_inputs: self.settings.cast_integer_inputs,
         };
-        let request = RequestBody::Evaluate(prepare.evaluate(candidate));
+        let integrity = self.integrity_spec(slot.hardware().as_deref());
+        let request = RequestBody::Evaluate(prepare.evaluate(candidate, Some(integrity)));
         let prepare_started = Instant::now();
         let prepared = self
             .call(

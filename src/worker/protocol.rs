@@ -100,10 +100,22 @@ pub struct EvaluateRequest {
     pub correct_trials: u32,
     pub timing: TimingSpec,
     pub reference_runtime: Option<BaselineRuntime>,
+    /// The excessive-speedup guard's inputs.
+    pub integrity: Option<IntegritySpec>,
     /// `eval.cast_integer_inputs`: cast integer and bool inputs to the precision as KernelBench does.
     /// Left off the wire when false (the harness's default: they keep their dtype).
     #[serde(default, skip_serializing_if = "is_false")]
     pub cast_integer_inputs: bool,
+}
+
+/// What the harness needs to bound a plausible speedup: `eval.max_speedup`, or the device's peak
+/// throughput and bandwidth for the roofline of the reference (from `prompt::gpu_specs`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+pub struct IntegritySpec {
+    pub max_speedup: Option<f64>,
+    /// Peak TFLOP/s at the run's precision.
+    pub peak_tflops: Option<f64>,
+    pub peak_bandwidth_gbs: Option<f64>,
 }
 
 /// Build the reference's cached data (model, every trial's inputs and outputs, the timing inputs and
@@ -126,8 +138,13 @@ pub struct PrepareRequest {
 }
 
 impl PrepareRequest {
-    /// The evaluate request that follows: the same problem and settings, plus the candidate.
-    pub fn evaluate(&self, candidate: CandidateSpec) -> EvaluateRequest {
+    /// The evaluate request that follows: the same problem and settings, plus the candidate and
+    /// the excessive-speedup guard's inputs.
+    pub fn evaluate(
+        &self,
+        candidate: CandidateSpec,
+        integrity: Option<IntegritySpec>,
+    ) -> EvaluateRequest {
         EvaluateRequest {
             problem: self.problem.clone(),
             candidate,
@@ -138,6 +155,7 @@ impl PrepareRequest {
             correct_trials: self.correct_trials,
             timing: self.timing,
             reference_runtime: self.reference_runtime.clone(),
+            integrity,
             cast_integer_inputs: self.cast_integer_inputs,
         }
     }
@@ -314,6 +332,15 @@ pub struct WireEnv {
     pub grad_mode: String,
     pub tf32_matmul: bool,
     pub tf32_cudnn: bool,
+    /// The settings krefine set in the candidate's process before importing it.
+    #[serde(default)]
+    pub settings: Option<Value>,
+    /// What the sandbox applied in the candidate's process.
+    #[serde(default)]
+    pub sandbox: Option<Value>,
+    /// `process` (a single-use process per candidate) or `in_worker`.
+    #[serde(default)]
+    pub isolation: Option<String>,
     /// `kept` (integer and bool inputs keep their dtype) or `cast` (KernelBench's cast).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub integer_inputs: Option<String>,
@@ -337,6 +364,9 @@ impl WireEnv {
             grad_mode: Some(self.grad_mode.clone()),
             tf32_matmul: Some(self.tf32_matmul),
             tf32_cudnn: Some(self.tf32_cudnn),
+            settings: self.settings.clone(),
+            candidate_sandbox: self.sandbox.clone(),
+            isolation: self.isolation.clone(),
             integer_inputs: self.integer_inputs.clone(),
             transformers: self.transformers.clone(),
             python: self.python.clone(),
@@ -353,6 +383,12 @@ pub struct EvalPhases {
     pub correctness_s: f64,
     pub timing_s: f64,
     pub ref_timing_s: f64,
+    /// Handing the job and the reference data to the candidate's process, and its exit.
+    #[serde(default)]
+    pub isolation_s: f64,
+    /// Waiting for a warm candidate process.
+    #[serde(default)]
+    pub spawn_wait_s: f64,
 }
 
 impl EvalPhases {
@@ -364,6 +400,8 @@ impl EvalPhases {
             ("correctness_s", self.correctness_s),
             ("timing_s", self.timing_s),
             ("ref_timing_s", self.ref_timing_s),
+            ("isolation_s", self.isolation_s),
+            ("spawn_wait_s", self.spawn_wait_s),
         ] {
             // A non-finite duration cannot be JSON; leave it out rather than lie.
             if let Some(n) = serde_json::Number::from_f64(v) {
@@ -397,6 +435,12 @@ pub struct EvaluateResponse {
     pub phases: EvalPhases,
     /// The CUDA context is poisoned: the worker must be replaced.
     pub sticky: bool,
+    /// Runtime integrity findings from the candidate's process.
+    #[serde(default)]
+    pub findings: Vec<crate::types::Finding>,
+    /// The excessive-speedup guard, when a speedup was measured.
+    #[serde(default)]
+    pub speedup_check: Option<crate::types::SpeedupCheck>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -119,6 +119,7 @@ def evaluate_request(
     trials: int = 5,
     precision: str = "fp32",
     timing_trials: int = 100,
+    max_speedup: float | None = None,
     cast_integer_inputs: bool | None = None,
 ) -> dict[str, Any]:
     request: dict[str, Any] = {
@@ -139,6 +140,7 @@ def evaluate_request(
             "l2_flush": True,
         },
         "reference_runtime": None,
+        "integrity": {"max_speedup": max_speedup, "peak_tflops": None, "peak_bandwidth_gbs": None},
     }
     if cast_integer_inputs is not None:
         request["cast_integer_inputs"] = cast_integer_inputs
@@ -151,6 +153,7 @@ def prepare_request(
     """The `prepare` request the Rust side sends before each evaluate: the same fields, no candidate."""
     request = evaluate_request(rid, problem_code, "", Path("."), device=device, measure=measure, trials=trials)
     del request["candidate"]
+    del request["integrity"]
     request["op"] = "prepare"
     return request
 

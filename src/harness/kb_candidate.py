@@ -1,0 +1,653 @@
+"""One candidate, one clean process: the candidate side of `op: evaluate`.
+
+Every candidate is imported, constructed, checked and timed in a fresh single-use process that the
+persistent worker starts ahead of need (`CandidateProcess`: spawned, torch imported, the device context
+up, thread pools started, this module and kb_timing imported so the timer and the check are captured).
+The worker keeps what is expensive and trusted (the reference model, its cached inputs, outputs and RNG
+states, the reference timing) and serves them on request (`serve_reference`); tensors cross by
+torch.multiprocessing (CUDA IPC on the GPU, shared memory on the CPU), so nothing is regenerated and a
+candidate that writes into its inputs writes into the worker's cache, where the worker's own checksum
+sees it. When the process exits, nothing it did (patched functions, torch/cuDNN flags, threads, streams,
+imported modules, a `fast_matmul` extension of the same name as the next candidate's) survives.
+
+`Integrity` holds the runtime checks: the settings the reference depends on are set by krefine before
+the candidate is imported and compared after every phase; Python threads left running after a forward,
+new native threads, functions the timer or the check depend on replaced, and outputs that are not plain
+dense tensors are findings: warnings in faithful mode, errors (the candidate fails) in strict mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import importlib
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+
+import kb_compile
+import kb_correctness
+import kb_feedback
+import kb_reference
+import kb_timing
+from kb_compile import CANDIDATE_ERRORS, get_error_name
+from kb_correctness import LoopOutcome, ReferenceSource, Verdict
+from kb_reference import ReferenceFailure, RngState, TrialData
+
+HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
+# Strict timing rotates through this many input sets (seeds seed, seed + 1, ...); a re-verification of an
+# excessive speedup uses sets from REVERIFY_SEED_OFFSET on, which no candidate has seen.
+STRICT_SETS = 3
+REVERIFY_SEED_OFFSET = 1_000_003
+_enumerate_threads = threading.enumerate
+_perf_counter = time.perf_counter
+
+
+# ------------------------------------------------------------------------------------------ settings
+
+
+def settings_snapshot() -> dict[str, Any]:
+    """The process-wide settings a reference's numbers depend on."""
+    return {
+        "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+        "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
+        "num_threads": int(torch.get_num_threads()),
+        "default_dtype": str(torch.get_default_dtype()),
+    }
+
+
+def apply_settings(settings: dict[str, Any]) -> None:
+    """Set what `settings_snapshot` reads (the matmul precision first: it also sets allow_tf32)."""
+    torch.set_float32_matmul_precision(settings["float32_matmul_precision"])
+    torch.backends.cuda.matmul.allow_tf32 = settings["tf32_matmul"]
+    torch.backends.cudnn.allow_tf32 = settings["tf32_cudnn"]
+    torch.backends.cudnn.benchmark = settings["cudnn_benchmark"]
+    torch.backends.cudnn.deterministic = settings["cudnn_deterministic"]
+    if torch.are_deterministic_algorithms_enabled() != settings["deterministic_algorithms"]:
+        torch.use_deterministic_algorithms(settings["deterministic_algorithms"])  # seconds: imports
+    if torch.get_num_threads() != settings["num_threads"]:
+        torch.set_num_threads(settings["num_threads"])
+    torch.set_default_dtype(getattr(torch, settings["default_dtype"].removeprefix("torch.")))
+
+
+def native_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0
+
+
+class Integrity:
+    """Runtime checks on one candidate in its own process; collects `Finding`s on the verdict."""
+
+    def __init__(self, mode: str, device: torch.device, pinned: dict[str, Any]) -> None:
+        self.strict = mode == "strict"
+        self.device = device
+        self.pinned = pinned
+        self.threads = {t.ident for t in _enumerate_threads()}
+        self.native = native_threads()
+        self._seen: set[str] = set()
+
+    def report(self, verdict: Verdict, category: str, message: str, fatal: bool = True) -> bool:
+        """Record a finding. Returns False when it fails the candidate (strict mode, `fatal`)."""
+        error = self.strict and fatal
+        if category not in self._seen:  # the first occurrence says when; one finding per category
+            self._seen.add(category)
+            severity = "error" if error else "warning"
+            verdict.findings.append({"category": category, "severity": severity, "message": message})
+            if error:
+                verdict.feedback.append(f"Integrity check failed (strict mode): {message}")
+            elif fatal:
+                verdict.feedback.append(f"Warning (integrity): {message}")
+        if error:
+            verdict.status, verdict.correctness = "incorrect", False
+            verdict.metadata.setdefault("integrity_issue", message)
+            verdict.metadata.setdefault("integrity_issue_name", category)
+        return not error
+
+    def check_process(self, verdict: Verdict, phase: str) -> bool:
+        """Settings, patched functions and threads, after `phase` (import, construction, ...)."""
+        ok = True
+        now = settings_snapshot()
+        changed = [f"{k} from {self.pinned[k]!r} to {now[k]!r}" for k in self.pinned if now.get(k) != self.pinned[k]]
+        if changed:
+            ok &= self.report(
+                verdict, "settings_changed", f"the candidate changed {', '.join(changed)} ({phase})"
+            )
+        patched = kb_timing.patched_functions()
+        if patched:
+            ok &= self.report(
+                verdict,
+                "timing_patch",
+                f"the candidate replaced {', '.join(patched)} ({phase}); krefine's timer and check use "
+                "the originals",
+            )
+        ok &= self.check_threads(verdict, phase)
+        return ok
+
+    def check_threads(self, verdict: Verdict, phase: str) -> bool:
+        ok = True
+        alive = [t for t in _enumerate_threads() if t.ident not in self.threads and t.is_alive()]
+        if alive:
+            names = ", ".join(sorted(t.name for t in alive))
+            ok = self.report(
+                verdict,
+                "thread_left_running",
+                f"Python thread(s) {names} still running {phase}: work must be finished when forward "
+                "returns",
+            )
+        native = native_threads()
+        if native > self.native:
+            # Informational: native pools (OpenMP, CUDA libraries) may legitimately start threads.
+            self.report(
+                verdict,
+                "native_threads",
+                f"{native - self.native} native thread(s) more than before the candidate ({phase})",
+                fatal=False,
+            )
+            self.native = native
+        return ok
+
+    def after_forward(self, verdict: Verdict, output: Any, label: str) -> bool:
+        problem = dense_output_problem(output, self.device)
+        ok = True
+        if problem is not None:
+            ok = self.report(verdict, "non_dense_output", f"the output {label} is {problem}")
+        return self.check_threads(verdict, f"after the forward {label}") and ok
+
+
+def dense_output_problem(output: Any, device: torch.device) -> str | None:
+    """None for a plain dense tensor (or a list/tuple of them) on `device`; else what it is. `type()`
+    rather than isinstance: a lazy wrapper can fake `__class__`."""
+    if isinstance(output, (list, tuple)) and type(output) in (list, tuple):
+        for item in output:
+            problem = dense_output_problem(item, device)
+            if problem is not None:
+                return problem
+        return None
+    if type(output) is not torch.Tensor:
+        return f"a {type(output).__module__}.{type(output).__qualname__}, not a plain torch.Tensor"
+    if output.layout != torch.strided:
+        return f"a tensor with layout {output.layout}, not a dense strided tensor"
+    if output.device != device:
+        return f"a tensor on {output.device}, not on {device}"
+    return None
+
+
+# --------------------------------------------------------------------------------- the candidate side
+
+
+def evaluate_candidate(
+    job: dict[str, Any], ref: ReferenceSource, flusher: kb_timing.L2Flusher, pinned: dict[str, Any]
+) -> Verdict:
+    """Load, construct, check and time one candidate against `ref`. The worker adds the reference's
+    timing, the speedup and the reference's own failures."""
+    device, hardware = ref.device, job["hardware"]
+    verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
+    integrity = Integrity(ref.mode, device, pinned)
+    build_dir = job["build_dir"]
+    started = _perf_counter()
+    loaded = kb_compile.load_candidate(job["source"], build_dir, os.path.join(build_dir, "load.log"))
+    try:
+        if not loaded.ok:
+            verdict.phases["load_s"] = _perf_counter() - started
+            kb_correctness.compile_failed(verdict, loaded)
+            return verdict
+        ok = integrity.check_process(verdict, "at import")
+        model_new = construct_or_fail(verdict, ref, loaded, hardware)
+        verdict.phases["load_s"] = _perf_counter() - started
+        if model_new is None:
+            return verdict
+        ok = integrity.check_process(verdict, "in ModelNew's constructor") and ok
+        if not ok:
+            return verdict
+        check_and_time(verdict, job, ref, model_new, loaded.candidate_path, integrity, flusher)
+    finally:
+        verdict.env["pinned"] = pinned
+    return verdict
+
+
+def retime_candidate(
+    job: dict[str, Any], ref: ReferenceSource, flusher: kb_timing.L2Flusher, pinned: dict[str, Any]
+) -> Verdict:
+    """Re-verification of an excessive speedup (strict): only construct and time, on input sets no
+    candidate has seen, every few outputs checked."""
+    device, hardware = ref.device, job["hardware"]
+    verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
+    integrity = Integrity(ref.mode, device, pinned)
+    loaded = kb_compile.load_candidate(job["source"], job["build_dir"], os.path.join(job["build_dir"], "load.log"))
+    if not loaded.ok:
+        kb_correctness.compile_failed(verdict, loaded)
+        return verdict
+    model_new = construct_or_fail(verdict, ref, loaded, hardware)
+    if model_new is None or not integrity.check_process(verdict, "at import"):
+        return verdict
+    verdict.status, verdict.correctness = "correct", True
+    time_candidate(verdict, job, ref, model_new, loaded.candidate_path, integrity, flusher)
+    return verdict
+
+
+def construct_or_fail(
+    verdict: Verdict, ref: ReferenceSource, loaded: kb_compile.LoadResult, hardware: str
+) -> torch.nn.Module | None:
+    assert loaded.model_new is not None
+    try:
+        return construct_candidate(ref, loaded.model_new)
+    except RuntimeError as exc:
+        # KernelBench catches only RuntimeError here: compiled=True, correctness=False.
+        verdict.metadata["runtime_error"] = str(exc)
+        verdict.metadata["runtime_error_name"] = get_error_name(exc)
+        kb_correctness.fail_candidate_exception(
+            verdict, exc, ref.device, loaded.candidate_path, "while constructing ModelNew"
+        )
+        return None
+    except CANDIDATE_ERRORS as exc:
+        # Anything else escapes KernelBench's eval; its batch script records compiled=False.
+        verdict.compiled = False
+        poisoned = kb_correctness.sticky_error(exc, ref.device)
+        if poisoned is not None:
+            verdict.metadata = kb_correctness.kernelbench_cuda_error_metadata(poisoned, hardware, ref.device)
+            verdict.status, verdict.sticky, verdict.sticky_cause = "cuda_error", True, poisoned
+        else:
+            verdict.metadata = kb_correctness.other_error_metadata(exc, hardware, ref.device)
+            verdict.status = "runtime_error"
+        verdict.feedback.append(
+            "ModelNew(*get_init_inputs()) failed: ModelNew's constructor must accept the same arguments "
+            f"as Model's.\n{kb_feedback.candidate_traceback(exc, loaded.candidate_path)}"
+        )
+        return None
+
+
+def construct_candidate(ref: ReferenceSource, model_new_cls: type) -> torch.nn.Module:
+    """KernelBench: under no_grad, set_seed(seed) -> ModelNew(*init_inputs) -> assert forward ->
+    .to(device, dtype) -> sync. Weights match the reference only by RNG replay."""
+    init_inputs = ref.init_inputs()
+    with torch.no_grad():
+        kb_reference.set_seed(ref.seed)
+        model = model_new_cls(*init_inputs)
+        if not hasattr(model, "forward"):
+            raise AssertionError()
+        model = model.to(device=ref.device, dtype=ref.dtype)
+        kb_reference.synchronize(ref.device)
+    return model
+
+
+def check_and_time(
+    verdict: Verdict,
+    job: dict[str, Any],
+    ref: ReferenceSource,
+    model_new: torch.nn.Module,
+    candidate_path: str,
+    integrity: Integrity,
+    flusher: kb_timing.L2Flusher,
+) -> None:
+    trials = job["trials"]
+    started = _perf_counter()
+    try:
+        outcome = kb_correctness.run_trials(ref, model_new, trials, verdict, candidate_path, integrity)
+    except ReferenceFailure as failure:
+        verdict.phases["correctness_s"] = _perf_counter() - started
+        verdict.reference_failure = (trials, failure.index)
+        return
+    except CANDIDATE_ERRORS as exc:
+        # Outside the per-trial try (e.g. ModelNew.to failing): KernelBench's outer catch.
+        verdict.metadata["runtime_error"] = str(exc)
+        verdict.metadata["runtime_error_name"] = get_error_name(exc)
+        kb_correctness.fail_candidate_exception(
+            verdict, exc, ref.device, candidate_path, "during the correctness check"
+        )
+        outcome = LoopOutcome(0, stop=True, poisoned=verdict.sticky)
+    verdict.phases["correctness_s"] = _perf_counter() - started
+    if outcome.poisoned:
+        kb_correctness.kernelbench_sticky_result(verdict, job["hardware"], ref.device)
+        return
+    if outcome.stop:
+        verdict.correctness = False
+        return
+    verdict.correctness = outcome.passed == trials
+    tol = kb_reference.TOLERANCES[ref.precision]
+    verdict.feedback.append(kb_feedback.correctness_summary(outcome.passed, trials, ref.precision, tol))
+    if not verdict.correctness:
+        verdict.status = "incorrect"
+        return
+    verdict.status = "correct"
+    if not integrity.check_process(verdict, "after the correctness trials"):
+        return
+    if job["timing"]["measure"]:
+        time_candidate(verdict, job, ref, model_new, candidate_path, integrity, flusher)
+
+
+def time_candidate(
+    verdict: Verdict,
+    job: dict[str, Any],
+    ref: ReferenceSource,
+    model_new: torch.nn.Module,
+    candidate_path: str,
+    integrity: Integrity,
+    flusher: kb_timing.L2Flusher,
+) -> None:
+    timing = job["timing"]
+    started = _perf_counter()
+    tol = kb_reference.TOLERANCES[ref.precision]
+
+    def check(output: Any, expected: Any) -> str | None:
+        problem = dense_output_problem(output, ref.device)
+        if problem is not None:
+            return f"the output is {problem}"
+        if output.shape != expected.shape:
+            return f"output shape {tuple(output.shape)}, expected {tuple(expected.shape)}"
+        if not kb_correctness.allclose(expected, output, tol):
+            return "the output does not match the reference for this call's inputs"
+        return None
+
+    try:
+        model_new = model_new.to(device=ref.device, dtype=ref.dtype)
+        kb_reference.synchronize(ref.device)
+        if ref.mode == "strict":
+            sets = ref.timing_sets(STRICT_SETS, job["timing_seed"], job["timing_seed"] == ref.seed)
+            times = kb_timing.time_strict(model_new, sets, ref.device, timing, flusher, check)
+        else:
+            times = kb_timing.time_callable(model_new, ref.timing_inputs(), ref.device, timing, flusher)
+        verdict.runtime_stats = kb_timing.runtime_stats(times)
+    except kb_timing.TimedOutputMismatch as mismatch:
+        verdict.phases["timing_s"] = _perf_counter() - started
+        verdict.status, verdict.correctness = "incorrect", False
+        verdict.metadata["correctness_issue"] = f"Output mismatch in timed call {mismatch.call}"
+        verdict.metadata["correctness_issue_name"] = "timed_output_mismatch"
+        verdict.feedback.append(
+            f"Strict timing checks the outputs of timed calls, each on fresh inputs: in timed call "
+            f"{mismatch.call} {mismatch.problem}. The output must be computed from the inputs on every "
+            "call (no caching across calls, no work left running after forward returns)."
+        )
+        return
+    except CANDIDATE_ERRORS as exc:
+        verdict.phases["timing_s"] = _perf_counter() - started
+        verdict.metadata["error_during_performance"] = str(exc)
+        if kb_correctness.fail_candidate_exception(verdict, exc, ref.device, candidate_path, "while timing"):
+            kb_correctness.kernelbench_sticky_result(verdict, job["hardware"], ref.device)
+        else:
+            verdict.status = "correct"  # KernelBench keeps correctness; only the runtime stays -1
+        return
+    verdict.phases["timing_s"] = _perf_counter() - started
+    if not integrity.check_process(verdict, "after timing"):
+        verdict.runtime_stats = {}
+
+
+# ---------------------------------------------------------------------------- reference over a pipe
+
+
+class RemoteReferenceFailure(ReferenceFailure):
+    """The worker's cached reference forward failed for a trial; the worker fills in the details."""
+
+    def __init__(self, index: int) -> None:
+        Exception.__init__(self, f"reference failed in trial {index + 1}")
+        self.captured = None  # type: ignore[assignment]
+        self.index = index
+
+
+class RemoteReference:
+    """The candidate process's view of the worker's ProblemContext (kb_correctness.ReferenceSource)."""
+
+    def __init__(self, conn: Any, job: dict[str, Any]) -> None:
+        self.conn = conn
+        self.device = kb_reference.normalize_device(job["device"])
+        self.precision = job["precision"]
+        self.dtype = kb_reference.DTYPES[self.precision]
+        self.mode = job["mode"]
+        self.seed = job["seed"]
+
+    def _ask(self, *message: Any) -> Any:
+        self.conn.send(message)
+        status, value = self.conn.recv()
+        if status == "reference_failed":
+            raise RemoteReferenceFailure(value)
+        if status == "error":
+            raise RuntimeError(value)
+        return value
+
+    def trial_seeds(self, trials: int) -> list[int]:
+        return kb_reference.trial_seeds(self.seed, trials)
+
+    def trial(self, trials: int, index: int, seed: int) -> TrialData:
+        inputs, output, cpu, cuda = self._ask("trial", trials, index, seed)
+        return TrialData(list(inputs), output, RngState(cpu, cuda))
+
+    def verify_trial(self, trials: int, index: int) -> bool:
+        return bool(self._ask("verify", trials, index))
+
+    def init_inputs(self) -> list[Any]:
+        return list(self._ask("init_inputs"))
+
+    def timing_inputs(self) -> list[Any]:
+        return list(self._ask("timing_inputs"))
+
+    def timing_sets(self, count: int, first_seed: int, keep: bool = True) -> list[tuple[list[Any], Any]]:
+        return [(list(i), o) for i, o in self._ask("timing_sets", count, first_seed, keep)]
+
+
+def serve_reference(conn: Any, ctx: kb_reference.ProblemContext) -> dict[str, Any]:
+    """In the worker: answer the candidate process's requests for reference data until it sends its
+    result. Raises EOFError when the process died."""
+    while True:
+        message = conn.recv()
+        op = message[0]
+        if op == "result":
+            return message[1]
+        try:
+            if op == "trial":
+                _, trials, index, seed = message
+                data = ctx.trial(trials, index, seed)
+                reply: tuple[str, Any] = ("ok", (data.inputs, data.output, data.rng.cpu, data.rng.cuda))
+            elif op == "verify":
+                reply = ("ok", ctx.verify_trial(message[1], message[2]))
+            elif op == "init_inputs":
+                reply = ("ok", ctx.init_inputs())
+            elif op == "timing_inputs":
+                reply = ("ok", ctx.timing_inputs())
+            elif op == "timing_sets":
+                reply = ("ok", ctx.timing_sets(message[1], message[2], message[3]))
+            else:
+                reply = ("error", f"unknown request {op!r}")
+        except ReferenceFailure:
+            reply = ("reference_failed", message[2])
+        except CANDIDATE_ERRORS as exc:
+            reply = ("error", f"the reference failed while serving {op}: {type(exc).__name__}: {exc}")
+        conn.send(reply)
+
+
+def verdict_to_wire(verdict: Verdict) -> dict[str, Any]:
+    return {
+        "status": verdict.status,
+        "compiled": verdict.compiled,
+        "correctness": verdict.correctness,
+        "metadata": kb_correctness.json_safe_metadata(verdict.metadata),
+        "feedback": list(verdict.feedback),
+        "sticky": verdict.sticky,
+        "oom_request_bytes": verdict.oom_request_bytes,
+        "runtime_stats": dict(verdict.runtime_stats),
+        "phases": dict(verdict.phases),
+        "findings": list(verdict.findings),
+        "reference_failure": verdict.reference_failure,
+        "env": dict(verdict.env),
+    }
+
+
+def verdict_from_wire(wire: dict[str, Any]) -> Verdict:
+    verdict = Verdict(**{k: v for k, v in wire.items() if k != "reference_failure"})
+    verdict.reference_failure = tuple(wire["reference_failure"]) if wire["reference_failure"] else None  # type: ignore[assignment]
+    return verdict
+
+
+# ------------------------------------------------------------------------------- the single-use process
+
+
+def _die_with_parent() -> None:
+    """PR_SET_PDEATHSIG: the candidate process must not outlive its worker."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def child_main(conn: Any, device_name: str, harness_dir: str) -> None:
+    """Entry point of a candidate process: warm up, wait for one job, run it, report, exit."""
+    _die_with_parent()
+    if harness_dir not in sys.path:
+        sys.path.insert(0, harness_dir)
+    if device_name.startswith("cuda") and torch.cuda._is_in_bad_fork():
+        # The server process touched CUDA after all: this process cannot use it. Say so; the worker
+        # starts its candidate processes with spawn from then on.
+        conn.send(("bad_fork", os.getpid()))
+        os._exit(0)
+    device = kb_reference.normalize_device(device_name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.empty(1, device=device)  # the CUDA context, before it is needed
+        torch.cuda.synchronize(device)
+    # Start the CPU thread pool now, so its threads are not the candidate's "new native threads".
+    torch.ones(256, 256) @ torch.ones(256, 256)
+    torch.ones(1 << 17).add_(1)
+    importlib.import_module("torch.utils.cpp_extension")  # slow to import; every candidate load needs it
+    flusher = kb_timing.L2Flusher()
+    try:
+        conn.send(("ready", os.getpid()))
+    except OSError:  # the worker let this spare go (shutdown, another device): nothing to report
+        os._exit(0)
+    try:
+        job = conn.recv()
+    except (EOFError, OSError):
+        os._exit(0)
+    result = run_job(conn, job, flusher)
+    del job
+    gc.collect()  # drop shared tensors before reporting, so the worker may free them
+    conn.send(("result", result))
+    with contextlib.suppress(Exception):
+        conn.recv()  # the worker's acknowledgement
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def run_job(conn: Any, job: dict[str, Any], flusher: kb_timing.L2Flusher) -> dict[str, Any]:
+    """Pin the settings, enter the sandbox, then evaluate (or re-time, or profile) the candidate."""
+    import kb_sandbox
+
+    apply_settings(job["settings"])
+    pinned = settings_snapshot()
+    torch.set_printoptions(precision=4, threshold=10, edgeitems=3, linewidth=80)  # as KernelBench's eval
+    sandbox = kb_sandbox.enter_candidate(os.getcwd(), [job["build_dir"], os.getcwd()])
+    if job["kind"] == "profile":
+        import kb_eval
+        import kb_profile
+
+        return kb_profile.profile(job["request"], kb_eval.Worker(isolate=False), os.getcwd())
+    ref = RemoteReference(conn, job)
+    run = retime_candidate if job["kind"] == "retime" else evaluate_candidate
+    verdict = run(job, ref, flusher, pinned)
+    verdict.env["sandbox"] = sandbox
+    verdict.env["pinned"] = pinned
+    verdict.env["isolation"] = "process"
+    return verdict_to_wire(verdict)
+
+
+def process_context(method: str) -> Any:
+    """`forkserver` (the default): candidate processes fork from a server process that has imported
+    torch and this module and never run a candidate or touched CUDA (fork is only unsafe after CUDA is
+    initialised), so a new process costs milliseconds plus its own device context, not a torch import
+    (seconds). The server is started (spawned) once per worker, on first use. `spawn`: the fallback
+    when a forked process finds CUDA unusable (see child_main)."""
+    import torch.multiprocessing as torch_mp
+
+    if method == "spawn":
+        return torch_mp.get_context("spawn")
+    # torch.cuda.is_available() through NVML: the CUDA driver's device count would mark every process
+    # forked afterwards as unable to use CUDA.
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    context = torch_mp.get_context("forkserver")
+    # Not torch.utils.cpp_extension: importing it marks later forks as unable to use CUDA (seen on the
+    # H100 with torch 2.11); each candidate process imports it after the fork, while it is a spare.
+    context.set_forkserver_preload(["kb_candidate", "kb_profile", "kb_sandbox"])
+    return context
+
+
+class BadFork(Exception):
+    """A forked candidate process cannot use CUDA (the server process initialised it)."""
+
+
+class CandidateProcess:
+    """A single-use candidate process, started ahead of need (see the module doc)."""
+
+    def __init__(self, device: str, method: str = "forkserver") -> None:
+        context = process_context(method)
+        self.device = device
+        self.conn, child = context.Pipe(duplex=True)
+        # Not daemonic: a candidate may start processes of its own (daemons may not).
+        self.process = context.Process(target=child_main, args=(child, device, HARNESS_DIR), name="krefine-candidate")
+        self.started = _perf_counter()
+        self.finished: float | None = None
+        self.process.start()
+        child.close()
+        self.ready = False
+
+    def wait_ready(self) -> None:
+        if self.ready:
+            return
+        try:
+            message = self.conn.recv()
+        except (EOFError, OSError) as exc:
+            self.process.join(5)
+            raise ChildDied(self.process.exitcode) from exc
+        if message[0] == "bad_fork":
+            self.process.join(5)
+            raise BadFork()
+        if message[0] != "ready":
+            raise RuntimeError(f"candidate process sent {message[0]!r} instead of ready")
+        self.ready = True
+
+    def run(self, job: dict[str, Any], ctx: kb_reference.ProblemContext) -> dict[str, Any]:
+        """Send the job, serve the reference until the result comes, let the process go."""
+        self.conn.send(job)
+        try:
+            result = serve_reference(self.conn, ctx)
+        except (EOFError, OSError) as exc:
+            self.process.join(10)
+            raise ChildDied(self.process.exitcode) from exc
+        with contextlib.suppress(Exception):
+            self.conn.send(("exit",))
+        # It exits by itself now; the worker reaps it later (see Worker.reap), not on this path.
+        self.finished = _perf_counter()
+        return result
+
+    def kill(self) -> None:
+        with contextlib.suppress(Exception):
+            self.process.kill()
+            self.process.join(5)
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+
+class ChildDied(Exception):
+    """The candidate process ended without a result (a crash, os._exit, a signal)."""
+
+    def __init__(self, exitcode: int | None) -> None:
+        super().__init__(f"candidate process ended with exit code {exitcode}")
+        self.exitcode = exitcode
+
+    def reproduce(self) -> None:
+        """End the worker the way its candidate ended, so the orchestrator reports it exactly as it
+        did when candidates ran in the worker itself (exit code, signal, OOM killer)."""
+        sys.stderr.flush()
+        code = self.exitcode
+        if code is not None and code < 0:
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
+            time.sleep(1)
+        os._exit(code if code is not None and code > 0 else 1)

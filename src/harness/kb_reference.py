@@ -1,0 +1,669 @@
+"""The reference side of an evaluation: the problem's code, its model, and its cached trial data.
+
+Lives only in the persistent worker (trusted: no candidate code ever runs in it). Faithful mode
+reproduces KernelBench's `eval_kernel_against_ref` + `run_and_check_correctness` order of operations
+(shared/reference/kernelbench-protocol.md §1): seeds, casts, no_grad construction on CPU, never
+`.eval()`, reference forward first on the same input objects.
+
+The one structural change is the reference cache: the reference runs once per (problem, precision, seed,
+trials, device, mode) per worker. For each trial we keep the inputs as the reference left them, its
+output, and the RNG state right after its forward; before a candidate's forward its process restores
+that RNG state, so the candidate sees exactly what it would have seen in KernelBench's interleaved order.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import os
+import platform
+import sys
+import time
+import traceback
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+import kb_inputs
+from kb_compile import CANDIDATE_ERRORS
+from kb_inputs import tensors as tensors_in
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+TOLERANCES: dict[str, float] = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 1e-2}
+# Share of memory the reference cache may hold: on the GPU for a CUDA device, in RAM otherwise. Half
+# the GPU keeps every trial input of KernelBench's largest level-1 problems (6-9 GB each) on an 80 GB
+# device; a candidate that then runs out of memory is retried with the cache off the device.
+DEVICE_CACHE_FRACTION = 0.5
+HOST_CACHE_FRACTION = 0.35
+CPU_DEVICE_CACHE_FRACTION = 0.25
+MAX_CONTEXTS = 4
+_CHECKSUM_CHUNK = 1 << 24
+_CHECKSUM_MUL = 0x5851F42D4C957F2D  # odd 63-bit constant (PCG multiplier)
+
+
+# ------------------------------------------------------------------------------------ KernelBench basics
+
+
+def set_seed(seed: int) -> None:
+    """KernelBench's set_seed: CPU generator and the current CUDA device's generator."""
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed(seed)  # lazy when CUDA is not initialised: a compile worker stays CUDA-free
+
+
+def trial_seeds(seed: int, trials: int) -> list[int]:
+    """The per-trial seeds: manual_seed(seed), then `trials` draws of randint(0, 2**32 - 1)."""
+    torch.manual_seed(seed)
+    return [int(torch.randint(0, 2**32 - 1, (1,)).item()) for _ in range(trials)]
+
+
+def prepare_value(value: Any, device: torch.device, dtype: torch.dtype, cast_integers: bool = False) -> Any:
+    """Floating tensors are cast to the precision dtype, then moved. Integer and bool tensors (token
+    ids, class targets, masks) keep their dtype and are only moved: KernelBench's `_process_input_tensor`
+    casts them too, which breaks every reference that indexes with them (its open bug, whose proposed
+    fix this is). `cast_integers` (`eval.cast_integer_inputs`) reproduces that cast for exact parity."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if not cast_integers and not (value.is_floating_point() or value.is_complex()):
+        return value.to(device=device)
+    return value.to(dtype=dtype).to(device=device)
+
+
+def integer_inputs_policy(cast_integers: bool) -> str:
+    """How integer and bool inputs were treated, as the result's env records it."""
+    return "cast" if cast_integers else "kept"
+
+
+def cast_integers_of(request: dict[str, Any]) -> bool:
+    """The request's `cast_integer_inputs` flag (absent: False, integer inputs keep their dtype)."""
+    return bool(request.get("cast_integer_inputs", False))
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device=device)
+
+
+def hardware_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def normalize_device(name: str) -> torch.device:
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def nbytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors_in(value))
+
+
+def aliases(output: Any, inputs: list[Any]) -> bool:
+    """Does any output tensor share memory with an input tensor (identity or view problems)?"""
+    storages = {t.untyped_storage().data_ptr() for t in tensors_in(inputs)}
+    return any(t.untyped_storage().data_ptr() in storages for t in tensors_in(output))
+
+
+def clone_tensors(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(clone_tensors(item) for item in value)
+    return value
+
+
+def move(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(move(item, device) for item in value)
+    return value
+
+
+# ------------------------------------------------------------------------------ input integrity checks
+
+
+def tensor_checksum(tensor: torch.Tensor) -> int:
+    """A position-weighted sum of the tensor's bytes (as int32 words where possible).
+
+    Cheap on the device (no copy of the data, one sync), and any single changed word changes it: every
+    word is multiplied by an odd weight (a bijection modulo 2**32), and every chunk's sum by an odd
+    chunk factor (one modulo 2**64). Used to notice that a candidate wrote into cached inputs; it runs
+    after every trial, so for a 6 GB input it must cost milliseconds, not a tenth of a second.
+    """
+    flat = tensor.detach()
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    raw = flat.reshape(-1).view(torch.uint8)
+    words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw.to(torch.int32)
+    if words.numel() == 0:
+        return 0
+    weights = _checksum_weights(words.device, min(words.numel(), _CHECKSUM_CHUNK))
+    sums = [
+        # int32 products wrap, which is what we want; the sum is taken in int64.
+        (words[start : start + _CHECKSUM_CHUNK] * weights[: min(_CHECKSUM_CHUNK, words.numel() - start)]).sum(
+            dtype=torch.int64
+        )
+        for start in range(0, words.numel(), _CHECKSUM_CHUNK)
+    ]
+    factors = torch.arange(len(sums), dtype=torch.int64, device=words.device) * 2 + 1
+    return int((torch.stack(sums) * factors).sum().item())
+
+
+_WEIGHTS: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def _checksum_weights(device: torch.device, length: int) -> torch.Tensor:
+    """Odd int32 weights, kept per device (64 MiB at most) so a checksum makes no index tensors."""
+    key = (str(device), _CHECKSUM_CHUNK)
+    cached = _WEIGHTS.get(key)
+    if cached is None or cached.numel() < length:
+        index = torch.arange(length, dtype=torch.int64, device=device)
+        cached = (((index * _CHECKSUM_MUL) | 1) & 0x7FFFFFFF).to(torch.int32)
+        _WEIGHTS[key] = cached
+    return cached
+
+
+def fingerprint(values: list[Any]) -> list[Any]:
+    """Identity and content of every tensor in an argument list (non-tensors are immutable here)."""
+    out: list[Any] = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            out.append(
+                (
+                    value.data_ptr(),
+                    tuple(value.shape),
+                    tuple(value.stride()),
+                    value.storage_offset(),
+                    value.dtype,
+                    tensor_checksum(value),
+                )
+            )
+        else:
+            out.append(None)
+    return out
+
+
+def same_bytes(a: Any, b: Any) -> bool:
+    """Exact equality, NaN-safe (bytes, not values)."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return a is b or a == b
+    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+        return False
+    return torch.equal(
+        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)
+    )
+
+
+def poison_free_memory(output: Any, device: torch.device) -> None:
+    """Make a `torch.empty` result useless: hand the allocator back a block the size of the expected
+    output filled with 0xFF bytes (NaN for every float dtype), so an uninitialised candidate output
+    that reuses freed memory cannot hold a correct result by accident or design."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    for tensor in tensors_in(output):
+        # Same shape and dtype as the expected output, so the allocator (CUDA caching allocator or
+        # malloc) sees the same request size as the candidate's output allocation.
+        block = torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
+        block.reshape(-1).view(torch.uint8).fill_(0xFF)
+        del block
+
+
+# -------------------------------------------------------------------------------------------- RNG state
+
+
+@dataclass
+class RngState:
+    cpu: torch.Tensor
+    cuda: torch.Tensor | None
+
+
+def capture_rng(device: torch.device) -> RngState:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return RngState(cpu=torch.get_rng_state(), cuda=cuda)
+
+
+def restore_rng(state: RngState, device: torch.device) -> None:
+    torch.set_rng_state(state.cpu)
+    if state.cuda is not None:
+        torch.cuda.set_rng_state(state.cuda, device)
+
+
+# ----------------------------------------------------------------------------------------- the problem
+
+
+@dataclass
+class CapturedError:
+    """An exception kept for later: the reference's failures are cached with the reference."""
+
+    exc: BaseException
+    traceback_text: str
+    stage: Literal["load", "init", "forward"]
+
+
+class ReferenceFailure(Exception):
+    """Raised in the trial loop when the cached reference forward failed for that trial."""
+
+    def __init__(self, captured: CapturedError, index: int = 0) -> None:
+        super().__init__(str(captured.exc))
+        self.captured = captured
+        self.index = index
+
+
+@dataclass
+class ProblemCode:
+    model: Any
+    get_inputs: Any
+    get_init_inputs: Any
+
+
+def load_problem(code: str) -> ProblemCode:
+    """Exec the reference into a fresh namespace, as KernelBench does."""
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "<reference>", "exec"), namespace)
+    missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if n not in namespace]
+    if missing:
+        raise NameError(f"reference code does not define {', '.join(missing)}")
+    return ProblemCode(namespace["Model"], namespace["get_inputs"], namespace["get_init_inputs"])
+
+
+Tier = Literal["device", "device_inputs", "host", "recompute"]
+
+
+@dataclass
+class TrialEntry:
+    """One correctness trial's cached reference data. `tier` says where the tensors live:
+    'device' (inputs and output kept on the device, inputs checked after every candidate),
+    'device_inputs' (only the inputs kept; the reference forward runs again per use, which is GPU work
+    KernelBench does per trial anyway, while making the inputs is CPU work that can take a minute),
+    'host' (kept in RAM, copied per use), or 'recompute' (inputs and output made again per use)."""
+
+    seed: int
+    tier: Tier
+    inputs: list[Any] | None = None
+    output: Any = None
+    rng: RngState | None = None
+    fingerprint: list[Any] | None = None
+    ref_mutates_inputs: bool = False
+    dirty: bool = False
+    error: CapturedError | None = None
+
+
+@dataclass
+class TrialData:
+    """What one trial hands to the check: inputs as the reference left them, its output, RNG after it."""
+
+    inputs: list[Any]
+    output: Any
+    rng: RngState
+
+
+class ProblemContext:
+    """One reference problem at one (device, precision, mode, seed): the loaded code, the reference
+    model (built once), cached trial data per trial count, and the seed-`seed` timing inputs."""
+
+    def __init__(
+        self,
+        cache: ReferenceCache,
+        code: str,
+        device: torch.device,
+        precision: str,
+        mode: str,
+        seed: int,
+        cast_integers: bool = False,
+    ) -> None:
+        self.cache = cache
+        self.device = device
+        self.precision = precision
+        self.dtype = DTYPES[precision]
+        self.mode = mode
+        self.cast_integers = cast_integers
+        self.seed = seed
+        self.problem: ProblemCode | None = None
+        self.ref_model: torch.nn.Module | None = None
+        self.error: CapturedError | None = None
+        self.trials: dict[int, list[TrialEntry | None]] = {}
+        self.timing_inputs_cache: list[Any] | None = None
+        self.timing_fingerprint: list[Any] | None = None
+        # Strict timing's input sets and reference outputs, per seed (see timing_sets).
+        self.strict_sets: dict[int, tuple[list[Any], Any]] = {}
+        # Raw get_inputs() results made ahead (in parallel) by prepare, per seed; used once.
+        self.pregenerated: dict[int, list[Any]] = {}
+        self.device_bytes = 0
+        self.host_bytes = 0
+        self.device_cache = True
+        self.build_seconds = 0.0
+        started = time.perf_counter()
+        self._build(code)
+        self.build_seconds += time.perf_counter() - started
+
+    def _build(self, code: str) -> None:
+        stage: Literal["load", "init"] = "load"
+        try:
+            self.problem = load_problem(code)
+            stage = "init"
+            init_inputs = self.init_inputs()
+            with torch.no_grad():
+                set_seed(self.seed)
+                model = self.problem.model(*init_inputs)
+                if not hasattr(model, "forward"):
+                    raise AssertionError("reference Model has no forward")
+            self.ref_model = model.to(device=self.device, dtype=self.dtype)
+        except CANDIDATE_ERRORS as exc:
+            self.error = CapturedError(exc, traceback.format_exc(), stage)
+
+    def init_inputs(self) -> list[Any]:
+        """Fresh init inputs per use (cheap; usually ints): a candidate may mutate what it is given."""
+        assert self.problem is not None
+        set_seed(self.seed)
+        raw = self.problem.get_init_inputs()
+        return [prepare_value(x, self.device, self.dtype, self.cast_integers) for x in raw]
+
+    def _make_inputs(self, seed: int) -> list[Any]:
+        assert self.problem is not None
+        raw = self.pregenerated.pop(seed, None)
+        if raw is None:
+            set_seed(seed)
+            raw = self.problem.get_inputs()
+        inputs = [prepare_value(x, self.device, self.dtype, self.cast_integers) for x in raw]
+        if self.device.type == "cpu":
+            # Candidate processes map CPU inputs from shared memory. Sending a tensor moves it there
+            # in place (a new data pointer); doing it now keeps the checksummed identity stable.
+            for t in tensors_in(inputs):
+                t.share_memory_()
+        return inputs
+
+    def pregenerate(self, code: str, seeds: list[int]) -> int:
+        """Make the inputs of `seeds` at once in parallel processes when they are large (see kb_inputs);
+        returns how many were made that way. Any failure leaves the serial path to do the work."""
+        assert self.problem is not None
+        count = kb_inputs.how_many_in_parallel(kb_inputs.planned_bytes(self.problem.get_inputs), len(seeds))
+        if count == 0:
+            return 0
+        started = time.perf_counter()
+        try:
+            self.pregenerated.update(kb_inputs.make_in_parallel(code, seeds[:count]))
+        except Exception as exc:  # noqa: BLE001 - the serial path reports the problem's own errors
+            print(f"krefine harness: parallel input generation failed, going serial: {exc!r}", file=sys.stderr)
+            return 0
+        finally:
+            self.build_seconds += time.perf_counter() - started
+        return count
+
+    def _reference_forward_on(self, inputs: list[Any], seed: int) -> tuple[Any, RngState]:
+        """KernelBench's trial: (inputs made after set_seed(seed)), set_seed(seed), reference forward,
+        sync. The RNG state right after the forward is what the candidate's forward starts from."""
+        assert self.ref_model is not None
+        set_seed(seed)
+        with torch.no_grad():
+            output = self.ref_model(*inputs)
+        synchronize(self.device)
+        return output, capture_rng(self.device)
+
+    # ---- correctness trials
+
+    def trial_seeds(self, trials: int) -> list[int]:
+        return trial_seeds(self.seed, trials)
+
+    def trial(self, trials: int, index: int, seed: int) -> TrialData:
+        """The cached data of trial `index`; builds it on first use. Raises ReferenceFailure if the
+        reference forward failed for it (cached too: a broken reference is not re-run per candidate)."""
+        entry = self.entry(trials, index, seed)
+        if entry.error is not None:
+            raise ReferenceFailure(entry.error, index)
+        return self._materialize(entry)
+
+    def entry(self, trials: int, index: int, seed: int) -> TrialEntry:
+        """Trial `index`'s cache entry, built on first use (inputs, reference forward, placement)."""
+        entries = self.trials.setdefault(trials, [None] * trials)
+        entry = entries[index]
+        if entry is None:
+            started = time.perf_counter()
+            try:
+                entry = self._build_trial(seed, remaining=trials - index)
+            finally:
+                self.build_seconds += time.perf_counter() - started
+            entries[index] = entry
+        return entry
+
+    def _build_trial(self, seed: int, remaining: int) -> TrialEntry:
+        try:
+            inputs = self._make_inputs(seed)
+            before = fingerprint(inputs)
+            output, rng = self._reference_forward_on(inputs, seed)
+        except CANDIDATE_ERRORS as exc:
+            return TrialEntry(seed, "device", error=CapturedError(exc, traceback.format_exc(), "forward"))
+        after = fingerprint(inputs)
+        mutates = [p[-1] for p in before if p] != [p[-1] for p in after if p]
+        if aliases(output, inputs):
+            if self.mode == "faithful":
+                # In KernelBench the expected output *is* (a view of) the input the candidate receives,
+                # so a candidate writing into its input also moves the target. Only a fresh reference
+                # run per use reproduces that without letting one candidate corrupt the cache.
+                return TrialEntry(seed, "recompute")
+            output = clone_tensors(output)  # strict: candidates get clones, the target stays fixed
+        # Recomputing the output from kept inputs is only the same as KernelBench when the reference
+        # leaves its inputs alone and returns fresh memory.
+        lean_ok = not mutates and not aliases(output, inputs)
+        in_size = nbytes(inputs)
+        size = in_size + nbytes(output)
+        tier = self.cache.place(self, in_size, size, remaining, lean_ok)
+        if tier == "device":
+            self.device_bytes += size
+            return TrialEntry(seed, "device", inputs, output, rng, after, ref_mutates_inputs=mutates)
+        if tier == "device_inputs":
+            self.device_bytes += in_size
+            del output
+            return TrialEntry(seed, "device_inputs", inputs, None, None, after)
+        if tier == "host":
+            self.host_bytes += size
+            host = torch.device("cpu")
+            return TrialEntry(seed, "host", move(inputs, host), move(output, host), rng)
+        return TrialEntry(seed, "recompute")
+
+    def _materialize(self, entry: TrialEntry) -> TrialData:
+        if entry.tier == "recompute":
+            inputs = self._make_inputs(entry.seed)
+            output, rng = self._reference_forward_on(inputs, entry.seed)
+            return TrialData(inputs, output, rng)
+        if entry.tier == "device_inputs":
+            if entry.dirty:
+                self._regenerate(entry)
+            assert entry.inputs is not None
+            output, rng = self._reference_forward_on(entry.inputs, entry.seed)
+            return TrialData(entry.inputs, output, rng)
+        assert entry.inputs is not None and entry.rng is not None
+        if entry.tier == "host":
+            return TrialData(move(entry.inputs, self.device), move(entry.output, self.device), entry.rng)
+        if entry.dirty:
+            self._regenerate(entry)
+        return TrialData(entry.inputs, entry.output, entry.rng)
+
+    def _regenerate(self, entry: TrialEntry) -> None:
+        """Rebuild a trial's inputs after a candidate wrote into them. For a reference that mutates its
+        own inputs, its forward runs again so the inputs are as the candidate would find them."""
+        started = time.perf_counter()
+        entry.inputs = self._make_inputs(entry.seed)
+        if entry.ref_mutates_inputs:
+            self._reference_forward_on(entry.inputs, entry.seed)
+        entry.fingerprint = fingerprint(entry.inputs)
+        entry.dirty = False
+        self.build_seconds += time.perf_counter() - started
+
+    def verify_trial(self, trials: int, index: int) -> bool:
+        """After a candidate ran on trial `index`: are the cached inputs still pristine? A changed trial
+        is marked for regeneration; returns False when it changed."""
+        entry = self.trials[trials][index]
+        if entry is None or entry.tier not in ("device", "device_inputs") or entry.inputs is None:
+            return True  # host and recompute tiers hand out throw-away device copies
+        try:
+            unchanged = fingerprint(entry.inputs) == entry.fingerprint
+        except CANDIDATE_ERRORS:
+            unchanged = False
+        entry.dirty = entry.dirty or not unchanged
+        return unchanged
+
+    # ---- timing inputs
+
+    def timing_inputs(self) -> list[Any]:
+        """KernelBench's timing inputs (set_seed(seed) -> get_inputs -> cast/move), kept on the device
+        and regenerated only when a candidate changed them."""
+        if (
+            self.timing_inputs_cache is not None
+            and fingerprint(self.timing_inputs_cache) == self.timing_fingerprint
+        ):
+            return self.timing_inputs_cache
+        if self.timing_inputs_cache is not None:
+            self.device_bytes -= nbytes(self.timing_inputs_cache)
+        self.timing_inputs_cache = None
+        inputs = self._make_inputs(self.seed)
+        self.timing_inputs_cache = inputs
+        self.timing_fingerprint = fingerprint(inputs)
+        self.device_bytes += nbytes(inputs)
+        return inputs
+
+
+    # ---- strict timing: several input sets, each with the reference's output
+
+    def timing_sets(self, count: int, first_seed: int, keep: bool = True) -> list[tuple[list[Any], Any]]:
+        """`count` input sets (seeds first_seed, first_seed + 1, ...) with the reference output on each.
+        Strict timing hands the candidate a fresh clone of one of them per timed trial and checks some
+        outputs, so an output memoised across calls cannot pass. Kept for reuse unless `keep` is off
+        (the re-verification of an excessive speedup uses seeds no candidate has seen)."""
+        assert self.ref_model is not None
+        sets: list[tuple[list[Any], Any]] = []
+        for seed in range(first_seed, first_seed + count):
+            cached = self.strict_sets.get(seed)
+            if cached is None:
+                started = time.perf_counter()
+                inputs = self.timing_inputs() if seed == self.seed else self._make_inputs(seed)
+                with torch.no_grad():
+                    output = self.ref_model(*clone_tensors(inputs))
+                synchronize(self.device)
+                cached = (inputs, output)
+                if keep:
+                    self.strict_sets[seed] = cached
+                    self.device_bytes += nbytes(output) + (0 if seed == self.seed else nbytes(inputs))
+                self.build_seconds += time.perf_counter() - started
+            sets.append(cached)
+        return sets
+
+
+    def forget_timing_sets(self, first_seed: int, count: int) -> None:
+        """Drop input sets kept for one use (the re-verification of an excessive speedup)."""
+        for seed in range(first_seed, first_seed + count):
+            dropped = self.strict_sets.pop(seed, None)
+            if dropped is not None and seed != self.seed:
+                self.device_bytes -= nbytes(dropped[0]) + nbytes(dropped[1])
+
+
+class ReferenceCache:
+    """Per-worker cache of ProblemContexts (LRU) plus reference timings (kept across eviction)."""
+
+    def __init__(self, max_contexts: int = MAX_CONTEXTS) -> None:
+        self.max_contexts = max_contexts
+        self.contexts: OrderedDict[tuple[Any, ...], ProblemContext] = OrderedDict()
+        self.ref_timings: dict[tuple[Any, ...], dict[str, Any]] = {}
+        # Problems whose candidates ran out of memory next to cached device data: cached in RAM from
+        # then on, so the device is the candidate's.
+        self.off_device: set[tuple[Any, ...]] = set()
+
+    @staticmethod
+    def code_key(code: str) -> str:
+        # Our own hash of the code, not the request's code_hash: a wrong hash must never serve the
+        # reference outputs of another problem.
+        return hashlib.sha256(code.encode("utf-8")).hexdigest()
+
+    def context(
+        self, code: str, device: torch.device, precision: str, mode: str, seed: int, cast_integers: bool = False
+    ) -> ProblemContext:
+        key = (self.code_key(code), str(device), precision, mode, seed, cast_integers)
+        ctx = self.contexts.get(key)
+        if ctx is not None:
+            self.contexts.move_to_end(key)
+            return ctx
+        while len(self.contexts) >= self.max_contexts:
+            self._evict_oldest(keep=None)
+        ctx = ProblemContext(self, code, device, precision, mode, seed, cast_integers)
+        ctx.device_cache = key not in self.off_device
+        self.contexts[key] = ctx
+        return ctx
+
+    def device_bytes(self, device: torch.device) -> int:
+        return self._used(device, "device_bytes")
+
+    def move_off_device(
+        self, code: str, device: torch.device, precision: str, mode: str, seed: int, cast_integers: bool = False
+    ) -> None:
+        """Forget every cached problem on `device` (freeing its memory) and keep this problem's
+        reference data off the device from now on."""
+        self.off_device.add((self.code_key(code), str(device), precision, mode, seed, cast_integers))
+        for key in [k for k, c in self.contexts.items() if c.device == device]:
+            del self.contexts[key]
+        release_memory(device)
+
+    def _evict_oldest(self, keep: ProblemContext | None) -> bool:
+        victim = next((key for key, ctx in self.contexts.items() if ctx is not keep), None)
+        if victim is None:
+            return False
+        device = self.contexts.pop(victim).device  # drop the last reference before freeing memory
+        release_memory(device)
+        return True
+
+    def _used(self, device: torch.device, attr: str) -> int:
+        return sum(getattr(c, attr) for c in self.contexts.values() if c.device == device)
+
+    def place(
+        self, ctx: ProblemContext, in_size: int, size: int, remaining: int, lean_ok: bool
+    ) -> Tier:
+        """Choose a tier for one trial (`in_size` bytes of inputs, `size` with the output), evicting
+        older problems when that makes room. The choice looks ahead: when this and the `remaining - 1`
+        trials after it, plus the timing inputs, fit on the device only without their outputs, every
+        trial keeps just its inputs there, rather than the first few keeping everything and the rest
+        landing in RAM (copied per candidate) or being rebuilt on the CPU."""
+        device_budget, host_budget = memory_budgets(ctx.device)
+        if not ctx.device_cache:
+            device_budget = 0
+        timing = 0 if ctx.timing_inputs_cache is not None else in_size
+        lean = lean_ok and in_size > 0
+        while True:
+            free = device_budget - self._used(ctx.device, "device_bytes")
+            if remaining * size + timing <= free:
+                return "device"
+            if lean and remaining * in_size + timing <= free:
+                return "device_inputs"
+            if not self._evict_oldest(keep=ctx):
+                break
+        if size <= free:
+            return "device"
+        if lean and in_size <= free:
+            return "device_inputs"
+        if host_budget and self._used(ctx.device, "host_bytes") + size <= host_budget:
+            return "host"
+        return "recompute"
+
+
+def memory_budgets(device: torch.device) -> tuple[int, int]:
+    """(device budget, host budget) in bytes for cached reference data."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        return int(total * DEVICE_CACHE_FRACTION), int(ram * HOST_CACHE_FRACTION)
+    return int(ram * CPU_DEVICE_CACHE_FRACTION), 0
+
+
+def release_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
