@@ -179,9 +179,13 @@ class Bench:
         self.count += 1
         prepare = dict(self.base(mode), op="prepare")
         self.worker.request(prepare)
+        # krefine's compile step creates a candidate's build dir; these stand-ins skip compiling, and the
+        # confined candidate process may write inside its build dir but not create it.
+        build_dir = self.work / f"c{self.count}"
+        build_dir.mkdir(parents=True, exist_ok=True)
         request = dict(
             self.base(mode), op="evaluate",
-            candidate={"source": source(kind), "build_dir": str(self.work / f"c{self.count}")},
+            candidate={"source": source(kind), "build_dir": str(build_dir)},
             integrity={"max_speedup": None, **self.peaks},
         )
         started = time.perf_counter()

@@ -35,13 +35,14 @@ run)
     done
     echo "== unshare -Urpn --fork true: $(unshare -Urpn --fork true 2>&1 && echo ok)"
     echo "== doctor"
-    printf '[resources]\npython = "%s"\n' "$PY" > "$OUT/doctor.toml"
+    printf '[dataset]\npath = "%s"\n[resources]\npython = "%s"\n' "$PWD/.gpu/problems.jsonl" "$PY" > "$OUT/doctor.toml"
     ./.gpu/krefine doctor "$OUT/doctor.toml" 2>&1
     echo "== bench sandbox"
     ./.gpu/krefine bench sandbox --python "$PY" --runs 30 2>&1
     echo "== hostile set on GPU 0"
     KREFINE_REPO_ROOT=$PWD KREFINE_TEST_PYTHON=$PY KREFINE_TEST_DEVICE=gpu \
-      ./.gpu/worker_sandbox --nocapture 2>&1 | grep -av '^ *[0-9]*: \|^ *at ' | tail -40
+      timeout 150 ./.gpu/worker_sandbox --nocapture > "$OUT/sandbox-gpu.log" 2>&1
+    echo "exit $?"; grep -av '^ *[0-9]*: \|^ *at ' "$OUT/sandbox-gpu.log" | tail -40
     echo "== hostile set on the CPU device (same machine)"
     KREFINE_REPO_ROOT=$PWD KREFINE_TEST_PYTHON=$PY \
       ./.gpu/worker_sandbox 2>&1 | tail -5

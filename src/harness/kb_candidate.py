@@ -543,6 +543,8 @@ def run_job(conn: Any, job: dict[str, Any], flusher: kb_timing.L2Flusher) -> dic
     apply_settings(job["settings"])
     pinned = settings_snapshot()
     torch.set_printoptions(precision=4, threshold=10, edgeitems=3, linewidth=80)  # as KernelBench's eval
+    # Confinement only grants folders that exist (a stand-in candidate may come without a build).
+    os.makedirs(job["build_dir"], exist_ok=True)
     sandbox = kb_sandbox.enter_candidate(os.getcwd(), [job["build_dir"], os.getcwd()])
     if job["kind"] == "profile":
         import kb_eval

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import tempfile
 from typing import Any
 
 PR_SET_NO_NEW_PRIVS = 38
@@ -125,6 +126,9 @@ def _restrict(abi: int, writable: list[str]) -> list[str]:
     try:
         rules: list[tuple[str, int]] = [(p, handled) for p in writable]
         rules.append(("/dev", FS_WRITE_FILE))  # device nodes: /dev/null, /dev/nvidia*
+        # torch.multiprocessing shares tensors with the worker through shared-memory files (the
+        # worker's own private /dev/shm when it runs in the namespaces sandbox).
+        rules.append(("/dev/shm", handled))
         for path, access in rules:
             try:
                 fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
@@ -159,6 +163,16 @@ def _restrict(abi: int, writable: list[str]) -> list[str]:
     return layers
 
 
+def _private_tmp(scratch: str, writable: list[str]) -> None:
+    """Point temporary files (compilers', Python's) at the candidate's own scratch when TMPDIR is not
+    among the folders it may write: once confined, a shared `/tmp` is no longer writable."""
+    allowed = [os.path.abspath(p) for p in [scratch, *writable]]
+    current = os.path.abspath(os.environ.get("TMPDIR") or tempfile.gettempdir())
+    if not any(current == a or current.startswith(a + os.sep) for a in allowed):
+        os.environ["TMPDIR"] = os.path.abspath(scratch)
+        tempfile.tempdir = None  # recomputed from TMPDIR on next use
+
+
 def enter_candidate(scratch: str, writable: list[str]) -> dict[str, Any]:
     """Confine the calling process; returns `{"layers": [...]}` naming what was applied.
 
@@ -166,6 +180,7 @@ def enter_candidate(scratch: str, writable: list[str]) -> dict[str, Any]:
     process that runs one candidate and then exits: nothing here can be undone.
     """
     layers: list[str] = []
+    _private_tmp(scratch, writable)
     libc = _libc()
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
         layers.append("no_new_privs")

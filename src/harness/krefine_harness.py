@@ -198,7 +198,16 @@ def compile_in_child(request: dict[str, Any]) -> dict[str, Any]:
             import kb_compile
             import kb_sandbox
 
-            writable = [request["build_dir"], os.path.dirname(request["log_path"]), os.getcwd()]
+            import kb_build
+
+            # The shared precompiled headers stay writable so the first compile of a flag set can
+            # build one (a known gap: a candidate could tamper with a header later builds include).
+            pch_root = str(kb_build.pch_root_for(request["build_dir"]))
+            writable = [request["build_dir"], os.path.dirname(request["log_path"]), os.getcwd(), pch_root]
+            # Confinement can only grant folders that exist, and the confined child may not create
+            # them in their (read-only) parents: make them first.
+            for folder in writable:
+                os.makedirs(folder, exist_ok=True)
             kb_sandbox.enter_candidate(os.getcwd(), writable)
             data = (encode_json(kb_compile.handle_compile(request)) + "\n").encode("utf-8")
             view = memoryview(data)

@@ -304,3 +304,4 @@ def test_plain_mode_and_opt_outs_call_load_inline_unchanged(tmp_path: Path, monk
         kb_build.FastLoadInline(fake, ctx)("ext", "decl;", cuda_sources=CUDA_SRC, **kwargs)
         assert fake.calls[0]["extra_cflags"] is None and fake.calls[0]["cuda_sources"] == CUDA_SRC
         assert ctx.builds[0].why == why and ctx.build_path() == "plain"
+

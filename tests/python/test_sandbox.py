@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -131,3 +132,23 @@ def test_reports_layers_without_landlock(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(out.stdout) == {"layers": ["no_new_privs"]}
+
+
+def test_temporary_files_move_to_the_scratch_when_tmp_is_not_writable(tmp_path: Path) -> None:
+    # gcc and ninja write temporary files under TMPDIR (default /tmp): confined, /tmp is not writable.
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    script = textwrap.dedent(
+        f"""
+        import os, sys, tempfile
+        sys.path.insert(0, {str(HARNESS)!r})
+        os.environ.pop("TMPDIR", None)
+        import kb_sandbox
+        kb_sandbox.enter_candidate({str(scratch)!r}, [])
+        with tempfile.NamedTemporaryFile() as f:
+            print(os.path.dirname(f.name))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(scratch)
