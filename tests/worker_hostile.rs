@@ -480,19 +480,17 @@ fn dropping_a_pool_leaves_no_processes() {
     run(async {
         let s = shared().await;
         let work = s.work.join("orphans");
-        let pidfile = work.join("grandchild.pid");
         let _ = std::fs::create_dir_all(&work);
-        let _ = std::fs::remove_file(&pidfile);
         // A candidate that leaves grandchildren behind: one in the worker's process group, one in
         // a process group of its own (as ninja starts every compiler).
         let code = format!(
             "# orphan test {}\nimport subprocess\nimport torch.nn as nn\n\
              _child = subprocess.Popen(['sleep', '300'])\n\
              _own_group = subprocess.Popen(['sleep', '300'], process_group=0)\n\
-             with open({pidfile:?}, 'a') as f:\n    f.write(f'{{_child.pid}}\\n{{_own_group.pid}}\\n')\n\n\
+             import os\n\
+             with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'grandchild.pid'), 'a') as f:\n    f.write(f'{{_child.pid}}\\n{{_own_group.pid}}\\n')\n\n\
              class ModelNew(nn.Module):\n    def forward(self, a, b):\n        return a + b\n",
             std::process::id(),
-            pidfile = pidfile.to_string_lossy()
         );
         let cache = work.join("build-cache");
         let _ = std::fs::remove_dir_all(&cache);
@@ -507,6 +505,9 @@ fn dropping_a_pool_leaves_no_processes() {
             .await
             .unwrap();
         assert_eq!(c.status, CompileStatus::Ok, "{c:#?}");
+        // Candidates may write only their own build and scratch folders: the pid file is in the build.
+        let pidfile = std::path::PathBuf::from(c.build_dir.clone().expect("build dir"))
+            .join("grandchild.pid");
         let e = pool
             .execute(exec_job(&code, c.build_dir), &DeviceId::Cpu)
             .await

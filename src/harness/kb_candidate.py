@@ -652,4 +652,7 @@ class ChildDied(Exception):
             signal.signal(-code, signal.SIG_DFL)
             os.kill(os.getpid(), -code)
             time.sleep(1)
+            # Still here: PID 1 of the namespaces sandbox ignores its own signals. 128 + signal tells
+            # the sandbox's supervisor to die of that signal instead.
+            os._exit(128 - code)
         os._exit(code if code is not None and code > 0 else 1)

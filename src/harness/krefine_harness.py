@@ -229,6 +229,9 @@ def compile_in_child(request: dict[str, Any]) -> dict[str, Any]:
     if os.WIFSIGNALED(status):
         signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
         os.kill(os.getpid(), os.WTERMSIG(status))
+        # Still here: PID 1 of the namespaces sandbox ignores its own signals; its supervisor turns
+        # 128 + signal back into that signal.
+        os._exit(128 + os.WTERMSIG(status))
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
 
 

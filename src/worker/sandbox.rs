@@ -629,11 +629,23 @@ unsafe fn supervise(child: libc::pid_t) -> ! {
                 libc::_exit(127);
             }
         }
-        if libc::WIFEXITED(status) {
-            libc::_exit(libc::WEXITSTATUS(status));
+        // PID 1 cannot kill itself with its own signal (the kernel protects a namespace's init), so
+        // the harness exits with 128 + signal to say "die of this signal" (a worker ending the way
+        // its candidate process ended).
+        let code = if libc::WIFEXITED(status) {
+            libc::WEXITSTATUS(status)
+        } else {
+            0
+        };
+        if libc::WIFEXITED(status) && !(129..128 + 32).contains(&code) {
+            libc::_exit(code);
         }
-        if libc::WIFSIGNALED(status) {
-            let sig = libc::WTERMSIG(status);
+        if libc::WIFSIGNALED(status) || libc::WIFEXITED(status) {
+            let sig = if libc::WIFSIGNALED(status) {
+                libc::WTERMSIG(status)
+            } else {
+                code - 128
+            };
             // Die of the same signal, so the orchestrator sees what happened to the worker.
             libc::signal(sig, libc::SIG_DFL);
             let mut set: libc::sigset_t = std::mem::zeroed();
