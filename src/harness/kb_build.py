@@ -12,6 +12,14 @@ which calls the real `load_inline` (same name, same build directory, same module
   kernel file needs (`NARROW_CUDA_HEADERS`): nvcc then skips parsing torch's whole C++ API and the
   Python/pybind11 headers in three front ends.
 
+Who may write the shared PCH folder: only trusted code. A candidate is built in a child confined to its
+own build folder (krefine_harness.compile_in_child), where the PCH folder is read-only: were it
+writable, one candidate could plant a header that every later build of the same flags includes. The
+child only looks a PCH up (`lookup_pch`) and lists the ones it missed (`PCH_WANTED`); the worker that
+forked it, which runs no candidate code, then has them built in the background by a fresh process
+(`BackgroundPch`) for the next candidates, and only for flag sets that cannot pull candidate files
+into the header (`trusted_pch_request`).
+
 Any error of the fast build falls back to the candidate's original call (the fast attempt's output is
 moved out of the log into `krefine-fast-attempt.log`, so the log and its feedback are the plain build's).
 The compile step records the path each extension took in `krefine_build.json`; a later import of the
@@ -54,6 +62,20 @@ _EXTENSION_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/extension
 # A CUDA file that declares bindings itself needs pybind11 and torch/python.h: leave it alone.
 _NEEDS_PYTHON = re.compile(r"PYBIND11_|pybind11|\bpy::|torch/python\.h|Python\.h")
 PCH_BUILD_TIMEOUT_S = 900.0
+# False in a confined compile child: it may use the shared PCHs but not build them.
+PCH_BUILDER = True
+# The PCHs a confined child missed: {"extra_cflags", "with_cuda"} for its worker to build.
+PCH_WANTED: list[dict[str, Any]] = []
+# Candidate flags a trusted PCH build accepts: optimisation, standard, macros, warnings, -f/-m switches.
+# Nothing that names a file or passes options on (-include, -I, -Wp,..., -fplugin=, @file, -specs=).
+_SAFE_PCH_FLAG = re.compile(
+    r"-(?:O(?:[0-3sgz]|fast)?|std=[\w+]+|[DU][A-Za-z_]\w*(?:=[\w.+-]*)?|g[0-3]?|w|pthread"
+    r"|W(?:no-)?[a-z][a-z0-9-]*(?:=[0-9a-z]+)?"
+    r"|f(?:no-)?(?:fast-math|unroll-loops|openmp|PIC|pic|strict-aliasing|math-errno|finite-math-only"
+    r"|tree-vectorize|inline-functions|omit-frame-pointer|exceptions|rtti)"
+    r"|f(?:fp-contract|visibility)=[a-z]+"
+    r"|m(?:arch|tune)=[\w-]+|m(?:no-)?(?:avx[\w]*|sse[\w.]*|fma|f16c|bmi2?|popcnt))"
+)
 
 
 def pch_root_for(build_dir: str) -> Path:
@@ -195,6 +217,92 @@ def ensure_pch(root: Path, compiler: str, flags: list[str], text: str = PCH_TEXT
             return PchResult(str(header), built_s=time.perf_counter() - started)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def lookup_pch(root: Path, compiler: str, flags: list[str], text: str = PCH_TEXT) -> PchResult:
+    """The shared PCH for (compiler, torch, flags, text) if a trusted process has built it. No lock is
+    needed: a PCH folder appears complete, by rename."""
+    header = root / pch_key(compiler, flags, text) / PCH_HEADER
+    if Path(str(header) + ".gch").is_file():
+        return PchResult(str(header))
+    return PchResult(None, error="not built yet; this worker builds it for the next candidates")
+
+
+def trusted_pch_request(wanted: Any) -> tuple[list[str], bool] | str:
+    """The (extra_cflags, with_cuda) of a PCH a confined child asked for, or why a trusted process
+    must not build it: flags that could make the header read a file a candidate controls."""
+    if not isinstance(wanted, dict):
+        return "malformed request"
+    cflags, paths, with_cuda = wanted.get("extra_cflags"), wanted.get("extra_include_paths"), wanted.get("with_cuda")
+    if not isinstance(cflags, list) or not all(isinstance(f, str) for f in cflags) or not isinstance(with_cuda, bool):
+        return "malformed request"
+    if paths:
+        return "extra include paths"
+    unsafe = [f for f in cflags if not _SAFE_PCH_FLAG.fullmatch(f)]
+    if unsafe:
+        return f"flags a shared header must not take: {' '.join(unsafe)[:200]}"
+    return cflags, with_cuda
+
+
+class BackgroundPch:
+    """PCH builds a trusted worker starts between requests without waiting for them: each one a
+    separate `kb_build.py ensure-pch` process (no candidate code has run in it), which takes the
+    per-key flock and publishes the header by rename exactly as `ensure_pch` does."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def request(self, root: Path, wanted: Any) -> str | None:
+        """Start building what a child asked for; what was started or refused, for the worker log."""
+        accepted = trusted_pch_request(wanted)
+        if isinstance(accepted, str):
+            return f"no shared precompiled header for these flags: {accepted}"
+        cflags, with_cuda = accepted
+        from torch.utils import cpp_extension
+
+        compiler = cpp_extension.get_cxx_compiler()
+        if not _pch_supported(compiler):
+            return None
+        flags = main_cpp_flags(cflags, None, with_cuda)
+        if flags is None:
+            return None
+        return self.start(root, compiler, flags)
+
+    def start(self, root: Path, compiler: str, flags: list[str], text: str = PCH_TEXT) -> str | None:
+        self.poll()
+        key = pch_key(compiler, flags, text)
+        if key in self.jobs or (root / key / (PCH_HEADER + ".gch")).is_file() or (root / f"{key}.failed").is_file():
+            return None
+        spec = json.dumps({"root": str(root), "compiler": compiler, "flags": flags, "text": text})
+        self.jobs[key] = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "ensure-pch", spec],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+        return f"building the shared precompiled header {key} in the background"
+
+    def poll(self) -> None:
+        for key, process in list(self.jobs.items()):
+            if process.poll() is not None:
+                del self.jobs[key]
+
+    def wait(self, timeout_s: float = PCH_BUILD_TIMEOUT_S) -> None:
+        for process in self.jobs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=timeout_s)
+        self.poll()
+
+    def stop(self) -> None:
+        for process in self.jobs.values():
+            with contextlib.suppress(OSError):
+                process.kill()
+        self.wait(timeout_s=30)
+
+
+def _ensure_pch_main(spec: str) -> dict[str, Any]:
+    value = json.loads(spec)
+    result = ensure_pch(Path(value["root"]), value["compiler"], list(value["flags"]), text=value["text"])
+    return {"header": result.header, "error": result.error[-2000:], "built_s": round(result.built_s, 3)}
 
 
 def _pch_supported(compiler: str) -> bool:
@@ -382,13 +490,23 @@ class FastLoadInline:
         compiler = cpp_extension.get_cxx_compiler()
         if _pch_supported(compiler):
             with_cuda = a.get("with_cuda")
-            flags = main_cpp_flags(
-                a.get("extra_cflags"), a.get("extra_include_paths"), bool(cuda) if with_cuda is None else bool(with_cuda)
-            )
+            with_cuda = bool(cuda) if with_cuda is None else bool(with_cuda)
+            flags = main_cpp_flags(a.get("extra_cflags"), a.get("extra_include_paths"), with_cuda)
             if flags is not None:
                 try:
-                    pch = ensure_pch(self.ctx.pch_root, compiler, flags)
-                except OSError as exc:  # e.g. a sandbox where the PCH folder is not writable
+                    if PCH_BUILDER:
+                        pch = ensure_pch(self.ctx.pch_root, compiler, flags)
+                    else:
+                        pch = lookup_pch(self.ctx.pch_root, compiler, flags)
+                        if pch.header is None:
+                            PCH_WANTED.append(
+                                {
+                                    "extra_cflags": _as_list(a.get("extra_cflags")),
+                                    "extra_include_paths": _as_list(a.get("extra_include_paths")),
+                                    "with_cuda": with_cuda,
+                                }
+                            )
+                except OSError as exc:
                     pch = PchResult(None, error=str(exc))
                 if pch.header is None:
                     print(f"krefine: no precompiled header for '{name}': {pch.error[-500:]}", flush=True)
@@ -534,7 +652,12 @@ def main(argv: list[str]) -> int:
     p = sub.add_parser("compare")
     p.add_argument("a")
     p.add_argument("b")
+    p = sub.add_parser("ensure-pch", help="build a shared PCH (JSON: root, compiler, flags, text)")
+    p.add_argument("spec")
     args = parser.parse_args(argv)
+    if args.cmd == "ensure-pch":
+        print(json.dumps(_ensure_pch_main(args.spec)), flush=True)
+        return 0
     handlers = {"build": _bench_build, "pch": _bench_pch, "compare": _bench_compare}
     print(json.dumps(handlers[args.cmd](args)), flush=True)
     return 0

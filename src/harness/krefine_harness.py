@@ -134,6 +134,31 @@ class Server:
         self.role = role
         self.scratch = scratch
         self.worker = kb_eval.Worker()
+        self._pch: Any = None
+
+    @property
+    def pch(self) -> Any:
+        if self._pch is None:
+            import kb_build
+
+            self._pch = kb_build.BackgroundPch()
+        return self._pch
+
+    def build_wanted_pch(self, request: dict[str, Any], wanted: list[Any]) -> None:
+        """Build the shared precompiled headers the compile child missed, here, where no candidate code
+        runs, for the next candidates (a failure to start one only costs speed)."""
+        if not wanted:
+            return
+        import kb_build
+
+        root = kb_build.pch_root_for(request["build_dir"])
+        for item in wanted[:4]:
+            try:
+                note = self.pch.request(root, item)
+            except Exception as exc:  # noqa: BLE001 - a PCH is an optimisation
+                note = f"could not start a precompiled header build: {type(exc).__name__}: {exc}"
+            if note:
+                print(f"krefine harness: {note}", file=sys.stderr, flush=True)
 
     def handle_line(self, line: bytes) -> dict[str, Any]:
         import kb_protocol
@@ -168,7 +193,10 @@ class Server:
     def dispatch(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request["op"]
         if op == "compile":
-            return compile_in_child(request)
+            self.pch.poll()
+            response, wanted = compile_in_child(request)
+            self.build_wanted_pch(request, wanted)
+            return response
         if op == "prepare":
             import kb_eval
 
@@ -181,13 +209,17 @@ class Server:
             import kb_eval
 
             return kb_eval.profile_isolated(request, self.worker, self.scratch)
+        if self._pch is not None:
+            self._pch.stop()
         return {"id": request["id"], "ok": True, "kind": "shutdown"}
 
 
-def compile_in_child(request: dict[str, Any]) -> dict[str, Any]:
+def compile_in_child(request: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
     """Build and import the candidate in a child forked for this one compile, so that nothing its
     import does (patches, threads, a module named like the next candidate's) stays in the worker. A
-    child that dies takes the worker with it the same way, as when compiles ran in the worker."""
+    child that dies takes the worker with it the same way, as when compiles ran in the worker.
+
+    Returns the response and the shared precompiled headers the child looked for and did not find."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: one compile, then exit without running any teardown
@@ -200,16 +232,17 @@ def compile_in_child(request: dict[str, Any]) -> dict[str, Any]:
 
             import kb_build
 
-            # The shared precompiled headers stay writable so the first compile of a flag set can
-            # build one (a known gap: a candidate could tamper with a header later builds include).
-            pch_root = str(kb_build.pch_root_for(request["build_dir"]))
-            writable = [request["build_dir"], os.path.dirname(request["log_path"]), os.getcwd(), pch_root]
+            # The shared precompiled headers are read-only here: a candidate must not plant a header
+            # that later builds include. The worker builds the ones this child misses.
+            kb_build.PCH_BUILDER = False
+            writable = [request["build_dir"], os.path.dirname(request["log_path"]), os.getcwd()]
             # Confinement can only grant folders that exist, and the confined child may not create
             # them in their (read-only) parents: make them first.
             for folder in writable:
                 os.makedirs(folder, exist_ok=True)
             kb_sandbox.enter_candidate(os.getcwd(), writable)
-            data = (encode_json(kb_compile.handle_compile(request)) + "\n").encode("utf-8")
+            response = kb_compile.handle_compile(request)
+            data = (encode_json({"response": response, "pch_wanted": kb_build.PCH_WANTED}) + "\n").encode("utf-8")
             view = memoryview(data)
             while view:
                 view = view[os.write(write_fd, view) :]
@@ -225,7 +258,9 @@ def compile_in_child(request: dict[str, Any]) -> dict[str, Any]:
             chunks.append(chunk)
     _, status = os.waitpid(pid, 0)
     if chunks:
-        return json.loads(b"".join(chunks))
+        message = json.loads(b"".join(chunks))
+        wanted = message.get("pch_wanted")
+        return message["response"], wanted if isinstance(wanted, list) else []
     if os.WIFSIGNALED(status):
         signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
         os.kill(os.getpid(), os.WTERMSIG(status))

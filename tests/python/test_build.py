@@ -15,7 +15,7 @@ import pytest
 
 import kb_build
 import kb_compile
-from harness_client import HARNESS_DIR
+from harness_client import HARNESS_DIR, WorkerProcess, compile_request
 
 TINY_PCH = "#include <vector>\n#include <string>\n"
 TINY_FLAGS = ["-std=c++17", "-fPIC"]
@@ -106,7 +106,94 @@ def test_a_pch_that_cannot_be_built_is_remembered(tmp_path: Path) -> None:
     assert [p.suffix for p in root.iterdir() if p.is_dir()] == []
 
 
+def test_only_flags_that_cannot_name_a_file_get_a_shared_header() -> None:
+    ok = {"extra_cflags": ["-O3", "-std=c++17", "-DNDEBUG", "-DBLOCK=256", "-ffast-math", "-march=native",
+                           "-Wno-unused-variable", "-fopenmp", "-w", "-g"], "with_cuda": True}
+    assert kb_build.trusted_pch_request(ok) == (ok["extra_cflags"], True)
+    for bad in (["-include", "x.h"], ["-I/tmp"], ["-Wp,-include,/tmp/x.h"], ["-fplugin=/tmp/p.so"],
+                ["@/tmp/flags"], ["-specs=/tmp/s"], ["-isystem/tmp"], ["-B/tmp"], ["-DX=$(id)"]):
+        refused = kb_build.trusted_pch_request({"extra_cflags": bad, "with_cuda": False})
+        assert isinstance(refused, str) and "must not take" in refused, bad
+    assert kb_build.trusted_pch_request(
+        {"extra_cflags": [], "extra_include_paths": ["/tmp"], "with_cuda": False}
+    ) == "extra include paths"
+    assert kb_build.trusted_pch_request({"extra_cflags": "-O3", "with_cuda": False}) == "malformed request"
+    assert kb_build.trusted_pch_request(None) == "malformed request"
+
+
+def test_background_builder_publishes_a_header_lookups_find(tmp_path: Path) -> None:
+    """What the worker does for a child that missed a PCH: a separate process builds it; a lookup (all a
+    confined child may do) finds nothing before and the complete header after; asking again while it
+    exists starts nothing."""
+    root = tmp_path / "pch"
+    assert kb_build.lookup_pch(root, _compiler(), TINY_FLAGS, text=TINY_PCH).header is None
+    builder = kb_build.BackgroundPch()
+    assert builder.start(root, _compiler(), TINY_FLAGS, text=TINY_PCH) is not None
+    assert builder.start(root, _compiler(), TINY_FLAGS, text=TINY_PCH) is None  # already under way
+    builder.wait()
+    assert builder.jobs == {}
+    found = kb_build.lookup_pch(root, _compiler(), TINY_FLAGS, text=TINY_PCH)
+    assert found.header is not None and Path(found.header).read_text() == TINY_PCH
+    assert Path(found.header + ".gch").is_file()
+    assert builder.start(root, _compiler(), TINY_FLAGS, text=TINY_PCH) is None
+    broken = kb_build.BackgroundPch()
+    assert broken.start(root, _compiler(), TINY_FLAGS, text="#error no PCH here\n") is not None
+    broken.wait()
+    assert [p.name.endswith(".failed") for p in root.iterdir() if p.suffix == ".failed"] == [True]
+
+
+PCH_TAMPERER = '''
+import os, sys
+from pathlib import Path
+import torch.nn as nn
+
+root = Path(__file__).resolve().parent.parent / "pch"
+try:
+    root.mkdir(exist_ok=True)
+    (root / "planted.h").write_text("#define torch evil\\n")
+    print("KREFINE_PCH_TAMPER wrote", flush=True)
+except OSError as exc:
+    print(f"KREFINE_PCH_TAMPER refused {type(exc).__name__}", flush=True)
+
+
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        return a + b
+'''
+
+
+@pytest.mark.slow
+def test_a_compiling_candidate_cannot_write_the_shared_headers(
+    cpu_worker: WorkerProcess, compiled: dict[str, dict[str, Any]], work: Path
+) -> None:
+    import kb_sandbox
+
+    if kb_sandbox.landlock_abi() < 1:
+        pytest.skip("this kernel has no Landlock: the compile child is not confined")
+    build = work / "build" / "pch_tamperer"
+    log = work / "logs" / "pch_tamperer.log"
+    response = cpu_worker.request(compile_request(40, PCH_TAMPERER, build, log))
+    assert response["status"] == "ok", response
+    assert "KREFINE_PCH_TAMPER refused PermissionError" in log.read_text()
+    assert not (work / "build" / "pch" / "planted.h").exists()
+
+
 # ------------------------------------------------------------------------------------------ real builds
+
+
+@pytest.mark.slow
+def test_a_first_build_goes_without_the_header_the_worker_then_builds(
+    compiled: dict[str, dict[str, Any]], work: Path
+) -> None:
+    first = compiled["ok_cpp_first.py"]["response"]
+    assert first["status"] == "ok" and first["build_path"] == "plain"
+    log = Path(first["log_path"]).read_text()
+    assert "no precompiled header for 'krefine_fixture_ok_add': not built yet" in log
+    [gch] = [p for p in (work / "build" / "pch").glob("*/krefine_pch.h.gch") if ".tmp-" not in p.parent.name]
+    assert "building the shared precompiled header" in (work / "worker.log").read_text()
+    assert compiled["ok_cpp.py"]["response"]["build_path"] == "fast"
+    info = kb_compile.read_build_info(str(compiled["ok_cpp.py"]["build_dir"]))
+    assert info["extensions"][0]["pch"] == str(gch)[: -len(".gch")]
 
 
 @pytest.mark.slow
