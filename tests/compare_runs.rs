@@ -422,6 +422,11 @@ fn submission_holds_the_chosen_kernels_and_validates() {
         serde_json::from_str(&std::fs::read_to_string(&sub).unwrap()).unwrap();
     assert_eq!(v["metadata"]["display_name"], "team x");
     assert_eq!(v["metadata"]["organization"], "");
+    // The score's provenance travels with it, the same object as `report --format json`'s.
+    let o = krefine(&["report", s(&a), "--format", "json"]);
+    let report: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert!(v["metadata"]["provenance"].is_object(), "{v}");
+    assert_eq!(v["metadata"]["provenance"], report["provenance"]);
     // Best: the fastest correct turn of each problem (turn 2 for both).
     assert_eq!(
         v["kernels"]["level_1_problem_1_sample_0"],

@@ -146,33 +146,56 @@ fn runs_folder_and_submission_evaluate_on_cpu_workers() {
 fn baseline_times_references_into_kernelbench_shape() {
     let d = tempfile::tempdir().unwrap();
     let dataset = repo().join("configs/quickstart/problems");
-    let out = d.path().join("baseline.json");
+    // With --hardware and no --out: KernelBench's results/timing/<hardware>/ layout, under the cwd.
+    let out = d
+        .path()
+        .join("results/timing/cpu_ci/baseline_time_torch.json");
     let py = format!("resources.python=\"{}\"", python().display());
-    krefine(&[
-        "baseline",
-        "--dataset",
-        s(&dataset),
-        "--levels",
-        "1",
-        "--problems",
-        "2",
-        "--out",
-        s(&out),
-        "--set",
-        &py,
-        "--set",
-        "resources.devices=cpu",
-        "--set",
-        "resources.compile_workers=1",
-        "--set",
-        "eval.timing_trials=3",
-        "--set",
-        "eval.warmup=1",
-        "--set",
-        "eval.correct_trials=1",
-    ]);
+    let bad = Command::new(env!("CARGO_BIN_EXE_krefine"))
+        .args([
+            "baseline",
+            "--dataset",
+            s(&dataset),
+            "--levels",
+            "1",
+            "--hardware",
+            "../x",
+        ])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--hardware \"../x\": expected a name"));
+    let o = Command::new(env!("CARGO_BIN_EXE_krefine"))
+        .current_dir(d.path())
+        .args([
+            "baseline",
+            "--dataset",
+            s(&dataset),
+            "--levels",
+            "1",
+            "--problems",
+            "2",
+            "--hardware",
+            "cpu_ci",
+            "--set",
+            &py,
+            "--set",
+            "resources.devices=cpu",
+            "--set",
+            "resources.compile_workers=1",
+            "--set",
+            "eval.timing_trials=3",
+            "--set",
+            "eval.warmup=1",
+            "--set",
+            "eval.correct_trials=1",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v = read_json(&out);
     let e = &v["level1"]["2_ReLU.py"];
+    assert_eq!(e["hardware"], "cpu_ci");
     assert!(e["mean"].as_f64().unwrap() > 0.0, "{v}");
     assert_eq!(e["num_trials"], 3);
     assert_eq!(e["device"], "cpu");
@@ -181,7 +204,9 @@ fn baseline_times_references_into_kernelbench_shape() {
     let text = std::fs::read_to_string(&out).unwrap();
     let table = krefine::worker::BaselineTable::parse(&out, &text).unwrap();
     assert_eq!(table.len(), 1);
-    let run = d.path().join("baseline.json.runs/level1-eager");
+    let run = d
+        .path()
+        .join("results/timing/cpu_ci/baseline_time_torch.json.runs/level1-eager");
     let o = krefine(&["report", s(&run), "--format", "json"]);
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(report["turns"][0]["correct"], 1);

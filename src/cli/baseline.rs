@@ -60,9 +60,15 @@ pub struct BaselineArgs {
     /// torch.compile mode (with `--mode compile`).
     #[arg(long, value_enum, default_value = "default")]
     compile_mode: CompileMode,
-    /// The baseline JSON to write.
+    /// The baseline JSON to write (default, with `--hardware`: KernelBench's layout,
+    /// `results/timing/<NAME>/baseline_time_torch.json`, or `baseline_time_torch_compile_inductor_<mode>.json`).
     #[arg(long)]
-    out: PathBuf,
+    out: Option<PathBuf>,
+    /// The hardware name recorded in every entry (KernelBench's `hardware` field), e.g. `H100_PCIe`;
+    /// default: the device name the workers report. Level 4 has no published baselines: name the
+    /// machine you generate them on.
+    #[arg(long, value_name = "NAME")]
+    hardware: Option<String>,
     /// Where the per-level run directories go (default: `<out without .json>.runs/`).
     #[arg(long)]
     runs_dir: Option<PathBuf>,
@@ -102,12 +108,53 @@ class ModelNew(Model):
     format!("{}{suffix}", code.trim_end())
 }
 
+/// A hardware name that is safe as one folder name and a JSON label.
+fn check_hardware(name: &str) -> anyhow::Result<()> {
+    let ok = !name.is_empty()
+        && name != "."
+        && name != ".."
+        && name.len() <= 100
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '+'));
+    if !ok {
+        bail!(
+            "--hardware {name:?}: expected a name of letters, digits, '_', '-', '.' or '+' (it becomes a folder name), e.g. H100_PCIe"
+        );
+    }
+    Ok(())
+}
+
+/// Where the baseline goes: `--out`, else KernelBench's `results/timing/<hardware>/<file>`.
+fn out_path(args: &BaselineArgs) -> anyhow::Result<PathBuf> {
+    if let Some(out) = &args.out {
+        return Ok(out.clone());
+    }
+    let Some(hardware) = &args.hardware else {
+        bail!(
+            "say where the baseline goes: --out FILE.json, or --hardware NAME for results/timing/NAME/"
+        );
+    };
+    let file = match args.mode {
+        BaselineMode::Eager => "baseline_time_torch.json".to_string(),
+        BaselineMode::Compile => format!(
+            "baseline_time_torch_compile_inductor_{}.json",
+            args.compile_mode.as_str()
+        ),
+    };
+    Ok(PathBuf::from("results/timing").join(hardware).join(file))
+}
+
 pub fn baseline(args: BaselineArgs) -> anyhow::Result<ExitCode> {
     if args.mode == BaselineMode::Eager && args.compile_mode != CompileMode::Default {
         bail!("--compile-mode applies to --mode compile only");
     }
+    if let Some(h) = &args.hardware {
+        check_hardware(h)?;
+    }
+    let out_file = out_path(&args)?;
     let runs_dir = args.runs_dir.clone().unwrap_or_else(|| {
-        let mut p = args.out.clone().into_os_string();
+        let mut p = out_file.clone().into_os_string();
         p.push(".runs");
         PathBuf::from(p)
     });
@@ -168,7 +215,8 @@ pub fn baseline(args: BaselineArgs) -> anyhow::Result<ExitCode> {
                     json!({
                         "mean": s.mean, "std": s.std, "min": s.min, "max": s.max,
                         "num_trials": s.num_trials,
-                        "hardware": e.env.device_name, "device": e.device,
+                        "hardware": args.hardware.clone().unwrap_or_else(|| e.env.device_name.clone()),
+                        "device": e.device,
                     })
                 }
                 _ => {
@@ -185,8 +233,12 @@ pub fn baseline(args: BaselineArgs) -> anyhow::Result<ExitCode> {
         root.insert(format!("level{level}"), Value::Object(entries));
     }
     let text = serde_json::to_string_pretty(&Value::Object(root))? + "\n";
-    std::fs::write(&args.out, text)
-        .with_context(|| format!("cannot write {}", args.out.display()))?;
+    if let Some(parent) = out_file.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    std::fs::write(&out_file, text)
+        .with_context(|| format!("cannot write {}", out_file.display()))?;
     if !failed.is_empty() {
         eprintln!(
             "warning: no timing for {} problem(s), written as null: {}",
@@ -194,6 +246,6 @@ pub fn baseline(args: BaselineArgs) -> anyhow::Result<ExitCode> {
             failed.join(", ")
         );
     }
-    eprintln!("baseline written to {}", args.out.display());
+    eprintln!("baseline written to {}", out_file.display());
     Ok(code)
 }

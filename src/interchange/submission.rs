@@ -118,6 +118,9 @@ pub fn export(
             "method": r.method.to_string(),
             "model": r.model,
             "pick": match pick { SubmissionPick::Best => "best", SubmissionPick::Last => "last" },
+            // What every score must carry (KernelBench's run guide): hardware, software, model and
+            // sampling, method, dataset revision, baseline file, evaluation mode.
+            "provenance": r.provenance.as_ref().map(|p| serde_json::to_value(p).unwrap_or(Value::Null)),
         },
         "kernels": kernels,
     });
