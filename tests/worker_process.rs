@@ -726,3 +726,62 @@ async fn a_print_flood_is_capped_per_request_in_the_worker_log() {
         2
     );
 }
+
+/// The state letter of /proc/PID/stat (`Z` for a zombie), or None once the process is gone.
+fn proc_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(") ")?.1;
+    after.chars().next()
+}
+
+#[test]
+fn workers_die_with_the_orchestrator_even_while_stopped() {
+    // A thread stands in for a krefine that is killed: the kernel's parent-death signal follows the
+    // thread that started the workers. They are stopped first, as during a CPU timing lease.
+    let (tx, rx) = std::sync::mpsc::channel::<(tempfile::TempDir, Vec<i32>)>();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let (tmp, pids) = rt.block_on(async {
+            let (tmp, pool) = fake_pool("ok").await;
+            let marker = tmp.path().join("harness").display().to_string();
+            let mut pids = Vec::new();
+            for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+                let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                    continue;
+                };
+                let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+                if String::from_utf8_lossy(&cmdline).contains(&marker) {
+                    pids.push(pid);
+                }
+            }
+            for &pid in &pids {
+                nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGSTOP,
+                )
+                .expect("stop worker");
+            }
+            // No shutdown and no kill-on-drop: the orchestrator just vanishes.
+            std::mem::forget(pool);
+            (tmp, pids)
+        });
+        std::mem::forget(rt);
+        tx.send((tmp, pids)).expect("send");
+    });
+    let (_tmp, pids) = rx.recv().expect("the stand-in orchestrator reported");
+    assert!(!pids.is_empty(), "the pool started no worker processes");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for pid in pids {
+        while !matches!(proc_state(pid), None | Some('Z')) {
+            assert!(
+                Instant::now() < deadline,
+                "worker {pid} outlived its orchestrator (state {:?})",
+                proc_state(pid)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
