@@ -255,6 +255,12 @@ fn hostile_candidates_find_no_hole_and_honest_ones_pass() {
             _ => DeviceId::Cpu,
         };
         settings.devices = vec![device.clone()];
+        if matches!(device, DeviceId::Gpu(_)) {
+            // A GPU candidate process needs its CUDA context (a spawned one 4-9 s, seen on the H100)
+            // before anything is timed; the CPU-sized 10 s made an honest run a Timeout there.
+            settings.timeouts.execute_s = 120.0;
+            settings.timeouts.load_s = 120.0;
+        }
         let eval_worker = match device {
             DeviceId::Gpu(_) => "gpu-0.cow",
             DeviceId::Cpu => "cpu-0.cow",
