@@ -45,7 +45,7 @@ TURN_COLUMNS = [
     "gpu_s",
 ]
 FAST_P = ["0", "0.5", "0.8", "1", "1.5", "2"]
-AXES = ["llm_calls", "tokens", "usd", "gpu_s"]
+AXES: list[krefine.Axis] = ["llm_calls", "tokens", "usd", "gpu_s"]
 
 
 def krefine_bin() -> Path:
@@ -183,7 +183,8 @@ def test_candidates_are_the_logged_turns(runs: dict[str, Path]) -> None:
     answered: dict[tuple[str, int], dict[str, Any]] = {}
     compiled: dict[tuple[str, int], dict[str, Any]] = {}
     for record in log_records(run_dir):
-        event, key = record["event"], (record.get("task"), record["event"].get("turn"))
+        event = record["event"]
+        key = (str(record.get("task")), int(event.get("turn", 0)))
         if event["type"] == "executed":
             executed[key] = event["outcome"]
         elif event["type"] == "llm_answered":
