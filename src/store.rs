@@ -89,6 +89,16 @@ impl RunDir {
         Ok(dir)
     }
 
+    /// An existing run directory, only to be read (reports): nothing is created in it.
+    pub fn existing(root: &Path) -> Result<Self, StoreError> {
+        if !root.join(EVENTS_FILE).is_file() {
+            return Err(StoreError::NotARun(root.to_path_buf()));
+        }
+        Ok(RunDir {
+            root: root.to_path_buf(),
+        })
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -250,6 +260,31 @@ pub fn read_log(path: &Path) -> Result<ReadLog, StoreError> {
         valid_len,
         torn_tail,
     })
+}
+
+/// The text of the records [`read_log`] accepted, as written: the non-blank lines of the log's first
+/// `valid_len` bytes. The log only grows, so the prefix read earlier is still there; a log that is
+/// shorter now was replaced, which is an error.
+pub fn log_lines(path: &Path, valid_len: u64) -> Result<Vec<String>, StoreError> {
+    let mut bytes = std::fs::read(path).map_err(io(path))?;
+    let len = usize::try_from(valid_len).unwrap_or(usize::MAX);
+    if bytes.len() < len {
+        return Err(StoreError::Corrupt {
+            path: path.to_path_buf(),
+            line: 0,
+            message: format!(
+                "the log is {} bytes now, shorter than the {valid_len} bytes read before: it was replaced",
+                bytes.len()
+            ),
+        });
+    }
+    bytes.truncate(len);
+    Ok(String::from_utf8_lossy(&bytes)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect())
 }
 
 /// Appends records to `events.jsonl`, one flushed line each.

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 
-use crate::metrics::compare::{CompareRun, CompareSettings, compare};
-use crate::report::{Format, RunInfo, plot, render_comparison};
+use crate::metrics::compare::CompareSettings;
+use crate::report::{Format, RunInfo, compare_runs, plot, render_comparison};
 
 #[derive(clap::Args)]
 pub struct CompareArgs {
@@ -40,32 +40,12 @@ pub fn compare_cmd(args: CompareArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let runs = super::report::load_runs(&args.runs)?;
-    let mut names: Vec<&str> = Vec::new();
-    for r in &runs {
-        if names.contains(&r.report.run.as_str()) {
-            bail!(
-                "two of the runs are both named {:?}; compare runs with distinct names",
-                r.report.run
-            );
-        }
-        names.push(&r.report.run);
-    }
-    let inputs: Vec<CompareRun<'_>> = runs
-        .iter()
-        .map(|r| CompareRun {
-            name: &r.report.run,
-            attempts: &r.attempts,
-        })
-        .collect();
     let settings = CompareSettings {
         resamples: args.resamples,
         seed: args.seed,
         level: args.level,
     };
-    let c = compare(&inputs, settings);
-    if c.shared_problems.is_empty() {
-        bail!("the runs share no problem, so there is nothing to compare");
-    }
+    let c = compare_runs(&runs.iter().collect::<Vec<_>>(), settings)?;
     let infos: Vec<RunInfo> = runs.iter().map(|r| r.info.clone()).collect();
     super::print_out(&render_comparison(&c, &infos, args.format))?;
     if let Some(path) = &args.plot {

@@ -38,6 +38,12 @@ impl Spend {
         self.answers > self.answers_without_cost
     }
 
+    /// The cost as reports show it: `None` when no answer carried a cost, so "free" and "unknown"
+    /// are not confused.
+    pub fn usd(&self) -> Option<f64> {
+        self.priced().then_some(self.cost_usd)
+    }
+
     /// The spending of one answer.
     pub fn of(answer: &LlmAnswer) -> Spend {
         let usage = answer.usage.unwrap_or_default();

@@ -96,9 +96,9 @@ pub(super) fn render(runs: &[RunReport]) -> String {
                 row.spend.completion_tokens.to_string(),
                 row.spend.reasoning_tokens.to_string(),
                 row.spend.tokens().to_string(),
-                opt(row.spend.priced().then_some(row.spend.cost_usd)),
+                opt(row.spend.usd()),
                 row.cumulative.tokens().to_string(),
-                opt(row.cumulative.priced().then_some(row.cumulative.cost_usd)),
+                opt(row.cumulative.usd()),
             ]);
             let i = &row.step.integrity;
             c.extend([

@@ -73,7 +73,7 @@ impl Tokens {
 
 /// `None` when no answer carried a cost, so "free" and "unknown" are not confused.
 fn cost(s: &Spend) -> Option<f64> {
-    s.priced().then_some(s.cost_usd)
+    s.usd()
 }
 
 /// pass@k as `{"1": .., "2": ..}` in k order (a BTreeMap would sort "10" before "2").

@@ -2,7 +2,7 @@
 //! its log (turn records), its metrics and ledger, its attempts with their costs, and what describes
 //! the run (method, model, hardware, evaluation settings) so comparisons can say what differs.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -13,13 +13,17 @@ use crate::machine::MachineError;
 use crate::metrics::{
     RunAttempts, RunInput, device_ms_per_turn, ledger, run_attempts, run_metrics, run_problems,
 };
-use crate::store::{RunDir, StoreError, read_log};
+use crate::store::{ReadLog, RunDir, StoreError, read_log};
 use crate::types::{Event, FeedbackMode, MethodKind, TaskId};
 
 use super::{RunReport, feedback_key};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
+    #[error("{0}: no such directory")]
+    Missing(PathBuf),
+    #[error("{0} is not a directory")]
+    NotADirectory(PathBuf),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("{path} does not fold into task states: {source}")]
@@ -30,6 +34,32 @@ pub enum LoadError {
     },
     #[error("{path}: the log has no run_started record")]
     NotStarted { path: PathBuf },
+    #[error("{path}: {source}")]
+    Config {
+        path: PathBuf,
+        #[source]
+        source: ConfigFileError,
+    },
+}
+
+/// Why a run's frozen `config.toml` could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    #[error("cannot read it: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("not valid TOML: {0}")]
+    Toml(#[from] toml::de::Error),
+}
+
+/// The frozen config of the run in `dir` (`config.toml`) as written, key for key.
+pub fn frozen_config(dir: &Path) -> Result<toml::Table, LoadError> {
+    let path = dir.join(crate::store::CONFIG_FILE);
+    let wrap = |source: ConfigFileError| LoadError::Config {
+        path: path.clone(),
+        source,
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| wrap(e.into()))?;
+    toml::from_str(&text).map_err(|e| wrap(e.into()))
 }
 
 /// What describes a run, as `(field, value)` pairs in a fixed order; a comparison lists the fields
@@ -109,6 +139,8 @@ pub struct LoadedRun {
     pub attempts: RunAttempts,
     /// Every task's turn records.
     pub turns: TaskTurns,
+    /// Milliseconds of device leases held per (task, turn) (execution and profiling).
+    pub device_ms: BTreeMap<(TaskId, u32), u64>,
     pub task_ids: Vec<TaskId>,
     /// A torn last line of the log that was dropped, to warn about.
     pub torn_tail: Option<String>,
@@ -118,7 +150,19 @@ pub struct LoadedRun {
 
 /// Read and fold the run in `dir`.
 pub fn load_run(dir: &Path) -> Result<LoadedRun, LoadError> {
-    let run = RunDir::open(dir)?;
+    load_run_with_log(dir).map(|(run, _)| run)
+}
+
+/// [`load_run`], also returning the log as read (its records, a torn last line dropped, and the
+/// length of the valid prefix) for callers that show the events themselves.
+pub fn load_run_with_log(dir: &Path) -> Result<(LoadedRun, ReadLog), LoadError> {
+    if !dir.exists() {
+        return Err(LoadError::Missing(dir.to_path_buf()));
+    }
+    if !dir.is_dir() {
+        return Err(LoadError::NotADirectory(dir.to_path_buf()));
+    }
+    let run = RunDir::existing(dir)?;
     let log = read_log(&run.events_path())?;
     let (started, turns) = fold_records(&log.records).map_err(|source| LoadError::Fold {
         path: run.events_path(),
@@ -160,7 +204,8 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, LoadError> {
     };
     let metrics = run_metrics(&input);
     let ledger = ledger(&log.records);
-    let attempts = run_attempts(&input, &ledger, &device_ms_per_turn(&log.records));
+    let device_ms = device_ms_per_turn(&log.records);
+    let attempts = run_attempts(&input, &ledger, &device_ms);
     let complete = matches!(
         log.records.last().map(|r| &r.event),
         Some(Event::RunEnded { reason }) if reason == "finished"
@@ -192,7 +237,7 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, LoadError> {
         config.as_ref(),
         &turns,
     );
-    Ok(LoadedRun {
+    let loaded = LoadedRun {
         dir: dir.to_path_buf(),
         report: RunReport {
             run: name,
@@ -207,10 +252,16 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, LoadError> {
         info,
         attempts,
         turns,
+        device_ms,
         task_ids,
         torn_tail: log.torn_tail,
         provenance_warning,
-    })
+    };
+    let log = ReadLog {
+        torn_tail: loaded.torn_tail.clone(),
+        ..log
+    };
+    Ok((loaded, log))
 }
 
 #[allow(clippy::too_many_arguments)]

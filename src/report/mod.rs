@@ -2,10 +2,12 @@
 //! JSON or CSV, matched-budget comparisons, plots, and the KernelBench `eval_results.json` export.
 //!
 //! Rendering is a pure function of [`RunReport`]s (and [`crate::metrics::compare::Comparison`]s);
-//! [`load`] reads run directories and folds their logs. docs/output-formats.md describes every format
+//! [`load`] reads run directories and folds their logs; [`turn_rows`], [`candidate_rows`] and
+//! [`compare_runs`] give the same numbers as data (for the Python package). docs/output-formats.md describes every format
 //! for users; keep it in step.
 
 mod compare;
+mod comparison;
 mod csv;
 mod equal;
 mod json;
@@ -13,6 +15,7 @@ mod kernelbench;
 pub mod load;
 pub mod plot;
 pub mod provenance;
+mod tables;
 mod text;
 
 use std::fmt;
@@ -24,9 +27,13 @@ use crate::metrics::{
 use crate::types::{FeedbackMode, MethodKind};
 
 pub use compare::{axis_title, budget_text, render_comparison};
+pub use comparison::{CompareError, compare_runs};
 pub use equal::equal_attempts_table;
 pub use kernelbench::{Pick, kernelbench_eval_results, pick};
-pub use load::{LoadError, LoadedRun, RunInfo, load_run};
+pub use load::{
+    LoadError, LoadedRun, RunInfo, differences, frozen_config, load_run, load_run_with_log,
+};
+pub use tables::{CandidateRow, TurnRow, candidate_rows, turn_rows};
 
 /// Everything a report shows of one run.
 #[derive(Debug, Clone, PartialEq)]
