@@ -30,6 +30,7 @@ pub mod engine;
 pub mod gpu;
 pub mod hf;
 pub mod interchange;
+pub mod launcher;
 pub mod llm;
 pub mod lock;
 pub mod machine;

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import Any, Literal, TypedDict, Union
+from typing import Any, Literal, NotRequired, TypedDict, Union
 
 Precision = Literal["fp32", "fp16", "bf16"]
 Mode = Literal["faithful", "strict"]
@@ -150,6 +150,14 @@ class DeviceInfo(TypedDict):
     total_memory_bytes: int
 
 
+class Placement(TypedDict):
+    host: str
+    slurm_job_id: str | None
+    slurm_step_id: str | None
+    gpu_uuid: str | None
+    toolchain: str
+
+
 class ReadyMessage(TypedDict):
     id: int
     ok: Literal[True]
@@ -161,6 +169,7 @@ class ReadyMessage(TypedDict):
     cuda_available: bool
     device: DeviceInfo | None
     pid: int
+    placement: NotRequired[Placement]
 
 
 class ErrorResponse(TypedDict):
