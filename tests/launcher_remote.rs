@@ -340,6 +340,38 @@ fn remote_launchers_give_the_local_verdicts() {
         assert_eq!(o["env"]["sandbox"], "none", "{o}");
     }
 
+    // doctor shows the allocation and starts a worker at each place.
+    let cfg = tmp.path().join("doctor.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[dataset]\npath = \"{}\"\nlevel = 1\n[model]\nprovider = \"scripted\"\nanswers = \"{}\"\n\
+             [resources]\npython = \"{}\"\ndevices = \"cpu\"\ncompile_workers = 1\nlauncher = \"slurm\"\n\
+             [resources.slurm]\ngpu_cpus = 1\n[output]\ndir = \"{}\"\n",
+            repo().join("configs/quickstart/problems").display(),
+            repo().join("tests/fixtures/launcher/answers.jsonl").display(),
+            python().display(),
+            tmp.path().join("output").display()
+        ),
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_krefine"))
+        .arg("doctor")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(text.contains("slurm job "), "{text}");
+    for place in ["eval cpu: ready", "compile 0: ready"] {
+        assert!(text.contains(place), "{place}: {text}");
+    }
+    assert_eq!(squeue(), "", "doctor left its allocation behind");
+
     // SIGTERM in the middle of a run: the allocation krefine asked for is released.
     let term_dir = dir("term");
     let child = slurm_run(&term_dir);
