@@ -389,3 +389,151 @@ fn remote_launchers_give_the_local_verdicts() {
     assert_ne!(o.status.code(), Some(0), "a terminated run does not finish");
     assert_eq!(squeue(), "", "jobs left behind after SIGTERM");
 }
+
+/// A network partition to an SSH host: every sshd process of a private sshd is stopped while a
+/// remote command runs. ssh's keep-alives end the connection (exit 255, "Timeout, server ... not
+/// responding"), the launcher calls that a lost worker, and the host no longer answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ssh_partition_is_a_lost_worker() {
+    use krefine::config::ResourcesSection;
+    use krefine::launcher::{Launcher, LauncherKind, Placement, SshSection};
+    use krefine::worker::process::{ExitInfo, RequestError};
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+
+    let Some((_, _, key, _)) = ssh_target() else {
+        return;
+    };
+    let ssh_dir = Path::new(&key).parent().unwrap().to_path_buf();
+    // A private sshd (its own port, in the foreground), so only its processes are stopped.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut sshd = Command::new("/usr/sbin/sshd")
+        .args(["-D", "-f"])
+        .arg(ssh_dir.join("sshd_config"))
+        .args(["-o", &format!("Port={port}"), "-o", "PidFile=none"])
+        .spawn()
+        .expect("start sshd");
+    let r = ResourcesSection {
+        launcher: LauncherKind::Ssh,
+        ssh: SshSection {
+            hosts: vec!["127.0.0.1:cpu".into()],
+            port: Some(port),
+            identity: Some(key.clone().into()),
+            options: [
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+            ]
+            .map(String::from)
+            .to_vec(),
+            alive_timeout_s: 5,
+            connect_timeout_s: 3,
+        },
+        ..ResourcesSection::default()
+    };
+    let launcher = Launcher::start(&r).await.unwrap();
+    let at = Placement::Ssh { host: 0, gpu: None };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !launcher.host_answers(&at, "127.0.0.1").await {
+        assert!(Instant::now() < deadline, "the private sshd never answered");
+    }
+    let mut cmd = launcher
+        .command(
+            &at,
+            "partition",
+            Path::new("/bin/sh"),
+            &["-c".into(), "echo ready; exec sleep 120".into()],
+            &[("PATH".into(), "/usr/bin:/bin".into())],
+        )
+        .unwrap();
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line)
+        .await
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+
+    // The partition: every process of that sshd (the listener and the session's) stops.
+    let tree = descendants(sshd.id());
+    for pid in &tree {
+        let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGSTOP);
+    }
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("ssh noticed the partition within a minute")
+        .unwrap();
+    let mut err = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut child.stderr.take().unwrap(), &mut err)
+        .await
+        .unwrap();
+    let answers = launcher.host_answers(&at, "127.0.0.1").await;
+    for pid in tree.iter().rev() {
+        let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+        let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGCONT);
+    }
+    let _ = sshd.wait();
+
+    assert_eq!(status.code(), Some(255), "ssh's own failure: {err}");
+    let e = RequestError::Exited {
+        exit: ExitInfo {
+            code: Some(255),
+            signal: None,
+        },
+        log_tail: err.clone(),
+    };
+    let loss = launcher.loss(&at, &e).expect("a lost worker");
+    assert!(loss.contains("not responding"), "{loss}");
+    assert!(!answers, "a partitioned host does not answer");
+    // A candidate's own exit status 255 without ssh's words is not a loss.
+    let own = RequestError::Exited {
+        exit: ExitInfo {
+            code: Some(255),
+            signal: None,
+        },
+        log_tail: "Traceback (most recent call last):\nSystemExit: 255".into(),
+    };
+    assert_eq!(launcher.loss(&at, &own), None);
+}
+
+/// `pid` and every process below it, parents first (from /proc).
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut parent_of: Vec<(u32, u32)> = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rsplit_once(')').map(|x| x.1) else {
+            continue;
+        };
+        if let Some(pp) = rest.split_whitespace().nth(1).and_then(|x| x.parse().ok()) {
+            parent_of.push((p, pp));
+        }
+    }
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let cur = out[i];
+        out.extend(
+            parent_of
+                .iter()
+                .filter(|(_, pp)| *pp == cur)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    out
+}
