@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import Any, Literal, NotRequired, TypedDict, Union
+from typing import Any, Literal, TypedDict, Union
 
 Precision = Literal["fp32", "fp16", "bf16"]
 Mode = Literal["faithful", "strict"]
@@ -169,7 +169,7 @@ class ReadyMessage(TypedDict):
     cuda_available: bool
     device: DeviceInfo | None
     pid: int
-    placement: NotRequired[Placement]
+    placement: Placement
 
 
 class ErrorResponse(TypedDict):
