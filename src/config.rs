@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::checks::ChecksSection;
+pub use crate::launcher::config::{LauncherKind, SlurmSection, SshSection};
 use crate::types::{EvalMode, FeedbackMode, MethodKind, Precision};
 pub use crate::worker::sandbox::SandboxMode;
 
@@ -370,6 +371,28 @@ pub struct ResourcesSection {
     /// Python interpreter for the workers; default: the first `python3` that imports torch.
     #[serde(default)]
     pub python: Option<PathBuf>,
+    /// Where workers start: `local`, `slurm` or `ssh` (see `crate::launcher`).
+    #[serde(default)]
+    pub launcher: LauncherKind,
+    #[serde(default)]
+    pub slurm: SlurmSection,
+    #[serde(default)]
+    pub ssh: SshSection,
+    /// A remote worker that is lost (its node, step or connection died) has its request retried on
+    /// another worker, at most this many times per request.
+    #[serde(default = "default_loss_retries")]
+    pub loss_retries: u32,
+    /// A node or SSH host that lost this many workers is drained: no worker starts there again in
+    /// this run.
+    #[serde(default = "default_drain_after")]
+    pub drain_after: u32,
+}
+
+fn default_loss_retries() -> u32 {
+    3
+}
+fn default_drain_after() -> u32 {
+    2
 }
 
 fn default_llm_concurrency() -> u32 {
@@ -391,6 +414,11 @@ impl Default for ResourcesSection {
             compile_workers: default_compile_workers(),
             devices: DeviceSelection::Auto,
             python: None,
+            launcher: LauncherKind::default(),
+            slurm: SlurmSection::default(),
+            ssh: SshSection::default(),
+            loss_retries: default_loss_retries(),
+            drain_after: default_drain_after(),
         }
     }
 }
@@ -932,6 +960,17 @@ fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
     if c.resources.compile_workers == 0 {
         return Err(invalid("resources.compile_workers", "expected at least 1"));
     }
+    if c.resources.drain_after == 0 {
+        return Err(invalid("resources.drain_after", "expected at least 1"));
+    }
+    let r = &c.resources;
+    crate::launcher::config::validate(
+        r.launcher,
+        &r.slurm,
+        &r.ssh,
+        r.devices == DeviceSelection::Cpu,
+    )
+    .map_err(|(key, message)| invalid(&key, &message))?;
     if c.eval.correct_trials == 0 {
         return Err(invalid("eval.correct_trials", "expected at least 1"));
     }

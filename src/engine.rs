@@ -662,10 +662,38 @@ async fn on_device(
         code,
         build_dir,
     };
-    let asked = std::time::Instant::now();
-    let Some(lease) = cancellable(&shared.cancel, shared.devices.acquire()).await else {
-        return Ok(Step::Halt);
-    };
+    // A device whose worker host was drained is retired and the step goes to another device.
+    loop {
+        let asked = std::time::Instant::now();
+        let lease = match cancellable(&shared.cancel, shared.devices.acquire()).await {
+            None => return Ok(Step::Halt),
+            Some(Some(lease)) => lease,
+            Some(None) => {
+                return Ok(Step::Defer {
+                    waiting_on: WaitingOn::Workers,
+                    error: "every device was retired (the hosts of their workers were drained)"
+                        .into(),
+                });
+            }
+        };
+        let (step, retired) = leased(shared, lease, asked, &job, task, turn, profile).await?;
+        if !retired {
+            return Ok(step);
+        }
+    }
+}
+
+/// One attempt of [`on_device`] under `lease`; true when the device was retired on the way.
+async fn leased(
+    shared: &Shared,
+    lease: crate::gpu::Lease,
+    asked: std::time::Instant,
+    job: &ExecJob,
+    task: TaskId,
+    turn: u32,
+    profile: bool,
+) -> Result<(Step, bool), EngineError> {
+    let job = job.clone();
     // On the CPU device, builds would run on the cores being timed. The compiler pauses the builds
     // in flight (a build that hangs must not hold timing back for its whole timeout) and holds new
     // ones back until the lease ends. A compiler that cannot pause is drained instead: every
@@ -684,7 +712,7 @@ async fn on_device(
         match cancellable(&shared.cancel, quiet).await {
             Some(Ok(q)) => Some(q),
             // Cancelled, or the gate closed (it never is).
-            Some(Err(_)) | None => return Ok(Step::Halt),
+            Some(Err(_)) | None => return Ok((Step::Halt, false)),
         }
     } else {
         None
@@ -722,7 +750,13 @@ async fn on_device(
         }
     };
     let held_ms = granted.elapsed().as_millis() as u64;
-    drop(lease);
+    let retired = matches!(step, Step::Defer { .. }) && shared.executor.retired(&device);
+    if retired {
+        tracing::warn!("device {device} is retired: the host of its worker was drained");
+        lease.retire();
+    } else {
+        drop(lease);
+    }
     // Busy = the time the worker reports working on the request; the rest of the hold is the
     // orchestrator's and the protocol's overhead.
     let busy_ms = match &step {
@@ -746,7 +780,7 @@ async fn on_device(
             },
         )
         .await?;
-    Ok(step)
+    Ok((step, retired))
 }
 
 /// Run `fut` unless the run is cancelled first.

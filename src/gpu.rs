@@ -186,20 +186,38 @@ pub fn arch_list(devices: &[DeviceInfo]) -> Option<String> {
 pub struct DevicePool {
     admission: Arc<Semaphore>,
     devices: Vec<(DeviceInfo, Arc<Semaphore>)>,
+    /// Devices not retired; at 0 the admission gate closes and `acquire` says `None`.
+    live: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// An exclusive hold on one device; released on drop.
 pub struct Lease {
     pub device: DeviceInfo,
     pub waited_ms: u64,
-    _device_permit: OwnedSemaphorePermit,
-    _admission_permit: OwnedSemaphorePermit,
+    device_permit: OwnedSemaphorePermit,
+    admission_permit: OwnedSemaphorePermit,
+    admission: Arc<Semaphore>,
+    live: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Lease {
+    /// Take the device out of the pool for good (its worker's host was drained): its permits are
+    /// never returned, so no later lease names it. The last device retired closes the pool.
+    pub fn retire(self) {
+        use std::sync::atomic::Ordering;
+        self.device_permit.forget();
+        self.admission_permit.forget();
+        if self.live.fetch_sub(1, Ordering::SeqCst) <= 1 {
+            self.admission.close();
+        }
+    }
 }
 
 impl DevicePool {
     pub fn new(devices: Vec<DeviceInfo>) -> Self {
         DevicePool {
             admission: Arc::new(Semaphore::new(devices.len())),
+            live: Arc::new(std::sync::atomic::AtomicUsize::new(devices.len())),
             devices: devices
                 .into_iter()
                 .map(|d| (d, Arc::new(Semaphore::new(1))))
@@ -211,27 +229,25 @@ impl DevicePool {
         self.devices.iter().map(|(d, _)| d)
     }
 
-    /// Wait (FIFO) for any free device.
-    pub async fn acquire(&self) -> Lease {
+    /// Wait (FIFO) for any free device; `None` once every device was retired.
+    pub async fn acquire(&self) -> Option<Lease> {
         let start = Instant::now();
-        let admission = match self.admission.clone().acquire_owned().await {
-            Ok(p) => p,
-            // The semaphore is never closed; an empty pool would wait forever, which `new` prevents
-            // by construction in the engine (it always has at least the CPU device).
-            Err(_) => unreachable!("device pool semaphore closed"),
-        };
+        let admission = self.admission.clone().acquire_owned().await.ok()?;
         // Holding an admission permit guarantees one device semaphore is free.
         for (info, sem) in &self.devices {
             if let Ok(p) = sem.clone().try_acquire_owned() {
-                return Lease {
+                return Some(Lease {
                     device: info.clone(),
                     waited_ms: start.elapsed().as_millis() as u64,
-                    _device_permit: p,
-                    _admission_permit: admission,
-                };
+                    device_permit: p,
+                    admission_permit: admission,
+                    admission: self.admission.clone(),
+                    live: self.live.clone(),
+                });
             }
         }
-        unreachable!("admission permit held but no device free")
+        // Only reachable if permits were miscounted; say "no device" rather than panic.
+        None
     }
 }
 
@@ -301,13 +317,13 @@ mod tests {
     #[tokio::test]
     async fn leases_are_exclusive_and_fifo() {
         let pool = Arc::new(DevicePool::new(vec![gpu(0, (9, 0))]));
-        let first = pool.acquire().await;
+        let first = pool.acquire().await.unwrap();
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut handles = Vec::new();
         for i in 0..3 {
             let (pool, order) = (pool.clone(), order.clone());
             handles.push(tokio::spawn(async move {
-                let l = pool.acquire().await;
+                let l = pool.acquire().await.unwrap();
                 order.lock().unwrap().push(i);
                 drop(l);
             }));
@@ -325,8 +341,22 @@ mod tests {
     #[tokio::test]
     async fn two_devices_serve_two_at_once() {
         let pool = DevicePool::new(vec![gpu(0, (9, 0)), gpu(1, (9, 0))]);
-        let a = pool.acquire().await;
-        let b = pool.acquire().await;
+        let a = pool.acquire().await.unwrap();
+        let b = pool.acquire().await.unwrap();
         assert_ne!(a.device.id, b.device.id);
+    }
+
+    #[tokio::test]
+    async fn retired_devices_are_never_leased_again() {
+        let pool = DevicePool::new(vec![gpu(0, (9, 0)), gpu(1, (9, 0))]);
+        let a = pool.acquire().await.unwrap();
+        let retired = a.device.id.clone();
+        a.retire();
+        for _ in 0..3 {
+            let l = pool.acquire().await.unwrap();
+            assert_ne!(l.device.id, retired);
+        }
+        pool.acquire().await.unwrap().retire();
+        assert!(pool.acquire().await.is_none());
     }
 }

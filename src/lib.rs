@@ -14,6 +14,8 @@
 //! - [`llm`]: LLM providers (scripted, OpenAI-compatible, replay), the request gate, code extraction.
 //! - [`prompt`]: prompt templates and rendering.
 //! - [`worker`]: the Python worker processes (compile, correctness, timing, profile).
+//! - [`launcher`]: where worker processes start (locally, as Slurm job steps, over SSH), lost
+//!   workers and drained hosts.
 //! - [`sim`]: simulated compile/execute services for tests and the scheduler benchmark.
 //! - [`metrics`], [`report`]: fast_p@N and friends as pure functions of the log, and their formats.
 //! - [`interchange`]: KernelBench generations in (submission JSON, runs folder) and submissions out.
@@ -30,6 +32,7 @@ pub mod engine;
 pub mod gpu;
 pub mod hf;
 pub mod interchange;
+pub mod launcher;
 pub mod llm;
 pub mod lock;
 pub mod machine;

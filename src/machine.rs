@@ -406,6 +406,8 @@ mod tests {
         Event::Compiled {
             turn,
             outcome: CompileOutcome {
+                ran_on: None,
+                worker_losses: Vec::new(),
                 status,
                 cached: false,
                 error_name: (status == CompileStatus::Error).then(|| "BuildError".into()),
@@ -435,6 +437,7 @@ mod tests {
         Event::Profiled {
             turn,
             outcome: ProfileOutcome {
+                worker_losses: Vec::new(),
                 ok: true,
                 table: format!("P{turn} table"),
                 ncu: None,

@@ -149,4 +149,9 @@ pub trait Executor: Send + Sync {
     /// Profile of one correct candidate on `device`.
     async fn profile(&self, job: ExecJob, device: &DeviceId)
     -> Result<ProfileOutcome, Unavailable>;
+    /// True once `device` can serve nothing more (the host of its worker was drained): the engine
+    /// then retires the device and runs the step on another one.
+    fn retired(&self, _device: &DeviceId) -> bool {
+        false
+    }
 }

@@ -120,6 +120,8 @@ impl Compiler for SimServices {
             .compile_us
             .fetch_add((secs * 1e6) as u64, Ordering::Relaxed);
         Ok(CompileOutcome {
+            ran_on: None,
+            worker_losses: Vec::new(),
             status: if script.compile_ok {
                 CompileStatus::Ok
             } else {
@@ -187,6 +189,7 @@ impl Executor for SimServices {
     ) -> Result<ProfileOutcome, Unavailable> {
         tokio::time::sleep(self.real(self.cfg.profile_s)).await;
         Ok(ProfileOutcome {
+            worker_losses: Vec::new(),
             ok: true,
             table: "simulated profile: one kernel, 100% of device time".into(),
             ncu: None,

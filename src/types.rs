@@ -345,6 +345,12 @@ pub struct CompileOutcome {
     /// cached or failed builds made before this was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build_path: Option<String>,
+    /// Where the build ran (absent for cached builds and logs written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ran_on: Option<RanOn>,
+    /// Workers lost while this build was in flight (each retried elsewhere).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub worker_losses: Vec<WorkerLoss>,
 }
 
 /// How serious an integrity finding is: a warning is recorded and shown; an error fails the
@@ -451,6 +457,45 @@ pub struct EvalEnv {
     /// The sandbox the candidate's worker ran in: `namespaces`, `off`, or `none` (unavailable here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<String>,
+    /// Where the worker ran (launcher, host, Slurm job and step, GPU UUID).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ran_on: Option<RanOn>,
+}
+
+/// Where a worker ran: recorded with every result a worker produced.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RanOn {
+    /// `local`, `slurm` or `ssh` (`resources.launcher`).
+    pub launcher: String,
+    /// The host name the worker reported (`socket.gethostname()`).
+    #[serde(default)]
+    pub host: String,
+    /// The worker's Slurm job id (`SLURM_JOB_ID`), with the slurm launcher.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_job: Option<String>,
+    /// The worker's Slurm job step id (`SLURM_STEP_ID`), with the slurm launcher.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm_step: Option<String>,
+    /// The GPU's UUID as the CUDA driver reports it (GPU workers only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_uuid: Option<String>,
+}
+
+/// A worker that was lost (its node, Slurm step or SSH connection died) while it served a request:
+/// not the candidate's fault, so the request was retried on another worker. Recorded with the
+/// result that the retry produced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerLoss {
+    /// The worker slot (`gpu-0`, `compile-1`).
+    pub worker: String,
+    /// The node or SSH host it ran on, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// What was seen (`*** STEP 12.3 ON node1 CANCELLED ...`, `ssh exited with 255 ...`).
+    pub detail: String,
+    /// True when this loss drained the host: no worker is started there again in this run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drained: bool,
 }
 
 /// Result of evaluating one compiled candidate on a device.
@@ -497,6 +542,9 @@ pub struct ExecOutcome {
     /// The excessive-speedup guard, when a speedup was measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speedup_check: Option<SpeedupCheck>,
+    /// Workers lost while this evaluation was in flight (each retried elsewhere).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub worker_losses: Vec<WorkerLoss>,
 }
 
 fn minus_one() -> f64 {
@@ -509,6 +557,7 @@ impl ExecOutcome {
         let mut metadata = serde_json::Map::new();
         metadata.insert("error".into(), serde_json::Value::String(feedback.clone()));
         ExecOutcome {
+            worker_losses: Vec::new(),
             verdict,
             compiled: !matches!(verdict, Verdict::CompileError),
             correctness: false,
@@ -542,6 +591,9 @@ pub struct ProfileOutcome {
     pub error: Option<String>,
     #[serde(default)]
     pub duration_ms: u64,
+    /// Workers lost while profiling (each retried elsewhere).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub worker_losses: Vec<WorkerLoss>,
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -602,6 +602,8 @@ mod tests {
         Event::Compiled {
             turn,
             outcome: CompileOutcome {
+                ran_on: None,
+                worker_losses: Vec::new(),
                 status: CompileStatus::Ok,
                 cached: false,
                 error_name: None,

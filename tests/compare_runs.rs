@@ -139,6 +139,8 @@ fn write_run(
             Event::Compiled {
                 turn: x.turn,
                 outcome: CompileOutcome {
+                    ran_on: None,
+                    worker_losses: Vec::new(),
                     status: CompileStatus::Ok,
                     cached: false,
                     error_name: None,

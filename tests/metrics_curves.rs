@@ -49,6 +49,8 @@ fn correct(turn: u32, speedup: f64) -> TurnRecord {
 
 fn compile(status: CompileStatus) -> CompileOutcome {
     CompileOutcome {
+        ran_on: None,
+        worker_losses: Vec::new(),
         status,
         cached: false,
         error_name: None,

@@ -71,6 +71,8 @@ fn compiled(turn: u32, duration_ms: u64, cached: bool) -> Event {
     Event::Compiled {
         turn,
         outcome: CompileOutcome {
+            ran_on: None,
+            worker_losses: Vec::new(),
             status: CompileStatus::Ok,
             cached,
             error_name: None,

@@ -59,6 +59,8 @@ fn compile_failed(turn: u32) -> TurnRecord {
     TurnRecord {
         turn,
         compile: Some(CompileOutcome {
+            ran_on: None,
+            worker_losses: Vec::new(),
             status: CompileStatus::Error,
             cached: false,
             error_name: Some("RuntimeError".into()),
@@ -178,6 +180,8 @@ fn rejected_and_unverified_strict_speedups() {
     let rejected = TurnRecord {
         turn: 1,
         compile: Some(CompileOutcome {
+            ran_on: None,
+            worker_losses: Vec::new(),
             status: CompileStatus::Rejected,
             cached: false,
             error_name: Some("StaticCheckError".into()),

@@ -90,6 +90,8 @@ impl LogBuilder {
             Event::Compiled {
                 turn,
                 outcome: CompileOutcome {
+                    ran_on: None,
+                    worker_losses: Vec::new(),
                     status: if ok {
                         CompileStatus::Ok
                     } else {
@@ -155,6 +157,7 @@ impl LogBuilder {
             Event::Profiled {
                 turn,
                 outcome: ProfileOutcome {
+                    worker_losses: Vec::new(),
                     ok: true,
                     table: "my_kernel  92.0%\naten::copy_  8.0%".into(),
                     ncu: None,

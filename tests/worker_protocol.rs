@@ -115,6 +115,20 @@ fn fixtures_carry_the_values_we_rely_on() {
                 assert_eq!((r.id, ready.role), (0, WorkerRole::Compile));
                 assert!(!ready.torch.is_empty());
             }
+            "ready_gpu.json" => {
+                let Ok(Response::Ok(r)) = parse_response_value(value) else {
+                    panic!("{name}")
+                };
+                let ResponseBody::Ready(ready) = r.body else {
+                    panic!("{name}")
+                };
+                // Where it runs: host, Slurm job and step, GPU UUID, toolchain.
+                let p = ready.placement.expect("placement");
+                assert_eq!(p.slurm_job_id.as_deref(), Some("4242"));
+                assert_eq!(p.slurm_step_id.as_deref(), Some("3"));
+                assert!(p.gpu_uuid.is_some_and(|u| u.starts_with("GPU-")));
+                assert!(p.toolchain.is_some_and(|t| t.contains("cuda 13.0")));
+            }
             "evaluate_request_baseline.json" => {
                 let req: Request = serde_json::from_value(value).expect(&name);
                 let RequestBody::Evaluate(e) = req.body else {

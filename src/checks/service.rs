@@ -71,6 +71,8 @@ impl Compiler for CheckedCompiler {
 
 fn outcome(status: CompileStatus) -> CompileOutcome {
     CompileOutcome {
+        ran_on: None,
+        worker_losses: Vec::new(),
         status,
         cached: false,
         error_name: None,

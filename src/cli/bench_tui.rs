@@ -99,6 +99,8 @@ pub fn synthetic_log(tasks: u32, turns: u32) -> Vec<LogRecord> {
                 Event::Compiled {
                     turn,
                     outcome: CompileOutcome {
+                        ran_on: None,
+                        worker_losses: Vec::new(),
                         status: CompileStatus::Ok,
                         cached: false,
                         error_name: None,

@@ -8,6 +8,7 @@ mod bench_tui;
 mod check;
 mod compare;
 mod doctor;
+mod doctor_launcher;
 mod eval;
 mod report;
 mod run;

@@ -12,6 +12,7 @@ use crate::checks::{CheckedCompiler, StaticChecks};
 use crate::config::{self, Config, ExecutorKind, LoadedConfig};
 use crate::engine::{Engine, EngineParts, RunPlan};
 use crate::gpu::{self, DeviceInfo};
+use crate::launcher::{self, Launcher};
 use crate::prompt::{PromptSettings, Prompts};
 use crate::services::{Compiler, DeviceId, Executor};
 use crate::sim::SimServices;
@@ -72,7 +73,17 @@ pub(super) fn run_loaded(args: RunArgs, loaded: LoadedConfig) -> anyhow::Result<
         cfg.eval.hf.check_models(hf_cache.as_deref(), &problems)?;
     }
     let discovery = gpu::discover();
-    let devices = gpu::select(&cfg.resources.devices, &discovery).map_err(anyhow::Error::msg)?;
+    // Remote workers: the devices are the launcher's GPU slots, not this machine's GPUs.
+    let planned = match cfg.eval.executor {
+        ExecutorKind::Worker => {
+            launcher::planned_devices(&cfg.resources).map_err(anyhow::Error::msg)?
+        }
+        ExecutorKind::Simulated => None,
+    };
+    let devices = match planned {
+        Some(d) => d,
+        None => gpu::select(&cfg.resources.devices, &discovery).map_err(anyhow::Error::msg)?,
+    };
     let out = match &args.out {
         Some(o) => o.clone(),
         // Output goes where the user runs krefine, not next to the config.
@@ -233,7 +244,6 @@ async fn drive(
     devices: Vec<DeviceInfo>,
     discovery: gpu::Discovery,
 ) -> anyhow::Result<ExitCode> {
-    let cfg = &loaded.config;
     let cancel = CancellationToken::new();
     let (llm, ledger) =
         llm::build_with_ledger(&loaded, args.replay_llm.as_deref(), cancel.clone())?;
@@ -243,8 +253,52 @@ async fn drive(
             ledger.record(answer);
         }
     }
-    let (compiler, executor, pool) =
+    // SIGTERM (a scheduler, `kill`) stops the run the way Ctrl-C does, so that the workers, and an
+    // allocation krefine asked for, are released on the way out.
+    {
+        let cancel = cancel.clone();
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("cannot listen for SIGTERM")?;
+        tokio::spawn(async move {
+            if term.recv().await.is_some() {
+                eprintln!(
+                    "\nterminated: stopping; the event log stays valid, resume with --resume"
+                );
+                cancel.cancel();
+            }
+        });
+    }
+    let (compiler, executor, pool, launcher) =
         build_eval_services(&loaded, &dir, &devices, &discovery).await?;
+    let result = drive_engine(
+        args, &loaded, dir, prior, plan, devices, cancel, llm, compiler, executor,
+    )
+    .await;
+    if let Some(pool) = pool {
+        pool.shutdown().await;
+    }
+    if let Some(l) = launcher {
+        l.release().await;
+    }
+    result
+}
+
+/// The run itself, once the services stand; the caller shuts the workers down and releases the
+/// launcher however this ends.
+#[allow(clippy::too_many_arguments)]
+async fn drive_engine(
+    args: RunArgs,
+    loaded: &LoadedConfig,
+    dir: RunDir,
+    prior: Option<ReadLog>,
+    plan: RunPlan,
+    devices: Vec<DeviceInfo>,
+    cancel: CancellationToken,
+    llm: Arc<dyn crate::services::Llm>,
+    compiler: Arc<dyn Compiler>,
+    executor: Arc<dyn Executor>,
+) -> anyhow::Result<ExitCode> {
+    let cfg = &loaded.config;
     let prompts = Prompts::load(
         cfg.prompt
             .templates
@@ -346,9 +400,6 @@ async fn drive(
         let _ = progress.await;
         summary
     };
-    if let Some(pool) = pool {
-        pool.shutdown().await;
-    }
     let summary = summary?;
     eprintln!(
         "{} of {} task(s) finished{}",
@@ -378,22 +429,27 @@ async fn drive(
     })
 }
 
-/// The compile and execute services the config asks for; the worker pool is returned for shutdown.
+/// The compiler, the executor, and what must be shut down and released at the end.
+type EvalServices = (
+    Arc<dyn Compiler>,
+    Arc<dyn Executor>,
+    Option<Arc<WorkerPool>>,
+    Option<Arc<Launcher>>,
+);
+
+/// The compile and execute services the config asks for; the worker pool is returned for shutdown,
+/// the launcher for release (an allocation krefine asked for).
 async fn build_eval_services(
     loaded: &LoadedConfig,
     dir: &RunDir,
     devices: &[DeviceInfo],
     discovery: &gpu::Discovery,
-) -> anyhow::Result<(
-    Arc<dyn Compiler>,
-    Arc<dyn Executor>,
-    Option<Arc<WorkerPool>>,
-)> {
+) -> anyhow::Result<EvalServices> {
     let cfg = &loaded.config;
     match cfg.eval.executor {
         ExecutorKind::Simulated => {
             let sim = Arc::new(SimServices::new(cfg.eval.simulated.clone()));
-            Ok((sim.clone(), sim, None))
+            Ok((sim.clone(), sim, None, None))
         }
         ExecutorKind::Worker => {
             let configured = cfg.resources.python.as_deref().map(|p| loaded.resolve(p));
@@ -420,7 +476,18 @@ async fn build_eval_services(
             if let Some(b) = &cfg.eval.baseline {
                 s.baseline = Some(Arc::new(BaselineTable::load(&loaded.resolve(b)).await?));
             }
-            let pool = WorkerPool::start(s).await?;
+            let launcher = Arc::new(Launcher::start(&cfg.resources).await?);
+            if launcher.is_remote() {
+                eprintln!("launcher: {}", launcher.describe());
+            }
+            s.launcher = launcher.clone();
+            let pool = match WorkerPool::start(s).await {
+                Ok(p) => p,
+                Err(e) => {
+                    launcher.release().await;
+                    return Err(e.into());
+                }
+            };
             eprintln!(
                 "workers: {} compile, {} device; torch {}; TORCH_CUDA_ARCH_LIST {}",
                 cfg.resources.compile_workers,
@@ -428,7 +495,7 @@ async fn build_eval_services(
                 pool.torch_version(),
                 pool.arch_list().unwrap_or("(cpu)")
             );
-            Ok((pool.clone(), pool.clone(), Some(pool)))
+            Ok((pool.clone(), pool.clone(), Some(pool), Some(launcher)))
         }
     }
 }

@@ -150,6 +150,14 @@ class DeviceInfo(TypedDict):
     total_memory_bytes: int
 
 
+class Placement(TypedDict):
+    host: str
+    slurm_job_id: str | None
+    slurm_step_id: str | None
+    gpu_uuid: str | None
+    toolchain: str
+
+
 class ReadyMessage(TypedDict):
     id: int
     ok: Literal[True]
@@ -161,6 +169,7 @@ class ReadyMessage(TypedDict):
     cuda_available: bool
     device: DeviceInfo | None
     pid: int
+    placement: Placement
 
 
 class ErrorResponse(TypedDict):

@@ -113,6 +113,10 @@ def ready_message(role: str) -> dict[str, Any]:
             "capability": [props.major, props.minor],
             "total_memory_bytes": int(props.total_memory),
         }
+        uuid = getattr(props, "uuid", None)
+        gpu_uuid = f"GPU-{uuid}" if uuid is not None else None
+    else:
+        gpu_uuid = None
     return {
         "id": 0,
         "ok": True,
@@ -124,7 +128,43 @@ def ready_message(role: str) -> dict[str, Any]:
         "cuda_available": bool(torch.cuda.is_available()),
         "device": device,
         "pid": os.getpid(),
+        "placement": placement(gpu_uuid, torch.version.cuda),
     }
+
+
+def placement(gpu_uuid: str | None, cuda: str | None) -> dict[str, Any]:
+    """Where this worker runs (host, Slurm job and step, GPU) and the toolchain builds depend on."""
+    import socket
+
+    return {
+        "host": socket.gethostname(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_step_id": os.environ.get("SLURM_STEP_ID"),
+        "gpu_uuid": gpu_uuid,
+        "toolchain": toolchain(cuda),
+    }
+
+
+def toolchain(cuda: str | None) -> str:
+    """Machine, libc, C++ compiler and nvcc: what a build made on one node needs from another."""
+    import shutil
+    import subprocess
+
+    def first_line(cmd: list[str], last: bool = False) -> str:
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False).stdout
+        except (OSError, subprocess.SubprocessError):
+            return "none"
+        lines = [line.strip() for line in out.splitlines() if line.strip()]
+        return (lines[-1] if last else lines[0]) if lines else "none"
+
+    cxx = os.environ.get("CXX") or shutil.which("c++") or "c++"
+    nvcc_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    nvcc = shutil.which("nvcc") or (os.path.join(nvcc_home, "bin", "nvcc") if nvcc_home else None)
+    libc = "-".join(platform.libc_ver())
+    parts = [platform.machine(), libc, first_line([cxx, "--version"]), f"cuda {cuda}"]
+    parts.append(first_line([nvcc, "--version"], last=True) if nvcc and os.path.exists(nvcc) else "nvcc none")
+    return " | ".join(parts)
 
 
 class Server:

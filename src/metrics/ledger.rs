@@ -118,6 +118,29 @@ pub struct Ledger {
     pub compile_ms: u64,
     /// From the first to the last record (includes pauses between a run and its resumption).
     pub wall_ms: u64,
+    /// Workers lost while serving a request (remote launchers: a node, step or connection died),
+    /// each retried on another worker.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub worker_losses: u64,
+    /// Hosts drained after losing workers, in the order they were drained.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub drained_hosts: Vec<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl Ledger {
+    fn note_losses(&mut self, losses: &[crate::types::WorkerLoss]) {
+        self.worker_losses += losses.len() as u64;
+        for loss in losses.iter().filter(|l| l.drained) {
+            let host = loss.host.clone().unwrap_or_else(|| "?".into());
+            if !self.drained_hosts.contains(&host) {
+                self.drained_hosts.push(host);
+            }
+        }
+    }
 }
 
 /// Fold a run's log into its [`Ledger`]. Pure; records may come in any order.
@@ -180,7 +203,10 @@ pub fn ledger(records: &[LogRecord]) -> Ledger {
                 l.compiles += 1;
                 l.compiles_cached += u64::from(outcome.cached);
                 l.compile_ms += outcome.duration_ms;
+                l.note_losses(&outcome.worker_losses);
             }
+            Event::Executed { outcome, .. } => l.note_losses(&outcome.worker_losses),
+            Event::Profiled { outcome, .. } => l.note_losses(&outcome.worker_losses),
             _ => {}
         }
     }

@@ -139,14 +139,25 @@ fn totals(l: &Ledger) -> Vec<(&'static str, String)> {
         plural(l.compiles, "build", "builds"),
         l.compiles_cached
     );
-    vec![
+    let mut lines = vec![
         ("tokens", tokens),
         ("USD", cost),
         ("LLM", llm),
         ("devices", devices),
         ("compile", compile),
-        ("wall", secs(l.wall_ms)),
-    ]
+    ];
+    if l.worker_losses > 0 {
+        let mut workers = format!(
+            "{} lost (node, step or connection died; each request retried elsewhere)",
+            l.worker_losses
+        );
+        if !l.drained_hosts.is_empty() {
+            let _ = write!(workers, "; drained: {}", l.drained_hosts.join(", "));
+        }
+        lines.push(("workers", workers));
+    }
+    lines.push(("wall", secs(l.wall_ms)));
+    lines
 }
 
 /// Right-aligned columns, two spaces apart.

@@ -16,6 +16,7 @@
 pub mod baseline;
 mod build_store;
 pub mod harness;
+mod loss;
 pub mod pause;
 pub mod pool;
 pub mod process;

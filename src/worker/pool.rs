@@ -26,7 +26,9 @@ use tokio::sync::{Mutex, OwnedMutexGuard, Semaphore};
 use super::WorkerError;
 use super::baseline::BaselineTable;
 use super::build_store::{cow_tainted, make_files_read_only, publish_build};
+use super::loss::{Fault, give_up, toolchain_mismatch};
 use super::pause::Pauser;
+use super::process::Remote;
 use super::process::{RequestError, SpawnSpec, WorkerProcess, kill_group, log_tail};
 use super::protocol::{
     CandidateSpec, CompileRequest, CompileStatusWire, EvaluateResponse, IntegritySpec,
@@ -35,10 +37,11 @@ use super::protocol::{
 };
 use super::sandbox::{self, Overlay, SandboxLevel, SandboxMode, SandboxSpec};
 use crate::config::{BuildMode, EvalSection, Timeouts};
+use crate::launcher::Launcher;
 use crate::services::{BuildPause, CompileJob, Compiler, DeviceId, ExecJob, Executor, Unavailable};
 use crate::types::{
     CompileOutcome, CompileStatus, EvalEnv, EvalMode, ExecOutcome, Precision, Problem,
-    ProfileOutcome, Verdict,
+    ProfileOutcome, RanOn, Verdict, WorkerLoss,
 };
 
 /// Written into a build dir after a good compile; its presence means "this build is usable".
@@ -98,6 +101,8 @@ pub struct WorkerSettings {
     pub visible_devices: Option<String>,
     /// `eval.sandbox`: confine every worker in namespaces (see [`super::sandbox`]).
     pub sandbox: SandboxMode,
+    /// Where workers start (`resources.launcher`; see [`crate::launcher`]).
+    pub launcher: Arc<Launcher>,
 }
 
 impl WorkerSettings {
@@ -132,6 +137,7 @@ impl WorkerSettings {
             extra_env: Vec::new(),
             visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
             sandbox: SandboxMode::default(),
+            launcher: Arc::new(Launcher::local()),
         };
         s.apply_eval(&eval);
         s
@@ -202,9 +208,31 @@ struct Slot {
     pgid: Arc<AtomicU32>,
     /// The device name the worker reported (GPUs only), for outcomes the orchestrator writes itself.
     hardware: StdMutex<Option<String>>,
+    /// Where its current (or last) worker ran.
+    ran_on: StdMutex<Option<RanOn>>,
+    /// The slot's host was drained and the slot is bound to it (SSH): it serves nothing more.
+    retired: AtomicBool,
 }
 
 impl Slot {
+    fn ran_on(&self) -> Option<RanOn> {
+        match self.ran_on.lock() {
+            Ok(r) => r.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// The host its worker runs on: the one it reported, else the one it is bound to.
+    fn host(&self) -> Option<String> {
+        self.ran_on()
+            .map(|r| r.host)
+            .filter(|h| !h.is_empty())
+            .or_else(|| {
+                let r = self.spec.remote.as_ref()?;
+                r.launcher.placement_host(&r.placement)
+            })
+    }
+
     fn hardware(&self) -> Option<String> {
         match self.hardware.lock() {
             Ok(h) => h.clone(),
@@ -212,7 +240,12 @@ impl Slot {
         }
     }
 
-    fn note_ready(&self, process: &WorkerProcess) {
+    fn note_ready(&self, process: &WorkerProcess, launcher: &Launcher) {
+        let here = launcher.ran_on(process.ready());
+        match self.ran_on.lock() {
+            Ok(mut r) => *r = Some(here),
+            Err(poisoned) => *poisoned.into_inner() = Some(here),
+        }
         if let Some(dev) = &process.ready().device {
             let mut h = match self.hardware.lock() {
                 Ok(h) => h,
@@ -235,6 +268,8 @@ enum CallError {
     Start(WorkerError),
     Request(RequestError),
     Closed,
+    /// The worker's node, step or connection died (remote launchers): retried elsewhere.
+    Lost(WorkerLoss),
 }
 
 fn closed() -> Unavailable {
@@ -252,10 +287,13 @@ struct BuildGuard {
 impl CallError {
     /// Sort a failure: the candidate's (a verdict: `Ok`) or the machinery's (`Err`: no worker could
     /// be started, the pool was shut down), which leaves the turn unfinished for a resume.
-    fn candidate_fault(self) -> Result<CallError, Unavailable> {
+    fn candidate_fault(self) -> Result<CallError, Fault> {
         match self {
-            CallError::Start(e) => Err(Unavailable(format!("no worker could be started: {e}"))),
-            CallError::Closed => Err(closed()),
+            CallError::Start(e) => Err(Fault::Unavailable(Unavailable(format!(
+                "no worker could be started: {e}"
+            )))),
+            CallError::Closed => Err(Fault::Unavailable(closed())),
+            CallError::Lost(loss) => Err(Fault::Lost(loss)),
             other => Ok(other),
         }
     }
@@ -279,6 +317,9 @@ pub struct WorkerPool {
     deadlines: Deadlines,
     /// torch version of the workers (part of the build key).
     torch: String,
+    /// The first compile worker's toolchain (machine, libc, compilers; part of the build key). A
+    /// worker that reports another one is refused.
+    toolchain: Option<String>,
     /// The arch list builds use (settings, or derived from the GPUs).
     arch_list: Option<String>,
     compile_slots: Vec<Slot>,
@@ -353,15 +394,21 @@ impl WorkerPool {
         let sandbox_level = resolve_sandbox(&settings).await?;
         let confine = sandbox_level.is_confined();
         let visible = visible_dirs(&settings);
-        let spec = |name: String, role, cvd: String, arch: Option<String>| SpawnSpec {
+        let launcher = settings.launcher.clone();
+        let remote = launcher.is_remote();
+        let spec = |name: String, role, cvd: Option<String>, arch: Option<String>, at| SpawnSpec {
             sandbox: confine.then(|| worker_sandbox(&settings, &name, &visible)),
+            remote: remote.then(|| Remote {
+                launcher: launcher.clone(),
+                placement: at,
+            }),
             scratch: settings.scratch_root.join(&name),
             log_path: settings.log_dir.join(format!("{name}.log")),
             name,
             role,
             python: settings.python.clone(),
             harness_dir: settings.harness_dir.clone(),
-            cuda_visible_devices: Some(cvd),
+            cuda_visible_devices: cvd,
             arch_list: arch,
             load_timeout: deadlines.load,
             extra_env: settings.extra_env.clone(),
@@ -374,19 +421,30 @@ impl WorkerPool {
             .devices
             .iter()
             .map(|d| {
+                let at = launcher.eval_placement(d);
                 let s = match d {
+                    // A Slurm step gets its GPU from Slurm; an SSH worker's is set remotely.
+                    DeviceId::Gpu(i) if remote => spec(
+                        format!("gpu-{i}"),
+                        WorkerRole::Gpu,
+                        None,
+                        settings.arch_list.clone(),
+                        at,
+                    ),
                     DeviceId::Gpu(i) => spec(
                         format!("gpu-{i}"),
                         WorkerRole::Gpu,
-                        physical(*i)?,
+                        Some(physical(*i)?),
                         settings.arch_list.clone(),
+                        at,
                     ),
                     // An empty CUDA_VISIBLE_DEVICES hides every GPU: "cpu" means CPU only.
                     DeviceId::Cpu => spec(
                         "cpu-0".into(),
                         WorkerRole::Gpu,
-                        String::new(),
+                        Some(String::new()),
                         settings.arch_list.clone(),
+                        at,
                     ),
                 };
                 Ok((d.clone(), s))
@@ -396,22 +454,28 @@ impl WorkerPool {
         // that picks its sources with `torch.cuda.is_available()` at import must build here what
         // the device will load. They never run kernels; a candidate that allocates on the GPU at
         // import costs a CUDA context for the length of its build.
-        let run_gpus = settings
-            .devices
-            .iter()
-            .filter_map(|d| match d {
-                DeviceId::Gpu(i) => Some(physical(*i)),
-                DeviceId::Cpu => None,
-            })
-            .collect::<Result<Vec<_>, _>>()?
-            .join(",");
+        // Remote compile workers run as CPU steps (or on hosts whose GPUs serve others): none.
+        let run_gpus = if remote {
+            String::new()
+        } else {
+            settings
+                .devices
+                .iter()
+                .filter_map(|d| match d {
+                    DeviceId::Gpu(i) => Some(physical(*i)),
+                    DeviceId::Cpu => None,
+                })
+                .collect::<Result<Vec<_>, _>>()?
+                .join(",")
+        };
         let compile_specs: Vec<SpawnSpec> = (0..settings.compile_workers)
             .map(|i| {
                 spec(
                     format!("compile-{i}"),
                     WorkerRole::Compile,
-                    run_gpus.clone(),
+                    Some(run_gpus.clone()),
                     settings.arch_list.clone(),
+                    launcher.compile_placement(i),
                 )
             })
             .collect();
@@ -426,6 +490,20 @@ impl WorkerPool {
         let evals: Vec<WorkerProcess> = evals.into_iter().collect::<Result<_, _>>()?;
 
         let torch = first_compile.ready().torch.clone();
+        let toolchain = first_compile
+            .ready()
+            .placement
+            .as_ref()
+            .and_then(|p| p.toolchain.clone());
+        for w in &evals {
+            if let Some(why) = toolchain_mismatch(toolchain.as_deref(), w.ready()) {
+                return Err(WorkerError::Start {
+                    worker: w.name().to_string(),
+                    detail: why,
+                    log_tail: String::new(),
+                });
+            }
+        }
         let arch_list = match &settings.arch_list {
             Some(a) => Some(a.clone()),
             None => {
@@ -453,9 +531,11 @@ impl WorkerPool {
                     served: 0,
                 }),
                 hardware: StdMutex::new(None),
+                ran_on: StdMutex::new(None),
+                retired: AtomicBool::new(false),
             };
             if let Some(p) = process {
-                slot.note_ready(&p);
+                slot.note_ready(&p, &launcher);
                 slot.state.get_mut().process = Some(p);
             }
             slot
@@ -476,6 +556,7 @@ impl WorkerPool {
             pauser,
             deadlines,
             torch,
+            toolchain,
             arch_list,
             compile_free: StdMutex::new((0..n).rev().collect()),
             compile_permits: Semaphore::new(n),
@@ -524,6 +605,11 @@ impl WorkerPool {
             self.torch.as_str(),
             self.arch_list.as_deref().unwrap_or(""),
         ];
+        // The toolchain builds were made with (machine, libc, compilers): a cache shared by nodes
+        // or runs on other machines never hands a build to a worker it was not made for.
+        if let Some(t) = &self.toolchain {
+            parts.push(t.as_str());
+        }
         // A plain build is its own artifact; fast builds keep the keys builds had before `eval.build`.
         if self.settings.build == BuildMode::Plain {
             parts.push("plain");
@@ -633,10 +719,8 @@ impl WorkerPool {
             None => {
                 state.served = 0;
                 slot.pgid.store(0, Ordering::SeqCst);
-                let p = WorkerProcess::spawn(&slot.spec)
-                    .await
-                    .map_err(CallError::Start)?;
-                slot.note_ready(&p);
+                let p = self.spawn(slot).await?;
+                slot.note_ready(&p, &self.settings.launcher);
                 p
             }
         };
@@ -677,11 +761,95 @@ impl WorkerPool {
         if state.process.is_none() {
             slot.pgid.store(0, Ordering::SeqCst);
         }
+        drop(state);
         match result {
             Ok(r) => Ok(r),
             // `shutdown` killed it under our feet: say so rather than blame the candidate.
             Err(_) if self.closed.load(Ordering::SeqCst) => Err(CallError::Closed),
-            Err(e) => Err(CallError::Request(e)),
+            Err(e) => match self.lost(slot, &e).await {
+                Some(loss) => Err(CallError::Lost(loss)),
+                None => Err(CallError::Request(e)),
+            },
+        }
+    }
+
+    /// Start the slot's worker. With a remote launcher, a worker that cannot be started (the host
+    /// does not answer, the step is refused) or that reports another toolchain is a lost worker.
+    async fn spawn(&self, slot: &Slot) -> Result<WorkerProcess, CallError> {
+        if slot.retired.load(Ordering::SeqCst) {
+            return Err(CallError::Start(WorkerError::Settings(format!(
+                "worker {} is retired: its host was drained",
+                slot.spec.name
+            ))));
+        }
+        let started = WorkerProcess::spawn(&slot.spec).await;
+        let remote = slot.spec.remote.is_some();
+        let why = match started {
+            Ok(mut p) => match toolchain_mismatch(self.toolchain.as_deref(), p.ready()) {
+                None => return Ok(p),
+                Some(why) => {
+                    slot.note_ready(&p, &self.settings.launcher);
+                    p.kill().await;
+                    if !remote {
+                        return Err(CallError::Start(WorkerError::Start {
+                            worker: slot.spec.name.clone(),
+                            detail: why,
+                            log_tail: String::new(),
+                        }));
+                    }
+                    why
+                }
+            },
+            Err(e) if remote => format!("could not be started: {e}"),
+            Err(e) => return Err(CallError::Start(e)),
+        };
+        Err(CallError::Lost(self.charge(slot, why)))
+    }
+
+    /// Is this failure a lost worker (remote launchers only)? Charges its host when it is.
+    async fn lost(&self, slot: &Slot, err: &RequestError) -> Option<WorkerLoss> {
+        let remote = slot.spec.remote.as_ref()?;
+        let detail = match err {
+            RequestError::Timeout { after } => {
+                let host = slot.host()?;
+                if remote.launcher.host_answers(&remote.placement, &host).await {
+                    return None;
+                }
+                format!(
+                    "no answer within {} s and host {host} no longer answers",
+                    secs(*after)
+                )
+            }
+            other => remote.launcher.loss(&remote.placement, other)?,
+        };
+        Some(self.charge(slot, detail))
+    }
+
+    /// Record a lost worker against its host; drain the host (and retire a slot bound to it) when
+    /// it lost `resources.drain_after` workers.
+    fn charge(&self, slot: &Slot, detail: String) -> WorkerLoss {
+        let host = slot.host();
+        let launcher = &self.settings.launcher;
+        let drained = host.as_deref().is_some_and(|h| launcher.note_loss(h));
+        let bound = slot
+            .spec
+            .remote
+            .as_ref()
+            .and_then(|r| launcher.placement_host(&r.placement));
+        if bound.is_some_and(|b| launcher.is_drained(&b)) {
+            slot.retired.store(true, Ordering::SeqCst);
+        }
+        tracing::warn!(
+            "worker {} lost on {}: {detail}{}",
+            slot.spec.name,
+            host.as_deref().unwrap_or("an unknown host"),
+            if drained { " (host drained)" } else { "" }
+        );
+        WorkerLoss {
+            worker: slot.spec.name.clone(),
+            host,
+            detail,
+            drained,
         }
     }
 
@@ -766,6 +934,8 @@ impl WorkerPool {
             }
         };
         Some(CompileOutcome {
+            ran_on: None,
+            worker_losses: Vec::new(),
             status: CompileStatus::Ok,
             cached: true,
             error_name: None,
@@ -871,6 +1041,12 @@ impl WorkerPool {
                 "the worker pool was shut down".to_string(),
                 String::new(),
             ),
+            // Retried by the caller, never turned into an outcome; kept total all the same.
+            CallError::Lost(loss) => (
+                CompileStatus::Crashed,
+                format!("the compile worker was lost: {}", loss.detail),
+                String::new(),
+            ),
         };
         // What the build printed before it died is the most useful part for the model.
         let build_output = log_tail(&job.log_path, 0, TAIL_LINES).await;
@@ -885,6 +1061,8 @@ impl WorkerPool {
             feedback.push_str(&details);
         }
         CompileOutcome {
+            ran_on: None,
+            worker_losses: Vec::new(),
             status,
             cached: false,
             error_name: None,
@@ -985,6 +1163,11 @@ impl WorkerPool {
                 "the worker pool was shut down".to_string(),
                 Map::new(),
             ),
+            CallError::Lost(loss) => (
+                Verdict::Crashed,
+                format!("the evaluation worker was lost: {}", loss.detail),
+                Map::new(),
+            ),
         };
         metadata.insert("error".into(), json!(message));
         let mut o = ExecOutcome::failure(verdict, &dev, message, wall);
@@ -1042,6 +1225,7 @@ impl WorkerPool {
         started: Instant,
     ) -> ExecOutcome {
         ExecOutcome {
+            worker_losses: Vec::new(),
             verdict: r.status.verdict(),
             compiled: r.compiled,
             correctness: r.correctness,
@@ -1084,6 +1268,7 @@ impl WorkerPool {
             tracing::info!("profile note: {note}");
         }
         ProfileOutcome {
+            worker_losses: Vec::new(),
             ok,
             table: r.table,
             ncu: r.ncu.and_then(|n| serde_json::to_value(n).ok()),
@@ -1117,8 +1302,10 @@ impl WorkerPool {
             }
             CallError::Start(e) => format!("the evaluation worker could not be started: {e}"),
             CallError::Closed => "the worker pool was shut down".into(),
+            CallError::Lost(loss) => format!("the evaluation worker was lost: {}", loss.detail),
         };
         ProfileOutcome {
+            worker_losses: Vec::new(),
             ok: false,
             table: String::new(),
             ncu: None,
@@ -1162,8 +1349,54 @@ impl Compiler for WorkerPool {
         if let Some(outcome) = self.cached_compile(&build_dir, &job, started).await {
             return Ok(outcome);
         }
-        let Ok(_permit) = self.compile_permits.acquire().await else {
-            return Err(closed());
+        let mut losses = Vec::new();
+        loop {
+            match self.compile_once(&job, &build_dir, started).await {
+                Ok(mut outcome) => {
+                    outcome.worker_losses = losses;
+                    return Ok(outcome);
+                }
+                Err(Fault::Unavailable(u)) => return Err(u),
+                Err(Fault::Lost(loss)) => {
+                    losses.push(loss);
+                    let retries = self.settings.launcher.loss_retries();
+                    if let Some(u) = give_up(&losses, retries, false) {
+                        return Err(u);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn pause_builds(&self) -> Option<BuildPause> {
+        // Remote builds run on other machines' cores (and stopping a local srun/ssh would not
+        // stop them): the engine drains the compile pool instead.
+        if self.settings.launcher.is_remote() {
+            return None;
+        }
+        Some(BuildPause::new(self.pauser.pause().await))
+    }
+}
+
+impl WorkerPool {
+    /// One compile attempt on a free compile worker (the build dir is locked by the caller).
+    async fn compile_once(
+        &self,
+        job: &CompileJob,
+        build_dir: &Path,
+        started: Instant,
+    ) -> Result<CompileOutcome, Fault> {
+        let no_workers = || {
+            Fault::Unavailable(Unavailable(
+                "no compile worker is left: the hosts of all of them were drained".into(),
+            ))
+        };
+        let Ok(permit) = self.compile_permits.acquire().await else {
+            return Err(if self.closed.load(Ordering::SeqCst) {
+                Fault::Unavailable(closed())
+            } else {
+                no_workers()
+            });
         };
         let index = match self.compile_free.lock() {
             Ok(mut free) => free.pop(),
@@ -1171,9 +1404,9 @@ impl Compiler for WorkerPool {
         };
         // The semaphore has as many permits as free slots, so a permit always finds one.
         let Some(index) = index else {
-            return Err(closed());
+            return Err(Fault::Unavailable(closed()));
         };
-        let _slot_guard = FreeSlot {
+        let slot_guard = FreeSlot {
             free: &self.compile_free,
             index,
         };
@@ -1197,6 +1430,23 @@ impl Compiler for WorkerPool {
         if worker_log != job.log_path {
             copy_log(&worker_log, &job.log_path).await;
         }
+        if slot.retired.load(Ordering::SeqCst) {
+            // Its host was drained: the slot and its permit leave the pool.
+            std::mem::forget(slot_guard);
+            permit.forget();
+            let live = self
+                .compile_slots
+                .iter()
+                .filter(|s| !s.retired.load(Ordering::SeqCst))
+                .count();
+            if live == 0 {
+                self.compile_permits.close();
+            }
+        } else {
+            drop(slot_guard);
+            drop(permit);
+        }
+        let ran_on = slot.ran_on();
         match result {
             Ok(ResponseBody::Compile(r)) => {
                 let mut status = match r.status {
@@ -1208,7 +1458,7 @@ impl Compiler for WorkerPool {
                 if status == CompileStatus::Ok
                     && let Some(sandbox) = &slot.spec.sandbox
                     && let Err(e) =
-                        publish_build(sandbox, &self.settings.build_cache, &build_dir).await
+                        publish_build(sandbox, &self.settings.build_cache, build_dir).await
                 {
                     status = CompileStatus::Error;
                     let message = format!("krefine could not store the build in the cache: {e}");
@@ -1217,8 +1467,8 @@ impl Compiler for WorkerPool {
                 }
                 if status == CompileStatus::Ok {
                     self.record_success(
-                        &build_dir,
-                        &job,
+                        build_dir,
+                        job,
                         &feedback,
                         r.duration_s,
                         r.build_path.clone(),
@@ -1226,6 +1476,8 @@ impl Compiler for WorkerPool {
                     .await;
                 }
                 Ok(CompileOutcome {
+                    ran_on,
+                    worker_losses: Vec::new(),
                     status,
                     cached: false,
                     error_name: r.error_name,
@@ -1244,17 +1496,17 @@ impl Compiler for WorkerPool {
                     detail: format!("compile answered with `{}`", other.kind()),
                     log_tail: String::new(),
                 });
-                Ok(self.compile_failure(err, &job, &build_dir, started).await)
+                let mut o = self.compile_failure(err, job, build_dir, started).await;
+                o.ran_on = ran_on;
+                Ok(o)
             }
             Err(e) => {
                 let e = e.candidate_fault()?;
-                Ok(self.compile_failure(e, &job, &build_dir, started).await)
+                let mut o = self.compile_failure(e, job, build_dir, started).await;
+                o.ran_on = ran_on;
+                Ok(o)
             }
         }
-    }
-
-    async fn pause_builds(&self) -> Option<BuildPause> {
-        Some(BuildPause::new(self.pauser.pause().await))
     }
 }
 
@@ -1267,6 +1519,27 @@ const COW_SUFFIX: &str = "cow";
 async fn resolve_sandbox(settings: &WorkerSettings) -> Result<SandboxLevel, WorkerError> {
     if settings.sandbox == SandboxMode::Off {
         return Ok(SandboxLevel::Off);
+    }
+    // The namespaces are entered between fork and exec of the local child, which for a remote
+    // worker is `srun`/`ssh`, not the worker: remote workers run without them, and say so.
+    let launcher = settings.launcher.kind().as_str();
+    if settings.launcher.is_remote() {
+        return match settings.sandbox {
+            SandboxMode::Required => Err(WorkerError::Settings(format!(
+                "eval.sandbox = \"required\" (the default in strict mode), but workers started by \
+                 the {launcher} launcher run without krefine's namespaces sandbox (only the \
+                 per-candidate confinement inside the harness applies); set eval.sandbox = \"auto\" \
+                 or \"off\" to run them anyway"
+            ))),
+            _ => {
+                tracing::warn!(
+                    "workers started by the {launcher} launcher run WITHOUT the namespaces sandbox"
+                );
+                Ok(SandboxLevel::Unavailable(format!(
+                    "the {launcher} launcher starts workers without the namespaces sandbox"
+                )))
+            }
+        };
     }
     let python = settings.python.clone();
     // With the build cache as an overlay, as the workers will have it (overlayfs refuses some file
@@ -1367,14 +1640,85 @@ async fn copy_log(from: &Path, to: &Path) {
 #[async_trait]
 impl Executor for WorkerPool {
     async fn execute(&self, job: ExecJob, device: &DeviceId) -> Result<ExecOutcome, Unavailable> {
-        let started = Instant::now();
         let Some(slot) = self.eval_slot(device) else {
             return Err(Unavailable(format!(
                 "device {device} is not served by this worker pool"
             )));
         };
-        let (build_dir, candidate) = self.candidate_spec(&job);
-        let _build = self.lock_build(&build_dir).await?;
+        let mut losses = Vec::new();
+        loop {
+            match self.execute_once(&job, device, slot).await {
+                Ok(mut o) => {
+                    o.worker_losses = losses;
+                    return Ok(o);
+                }
+                Err(Fault::Unavailable(u)) => return Err(u),
+                Err(Fault::Lost(loss)) => {
+                    losses.push(loss);
+                    if let Some(u) = self.give_up(&losses, slot) {
+                        return Err(u);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn profile(
+        &self,
+        job: ExecJob,
+        device: &DeviceId,
+    ) -> Result<ProfileOutcome, Unavailable> {
+        let Some(slot) = self.eval_slot(device) else {
+            return Err(Unavailable(format!(
+                "device {device} is not served by this worker pool"
+            )));
+        };
+        let mut losses = Vec::new();
+        loop {
+            match self.profile_once(&job, device, slot).await {
+                Ok(mut o) => {
+                    o.worker_losses = losses;
+                    return Ok(o);
+                }
+                Err(Fault::Unavailable(u)) => return Err(u),
+                Err(Fault::Lost(loss)) => {
+                    losses.push(loss);
+                    if let Some(u) = self.give_up(&losses, slot) {
+                        return Err(u);
+                    }
+                }
+            }
+        }
+    }
+
+    fn retired(&self, device: &DeviceId) -> bool {
+        self.eval_slot(device)
+            .is_some_and(|s| s.retired.load(Ordering::SeqCst))
+    }
+}
+
+impl WorkerPool {
+    fn give_up(&self, losses: &[WorkerLoss], slot: &Slot) -> Option<Unavailable> {
+        give_up(
+            losses,
+            self.settings.launcher.loss_retries(),
+            slot.retired.load(Ordering::SeqCst),
+        )
+    }
+
+    /// One evaluation attempt: prepare the reference, then evaluate the candidate.
+    async fn execute_once(
+        &self,
+        job: &ExecJob,
+        device: &DeviceId,
+        slot: &Slot,
+    ) -> Result<ExecOutcome, Fault> {
+        let started = Instant::now();
+        let (build_dir, candidate) = self.candidate_spec(job);
+        let _build = self
+            .lock_build(&build_dir)
+            .await
+            .map_err(Fault::Unavailable)?;
         let prepare = PrepareRequest {
             problem: Self::problem_spec(&job.problem),
             device: Self::worker_device(device).into(),
@@ -1413,11 +1757,15 @@ impl Executor for WorkerPool {
             // A broken reference or a harness failure: the evaluate below reports it in full.
             Ok(_) | Err(CallError::Request(RequestError::Harness { .. })) => {}
             Err(CallError::Request(RequestError::Timeout { after })) => {
-                return Ok(self.reference_timeout(after, device, slot.hardware(), started));
+                let mut o = self.reference_timeout(after, device, slot.hardware(), started);
+                o.env.ran_on = slot.ran_on();
+                return Ok(o);
             }
             Err(e) => {
                 let e = e.candidate_fault()?;
-                return Ok(self.exec_failure(e, device, slot.hardware(), started));
+                let mut o = self.exec_failure(e, device, slot.hardware(), started);
+                o.env.ran_on = slot.ran_on();
+                return Ok(o);
             }
         }
         let mut outcome = match self.call(slot, request, self.deadlines.execute, true).await {
@@ -1439,22 +1787,23 @@ impl Executor for WorkerPool {
             outcome.phases.insert("prepare_s".into(), Value::Number(n));
         }
         self.check_cow(slot).await;
+        outcome.env.ran_on = slot.ran_on();
         Ok(outcome)
     }
 
-    async fn profile(
+    /// One profiling attempt.
+    async fn profile_once(
         &self,
-        job: ExecJob,
+        job: &ExecJob,
         device: &DeviceId,
-    ) -> Result<ProfileOutcome, Unavailable> {
+        slot: &Slot,
+    ) -> Result<ProfileOutcome, Fault> {
         let started = Instant::now();
-        let Some(slot) = self.eval_slot(device) else {
-            return Err(Unavailable(format!(
-                "device {device} is not served by this worker pool"
-            )));
-        };
-        let (build_dir, candidate) = self.candidate_spec(&job);
-        let _build = self.lock_build(&build_dir).await?;
+        let (build_dir, candidate) = self.candidate_spec(job);
+        let _build = self
+            .lock_build(&build_dir)
+            .await
+            .map_err(Fault::Unavailable)?;
         let request = RequestBody::Profile(ProfileRequest {
             problem: Self::problem_spec(&job.problem),
             candidate,

@@ -26,6 +26,7 @@ use super::protocol::{
     Ready, Request, RequestBody, Response, ResponseBody, WorkerRole, parse_response,
 };
 use super::sandbox::SandboxSpec;
+use crate::launcher::{Launcher, Placement};
 
 /// Longest response line accepted. Real responses are kilobytes (feedback is trimmed to ~4 KB,
 /// tracebacks and metadata a few more); anything this long is a broken or hostile stream.
@@ -149,6 +150,16 @@ pub struct SpawnSpec {
     pub extra_env: Vec<(String, OsString)>,
     /// The namespaces sandbox to start the worker in (`None`: unconfined). See [`super::sandbox`].
     pub sandbox: Option<SandboxSpec>,
+    /// Start the worker through a launcher (`srun`, `ssh`) instead of as a child process of its
+    /// own (`None`). See [`crate::launcher`].
+    pub remote: Option<Remote>,
+}
+
+/// A worker started through a remote launcher, at a placement.
+#[derive(Debug, Clone)]
+pub struct Remote {
+    pub launcher: Arc<Launcher>,
+    pub placement: Placement,
 }
 
 /// The complete environment of a worker: an allowlist, never anything that looks like a secret.
@@ -341,6 +352,8 @@ pub struct WorkerProcess {
     /// False once the group was killed or the process exited; Drop then has nothing to do.
     alive: bool,
     line: Vec<u8>,
+    /// The launcher that started it remotely: killing the local `srun`/`ssh` is not enough.
+    remote: Option<Remote>,
 }
 
 impl std::fmt::Debug for WorkerProcess {
@@ -376,14 +389,37 @@ impl WorkerProcess {
         let (log_file, log_start) = open_log(spec).await?;
 
         let script = spec.harness_dir.join(HARNESS_ENTRY);
-        let mut cmd = tokio::process::Command::new(&spec.python);
-        cmd.arg("-u")
-            .arg(&script)
-            .args(["serve", "--role", spec.role.as_str(), "--scratch"])
-            .arg(&spec.scratch)
-            .current_dir(&spec.scratch)
-            .env_clear()
-            .envs(worker_env(spec))
+        let args: Vec<OsString> = vec![
+            "-u".into(),
+            script.into_os_string(),
+            "serve".into(),
+            "--role".into(),
+            spec.role.as_str().into(),
+            "--scratch".into(),
+            spec.scratch.clone().into_os_string(),
+        ];
+        let mut cmd = match &spec.remote {
+            None => {
+                let mut c = tokio::process::Command::new(&spec.python);
+                c.args(&args).env_clear().envs(worker_env(spec));
+                c
+            }
+            Some(r) => r
+                .launcher
+                .command(
+                    &r.placement,
+                    &spec.name,
+                    &spec.python,
+                    &args,
+                    &worker_env(spec),
+                )
+                .map_err(|e| WorkerError::Spawn {
+                    worker: spec.name.clone(),
+                    program: spec.python.clone(),
+                    source: std::io::Error::other(e),
+                })?,
+        };
+        cmd.current_dir(&spec.scratch)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             // Through a pipe and a capped pump rather than straight into the file: see
@@ -471,10 +507,12 @@ impl WorkerProcess {
                 cuda_available: false,
                 device: None,
                 pid,
+                placement: None,
             },
             next_id: 1,
             alive: true,
             line: Vec::new(),
+            remote: spec.remote.clone(),
         };
         match worker.read_response(spec.load_timeout).await {
             Ok(Response::Ok(r)) if r.id == 0 => match r.body {
@@ -759,6 +797,19 @@ impl WorkerProcess {
         signal_session_async(self.pid, Signal::SIGKILL).await;
         let _ = tokio::time::timeout(REAP_TIMEOUT, self.child.wait()).await;
         self.alive = false;
+        self.kill_remote();
+    }
+
+    /// The far side of a remote worker (its Slurm step, its process group on the SSH host).
+    fn kill_remote(&self) {
+        if let Some(r) = &self.remote {
+            r.launcher.kill_remote(&r.placement, &self.ready);
+        }
+    }
+
+    /// The launcher and placement of a remote worker.
+    pub fn remote(&self) -> Option<&Remote> {
+        self.remote.as_ref()
     }
 
     /// Ask the worker to exit; kill it if it has not within `grace`.
@@ -787,6 +838,7 @@ impl Drop for WorkerProcess {
         if self.alive {
             // No await in Drop: signal the group now; tokio (kill_on_drop) reaps the leader.
             kill_group(self.pid);
+            self.kill_remote();
         }
     }
 }
@@ -960,6 +1012,7 @@ mod tests {
                 ("HF_TOKEN".into(), "hf_secret".into()),
             ],
             sandbox: None,
+            remote: None,
         }
     }
 

@@ -245,6 +245,28 @@ pub struct Ready {
     pub cuda_available: bool,
     pub device: Option<DeviceInfo>,
     pub pid: u32,
+    /// Where the worker runs (absent from workers older than the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Box<WorkerPlacement>>,
+}
+
+/// Where a worker runs, as it sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerPlacement {
+    /// `socket.gethostname()`.
+    pub host: String,
+    /// `SLURM_JOB_ID` and `SLURM_STEP_ID` of a worker started as a Slurm step.
+    #[serde(default)]
+    pub slurm_job_id: Option<String>,
+    #[serde(default)]
+    pub slurm_step_id: Option<String>,
+    /// The GPU's UUID (GPU workers on a CUDA device).
+    #[serde(default)]
+    pub gpu_uuid: Option<String>,
+    /// What builds depend on besides torch and the arch list: machine, libc, C++ compiler and
+    /// nvcc versions (part of the build key).
+    #[serde(default)]
+    pub toolchain: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -354,6 +376,7 @@ pub struct WireEnv {
 impl WireEnv {
     pub fn to_eval_env(&self, driver: Option<String>) -> crate::types::EvalEnv {
         crate::types::EvalEnv {
+            ran_on: None,
             device_name: self.device_name.clone(),
             torch: Some(self.torch.clone()),
             cuda: self.cuda.clone(),

@@ -1,0 +1,326 @@
+//! The launcher's config: `resources.launcher`, `[resources.slurm]`, `[resources.ssh]`.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Where worker processes start (`resources.launcher`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LauncherKind {
+    /// Child processes of krefine on this machine.
+    #[default]
+    Local,
+    /// Job steps of a Slurm allocation (`srun`), one GPU per evaluation worker.
+    Slurm,
+    /// Processes on other hosts started over `ssh`.
+    Ssh,
+}
+
+impl LauncherKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LauncherKind::Local => "local",
+            LauncherKind::Slurm => "slurm",
+            LauncherKind::Ssh => "ssh",
+        }
+    }
+}
+
+/// `[resources.slurm]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlurmSection {
+    /// GPU evaluation workers (job steps with one GPU each). Not needed with `resources.devices =
+    /// "cpu"` (one CPU evaluation step, as the tests use).
+    #[serde(default)]
+    pub gpus: Option<u32>,
+    /// Nodes to ask for when krefine requests the allocation itself (default: Slurm's choice).
+    #[serde(default)]
+    pub nodes: Option<u32>,
+    /// `--partition` of the allocation krefine requests.
+    #[serde(default)]
+    pub partition: Option<String>,
+    /// `--account` of the allocation krefine requests.
+    #[serde(default)]
+    pub account: Option<String>,
+    /// `--time` of the allocation krefine requests (`"04:00:00"`, `"2-00:00:00"`).
+    #[serde(default)]
+    pub time: Option<String>,
+    /// The generic resource each evaluation step asks for (`--gres=<this>`); empty: none (put
+    /// `--gpus=1` in `srun_args` instead, on clusters that want that form).
+    #[serde(default = "default_gres")]
+    pub gres: String,
+    /// CPUs of each evaluation step (`--cpus-per-task`).
+    #[serde(default = "default_gpu_cpus")]
+    pub gpu_cpus: u32,
+    /// CPUs of each compile step (`--cpus-per-task`).
+    #[serde(default = "one")]
+    pub compile_cpus: u32,
+    /// Extra `srun` arguments for every worker step (`["--mem=16G"]`).
+    #[serde(default)]
+    pub srun_args: Vec<String>,
+    /// Extra `salloc` arguments for the allocation krefine requests (`["--qos=short"]`).
+    #[serde(default)]
+    pub salloc_args: Vec<String>,
+    /// Seconds to wait for a requested allocation to be granted before giving up.
+    #[serde(default = "default_grant_s")]
+    pub grant_timeout_s: f64,
+}
+
+fn default_gres() -> String {
+    "gpu:1".into()
+}
+fn default_gpu_cpus() -> u32 {
+    4
+}
+fn one() -> u32 {
+    1
+}
+fn default_grant_s() -> f64 {
+    600.0
+}
+
+impl Default for SlurmSection {
+    fn default() -> Self {
+        SlurmSection {
+            gpus: None,
+            nodes: None,
+            partition: None,
+            account: None,
+            time: None,
+            gres: default_gres(),
+            gpu_cpus: default_gpu_cpus(),
+            compile_cpus: 1,
+            srun_args: Vec::new(),
+            salloc_args: Vec::new(),
+            grant_timeout_s: default_grant_s(),
+        }
+    }
+}
+
+/// `[resources.ssh]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SshSection {
+    /// `"host"` (its GPU 0), `"host:0,1"` (those GPUs), `"host:cpu"` (a CPU evaluation worker, at
+    /// most one in a run); `user@host` works as with ssh.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// `-p` for every host (default: ssh's, usually 22 or what ~/.ssh/config says).
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// `-i` private key.
+    #[serde(default)]
+    pub identity: Option<PathBuf>,
+    /// Extra ssh arguments (`["-o", "UserKnownHostsFile=/path"]`).
+    #[serde(default)]
+    pub options: Vec<String>,
+    /// A connection that does not answer for this long is a lost worker (ssh's
+    /// `ServerAliveInterval` × `ServerAliveCountMax`, checked every 5 s).
+    #[serde(default = "default_alive_s")]
+    pub alive_timeout_s: u32,
+    /// `ConnectTimeout` of every ssh connection.
+    #[serde(default = "default_connect_s")]
+    pub connect_timeout_s: u32,
+}
+
+impl Default for SshSection {
+    fn default() -> Self {
+        SshSection {
+            hosts: Vec::new(),
+            port: None,
+            identity: None,
+            options: Vec::new(),
+            alive_timeout_s: default_alive_s(),
+            connect_timeout_s: default_connect_s(),
+        }
+    }
+}
+
+fn default_alive_s() -> u32 {
+    15
+}
+fn default_connect_s() -> u32 {
+    10
+}
+
+/// One entry of `ssh.hosts`, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshHost {
+    /// What ssh gets as the destination (`gpu1`, `user@gpu1`).
+    pub destination: String,
+    pub devices: SshDevices,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SshDevices {
+    Gpus(Vec<u32>),
+    Cpu,
+}
+
+impl SshHost {
+    /// `host`, `host:0,1`, `host:cpu`.
+    pub fn parse(entry: &str) -> Result<SshHost, String> {
+        let entry = entry.trim();
+        let (dest, devices) = match entry.rsplit_once(':') {
+            None => (entry, SshDevices::Gpus(vec![0])),
+            Some((d, "cpu")) => (d, SshDevices::Cpu),
+            Some((d, list)) => {
+                let gpus: Result<Vec<u32>, _> =
+                    list.split(',').map(|p| p.trim().parse::<u32>()).collect();
+                match gpus {
+                    Ok(g) if !g.is_empty() => (d, SshDevices::Gpus(g)),
+                    _ => {
+                        return Err(format!(
+                            "{entry:?}: expected \"host\", \"host:0,1\" or \"host:cpu\""
+                        ));
+                    }
+                }
+            }
+        };
+        if dest.is_empty() || dest.starts_with('-') || dest.contains(char::is_whitespace) {
+            return Err(format!("{entry:?}: expected a host name before the ':'"));
+        }
+        if let SshDevices::Gpus(g) = &devices {
+            for (i, x) in g.iter().enumerate() {
+                if g[..i].contains(x) {
+                    return Err(format!("{entry:?}: GPU {x} is listed twice"));
+                }
+            }
+        }
+        Ok(SshHost {
+            destination: dest.to_string(),
+            devices,
+        })
+    }
+}
+
+/// Checks the config loader runs: `(key, what was expected)` on the first problem.
+pub fn validate(
+    kind: LauncherKind,
+    slurm: &SlurmSection,
+    ssh: &SshSection,
+    devices_cpu: bool,
+) -> Result<(), (String, String)> {
+    let bad = |k: &str, m: String| Err((k.to_string(), m));
+    match kind {
+        LauncherKind::Local => Ok(()),
+        LauncherKind::Slurm => {
+            if !devices_cpu && slurm.gpus.unwrap_or(0) == 0 {
+                return bad(
+                    "resources.slurm.gpus",
+                    "expected the number of GPU workers (at least 1), or resources.devices = \"cpu\""
+                        .into(),
+                );
+            }
+            if slurm.nodes == Some(0) {
+                return bad("resources.slurm.nodes", "expected at least 1".into());
+            }
+            if slurm.gpu_cpus == 0 {
+                return bad("resources.slurm.gpu_cpus", "expected at least 1".into());
+            }
+            if slurm.compile_cpus == 0 {
+                return bad("resources.slurm.compile_cpus", "expected at least 1".into());
+            }
+            if !(slurm.grant_timeout_s.is_finite() && slurm.grant_timeout_s > 0.0) {
+                return bad(
+                    "resources.slurm.grant_timeout_s",
+                    "expected a positive number of seconds".into(),
+                );
+            }
+            for (k, v) in [
+                ("resources.slurm.partition", &slurm.partition),
+                ("resources.slurm.account", &slurm.account),
+                ("resources.slurm.time", &slurm.time),
+            ] {
+                if let Some(v) = v
+                    && (v.is_empty() || v.contains(char::is_whitespace))
+                {
+                    return bad(k, format!("expected a word without spaces, got {v:?}"));
+                }
+            }
+            Ok(())
+        }
+        LauncherKind::Ssh => {
+            if ssh.hosts.is_empty() {
+                return bad(
+                    "resources.ssh.hosts",
+                    "expected at least one host (\"gpu1\", \"gpu2:0,1\", \"cpu1:cpu\")".into(),
+                );
+            }
+            let mut cpu = 0;
+            for h in &ssh.hosts {
+                match SshHost::parse(h) {
+                    Ok(p) if p.devices == SshDevices::Cpu => cpu += 1,
+                    Ok(_) => {}
+                    Err(e) => return bad("resources.ssh.hosts", e),
+                }
+            }
+            if cpu > 1 {
+                return bad(
+                    "resources.ssh.hosts",
+                    "at most one host may give the CPU evaluation device (\"host:cpu\")".into(),
+                );
+            }
+            if ssh.alive_timeout_s < 5 {
+                return bad(
+                    "resources.ssh.alive_timeout_s",
+                    "expected at least 5".into(),
+                );
+            }
+            if ssh.connect_timeout_s == 0 {
+                return bad(
+                    "resources.ssh.connect_timeout_s",
+                    "expected at least 1".into(),
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_entries_parse() {
+        assert_eq!(
+            SshHost::parse("gpu1").unwrap(),
+            SshHost {
+                destination: "gpu1".into(),
+                devices: SshDevices::Gpus(vec![0])
+            }
+        );
+        assert_eq!(
+            SshHost::parse("me@gpu2:0,1").unwrap().devices,
+            SshDevices::Gpus(vec![0, 1])
+        );
+        assert_eq!(SshHost::parse("h:cpu").unwrap().devices, SshDevices::Cpu);
+        for bad in ["", ":0", "h:", "h:x", "h:0,0", "-oProxyCommand=x", "a b"] {
+            assert!(SshHost::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let s = SlurmSection::default();
+        let h = SshSection::default();
+        assert!(validate(LauncherKind::Local, &s, &h, false).is_ok());
+        assert_eq!(
+            validate(LauncherKind::Slurm, &s, &h, false).unwrap_err().0,
+            "resources.slurm.gpus"
+        );
+        assert!(validate(LauncherKind::Slurm, &s, &h, true).is_ok());
+        assert_eq!(
+            validate(LauncherKind::Ssh, &s, &h, false).unwrap_err().0,
+            "resources.ssh.hosts"
+        );
+        let two_cpu = SshSection {
+            hosts: vec!["a:cpu".into(), "b:cpu".into()],
+            ..SshSection::default()
+        };
+        assert!(validate(LauncherKind::Ssh, &s, &two_cpu, false).is_err());
+    }
+}
