@@ -370,10 +370,18 @@ pub struct ResourcesSection {
     /// Python interpreter for the workers; default: the first `python3` that imports torch.
     #[serde(default)]
     pub python: Option<PathBuf>,
+    /// Problems whose reference data (trial inputs and outputs, timing inputs, reference timing) is
+    /// prepared ahead of their first candidate, while its answer is generated and compiled
+    /// (`crate::refprep`); 0 turns it off. At most `refprep::MAX_AHEAD`.
+    #[serde(default = "default_prepare_ahead")]
+    pub prepare_ahead: u32,
 }
 
 fn default_llm_concurrency() -> u32 {
     16
+}
+fn default_prepare_ahead() -> u32 {
+    2
 }
 fn default_compile_workers() -> u32 {
     std::thread::available_parallelism()
@@ -391,6 +399,7 @@ impl Default for ResourcesSection {
             compile_workers: default_compile_workers(),
             devices: DeviceSelection::Auto,
             python: None,
+            prepare_ahead: default_prepare_ahead(),
         }
     }
 }
@@ -928,6 +937,18 @@ fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
     }
     if c.resources.llm_concurrency == 0 {
         return Err(invalid("resources.llm_concurrency", "expected at least 1"));
+    }
+    if c.resources.prepare_ahead > crate::refprep::MAX_AHEAD {
+        return Err(invalid(
+            "resources.prepare_ahead",
+            &format!(
+                "expected 0 to {} (a worker keeps the reference data of {} problems; more prepared \
+                 ahead would evict each other before their candidates arrive), got {}",
+                crate::refprep::MAX_AHEAD,
+                crate::refprep::MAX_AHEAD + 1,
+                c.resources.prepare_ahead
+            ),
+        ));
     }
     if c.resources.compile_workers == 0 {
         return Err(invalid("resources.compile_workers", "expected at least 1"));

@@ -218,6 +218,8 @@ async fn scheduler(
         },
         llm_concurrency: tasks as usize,
         compile_workers: compile_slots as usize,
+        // The simulated executor has no reference data to prepare.
+        prepare_ahead: 0,
     };
     let (cpu0, _) = proc_usage();
     let started = Instant::now();

@@ -9,10 +9,17 @@ The one structural change is the reference cache: the reference runs once per (p
 trials, device, mode) per worker. For each trial we keep the inputs as the reference left them, its
 output, and the RNG state right after its forward; before a candidate's forward its process restores
 that RNG state, so the candidate sees exactly what it would have seen in KernelBench's interleaved order.
+
+Trials are built one at a time, on first use: by `prepare` ahead of any candidate (kb_prepare), or by a
+candidate's own check, which asks for trial k only after trial k - 1 passed, so a candidate that fails
+trial 1 costs one trial's inputs, not five. Every build runs inside `ProblemContext.building()`, which
+tells the orchestrator (through `ReferenceCache.on_reference`) that the time is the reference's, not the
+candidate's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import os
@@ -20,7 +27,8 @@ import platform
 import sys
 import time
 import traceback
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -344,9 +352,30 @@ class ProblemContext:
         self.host_bytes = 0
         self.device_cache = True
         self.build_seconds = 0.0
+        # The part of build_seconds spent on timing inputs (made when a candidate reaches timing).
+        self.timing_build_seconds = 0.0
+        # What was built, by kind ("inputs": get_inputs() calls, "trials", "timing_inputs",
+        # "timing_sets"): tests assert these counts, and prepare reports what it built.
+        self.counts: Counter[str] = Counter()
+        with self.building():
+            self._build(code)
+
+    @contextlib.contextmanager
+    def building(self, for_timing: bool = False) -> Iterator[None]:
+        """Reference work: its time is added to `build_seconds` (and `timing_build_seconds` when it
+        makes timing inputs; outermost level only) and reported to the orchestrator as the
+        reference's (see ReferenceCache.reference_work)."""
+        outermost = self.cache.depth == 0
         started = time.perf_counter()
-        self._build(code)
-        self.build_seconds += time.perf_counter() - started
+        with self.cache.reference_work():
+            try:
+                yield
+            finally:
+                if outermost:
+                    spent = time.perf_counter() - started
+                    self.build_seconds += spent
+                    if for_timing:
+                        self.timing_build_seconds += spent
 
     def _build(self, code: str) -> None:
         stage: Literal["load", "init"] = "load"
@@ -376,6 +405,7 @@ class ProblemContext:
         if raw is None:
             set_seed(seed)
             raw = self.problem.get_inputs()
+        self.counts["inputs"] += 1
         inputs = [prepare_value(x, self.device, self.dtype, self.cast_integers) for x in raw]
         if self.device.type == "cpu":
             # Candidate processes map CPU inputs from shared memory. Sending a tensor moves it there
@@ -391,14 +421,12 @@ class ProblemContext:
         count = kb_inputs.how_many_in_parallel(kb_inputs.planned_bytes(self.problem.get_inputs), len(seeds))
         if count == 0:
             return 0
-        started = time.perf_counter()
-        try:
-            self.pregenerated.update(kb_inputs.make_in_parallel(code, seeds[:count]))
-        except Exception as exc:  # noqa: BLE001 - the serial path reports the problem's own errors
-            print(f"krefine harness: parallel input generation failed, going serial: {exc!r}", file=sys.stderr)
-            return 0
-        finally:
-            self.build_seconds += time.perf_counter() - started
+        with self.building():
+            try:
+                self.pregenerated.update(kb_inputs.make_in_parallel(code, seeds[:count]))
+            except Exception as exc:  # noqa: BLE001 - the serial path reports the problem's own errors
+                print(f"krefine harness: parallel input generation failed, going serial: {exc!r}", file=sys.stderr)
+                return 0
         return count
 
     def _reference_forward_on(self, inputs: list[Any], seed: int) -> tuple[Any, RngState]:
@@ -429,13 +457,16 @@ class ProblemContext:
         entries = self.trials.setdefault(trials, [None] * trials)
         entry = entries[index]
         if entry is None:
-            started = time.perf_counter()
-            try:
+            with self.building():
                 entry = self._build_trial(seed, remaining=trials - index)
-            finally:
-                self.build_seconds += time.perf_counter() - started
+            self.counts["trials"] += 1
             entries[index] = entry
         return entry
+
+    def built_trials(self, trials: int) -> int:
+        """How many of the first trials are built (trial k is only ever built after trial k - 1)."""
+        entries = self.trials.get(trials, [])
+        return next((i for i, e in enumerate(entries) if e is None), len(entries))
 
     def _build_trial(self, seed: int, remaining: int) -> TrialEntry:
         try:
@@ -493,13 +524,12 @@ class ProblemContext:
     def _regenerate(self, entry: TrialEntry) -> None:
         """Rebuild a trial's inputs after a candidate wrote into them. For a reference that mutates its
         own inputs, its forward runs again so the inputs are as the candidate would find them."""
-        started = time.perf_counter()
-        entry.inputs = self._make_inputs(entry.seed)
-        if entry.ref_mutates_inputs:
-            self._reference_forward_on(entry.inputs, entry.seed)
-        entry.fingerprint = fingerprint(entry.inputs)
+        with self.building():
+            entry.inputs = self._make_inputs(entry.seed)
+            if entry.ref_mutates_inputs:
+                self._reference_forward_on(entry.inputs, entry.seed)
+            entry.fingerprint = fingerprint(entry.inputs)
         entry.dirty = False
-        self.build_seconds += time.perf_counter() - started
 
     def verify_trial(self, trials: int, index: int) -> bool:
         """After a candidate ran on trial `index`: are the cached inputs still pristine? A changed trial
@@ -527,9 +557,11 @@ class ProblemContext:
         if self.timing_inputs_cache is not None:
             self.device_bytes -= nbytes(self.timing_inputs_cache)
         self.timing_inputs_cache = None
-        inputs = self._make_inputs(self.seed)
-        self.timing_inputs_cache = inputs
-        self.timing_fingerprint = fingerprint(inputs)
+        with self.building(for_timing=True):
+            inputs = self._make_inputs(self.seed)
+            self.timing_inputs_cache = inputs
+            self.timing_fingerprint = fingerprint(inputs)
+        self.counts["timing_inputs"] += 1
         self.device_bytes += nbytes(inputs)
         return inputs
 
@@ -546,16 +578,16 @@ class ProblemContext:
         for seed in range(first_seed, first_seed + count):
             cached = self.strict_sets.get(seed)
             if cached is None:
-                started = time.perf_counter()
-                inputs = self.timing_inputs() if seed == self.seed else self._make_inputs(seed)
-                with torch.no_grad():
-                    output = self.ref_model(*clone_tensors(inputs))
-                synchronize(self.device)
+                with self.building(for_timing=True):
+                    inputs = self.timing_inputs() if seed == self.seed else self._make_inputs(seed)
+                    with torch.no_grad():
+                        output = self.ref_model(*clone_tensors(inputs))
+                    synchronize(self.device)
+                self.counts["timing_sets"] += 1
                 cached = (inputs, output)
                 if keep:
                     self.strict_sets[seed] = cached
                     self.device_bytes += nbytes(output) + (0 if seed == self.seed else nbytes(inputs))
-                self.build_seconds += time.perf_counter() - started
             sets.append(cached)
         return sets
 
@@ -578,6 +610,24 @@ class ReferenceCache:
         # Problems whose candidates ran out of memory next to cached device data: cached in RAM from
         # then on, so the device is the candidate's.
         self.off_device: set[tuple[Any, ...]] = set()
+        # Told True when reference work starts and False when it ends (outermost level only). The
+        # serve loop points it at a `progress` notice while it answers an evaluate, so that the
+        # orchestrator charges that time to eval.timeouts.reference_s, not to the candidate.
+        self.on_reference: Callable[[bool], None] | None = None
+        self.depth = 0
+
+    @contextlib.contextmanager
+    def reference_work(self) -> Iterator[None]:
+        """Mark a stretch of reference work (building trial data, timing the reference)."""
+        if self.depth == 0 and self.on_reference is not None:
+            self.on_reference(True)
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0 and self.on_reference is not None:
+                self.on_reference(False)
 
     @staticmethod
     def code_key(code: str) -> str:
