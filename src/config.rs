@@ -1191,6 +1191,25 @@ answers = "answers.jsonl"
         let text = "[dataset]\npath = \"x\"\n[model]\nprovider = \"scripted\"\n";
         let e = p(text, &[]).unwrap_err().to_string();
         assert!(e.contains("model.answers"), "{e}");
+        let e = p(MIN, &["resources.prepare_ahead=4"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("resources.prepare_ahead")
+                && e.contains("expected 0 to 3")
+                && e.contains("got 4"),
+            "{e}"
+        );
+        let c = p(MIN, &[]).unwrap().config;
+        assert_eq!(c.resources.prepare_ahead, 2);
+        assert_eq!(
+            p(MIN, &["resources.prepare_ahead=0"])
+                .unwrap()
+                .config
+                .resources
+                .prepare_ahead,
+            0
+        );
     }
 
     #[test]

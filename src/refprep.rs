@@ -79,7 +79,7 @@ impl PrepQueue {
     }
 
     /// The next problem to prepare, if one is coming and fewer than `ahead` are prepared and waiting.
-    pub fn next(&mut self) -> Option<ProblemKey> {
+    pub fn take(&mut self) -> Option<ProblemKey> {
         if self.active.len() >= self.ahead {
             return None;
         }
@@ -140,7 +140,7 @@ impl Preparer {
             let notified = self.wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(problem) = self.with(PrepQueue::next) {
+            if let Some(problem) = self.with(PrepQueue::take) {
                 return problem;
             }
             notified.await;
@@ -275,24 +275,24 @@ mod tests {
         for id in [3, 1, 3, 2] {
             q.coming(p(id));
         }
-        assert_eq!(q.next(), Some(p(3)));
-        assert_eq!(q.next(), Some(p(1)));
+        assert_eq!(q.take(), Some(p(3)));
+        assert_eq!(q.take(), Some(p(1)));
         assert_eq!(
-            q.next(),
+            q.take(),
             None,
             "two prepared and not arrived: the third waits"
         );
         // Problem 3 has two tasks coming: one arriving keeps it prepared and counted.
         q.arrived(p(3));
         assert!(q.wanted(p(3)));
-        assert_eq!(q.next(), None);
+        assert_eq!(q.take(), None);
         q.arrived(p(3));
         assert!(!q.wanted(p(3)));
-        assert_eq!(q.next(), Some(p(2)));
+        assert_eq!(q.take(), Some(p(2)));
         // A later turn of problem 3 wants it again (cheap when still cached on the worker).
         q.coming(p(3));
         q.arrived(p(1));
-        assert_eq!(q.next(), Some(p(3)));
+        assert_eq!(q.take(), Some(p(3)));
     }
 
     #[test]
@@ -300,13 +300,13 @@ mod tests {
         let mut q = PrepQueue::new(1);
         q.coming(p(1));
         q.coming(p(2));
-        assert_eq!(q.next(), Some(p(1)));
+        assert_eq!(q.take(), Some(p(1)));
         q.failed(p(1));
-        assert_eq!(q.next(), Some(p(2)));
+        assert_eq!(q.take(), Some(p(2)));
         q.arrived(p(1));
         q.coming(p(1));
         q.arrived(p(2));
-        assert_eq!(q.next(), None);
+        assert_eq!(q.take(), None);
     }
 
     #[test]
@@ -315,6 +315,6 @@ mod tests {
         q.arrived(p(9));
         q.coming(p(1));
         q.arrived(p(1));
-        assert_eq!(q.next(), None, "its only task arrived before it was taken");
+        assert_eq!(q.take(), None, "its only task arrived before it was taken");
     }
 }

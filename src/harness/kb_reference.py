@@ -27,6 +27,7 @@ import platform
 import sys
 import time
 import traceback
+import zlib
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -143,17 +144,27 @@ def move(value: Any, device: torch.device) -> Any:
 
 
 def tensor_checksum(tensor: torch.Tensor) -> int:
-    """A position-weighted sum of the tensor's bytes (as int32 words where possible).
+    """A checksum of the tensor's bytes that any single changed word changes.
 
-    Cheap on the device (no copy of the data, one sync), and any single changed word changes it: every
-    word is multiplied by an odd weight (a bijection modulo 2**32), and every chunk's sum by an odd
-    chunk factor (one modulo 2**64). Used to notice that a candidate wrote into cached inputs; it runs
-    after every trial, so for a 6 GB input it must cost milliseconds, not a tenth of a second.
+    Used to notice that a candidate wrote into cached inputs; it runs after every trial (and twice
+    when a trial is built), so it must cost milliseconds, not a second: on a device a position-
+    weighted sum computed there (no copy of the data, one sync, see `weighted_checksum`), in RAM a
+    CRC-32 of the bytes (10x faster there than the weighted sum: 0.1 s against 1 s for 200 MB on the
+    development machine).
     """
     flat = tensor.detach()
     if not flat.is_contiguous():
         flat = flat.contiguous()
     raw = flat.reshape(-1).view(torch.uint8)
+    if raw.device.type == "cpu":
+        return zlib.crc32(memoryview(raw.numpy()))
+    return weighted_checksum(raw)
+
+
+def weighted_checksum(raw: torch.Tensor) -> int:
+    """A position-weighted sum of a byte tensor (as int32 words where possible), on its device:
+    every word is multiplied by an odd weight (a bijection modulo 2**32), and every chunk's sum by an
+    odd chunk factor (one modulo 2**64)."""
     words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw.to(torch.int32)
     if words.numel() == 0:
         return 0

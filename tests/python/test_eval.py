@@ -716,6 +716,15 @@ def test_checksum_sees_one_changed_element() -> None:
     assert kb_eval.tensor_checksum(y) != kb_eval.tensor_checksum(z)
     odd = torch.ones(3, dtype=torch.uint8)  # byte count not a multiple of 4
     assert kb_eval.tensor_checksum(odd) != kb_eval.tensor_checksum(torch.zeros(3, dtype=torch.uint8))
+    # The device path (a weighted sum computed where the tensor lives), exercised here on the CPU.
+    weighted = kb_reference.weighted_checksum
+    as_bytes = lambda t: t.reshape(-1).view(torch.uint8)  # noqa: E731
+    assert weighted(as_bytes(y)) != weighted(as_bytes(z))
+    w = torch.rand(1000, 3)
+    before_w = weighted(as_bytes(w))
+    w[500, 1] += 1.0
+    assert weighted(as_bytes(w)) != before_w
+    assert weighted(odd) != weighted(torch.zeros(3, dtype=torch.uint8))
 
 
 def test_same_bytes_treats_nan_as_equal_to_itself() -> None:
