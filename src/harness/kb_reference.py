@@ -368,6 +368,9 @@ class ProblemContext:
         # What was built, by kind ("inputs": get_inputs() calls, "trials", "timing_inputs",
         # "timing_sets"): tests assert these counts, and prepare reports what it built.
         self.counts: Counter[str] = Counter()
+        # How long the reference's forward took in each trial built (kb_prepare estimates from it how
+        # long timing the reference would hold the device).
+        self.forward_seconds: list[float] = []
         with self.building():
             self._build(code)
 
@@ -483,7 +486,9 @@ class ProblemContext:
         try:
             inputs = self._make_inputs(seed)
             before = fingerprint(inputs)
+            started = time.perf_counter()
             output, rng = self._reference_forward_on(inputs, seed)
+            self.forward_seconds.append(time.perf_counter() - started)
         except CANDIDATE_ERRORS as exc:
             return TrialEntry(seed, "device", error=CapturedError(exc, traceback.format_exc(), "forward"))
         after = fingerprint(inputs)

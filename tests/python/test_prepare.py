@@ -257,3 +257,23 @@ def test_evaluate_announces_reference_work_with_progress_notices(cpu_worker: Wor
     second = cpu_worker.request(evaluate_request(902, problem, CORRECT, work / "build" / "progress2", trials=5))
     assert second["status"] == "correct" and second["ref_runtime_source"] == "cached"
     assert cpu_worker.progress[seen:] == []
+
+
+def test_a_long_reference_timing_is_left_to_the_first_correct_candidate(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background step cannot be interrupted: timing a reference whose forwards say it would hold the
+    device too long is not one of them; the first correct candidate's evaluation times it."""
+    monkeypatch.setattr(kb_prepare, "BACKGROUND_TIMING_MAX_S", 0.0)
+    for _ in range(6):
+        harness.prepare(steps=1)
+    ctx = harness.context()
+    assert ctx.timing_inputs_cache is not None and len(ctx.forward_seconds) == 5
+    r = harness.prepare(steps=1)
+    assert (r["built"], r["done"], r["next"]) == ([], True, None)
+    assert _calls(ctx) == 5
+    # A preparation asked for everything at once still times it.
+    full = Harness(harness.root / "full")
+    assert full.prepare()["built"][-1] == "reference timing"
+    r = harness.evaluate(CORRECT, timing_trials=5)
+    assert r["status"] == "correct" and r["ref_runtime_source"] == "measured"
