@@ -386,6 +386,11 @@ pub struct ResourcesSection {
     /// this run.
     #[serde(default = "default_drain_after")]
     pub drain_after: u32,
+    /// Problems whose reference data (trial inputs and outputs, timing inputs, reference timing) is
+    /// prepared ahead of their first candidate, while its answer is generated and compiled
+    /// (`crate::refprep`); 0 turns it off. At most `refprep::MAX_AHEAD`.
+    #[serde(default = "default_prepare_ahead")]
+    pub prepare_ahead: u32,
 }
 
 fn default_loss_retries() -> u32 {
@@ -397,6 +402,9 @@ fn default_drain_after() -> u32 {
 
 fn default_llm_concurrency() -> u32 {
     16
+}
+fn default_prepare_ahead() -> u32 {
+    2
 }
 fn default_compile_workers() -> u32 {
     std::thread::available_parallelism()
@@ -419,6 +427,7 @@ impl Default for ResourcesSection {
             ssh: SshSection::default(),
             loss_retries: default_loss_retries(),
             drain_after: default_drain_after(),
+            prepare_ahead: default_prepare_ahead(),
         }
     }
 }
@@ -957,6 +966,18 @@ fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
     if c.resources.llm_concurrency == 0 {
         return Err(invalid("resources.llm_concurrency", "expected at least 1"));
     }
+    if c.resources.prepare_ahead > crate::refprep::MAX_AHEAD {
+        return Err(invalid(
+            "resources.prepare_ahead",
+            &format!(
+                "expected 0 to {} (a worker keeps the reference data of {} problems; more prepared \
+                 ahead would evict each other before their candidates arrive), got {}",
+                crate::refprep::MAX_AHEAD,
+                crate::refprep::MAX_AHEAD + 1,
+                c.resources.prepare_ahead
+            ),
+        ));
+    }
     if c.resources.compile_workers == 0 {
         return Err(invalid("resources.compile_workers", "expected at least 1"));
     }
@@ -1209,6 +1230,25 @@ answers = "answers.jsonl"
         let text = "[dataset]\npath = \"x\"\n[model]\nprovider = \"scripted\"\n";
         let e = p(text, &[]).unwrap_err().to_string();
         assert!(e.contains("model.answers"), "{e}");
+        let e = p(MIN, &["resources.prepare_ahead=4"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("resources.prepare_ahead")
+                && e.contains("expected 0 to 3")
+                && e.contains("got 4"),
+            "{e}"
+        );
+        let c = p(MIN, &[]).unwrap().config;
+        assert_eq!(c.resources.prepare_ahead, 2);
+        assert_eq!(
+            p(MIN, &["resources.prepare_ahead=0"])
+                .unwrap()
+                .config
+                .resources
+                .prepare_ahead,
+            0
+        );
     }
 
     #[test]

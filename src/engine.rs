@@ -5,6 +5,9 @@
 //! log, and only then feeds it to the machine. Resume is the same loop started from a folded log, so a
 //! completed turn is never redone and a logged LLM answer is never requested again.
 //!
+//! Reference data is prepared ahead of candidates by one background loop (`crate::refprep`): a
+//! problem is wanted from the moment one of its tasks starts generating until that task executes.
+//!
 //! An outage is not a verdict: when the LLM endpoint does not answer within its retries
 //! (`LlmError::Unavailable`) or the worker machinery cannot serve a step (`services::Unavailable`),
 //! the driver logs an informational `Deferred` event and stops that task where it is. The machine
@@ -22,6 +25,7 @@ use crate::gpu::{DeviceInfo, DevicePool};
 use crate::llm::extract::extract_code;
 use crate::machine::{MachineError, TaskRunner, TaskSpec};
 use crate::prompt::{PromptSettings, Prompts};
+use crate::refprep::{self, PrepServices, Preparer};
 use crate::services::{
     BuildPause, CompileJob, Compiler, DeviceId, EventSink, ExecJob, Executor, Llm, LlmError,
     SINK_CAPACITY, Unavailable,
@@ -90,6 +94,9 @@ pub struct EngineParts {
     pub prompt_settings: PromptSettings,
     pub llm_concurrency: usize,
     pub compile_workers: usize,
+    /// Problems whose reference data is prepared ahead of their candidates at once
+    /// (`resources.prepare_ahead`; 0: none, candidates build what they need themselves).
+    pub prepare_ahead: usize,
 }
 
 /// How a run ended.
@@ -160,6 +167,8 @@ struct Shared {
     compile_gate: Semaphore,
     compile_slots: u32,
     devices: DevicePool,
+    /// Reference preparation ahead of candidates (`None`: off, or the executor needs none).
+    prep: Option<Arc<Preparer>>,
     cancel: CancellationToken,
     /// Set when no new LLM request may start (budget exhausted, fatal provider error).
     llm_stopped: AtomicBool,
@@ -253,6 +262,8 @@ impl Engine {
         } else {
             parts.devices
         };
+        let prep = (parts.prepare_ahead > 0 && parts.executor.prepares_reference())
+            .then(|| Arc::new(Preparer::new(parts.prepare_ahead)));
         let shared = Arc::new(Shared {
             dir,
             log: Mutex::new(log),
@@ -268,6 +279,7 @@ impl Engine {
             compile_gate: Semaphore::new(parts.compile_workers.max(1)),
             compile_slots: parts.compile_workers.max(1) as u32,
             devices: DevicePool::new(devices),
+            prep,
             cancel,
             llm_stopped: AtomicBool::new(false),
             stop_reason: std::sync::Mutex::new(None),
@@ -359,6 +371,22 @@ impl Engine {
             }
         });
 
+        // Reference data for the problems whose answers are being generated, while they are.
+        let prep_stop = CancellationToken::new();
+        let prep_task = shared.prep.clone().map(|prep| {
+            let (shared, stop) = (shared.clone(), prep_stop.clone());
+            tokio::spawn(async move {
+                let services = PrepServices {
+                    devices: &shared.devices,
+                    executor: &*shared.executor,
+                    compiler: &*shared.compiler,
+                    problems: &shared.problems,
+                    sink: &shared.sink,
+                };
+                refprep::run(&prep, services, &stop).await;
+            })
+        });
+
         let total = runners.len();
         let mut handles = Vec::new();
         for (runner, pending) in runners {
@@ -409,6 +437,11 @@ impl Engine {
         } else {
             None
         };
+        // A step still in flight is dropped (its worker goes with the pool's shutdown).
+        prep_stop.cancel();
+        if let Some(t) = prep_task {
+            let _ = t.await;
+        }
         // Services' last informational events land before the closing record.
         drain.cancel();
         let _ = info_task.await;
@@ -462,20 +495,29 @@ async fn drive(
     mut cmd: Command,
 ) -> Result<(), EngineError> {
     let task = runner.spec().id;
+    let mut interest = Interest {
+        prep: shared.prep.as_deref(),
+        problem: task.problem,
+        on: false,
+    };
     loop {
         let (turn, step) = match cmd {
             Command::Finish => {
                 shared.finished.fetch_add(1, Ordering::SeqCst);
                 return Ok(());
             }
-            Command::CallLlm { turn, context } => {
-                (turn, generate(&shared, task, turn, &context).await?)
-            }
-            Command::Compile { turn, code } => (turn, compile(&shared, task, turn, code).await),
-            Command::Execute { turn, code } => (
+            Command::CallLlm { turn, context } => (
                 turn,
-                on_device(&shared, &runner, task, turn, code, false).await?,
+                generate(&shared, task, turn, &context, &mut interest).await?,
             ),
+            Command::Compile { turn, code } => (turn, compile(&shared, task, turn, code).await),
+            Command::Execute { turn, code } => {
+                interest.end();
+                (
+                    turn,
+                    on_device(&shared, &runner, task, turn, code, false).await?,
+                )
+            }
             Command::Profile { turn, code } => (
                 turn,
                 on_device(&shared, &runner, task, turn, code, true).await?,
@@ -521,12 +563,43 @@ async fn drive(
     }
 }
 
+/// A task's claim on its problem's reference data: on from the start of its LLM request until its
+/// execute (or until the driver stops), so that the data is prepared meanwhile (`crate::refprep`).
+struct Interest<'a> {
+    prep: Option<&'a Preparer>,
+    problem: ProblemKey,
+    on: bool,
+}
+
+impl Interest<'_> {
+    fn start(&mut self) {
+        if let (false, Some(prep)) = (self.on, self.prep) {
+            prep.coming(self.problem);
+            self.on = true;
+        }
+    }
+
+    fn end(&mut self) {
+        if let (true, Some(prep)) = (self.on, self.prep) {
+            prep.arrived(self.problem);
+        }
+        self.on = false;
+    }
+}
+
+impl Drop for Interest<'_> {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
 /// Generate: render the prompt, ask the LLM (behind its gate), extract and store the code.
 async fn generate(
     shared: &Shared,
     task: TaskId,
     turn: u32,
     context: &PromptContext,
+    interest: &mut Interest<'_>,
 ) -> Result<Step, EngineError> {
     if shared.llm_stopped.load(Ordering::SeqCst) {
         return Ok(Step::Halt);
@@ -554,6 +627,8 @@ async fn generate(
         if shared.llm_stopped.load(Ordering::SeqCst) {
             return None;
         }
+        // The answer is on its way: prepare its problem's reference data meanwhile.
+        interest.start();
         // Appended directly (not through the sink) so it always precedes the answer in the log.
         let started = Event::LlmStarted { turn, prompt_file };
         if let Err(e) = shared.append(Some(task), started).await {

@@ -3,12 +3,14 @@
 //!
 //! A lease is held only for execute and profile, so a device times one candidate at a time. Waiting
 //! tasks are served in arrival order across all devices: a global fair semaphore admits them, then
-//! each takes whichever device is free.
+//! each takes whichever device is free. Preparing reference data ahead of candidates
+//! (`crate::refprep`) takes a lease only when no candidate waits for one ([`DevicePool::acquire_idle`]).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::DeviceSelection;
 use crate::services::DeviceId;
@@ -187,7 +189,11 @@ pub struct DevicePool {
     admission: Arc<Semaphore>,
     devices: Vec<(DeviceInfo, Arc<Semaphore>)>,
     /// Devices not retired; at 0 the admission gate closes and `acquire` says `None`.
-    live: Arc<std::sync::atomic::AtomicUsize>,
+    live: Arc<AtomicUsize>,
+    /// Leases asked for with [`DevicePool::acquire`] and not granted yet.
+    waiting: Arc<AtomicUsize>,
+    /// Told whenever a lease ends, so that [`DevicePool::acquire_idle`] looks again.
+    released: Arc<Notify>,
 }
 
 /// An exclusive hold on one device; released on drop.
@@ -197,14 +203,15 @@ pub struct Lease {
     device_permit: OwnedSemaphorePermit,
     admission_permit: OwnedSemaphorePermit,
     admission: Arc<Semaphore>,
-    live: Arc<std::sync::atomic::AtomicUsize>,
+    live: Arc<AtomicUsize>,
+    // Last, so it is dropped (and tells idle-only takers) after the permits are back.
+    _released: ReleaseNotice,
 }
 
 impl Lease {
     /// Take the device out of the pool for good (its worker's host was drained): its permits are
     /// never returned, so no later lease names it. The last device retired closes the pool.
     pub fn retire(self) {
-        use std::sync::atomic::Ordering;
         self.device_permit.forget();
         self.admission_permit.forget();
         if self.live.fetch_sub(1, Ordering::SeqCst) <= 1 {
@@ -213,15 +220,98 @@ impl Lease {
     }
 }
 
+/// Tells idle-only takers that a lease ended (dropped after the permits, being the last field).
+struct ReleaseNotice(Arc<Notify>);
+
+impl Drop for ReleaseNotice {
+    fn drop(&mut self) {
+        self.0.notify_waiters();
+    }
+}
+
+/// Counts a waiting [`DevicePool::acquire`] (also when its future is dropped while it waits).
+struct Waiting(Arc<AtomicUsize>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How often an idle-only taker looks again without being told (a backstop for missed notices).
+const IDLE_POLL: Duration = Duration::from_millis(100);
+
 impl DevicePool {
     pub fn new(devices: Vec<DeviceInfo>) -> Self {
         DevicePool {
             admission: Arc::new(Semaphore::new(devices.len())),
-            live: Arc::new(std::sync::atomic::AtomicUsize::new(devices.len())),
+            live: Arc::new(AtomicUsize::new(devices.len())),
             devices: devices
                 .into_iter()
                 .map(|d| (d, Arc::new(Semaphore::new(1))))
                 .collect(),
+            waiting: Arc::new(AtomicUsize::new(0)),
+            released: Arc::new(Notify::new()),
+        }
+    }
+
+    fn lease(
+        &self,
+        info: &DeviceInfo,
+        waited_ms: u64,
+        device_permit: OwnedSemaphorePermit,
+        admission_permit: OwnedSemaphorePermit,
+    ) -> Lease {
+        Lease {
+            device: info.clone(),
+            waited_ms,
+            device_permit,
+            admission_permit,
+            admission: self.admission.clone(),
+            live: self.live.clone(),
+            _released: ReleaseNotice(self.released.clone()),
+        }
+    }
+
+    /// A lease on a free device (`want`, or any) if no [`DevicePool::acquire`] is waiting; never
+    /// waits.
+    pub fn try_acquire_idle(&self, want: Option<&DeviceId>) -> Option<Lease> {
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        // A fair semaphore hands released permits to its waiters first, so this never jumps a queue.
+        let admission = self.admission.clone().try_acquire_owned().ok()?;
+        for (info, sem) in &self.devices {
+            if want.is_some_and(|w| *w != info.id) {
+                continue;
+            }
+            if let Ok(p) = sem.clone().try_acquire_owned() {
+                return Some(self.lease(info, 0, p, admission));
+            }
+        }
+        None
+    }
+
+    /// Wait until a device (`want`, or any) is free while no candidate waits for one, and lease it:
+    /// work that must never delay a candidate (preparing reference data ahead of time). `None`
+    /// once every device was retired.
+    pub async fn acquire_idle(&self, want: Option<&DeviceId>) -> Option<Lease> {
+        let start = Instant::now();
+        loop {
+            if self.admission.is_closed() {
+                return None;
+            }
+            let notified = self.released.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(mut lease) = self.try_acquire_idle(want) {
+                lease.waited_ms = start.elapsed().as_millis() as u64;
+                return Some(lease);
+            }
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep(IDLE_POLL) => {}
+            }
         }
     }
 
@@ -232,18 +322,14 @@ impl DevicePool {
     /// Wait (FIFO) for any free device; `None` once every device was retired.
     pub async fn acquire(&self) -> Option<Lease> {
         let start = Instant::now();
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let waiting = Waiting(self.waiting.clone());
         let admission = self.admission.clone().acquire_owned().await.ok()?;
         // Holding an admission permit guarantees one device semaphore is free.
         for (info, sem) in &self.devices {
             if let Ok(p) = sem.clone().try_acquire_owned() {
-                return Some(Lease {
-                    device: info.clone(),
-                    waited_ms: start.elapsed().as_millis() as u64,
-                    device_permit: p,
-                    admission_permit: admission,
-                    admission: self.admission.clone(),
-                    live: self.live.clone(),
-                });
+                drop(waiting);
+                return Some(self.lease(info, start.elapsed().as_millis() as u64, p, admission));
             }
         }
         // Only reachable if permits were miscounted; say "no device" rather than panic.
@@ -336,6 +422,48 @@ mod tests {
             h.await.unwrap();
         }
         assert_eq!(*order.lock().unwrap(), vec![0, 1, 2]);
+    }
+
+    #[tokio::test]
+    async fn idle_leases_never_jump_a_waiting_candidate() {
+        let pool = Arc::new(DevicePool::new(vec![gpu(0, (9, 0)), gpu(1, (9, 0))]));
+        let idle = pool.try_acquire_idle(None).expect("both devices are free");
+        assert_eq!(idle.device.id, DeviceId::Gpu(0));
+        // A specific device: GPU 0 is taken, GPU 1 is free.
+        assert!(pool.try_acquire_idle(Some(&DeviceId::Gpu(0))).is_none());
+        let second = pool
+            .try_acquire_idle(Some(&DeviceId::Gpu(1)))
+            .expect("GPU 1 is free");
+        // A candidate now waits for a device: idle takers stand back even once one is free.
+        let waiter = {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.acquire().await.expect("a device").device.id })
+        };
+        while pool.waiting.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        drop(second);
+        assert_eq!(waiter.await.unwrap(), DeviceId::Gpu(1));
+        assert_eq!(pool.waiting.load(Ordering::SeqCst), 0);
+        drop(idle);
+        let again = tokio::time::timeout(Duration::from_secs(5), pool.acquire_idle(None))
+            .await
+            .expect("a free device is leased to an idle taker");
+        assert_eq!(again.expect("a device").device.id, DeviceId::Gpu(0));
+    }
+
+    #[tokio::test]
+    async fn an_idle_taker_waits_for_the_lease_to_end() {
+        let pool = Arc::new(DevicePool::new(vec![gpu(0, (9, 0))]));
+        let held = pool.acquire().await;
+        let taker = {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.acquire_idle(None).await.expect("a device").device.id })
+        };
+        tokio::task::yield_now().await;
+        assert!(!taker.is_finished());
+        drop(held);
+        assert_eq!(taker.await.unwrap(), DeviceId::Gpu(0));
     }
 
     #[tokio::test]

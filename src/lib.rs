@@ -8,6 +8,7 @@
 //! - [`checks`]: static checks on a candidate's source before it is compiled (KernelBench parity).
 //! - [`engine`]: the async shell that runs machines, performs commands through services and gates.
 //! - [`gpu`]: device discovery (cudarc) and FIFO device leases.
+//! - [`refprep`]: preparing problems' reference data while their answers are generated.
 //! - [`store`]: run directories and the append-only event log.
 //! - [`lock`]: advisory file locks between processes (a run directory, a build directory).
 //! - [`services`]: the `Llm`, `Compiler` and `Executor` traits.
@@ -40,6 +41,7 @@ pub mod metrics;
 pub mod progress;
 pub mod prompt;
 pub mod provenance;
+pub mod refprep;
 pub mod report;
 pub mod services;
 pub mod sim;

@@ -10,7 +10,8 @@ use async_trait::async_trait;
 use tokio::sync::mpsc;
 
 use crate::types::{
-    CompileOutcome, Event, ExecOutcome, LlmAnswer, LlmRequest, Problem, ProfileOutcome, TaskId,
+    CompileOutcome, Event, ExecOutcome, LlmAnswer, LlmRequest, PrepareOutcome, PrepareStatus,
+    Problem, ProfileOutcome, TaskId,
 };
 
 /// Room in the informational-event channel. Bounded so that a flood (a fast token stream while the
@@ -153,5 +154,31 @@ pub trait Executor: Send + Sync {
     /// then retires the device and runs the step on another one.
     fn retired(&self, _device: &DeviceId) -> bool {
         false
+    }
+
+    /// Whether [`Executor::prepare_reference`] does anything (the engine then prepares reference
+    /// data ahead of candidates, see `crate::refprep`).
+    fn prepares_reference(&self) -> bool {
+        false
+    }
+
+    /// One step of building `problem`'s reference data on `device`, which the caller holds a lease
+    /// for: the next correctness trial, the timing inputs or the reference timing. `quiet`: nothing
+    /// else runs on the cores (the CPU device's builds are paused), so the reference may be timed.
+    async fn prepare_reference(
+        &self,
+        _problem: Arc<Problem>,
+        _device: &DeviceId,
+        _quiet: bool,
+    ) -> Result<PrepareOutcome, Unavailable> {
+        Ok(PrepareOutcome {
+            status: PrepareStatus::Ready,
+            built: Vec::new(),
+            trials_ready: 0,
+            done: true,
+            next: None,
+            duration_ms: 0,
+            error: None,
+        })
     }
 }

@@ -596,6 +596,57 @@ pub struct ProfileOutcome {
     pub worker_losses: Vec<WorkerLoss>,
 }
 
+/// One step of preparing a problem's reference data ahead of its candidates, in the order a candidate
+/// needs them (see `src/refprep.rs` and the harness's `kb_prepare.py`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrepareStep {
+    /// The next correctness trial: its inputs, the reference forward, its place in the cache.
+    Trial,
+    /// The seeded inputs every timed call uses.
+    TimingInputs,
+    /// Timing the reference (needs quiet cores on the CPU device).
+    ReferenceTiming,
+}
+
+/// How a preparation step went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrepareStatus {
+    /// Built (or found cached).
+    Ready,
+    /// The reference itself failed (its load, construction or forward): a candidate's evaluation
+    /// reports it in full; nothing more is prepared.
+    ReferenceError,
+    /// The step failed for reasons outside the reference's code (timeout, a crashed worker); the
+    /// worker was replaced, and the problem is left to its candidates' own evaluations.
+    Failed,
+}
+
+/// What one preparation step did (the executor's answer; logged as [`Event::ReferencePrepared`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PrepareOutcome {
+    pub status: PrepareStatus,
+    /// What this step built (`trial 3`, `timing inputs`, `reference timing`); empty when everything
+    /// was cached already.
+    #[serde(default)]
+    pub built: Vec<String>,
+    /// Correctness trials ready on the worker after the step.
+    #[serde(default)]
+    pub trials_ready: u32,
+    /// Nothing is left to prepare.
+    pub done: bool,
+    /// What the next step would build (`None` when done).
+    #[serde(default)]
+    pub next: Option<PrepareStep>,
+    /// The worker's own time for the step, in milliseconds.
+    #[serde(default)]
+    pub duration_ms: u64,
+    /// Why it failed (`ReferenceError`, `Failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Events and commands
 
@@ -727,6 +778,15 @@ pub enum Event {
         busy_ms: u64,
         turn: u32,
     },
+    /// One step of a problem's reference data was prepared ahead of its candidates, on `device`,
+    /// which the preparation held for `held_ms` (run-level: no task; informational). Taken only while
+    /// no candidate waited for the device, so it never delays a timing.
+    ReferencePrepared {
+        problem: ProblemKey,
+        device: String,
+        held_ms: u64,
+        outcome: PrepareOutcome,
+    },
 }
 
 impl Event {
@@ -764,6 +824,7 @@ impl Event {
             Event::Deferred { .. } => "deferred",
             Event::LeaseGranted { .. } => "lease_granted",
             Event::LeaseReleased { .. } => "lease_released",
+            Event::ReferencePrepared { .. } => "reference_prepared",
         }
     }
 }

@@ -170,6 +170,8 @@ pub struct DeviceView {
     pub leases: u64,
     pub held_ms: u64,
     pub busy_ms: u64,
+    /// Time the device was held to prepare reference data ahead of candidates (not in `held_ms`).
+    pub prepare_ms: u64,
 }
 
 /// The state of a run after the records applied so far.
@@ -364,6 +366,11 @@ impl RunView {
                 d.held_ms += held_ms;
                 d.busy_ms += busy_ms;
                 d.holder = None;
+            }
+            Event::ReferencePrepared {
+                device, held_ms, ..
+            } => {
+                self.devices.entry(device.clone()).or_default().prepare_ms += held_ms;
             }
             Event::LlmAnswered { .. }
             | Event::LlmFailed { .. }

@@ -187,6 +187,8 @@ async fn run_in(
         prompt_settings: PromptSettings::default(),
         llm_concurrency,
         compile_workers,
+        // These services prepare no reference data (`Executor::prepares_reference` is false).
+        prepare_ahead: 2,
     };
     let engine = Engine::prepare(plan, parts, dir, prior, false, CancellationToken::new())
         .await

@@ -72,6 +72,12 @@ for line in sys.stdin:
         send({"id": req["id"], "ok": True, "kind": "shutdown"})
         os._exit(0)
     src = req.get("source") or req.get("candidate", {}).get("source", "")
+    code = req.get("problem", {}).get("code", "")
+    if op == "evaluate" and "FAKE:slow_reference=" in code:
+        # Reference work during an evaluate, announced as the real harness does.
+        send({"id": req["id"], "ok": True, "kind": "progress", "reference": "start"})
+        time.sleep(float(code.split("FAKE:slow_reference=")[1].split()[0]))
+        send({"id": req["id"], "ok": True, "kind": "progress", "reference": "end"})
     if "FAKE:hang" in src:
         time.sleep(3600)
     if "FAKE:flood" in src:
@@ -102,11 +108,11 @@ for line in sys.stdin:
             resp = {"id": rid, "ok": True, "kind": "shutdown"}
         send(resp)
     elif op == "prepare":
-        code = req["problem"]["code"]
         if "FAKE:slow_reference=" in code:
             time.sleep(float(code.split("FAKE:slow_reference=")[1].split()[0]))
         send({"id": rid, "ok": True, "kind": "prepare", "status": "ready", "seconds": 0.0,
-              "tiers": [], "device_bytes": 0, "host_bytes": 0, "parallel_inputs": 0, "feedback": ""})
+              "tiers": [], "device_bytes": 0, "host_bytes": 0, "parallel_inputs": 0, "feedback": "",
+              "done": True, "next": None, "trials_ready": 5, "built": ["trial 1"]})
     elif op == "profile":
         send({"id": rid, "ok": True, "kind": "profile", "status": "ok", "table": "fake table",
               "ncu": None, "note": None, "duration_s": 0.01, "sticky": False})
@@ -327,9 +333,9 @@ async fn hang_times_out_with_kernelbench_metadata() {
     );
     assert!(!e.compiled);
     assert!(e.wall_ms >= 2000);
-    // The wall time is explained: the part spent preparing the reference is given with a failure too.
+    // The wall time is explained: the part spent on the reference is given with a failure too.
     assert!(
-        e.phases.get("prepare_s").is_some_and(|v| v.is_f64()),
+        e.phases.get("reference_s").is_some_and(|v| v.is_f64()),
         "{:?}",
         e.phases
     );
@@ -347,20 +353,67 @@ fn slow_reference_job(seconds: f64) -> krefine::services::ExecJob {
 
 #[tokio::test]
 async fn building_the_reference_is_not_charged_to_the_candidate() {
-    // A reference that takes longer to prepare than a candidate may take (execute_s = 2).
+    // Reference work announced during the evaluate takes longer than a candidate may take
+    // (execute_s = 2): it runs on the reference's allowance instead.
     let (_tmp, pool) = fake_pool("ok").await;
     let e = pool
         .execute(slow_reference_job(3.0), &DeviceId::Cpu)
         .await
         .unwrap();
     assert_eq!(e.verdict, Verdict::Correct, "{e:#?}");
-    let prepare_s = e.phases.get("prepare_s").and_then(|v| v.as_f64());
-    assert!(prepare_s.is_some_and(|s| s >= 3.0), "{:?}", e.phases);
     assert!(
         e.wall_ms >= 3000,
         "wall covers the whole request: {}",
         e.wall_ms
     );
+}
+
+#[tokio::test]
+async fn a_candidate_still_gets_only_its_own_time_after_reference_work() {
+    // Reference work first (not charged), then a hanging candidate: killed at execute_s as usual.
+    let (_tmp, pool) = fake_pool("ok").await;
+    let mut job = slow_reference_job(1.0);
+    job.code = "FAKE:hang".into();
+    let e = pool.execute(job, &DeviceId::Cpu).await.unwrap();
+    assert_eq!(e.verdict, Verdict::Timeout, "{e:#?}");
+    assert_eq!(e.feedback, "evaluation exceeded 2 s; the worker was killed");
+    assert!(
+        e.phases.get("reference_s").is_some_and(|v| v.is_f64()),
+        "{:?}",
+        e.phases
+    );
+    healthy(&pool).await;
+}
+
+#[tokio::test]
+async fn a_prepare_step_reports_what_it_built() {
+    let (_tmp, pool) = fake_pool("ok").await;
+    assert!(pool.prepares_reference());
+    let o = pool
+        .prepare_reference(problem_add(), &DeviceId::Cpu, true)
+        .await
+        .unwrap();
+    assert_eq!(o.status, krefine::types::PrepareStatus::Ready, "{o:#?}");
+    assert_eq!(
+        (o.built, o.trials_ready, o.done),
+        (vec!["trial 1".to_string()], 5, true)
+    );
+    // A step that times out is a failed step (the worker is replaced), not an outage.
+    let (_tmp, mut s) = fake_setup("ok").await;
+    s.timeouts.reference_s = 1.0;
+    let pool = WorkerPool::start(s).await.expect("pool");
+    let o = pool
+        .prepare_reference(slow_reference_job(60.0).problem, &DeviceId::Cpu, true)
+        .await
+        .unwrap();
+    assert_eq!(o.status, krefine::types::PrepareStatus::Failed, "{o:#?}");
+    assert!(
+        o.error
+            .as_deref()
+            .is_some_and(|e| e.contains("eval.timeouts.reference_s")),
+        "{o:#?}"
+    );
+    healthy(&pool).await;
 }
 
 #[tokio::test]
@@ -642,6 +695,7 @@ async fn a_hung_build_does_not_hold_cpu_timing_back() {
         prompt_settings: krefine::prompt::PromptSettings::default(),
         llm_concurrency: 2,
         compile_workers: 2,
+        prepare_ahead: 0,
     };
     let dir = krefine::store::RunDir::create(&tmp.path().join("run"), "").unwrap();
     let cancel = tokio_util::sync::CancellationToken::new();

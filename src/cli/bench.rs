@@ -1,6 +1,8 @@
 //! `krefine bench scheduler`: the engine against simulated services, time scaled down, to measure how
 //! close the schedule comes to its lower bound and what the orchestrator itself costs.
 //! `krefine bench compile` (in `bench_compile`): plain and fast builds of real candidates side by side.
+//! `krefine bench reference` (in `bench_reference`): a problem's first candidate from compiled to
+//! verdict, with and without its reference data prepared ahead, against KernelBench's own order.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -75,6 +77,36 @@ pub enum BenchCmd {
         #[arg(long)]
         work_dir: Option<PathBuf>,
     },
+    /// Reference benchmark: each candidate's time from compiled to verdict on a cold reference, the way
+    /// krefine did before (prepare everything, then evaluate), without and with preparation ahead, and
+    /// as a later candidate, next to KernelBench's own order in a fresh process.
+    Reference {
+        /// The problem (a KernelBench-format `.py`).
+        problem: PathBuf,
+        /// Candidate files (`.py` with `ModelNew`).
+        #[arg(required = true)]
+        candidates: Vec<PathBuf>,
+        /// The Python with torch (default: the first python3/python on PATH that imports torch).
+        #[arg(long)]
+        python: Option<PathBuf>,
+        /// `cpu` or a GPU index.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        /// Seconds from the start of preparation to the candidate's compile finishing (its answer
+        /// generated and compiled meanwhile).
+        #[arg(long, default_value_t = 60.0)]
+        head_start_s: f64,
+        #[arg(long, default_value_t = 100)]
+        timing_trials: u32,
+        #[arg(long, default_value_t = 3)]
+        warmup: u32,
+        /// Rounds per candidate; the table shows the medians.
+        #[arg(long, default_value_t = 1)]
+        repeat: u32,
+        /// Work here and keep it (default: a temporary folder, removed afterwards).
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+    },
     /// Terminal UI benchmark: fold a synthetic run's log, then draw frames of it in memory.
     Tui {
         #[arg(long, default_value_t = 250)]
@@ -115,6 +147,31 @@ pub fn bench(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
                 arch,
                 jobs,
                 compare_code,
+                work_dir,
+            })?;
+            super::print_out(&out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCmd::Reference {
+            problem,
+            candidates,
+            python,
+            device,
+            head_start_s,
+            timing_trials,
+            warmup,
+            repeat,
+            work_dir,
+        } => {
+            let out = super::bench_reference::run(super::bench_reference::ReferenceBench {
+                problem,
+                candidates,
+                python,
+                device,
+                head_start_s,
+                timing_trials,
+                warmup,
+                repeat,
                 work_dir,
             })?;
             super::print_out(&out)?;
@@ -245,6 +302,8 @@ async fn scheduler(
         },
         llm_concurrency: tasks as usize,
         compile_workers: compile_slots as usize,
+        // The simulated executor has no reference data to prepare.
+        prepare_ahead: 0,
     };
     let (cpu0, _) = proc_usage();
     let started = Instant::now();

@@ -341,6 +341,7 @@ async fn drive_engine(
         prompt_settings,
         llm_concurrency: cfg.resources.llm_concurrency as usize,
         compile_workers: cfg.resources.compile_workers as usize,
+        prepare_ahead: cfg.resources.prepare_ahead as usize,
     };
     let total_turns = plan.problems.len() as u64 * plan.samples as u64 * plan.turns as u64;
     // What the log held before this process continued it: the displays start from there.

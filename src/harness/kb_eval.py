@@ -1,4 +1,4 @@
-"""`op: evaluate` and `op: prepare`: the worker's side of checking and timing one candidate.
+"""`op: evaluate`: the worker's side of checking and timing one candidate (`op: prepare` is kb_prepare).
 
 The persistent worker holds what is expensive and trusted: torch, the device context, the reference
 data (kb_reference) and the reference's timing. Each candidate runs in its own pre-warmed single-use
@@ -73,7 +73,6 @@ __all__ = [
     "is_out_of_memory",
     "load_problem",
     "poison_free_memory",
-    "prepare",
     "prepare_value",
     "release_memory",
     "same_bytes",
@@ -253,65 +252,6 @@ def evaluate(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     return _response(request, verdict, env)
 
 
-def prepare(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
-    """`op: prepare`: build everything about the reference that evaluate would build on first use
-    (model, every trial's inputs and output, the timing inputs, the reference timing) so that its cost,
-    which can be a minute of CPU work for KernelBench's largest inputs, is not charged to a candidate's
-    timeout. Cheap when it is all cached already. Also starts the warm candidate processes."""
-    device = select_device(request)
-    worker.warm_spares(request["device"])
-    precision, mode, seed = request["precision"], request["mode"], request["seed"]
-    started = time.perf_counter()
-    status, feedback = "ready", ""
-    with precision_policy(mode, precision):
-        ctx = worker.references.context(
-            request["problem"]["code"], device, precision, mode, seed, cast_integers_of(request)
-        )
-        error = ctx.error
-        parallel = 0
-        if error is None:
-            trials = request["correct_trials"]
-            parallel = ctx.pregenerate(request["problem"]["code"], _unbuilt_seeds(ctx, request))
-            with torch.no_grad():
-                for index, trial_seed in enumerate(ctx.trial_seeds(trials)):
-                    error = ctx.entry(trials, index, trial_seed).error
-                    if error is not None:
-                        break
-        if error is None and request["timing"]["measure"]:
-            ctx.timing_inputs()
-            # A failure is cached nowhere: evaluate tries again and says so in its feedback.
-            _reference_timing(Verdict(), request, worker, ctx)
-        if error is not None:
-            status = "reference_error"
-            feedback = kb_feedback.exception_line(error.exc)
-        tiers = [e.tier for entries in ctx.trials.values() for e in entries if e is not None]
-        device_bytes, host_bytes = ctx.device_bytes, ctx.host_bytes
-        ctx.pregenerated.clear()  # unused only if a trial failed; do not hold shared memory
-    release_memory(device)
-    return {
-        "id": request["id"],
-        "ok": True,
-        "kind": "prepare",
-        "status": status,
-        "seconds": round(time.perf_counter() - started, 6),
-        "tiers": tiers,
-        "device_bytes": device_bytes,
-        "host_bytes": host_bytes,
-        "parallel_inputs": parallel,
-        "feedback": feedback,
-    }
-
-
-def _unbuilt_seeds(ctx: ProblemContext, request: dict[str, Any]) -> list[int]:
-    """The seeds whose inputs prepare is about to make: trials not built yet, then the timing inputs."""
-    trials = request["correct_trials"]
-    entries = ctx.trials.get(trials, [None] * trials)
-    seeds = [s for s, e in zip(ctx.trial_seeds(trials), entries, strict=True) if e is None]
-    if request["timing"]["measure"] and ctx.timing_inputs_cache is None and ctx.seed not in seeds:
-        seeds.append(ctx.seed)
-    return seeds
-
-
 def _job(request: dict[str, Any], hardware: str, kind: str, timing_seed: int) -> dict[str, Any]:
     """What a candidate process needs besides the reference data it asks the worker for."""
     return {
@@ -334,7 +274,7 @@ def _job(request: dict[str, Any], hardware: str, kind: str, timing_seed: int) ->
 def _run_candidate(worker: Worker, job: dict[str, Any], ctx: ProblemContext) -> Verdict:
     """Run a job in a fresh candidate process (or, for unit tests, here), with the reference served
     from `ctx`. Time the worker spends on the reference meanwhile is booked as reference time."""
-    reference_before = ctx.build_seconds
+    reference_before, timing_before = ctx.build_seconds, ctx.timing_build_seconds
     started = time.perf_counter()
     if not worker.isolate:
         pinned = kb_candidate.settings_snapshot()
@@ -353,9 +293,13 @@ def _run_candidate(worker: Worker, job: dict[str, Any], ctx: ProblemContext) -> 
             worker.on_child_death(died)
             raise
     total = time.perf_counter() - started
+    # Reference data built while the candidate waited for it: trials during its check, the timing
+    # inputs during its timing. Booked as reference time, taken out of the phase it waited in.
     reference_in_loop = ctx.build_seconds - reference_before
+    for_timing = min(reference_in_loop, ctx.timing_build_seconds - timing_before)
     verdict.phases["reference_s"] += reference_in_loop
-    verdict.phases["correctness_s"] = max(0.0, verdict.phases["correctness_s"] - reference_in_loop)
+    verdict.phases["correctness_s"] = max(0.0, verdict.phases["correctness_s"] - (reference_in_loop - for_timing))
+    verdict.phases["timing_s"] = max(0.0, verdict.phases["timing_s"] - for_timing)
     measured = sum(verdict.phases[k] for k in ("load_s", "correctness_s", "timing_s", "reference_s"))
     # What isolation costs this candidate: waiting for a warm process, handing it the job and the
     # reference data, and its exit.
@@ -389,7 +333,7 @@ def _evaluate_into(
         _reference_failed(verdict, entry.error, hardware, device)
     elif verdict.runtime_stats:
         started = time.perf_counter()
-        _reference_timing(verdict, request, worker, ctx)
+        reference_timing(verdict, request, worker, ctx)
         verdict.phases["ref_timing_s"] = time.perf_counter() - started
         _add_timing_feedback(verdict)
         _guard_speedup(verdict, request, worker, ctx, hardware)
@@ -419,14 +363,10 @@ def _reference_failed(verdict: Verdict, error: CapturedError, hardware: str, dev
 # ------------------------------------------------------------------------------------ reference timing
 
 
-def _reference_timing(verdict: Verdict, request: dict[str, Any], worker: Worker, ctx: ProblemContext) -> None:
-    given = request.get("reference_runtime")
-    if given:
-        verdict.ref_runtime_stats = {k: v for k, v in given.items() if k != "source"}
-        verdict.ref_runtime_source = given["source"]
-        return
+def reference_timing_key(request: dict[str, Any], ctx: ProblemContext) -> tuple[Any, ...]:
+    """What a cached reference timing is keyed by (kept across the eviction of its context)."""
     timing = request["timing"]
-    key = (
+    return (
         ReferenceCache.code_key(request["problem"]["code"]),
         str(ctx.device),
         ctx.precision,
@@ -438,12 +378,31 @@ def _reference_timing(verdict: Verdict, request: dict[str, Any], worker: Worker,
         timing["discard_first"],
         timing["l2_flush"],
     )
+
+
+def reference_timing_needed(request: dict[str, Any], worker: Worker, ctx: ProblemContext) -> bool:
+    """Would `reference_timing` time the reference (no baseline given, none cached)?"""
+    if request.get("reference_runtime"):
+        return False
+    return reference_timing_key(request, ctx) not in worker.references.ref_timings
+
+
+def reference_timing(verdict: Verdict, request: dict[str, Any], worker: Worker, ctx: ProblemContext) -> None:
+    """The reference's runtime stats into `verdict`: from the request's baseline, the cache, or timed
+    now (reference work: not charged to a candidate) and cached."""
+    given = request.get("reference_runtime")
+    if given:
+        verdict.ref_runtime_stats = {k: v for k, v in given.items() if k != "source"}
+        verdict.ref_runtime_source = given["source"]
+        return
+    key = reference_timing_key(request, ctx)
     cached = worker.references.ref_timings.get(key)
     if cached is not None:
         verdict.ref_runtime_stats, verdict.ref_runtime_source = dict(cached), "cached"
         return
     try:
-        times = _time_reference(ctx, timing, worker, ctx.seed)
+        with worker.references.reference_work():
+            times = _time_reference(ctx, request["timing"], worker, ctx.seed)
     except CANDIDATE_ERRORS as exc:
         verdict.feedback.append(f"(The reference could not be timed: {kb_feedback.exception_line(exc)})")
         return
@@ -497,7 +456,7 @@ def roofline_ms(ctx: ProblemContext, integrity: dict[str, Any]) -> float | None:
         assert ctx.ref_model is not None
         inputs = ctx.timing_inputs()
         counter = FlopCounterMode(display=False)
-        with torch.no_grad(), counter:
+        with ctx.cache.reference_work(), torch.no_grad(), counter:
             output = ctx.ref_model(*inputs)
         cached = (float(counter.get_total_flops()), float(nbytes(inputs) + nbytes(output)))
         ctx.roofline_work = cached  # type: ignore[attr-defined]
@@ -560,7 +519,8 @@ def _guard_speedup(
         new = retimed.runtime_stats.get("mean") if retimed.status == "correct" else None
         reverified = None
         if new:
-            ref_times = _time_reference(ctx, request["timing"], worker, first_seed)
+            with worker.references.reference_work():
+                ref_times = _time_reference(ctx, request["timing"], worker, first_seed)
             reverified = kb_timing.runtime_stats(ref_times)["mean"] / float(new)
     finally:
         ctx.forget_timing_sets(first_seed, kb_candidate.STRICT_SETS)

@@ -114,7 +114,16 @@ class ProfileRequest(TypedDict):
     ncu: bool
 
 
-class PrepareRequest(EvalOptions):
+class PrepareOptions(EvalOptions, total=False):
+    """Optional fields of a prepare request (absent means the default)."""
+
+    # Build at most this many steps (a trial, the timing inputs, the reference timing); absent: all.
+    steps: int
+    # False: do not time the reference yet (the orchestrator has not quieted the CPU); absent: true.
+    quiet: bool
+
+
+class PrepareRequest(PrepareOptions):
     id: int
     op: Literal["prepare"]
     problem: ProblemSpec
@@ -252,6 +261,25 @@ class PrepareResponse(TypedDict):
     host_bytes: int
     parallel_inputs: int
     feedback: str
+    # Nothing is left to build (everything is cached, or the reference failed).
+    done: bool
+    # What the next request would build first; null when done.
+    next: Literal["trial", "timing_inputs", "reference_timing"] | None
+    # Correctness trials built so far (in order: trial k only after trial k - 1).
+    trials_ready: int
+    # What this request built: "trial 3", "timing inputs", "reference timing".
+    built: list[str]
+
+
+class ProgressNotice(TypedDict):
+    """Sent during an evaluate, before its response, with the evaluate's id: reference work (building
+    trial data or timing inputs, timing the reference) starts or ends. The orchestrator charges that
+    time to eval.timeouts.reference_s instead of the candidate's execute_s."""
+
+    id: int
+    ok: Literal[True]
+    kind: Literal["progress"]
+    reference: Literal["start", "end"]
 
 
 class EvaluateResponse(TypedDict):
@@ -306,6 +334,7 @@ RESPONSE_SHAPES: dict[str, type] = {
     "ready": ReadyMessage,
     "compile": CompileResponse,
     "prepare": PrepareResponse,
+    "progress": ProgressNotice,
     "evaluate": EvaluateResponse,
     "profile": ProfileResponse,
     "shutdown": ShutdownResponse,

@@ -25,6 +25,7 @@ import platform
 import signal
 import sys
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -168,12 +169,14 @@ def toolchain(cuda: str | None) -> str:
 
 
 class Server:
-    def __init__(self, role: str, scratch: str) -> None:
+    def __init__(self, role: str, scratch: str, channel: ProtocolChannel | None = None) -> None:
         import kb_eval
 
         self.role = role
         self.scratch = scratch
         self.worker = kb_eval.Worker()
+        # Where `progress` notices go while an evaluate runs (None: not sent, as in unit tests).
+        self.channel = channel
         self._pch: Any = None
 
     @property
@@ -224,6 +227,27 @@ class Server:
             print(f"krefine harness: internal error on request {request_id}:\n{details}", file=sys.stderr)
             return error_response(request_id, kind, f"internal harness error: {type(exc).__name__}: {exc}")
 
+    @contextlib.contextmanager
+    def reference_progress(self, request_id: int) -> Iterator[None]:
+        """While an evaluate runs, announce each stretch of reference work (building trial data or
+        timing inputs the candidate asked for, timing the reference) with `progress` notices, so the
+        orchestrator charges it to eval.timeouts.reference_s and not to the candidate's execute_s."""
+        channel, references = self.channel, self.worker.references
+        if channel is None:
+            yield
+            return
+
+        def notify(active: bool) -> None:
+            channel.write(
+                {"id": request_id, "ok": True, "kind": "progress", "reference": "start" if active else "end"}
+            )
+
+        references.on_reference = notify
+        try:
+            yield
+        finally:
+            references.on_reference = None
+
     def refusal(self, request: dict[str, Any]) -> str | None:
         device = request.get("device")
         if self.role == "compile" and isinstance(device, str) and device.startswith("cuda"):
@@ -238,13 +262,14 @@ class Server:
             self.build_wanted_pch(request, wanted)
             return response
         if op == "prepare":
-            import kb_eval
+            import kb_prepare
 
-            return kb_eval.prepare(request, self.worker)
+            return kb_prepare.prepare(request, self.worker)
         if op == "evaluate":
             import kb_eval
 
-            return kb_eval.evaluate(request, self.worker)
+            with self.reference_progress(request["id"]):
+                return kb_eval.evaluate(request, self.worker)
         if op == "profile":
             import kb_eval
 
@@ -321,7 +346,7 @@ def serve(role: str, scratch: str) -> int:
     import kb_protocol
 
     channel.write(ready_message(role))
-    server = Server(role, os.path.abspath(scratch))
+    server = Server(role, os.path.abspath(scratch), channel)
     while True:
         line = channel.read_line()
         if line is None:

@@ -244,7 +244,9 @@ impl Launcher {
             RequestError::Exited { log_tail, .. }
             | RequestError::StreamClosed { log_tail }
             | RequestError::Protocol { log_tail, .. } => log_tail,
-            RequestError::Timeout { .. } | RequestError::Harness { .. } => return None,
+            RequestError::Timeout { .. }
+            | RequestError::ReferenceTimeout { .. }
+            | RequestError::Harness { .. } => return None,
         };
         match placement {
             Placement::Slurm { .. } => slurm::loss_line(tail),

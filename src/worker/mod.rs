@@ -7,6 +7,7 @@
 //! - [`process`]: one worker process: scrubbed environment, own process group, timeouts, kill, reap.
 //! - [`pool`]: [`WorkerPool`], the `Compiler` and `Executor` the engine uses.
 //! - [`pause`]: stopping the compile pool while the CPU device times a candidate.
+//! - `reference`: outcomes of preparing a problem's reference data ahead of its candidates.
 //! - [`sandbox`]: the namespaces every worker runs in (no other process, no network, a read-only
 //!   file system view with its own scratch writable).
 //! - `build_store`: publishing builds into the shared cache, sealing them, the copy-on-write taint
@@ -22,6 +23,7 @@ pub mod pool;
 pub mod process;
 pub mod protocol;
 pub mod python;
+mod reference;
 pub mod sandbox;
 
 use std::path::PathBuf;

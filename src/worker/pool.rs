@@ -29,7 +29,7 @@ use super::build_store::{cow_tainted, make_files_read_only, publish_build};
 use super::loss::{Fault, give_up, toolchain_mismatch};
 use super::pause::Pauser;
 use super::process::Remote;
-use super::process::{RequestError, SpawnSpec, WorkerProcess, kill_group, log_tail};
+use super::process::{Budget, RequestError, SpawnSpec, WorkerProcess, kill_group, log_tail};
 use super::protocol::{
     CandidateSpec, CompileRequest, CompileStatusWire, EvaluateResponse, IntegritySpec,
     PrepareRequest, ProblemSpec, ProfileRequest, ProfileResponse, ProfileStatus, RequestBody,
@@ -40,8 +40,8 @@ use crate::config::{BuildMode, EvalSection, Timeouts};
 use crate::launcher::Launcher;
 use crate::services::{BuildPause, CompileJob, Compiler, DeviceId, ExecJob, Executor, Unavailable};
 use crate::types::{
-    CompileOutcome, CompileStatus, EvalEnv, EvalMode, ExecOutcome, Precision, Problem,
-    ProfileOutcome, RanOn, Verdict, WorkerLoss,
+    CompileOutcome, CompileStatus, EvalEnv, EvalMode, ExecOutcome, Precision, PrepareOutcome,
+    Problem, ProfileOutcome, RanOn, Verdict, WorkerLoss,
 };
 
 /// Written into a build dir after a good compile; its presence means "this build is usable".
@@ -264,7 +264,7 @@ struct SlotState {
 }
 
 /// Why a slot could not produce a response.
-enum CallError {
+pub(super) enum CallError {
     Start(WorkerError),
     Request(RequestError),
     Closed,
@@ -694,9 +694,8 @@ impl WorkerPool {
     }
 
     /// Send one request through a slot, starting its worker if needed, and retire the worker when it
-    /// crashed, timed out, reported a sticky error or served `recycle_after` requests.
-    /// Send one request to the slot's worker (started if needed). `counts`: the request is a
-    /// candidate's, and counts towards recycling the worker.
+    /// crashed, timed out, reported a sticky error or served `recycle_after` requests. `counts`: the
+    /// request is a candidate's, and counts towards recycling the worker.
     async fn call(
         &self,
         slot: &Slot,
@@ -704,9 +703,23 @@ impl WorkerPool {
         timeout: Duration,
         counts: bool,
     ) -> Result<ResponseBody, CallError> {
+        self.call_within(slot, body, Budget::plain(timeout), counts)
+            .await
+            .0
+    }
+
+    /// [`Self::call`] under a [`Budget`]; also returns the time the worker spent in the reference
+    /// work it announced.
+    async fn call_within(
+        &self,
+        slot: &Slot,
+        body: RequestBody,
+        budget: Budget,
+        counts: bool,
+    ) -> (Result<ResponseBody, CallError>, Duration) {
         let mut state = slot.state.lock().await;
         if self.closed.load(Ordering::SeqCst) {
-            return Err(CallError::Closed);
+            return (Err(CallError::Closed), Duration::ZERO);
         }
         // Taken out of the slot for the duration: if this future is dropped mid-request, the process
         // is dropped with it (and killed), never put back half-used.
@@ -719,12 +732,16 @@ impl WorkerPool {
             None => {
                 state.served = 0;
                 slot.pgid.store(0, Ordering::SeqCst);
-                let p = self.spawn(slot).await?;
+                let p = match self.spawn(slot).await {
+                    Ok(p) => p,
+                    Err(e) => return (Err(e), Duration::ZERO),
+                };
                 slot.note_ready(&p, &self.settings.launcher);
                 p
             }
         };
         slot.pgid.store(process.pid(), Ordering::SeqCst);
+        let timeout = budget.own;
         let result = if slot.spec.role == WorkerRole::Compile {
             // A build may be paused (stopped) while the CPU device times a candidate; its timeout
             // counts only the time it could run. The request's own bound is a far backstop.
@@ -737,8 +754,9 @@ impl WorkerPool {
                 }
             }
         } else {
-            process.request(body, timeout).await
+            process.request_within(body, budget).await
         };
+        let reference = process.reference_spent();
         if counts {
             state.served += 1;
         }
@@ -762,7 +780,7 @@ impl WorkerPool {
             slot.pgid.store(0, Ordering::SeqCst);
         }
         drop(state);
-        match result {
+        let result = match result {
             Ok(r) => Ok(r),
             // `shutdown` killed it under our feet: say so rather than blame the candidate.
             Err(_) if self.closed.load(Ordering::SeqCst) => Err(CallError::Closed),
@@ -770,7 +788,8 @@ impl WorkerPool {
                 Some(loss) => Err(CallError::Lost(loss)),
                 None => Err(CallError::Request(e)),
             },
-        }
+        };
+        (result, reference)
     }
 
     /// Start the slot's worker. With a remote launcher, a worker that cannot be started (the host
@@ -874,6 +893,34 @@ impl WorkerPool {
                 p.kill().await;
             }
             slot.pgid.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// The `prepare` request for `problem` on `device` (an evaluate is the same plus the candidate).
+    fn prepare_request(&self, problem: &Problem, device: &DeviceId) -> PrepareRequest {
+        PrepareRequest {
+            problem: Self::problem_spec(problem),
+            device: Self::worker_device(device).into(),
+            precision: self.settings.precision.as_str().into(),
+            mode: self.settings.mode.as_str().into(),
+            seed: self.settings.seed,
+            correct_trials: self.settings.correct_trials,
+            timing: TimingSpec {
+                measure: self.settings.timing_trials > 0,
+                warmup: self.settings.warmup,
+                trials: self.settings.timing_trials,
+                // KernelBench's cuda_event defaults: drop the first timed call, flush L2 each time.
+                discard_first: 1,
+                l2_flush: true,
+            },
+            reference_runtime: self
+                .settings
+                .baseline
+                .as_ref()
+                .and_then(|b| b.reference_runtime(problem)),
+            cast_integer_inputs: self.settings.cast_integer_inputs,
+            steps: None,
+            quiet: None,
         }
     }
 
@@ -999,7 +1046,9 @@ impl WorkerPool {
     ) -> CompileOutcome {
         let log_path = job.log_path.to_string_lossy().into_owned();
         let (status, error, details) = match err {
-            CallError::Request(RequestError::Timeout { after }) => (
+            CallError::Request(
+                RequestError::Timeout { after } | RequestError::ReferenceTimeout { after },
+            ) => (
                 CompileStatus::Timeout,
                 format!(
                     "compilation exceeded {} s; the worker was killed",
@@ -1088,7 +1137,9 @@ impl WorkerPool {
         let dev = device.to_string();
         let wall = elapsed_ms(started);
         let (verdict, message, mut metadata) = match err {
-            CallError::Request(RequestError::Timeout { after }) => {
+            CallError::Request(
+                RequestError::Timeout { after } | RequestError::ReferenceTimeout { after },
+            ) => {
                 let message = format!(
                     "evaluation exceeded {} s; the worker was killed",
                     secs(after)
@@ -1279,7 +1330,9 @@ impl WorkerPool {
 
     fn profile_failure(err: CallError, started: Instant) -> ProfileOutcome {
         let error = match err {
-            CallError::Request(RequestError::Timeout { after }) => {
+            CallError::Request(
+                RequestError::Timeout { after } | RequestError::ReferenceTimeout { after },
+            ) => {
                 format!(
                     "profiling exceeded {} s; the worker was killed",
                     secs(after)
@@ -1691,6 +1744,58 @@ impl Executor for WorkerPool {
         }
     }
 
+    fn prepares_reference(&self) -> bool {
+        true
+    }
+
+    async fn prepare_reference(
+        &self,
+        problem: Arc<Problem>,
+        device: &DeviceId,
+        quiet: bool,
+    ) -> Result<PrepareOutcome, Unavailable> {
+        let Some(slot) = self.eval_slot(device) else {
+            return Err(Unavailable(format!(
+                "device {device} is not served by this worker pool"
+            )));
+        };
+        let mut request = self.prepare_request(&problem, device);
+        request.steps = Some(1);
+        request.quiet = Some(quiet);
+        let started = Instant::now();
+        // Not a candidate's request: it does not count towards recycling the worker.
+        let result = self
+            .call(
+                slot,
+                RequestBody::Prepare(request),
+                self.deadlines.reference,
+                false,
+            )
+            .await;
+        Ok(match result {
+            Ok(ResponseBody::Prepare(r)) => super::reference::prepare_outcome(r),
+            Ok(other) => super::reference::prepare_failed(
+                format!("prepare answered with `{}`", other.kind()),
+                started,
+            ),
+            // A lost worker only delays the preparation: the candidate's own evaluation builds
+            // what it needs, retried on another worker.
+            Err(CallError::Lost(loss)) => {
+                super::reference::prepare_failed(format!("worker lost: {}", loss.detail), started)
+            }
+            Err(e) => match e.candidate_fault() {
+                Ok(e) => {
+                    super::reference::prepare_failed(super::reference::call_error_text(&e), started)
+                }
+                Err(Fault::Unavailable(u)) => return Err(u),
+                Err(Fault::Lost(loss)) => super::reference::prepare_failed(
+                    format!("worker lost: {}", loss.detail),
+                    started,
+                ),
+            },
+        })
+    }
+
     fn retired(&self, device: &DeviceId) -> bool {
         self.eval_slot(device)
             .is_some_and(|s| s.retired.load(Ordering::SeqCst))
@@ -1719,56 +1824,20 @@ impl WorkerPool {
             .lock_build(&build_dir)
             .await
             .map_err(Fault::Unavailable)?;
-        let prepare = PrepareRequest {
-            problem: Self::problem_spec(&job.problem),
-            device: Self::worker_device(device).into(),
-            precision: self.settings.precision.as_str().into(),
-            mode: self.settings.mode.as_str().into(),
-            seed: self.settings.seed,
-            correct_trials: self.settings.correct_trials,
-            timing: TimingSpec {
-                measure: self.settings.timing_trials > 0,
-                warmup: self.settings.warmup,
-                trials: self.settings.timing_trials,
-                // KernelBench's cuda_event defaults: drop the first timed call, flush L2 each time.
-                discard_first: 1,
-                l2_flush: true,
-            },
-            reference_runtime: self
-                .settings
-                .baseline
-                .as_ref()
-                .and_then(|b| b.reference_runtime(&job.problem)),
-            cast_integer_inputs: self.settings.cast_integer_inputs,
-        };
         let integrity = self.integrity_spec(slot.hardware().as_deref());
-        let request = RequestBody::Evaluate(prepare.evaluate(candidate, Some(integrity)));
-        let prepare_started = Instant::now();
-        let prepared = self
-            .call(
-                slot,
-                RequestBody::Prepare(prepare),
-                self.deadlines.reference,
-                false,
-            )
-            .await;
-        let prepare_s = prepare_started.elapsed().as_secs_f64();
-        match prepared {
-            // A broken reference or a harness failure: the evaluate below reports it in full.
-            Ok(_) | Err(CallError::Request(RequestError::Harness { .. })) => {}
-            Err(CallError::Request(RequestError::Timeout { after })) => {
-                let mut o = self.reference_timeout(after, device, slot.hardware(), started);
-                o.env.ran_on = slot.ran_on();
-                return Ok(o);
-            }
-            Err(e) => {
-                let e = e.candidate_fault()?;
-                let mut o = self.exec_failure(e, device, slot.hardware(), started);
-                o.env.ran_on = slot.ran_on();
-                return Ok(o);
-            }
-        }
-        let mut outcome = match self.call(slot, request, self.deadlines.execute, true).await {
+        let request = RequestBody::Evaluate(
+            self.prepare_request(&job.problem, device)
+                .evaluate(candidate, Some(integrity)),
+        );
+        // The reference data the candidate's check reaches is built on demand, trial by trial, if
+        // no background preparation (src/refprep.rs) built it already: that time runs on the
+        // reference's allowance, never on the candidate's `execute_s`.
+        let budget = Budget {
+            own: self.deadlines.execute,
+            reference: Some(self.deadlines.reference),
+        };
+        let (result, reference) = self.call_within(slot, request, budget, true).await;
+        let mut outcome = match result {
             Ok(ResponseBody::Evaluate(r)) => self.exec_outcome(*r, device, started),
             Ok(other) => {
                 let err = CallError::Request(RequestError::Protocol {
@@ -1777,14 +1846,21 @@ impl WorkerPool {
                 });
                 self.exec_failure(err, device, slot.hardware(), started)
             }
+            Err(CallError::Request(RequestError::ReferenceTimeout { after })) => {
+                self.reference_timeout(after, device, slot.hardware(), started)
+            }
             Err(e) => {
                 let e = e.candidate_fault()?;
                 self.exec_failure(e, device, slot.hardware(), started)
             }
         };
-        // Also on failures: a timeout's wall time is mostly the reference's on a fresh worker.
-        if let Some(n) = serde_json::Number::from_f64(prepare_s) {
-            outcome.phases.insert("prepare_s".into(), Value::Number(n));
+        // A failure's wall time may be mostly the reference's (a fresh worker builds it again).
+        if !outcome.phases.contains_key("reference_s")
+            && let Some(n) = serde_json::Number::from_f64(reference.as_secs_f64())
+        {
+            outcome
+                .phases
+                .insert("reference_s".into(), Value::Number(n));
         }
         self.check_cow(slot).await;
         outcome.env.ran_on = slot.ran_on();

@@ -23,7 +23,8 @@ use tokio::sync::watch;
 use super::WorkerError;
 use super::harness::HARNESS_ENTRY;
 use super::protocol::{
-    Ready, Request, RequestBody, Response, ResponseBody, WorkerRole, parse_response,
+    OkResponse, Ready, ReferencePhase, Request, RequestBody, Response, ResponseBody, WorkerRole,
+    parse_response,
 };
 use super::sandbox::SandboxSpec;
 use crate::launcher::{Launcher, Placement};
@@ -252,6 +253,9 @@ pub fn signal_name(sig: i32) -> &'static str {
 pub enum RequestError {
     /// The deadline passed; the worker was killed.
     Timeout { after: Duration },
+    /// Reference work the worker announced (progress notices) used up its own allowance
+    /// (`eval.timeouts.reference_s`); the worker was killed. Not the candidate's time.
+    ReferenceTimeout { after: Duration },
     /// The worker ended on its own (crash, `os._exit`, OOM killer).
     Exited { exit: ExitInfo, log_tail: String },
     /// The worker closed its protocol stream but would not exit; it was killed.
@@ -354,6 +358,95 @@ pub struct WorkerProcess {
     line: Vec<u8>,
     /// The launcher that started it remotely: killing the local `srun`/`ssh` is not enough.
     remote: Option<Remote>,
+    /// Time the last request spent in reference work the worker announced (see [`Budget`]).
+    reference_spent: Duration,
+}
+
+/// How long a request may take. `own` is the request's timeout; `reference`, when given, is a separate
+/// allowance for reference work the worker announces with `progress` notices (building trial data a
+/// candidate asked for, timing the reference): while such work runs, `own` stands still and
+/// `reference` runs down instead, so a candidate is never charged for the reference. Without it,
+/// notices change nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    pub own: Duration,
+    pub reference: Option<Duration>,
+}
+
+impl Budget {
+    pub fn plain(own: Duration) -> Budget {
+        Budget {
+            own,
+            reference: None,
+        }
+    }
+}
+
+/// The two clocks of a request under a [`Budget`]: the request's own, which runs except while the
+/// worker says it is doing reference work, and the reference allowance, which runs only then.
+struct Clock {
+    own_left: Duration,
+    reference_left: Option<Duration>,
+    /// When the running clock last started.
+    since: tokio::time::Instant,
+    /// The reference clock is the running one.
+    in_reference: bool,
+}
+
+impl Clock {
+    fn new(own_left: Duration, reference_left: Option<Duration>) -> Clock {
+        Clock {
+            own_left,
+            reference_left,
+            since: tokio::time::Instant::now(),
+            in_reference: false,
+        }
+    }
+
+    /// Time left on the running clock, and whether that is the reference's.
+    fn remaining(&self) -> (Duration, bool) {
+        let ran = self.since.elapsed();
+        match (self.in_reference, self.reference_left) {
+            (true, Some(left)) => (left.saturating_sub(ran), true),
+            _ => (self.own_left.saturating_sub(ran), false),
+        }
+    }
+
+    /// A notice arrived: charge the running clock what it ran and start the other. A repeated notice
+    /// changes nothing; without an allowance for reference work, notices are ignored.
+    fn switch(&mut self, phase: ReferencePhase) {
+        let Some(reference_left) = self.reference_left else {
+            return;
+        };
+        let start = phase == ReferencePhase::Start;
+        if start == self.in_reference {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        let ran = now - self.since;
+        if self.in_reference {
+            self.reference_left = Some(reference_left.saturating_sub(ran));
+        } else {
+            self.own_left = self.own_left.saturating_sub(ran);
+        }
+        self.in_reference = start;
+        self.since = now;
+    }
+
+    /// Reference time used so far (zero without an allowance).
+    fn spent(&self, budget: Budget) -> Duration {
+        match (budget.reference, self.reference_left) {
+            (Some(total), Some(left)) => {
+                let running = if self.in_reference {
+                    self.since.elapsed()
+                } else {
+                    Duration::ZERO
+                };
+                total.saturating_sub(left).saturating_add(running)
+            }
+            _ => Duration::ZERO,
+        }
+    }
 }
 
 impl std::fmt::Debug for WorkerProcess {
@@ -510,6 +603,7 @@ impl WorkerProcess {
                 placement: None,
             },
             next_id: 1,
+            reference_spent: Duration::ZERO,
             alive: true,
             line: Vec::new(),
             remote: spec.remote.clone(),
@@ -548,10 +642,12 @@ impl WorkerProcess {
             }
             Err(e) => {
                 let detail = match &e {
-                    RequestError::Timeout { after } => format!(
-                        "no `ready` within {} s (load timeout); the worker was killed",
-                        after.as_secs_f64()
-                    ),
+                    RequestError::Timeout { after } | RequestError::ReferenceTimeout { after } => {
+                        format!(
+                            "no `ready` within {} s (load timeout); the worker was killed",
+                            after.as_secs_f64()
+                        )
+                    }
                     RequestError::Exited { exit, .. } => {
                         format!("exited with {} before it was ready", exit.describe())
                     }
@@ -636,11 +732,27 @@ impl WorkerProcess {
         body: RequestBody,
         timeout: Duration,
     ) -> Result<ResponseBody, RequestError> {
+        self.request_within(body, Budget::plain(timeout)).await
+    }
+
+    /// Time the last request spent in announced reference work (zero without an allowance for it).
+    pub fn reference_spent(&self) -> Duration {
+        self.reference_spent
+    }
+
+    /// Send one request and read its response within `budget` (see [`Budget`]).
+    pub async fn request_within(
+        &mut self,
+        body: RequestBody,
+        budget: Budget,
+    ) -> Result<ResponseBody, RequestError> {
+        self.reference_spent = Duration::ZERO;
         if !self.alive {
             return Err(RequestError::StreamClosed {
                 log_tail: "the worker was already stopped".into(),
             });
         }
+        let timeout = budget.own;
         let id = self.next_id;
         self.next_id += 1;
         let op = body.op();
@@ -672,14 +784,36 @@ impl WorkerProcess {
             Ok(Err(_)) => return Err(self.ended().await),
             Ok(Ok(())) => {}
         }
-        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let resp = match self.read_response(remaining).await {
-            Err(RequestError::Timeout { .. }) => {
-                return Err(RequestError::Timeout { after: timeout });
+        let mut clock = Clock::new(
+            deadline.saturating_duration_since(tokio::time::Instant::now()),
+            budget.reference,
+        );
+        let resp = loop {
+            let (remaining, in_reference) = clock.remaining();
+            let resp = match self.read_response(remaining).await {
+                Err(RequestError::Timeout { .. }) => {
+                    self.reference_spent = clock.spent(budget);
+                    return Err(match (in_reference, budget.reference) {
+                        (true, Some(after)) => RequestError::ReferenceTimeout { after },
+                        _ => RequestError::Timeout { after: timeout },
+                    });
+                }
+                Err(e) => {
+                    self.reference_spent = clock.spent(budget);
+                    return Err(e);
+                }
+                Ok(resp) => resp,
+            };
+            match resp {
+                Response::Ok(OkResponse {
+                    id: notice_id,
+                    body: ResponseBody::Progress(notice),
+                    ..
+                }) if notice_id == id => clock.switch(notice.reference),
+                other => break other,
             }
-            Err(e) => return Err(e),
-            Ok(resp) => resp,
         };
+        self.reference_spent = clock.spent(budget);
         if resp.id() != id {
             self.kill().await;
             return Err(RequestError::Protocol {

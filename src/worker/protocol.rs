@@ -11,6 +11,8 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
+use crate::types::PrepareStep;
+
 // ------------------------------------------------------------------------------------------- requests
 
 /// The reference problem as the harness sees it.
@@ -118,9 +120,9 @@ pub struct IntegritySpec {
     pub peak_bandwidth_gbs: Option<f64>,
 }
 
-/// Build the reference's cached data (model, every trial's inputs and outputs, the timing inputs and
-/// the reference timing) ahead of an evaluate, under its own timeout: for KernelBench's largest inputs
-/// this is a minute of CPU work that no candidate should be charged for.
+/// Build the reference's cached data ahead of its candidates, under its own timeout: the model, then
+/// step by step each trial's inputs and output, the timing inputs and the reference timing (for
+/// KernelBench's largest inputs a minute of CPU work that no candidate should wait for).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PrepareRequest {
     pub problem: ProblemSpec,
@@ -135,6 +137,12 @@ pub struct PrepareRequest {
     /// Left off the wire when false (the harness's default: they keep their dtype).
     #[serde(default, skip_serializing_if = "is_false")]
     pub cast_integer_inputs: bool,
+    /// Build at most this many steps (a trial, the timing inputs, the reference timing); absent: all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u32>,
+    /// `false`: do not time the reference (the CPU's builds are not paused); absent: true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quiet: Option<bool>,
 }
 
 impl PrepareRequest {
@@ -312,6 +320,29 @@ pub struct PrepareResponse {
     pub parallel_inputs: u32,
     /// What failed when the reference did (the evaluate that follows reports it in full).
     pub feedback: String,
+    /// Nothing is left to build (everything cached, or the reference failed).
+    pub done: bool,
+    /// What the next request would build first (`None` when done).
+    pub next: Option<PrepareStep>,
+    /// Correctness trials built so far.
+    pub trials_ready: u32,
+    /// What this request built (`trial 3`, `timing inputs`, `reference timing`).
+    pub built: Vec<String>,
+}
+
+/// Sent during an evaluate, before its response and with its id: the worker starts or ends reference
+/// work (building trial data or timing inputs the candidate asked for, timing the reference). That
+/// time counts against `eval.timeouts.reference_s`, not the candidate's `execute_s`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProgressNotice {
+    pub reference: ReferencePhase,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReferencePhase {
+    Start,
+    End,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -504,6 +535,8 @@ pub enum ResponseBody {
     Ready(Ready),
     Compile(CompileResponse),
     Prepare(PrepareResponse),
+    /// Not a response: a notice read while waiting for one (see [`ProgressNotice`]).
+    Progress(ProgressNotice),
     Evaluate(Box<EvaluateResponse>),
     Profile(ProfileResponse),
     Shutdown,
@@ -515,6 +548,7 @@ impl ResponseBody {
             ResponseBody::Ready(_) => "ready",
             ResponseBody::Compile(_) => "compile",
             ResponseBody::Prepare(_) => "prepare",
+            ResponseBody::Progress(_) => "progress",
             ResponseBody::Evaluate(_) => "evaluate",
             ResponseBody::Profile(_) => "profile",
             ResponseBody::Shutdown => "shutdown",

@@ -42,6 +42,8 @@ class WorkerProcess:
         self.log_path = log
         self._log = open(log, "wb")  # noqa: SIM115 - the worker's stderr for its whole life
         self.lines: list[bytes] = []
+        # `progress` notices read while waiting for responses (reference work during an evaluate).
+        self.progress: list[dict[str, Any]] = []
         self.proc = subprocess.Popen(
             [python, "-u", str(HARNESS), "serve", "--role", role, "--scratch", str(scratch)],
             stdin=subprocess.PIPE,
@@ -72,8 +74,19 @@ class WorkerProcess:
         self.proc.stdin.flush()
 
     def request(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Send a request and read its response; `progress` notices before it are kept in
+        `self.progress` (they must carry the request's id and alternate start, end)."""
         self.send(request)
         response = self.read()
+        state = "end"
+        while response.get("kind") == "progress":
+            if response["id"] != request["id"] or response["reference"] == state:
+                raise ProtocolViolation(f"progress notice {response} out of turn (after {state!r})")
+            state = response["reference"]
+            self.progress.append(response)
+            response = self.read()
+        if state != "end":
+            raise ProtocolViolation("a response came while reference work was still announced")
         if response["id"] != request["id"]:
             raise ProtocolViolation(f"response id {response['id']} for request {request['id']}")
         return response
@@ -148,13 +161,24 @@ def evaluate_request(
 
 
 def prepare_request(
-    rid: int, problem_code: str, device: str = "cpu", measure: bool = True, trials: int = 5
+    rid: int,
+    problem_code: str,
+    device: str = "cpu",
+    measure: bool = True,
+    trials: int = 5,
+    steps: int | None = None,
+    quiet: bool | None = None,
 ) -> dict[str, Any]:
-    """The `prepare` request the Rust side sends before each evaluate: the same fields, no candidate."""
+    """A `prepare` request: evaluate's fields without a candidate; `steps` (the Rust side's background
+    preparation sends 1) and `quiet` left out unless given."""
     request = evaluate_request(rid, problem_code, "", Path("."), device=device, measure=measure, trials=trials)
     del request["candidate"]
     del request["integrity"]
     request["op"] = "prepare"
+    if steps is not None:
+        request["steps"] = steps
+    if quiet is not None:
+        request["quiet"] = quiet
     return request
 
 

@@ -61,7 +61,9 @@ def main() -> int:
             2, (HOSTILE / "compile_error.py").read_text(), work / "build" / "err", work / "logs" / "err.log"
         )
         files["compile_response_error.json"] = worker.request(error)
-        prepare = prepare_request(9, problem)
+        # Six steps without timing the reference: the evaluate below times it, announced by a
+        # `progress` notice.
+        prepare = prepare_request(9, problem, steps=6, quiet=False)
         prepare["problem"]["key"] = "hostile/problem_add"
         files["prepare_request.json"] = prepare
         files["prepare_response.json"] = worker.request(prepare)
@@ -69,6 +71,7 @@ def main() -> int:
         request["problem"]["key"] = "hostile/problem_add"
         files["evaluate_request.json"] = request
         files["evaluate_response_correct.json"] = worker.request(request)
+        files["progress_reference_start.json"] = worker.progress[0]
         baseline = dict(request, id=4)
         baseline["reference_runtime"] = {
             "mean": 0.0026, "median": 0.0026, "std": 0.0, "min": 0.0025, "max": 0.0031, "num_trials": 100,

@@ -16,6 +16,7 @@ import kb_correctness
 import kb_eval
 import kb_reference
 import kb_inputs
+import kb_prepare
 import kb_protocol
 from harness_client import HOSTILE, evaluate_request, prepare_request
 
@@ -488,12 +489,12 @@ def test_placement_looks_ahead_instead_of_filling_up_with_outputs(harness: Harne
 
 
 def test_prepare_builds_the_reference_so_evaluate_only_checks(harness: Harness) -> None:
-    first = kb_eval.prepare(prepare_request(1, COUNTING), harness.worker)
+    first = kb_prepare.prepare(prepare_request(1, COUNTING), harness.worker)
     assert kb_protocol.check_response(first) == []
     assert first["status"] == "ready" and first["tiers"] == ["device"] * 5 and first["device_bytes"] > 0
     ctx = _context(harness)
     assert ctx.problem is not None and ctx.problem.model.calls == 5 + 104  # 5 trials, then timed once
-    again = kb_eval.prepare(prepare_request(2, COUNTING), harness.worker)
+    again = kb_prepare.prepare(prepare_request(2, COUNTING), harness.worker)
     # Nothing is built twice: the reference ran no further forward (never compare wall-clock times).
     assert again["status"] == "ready" and ctx.problem.model.calls == 5 + 104
     r = harness.evaluate(CORRECT, problem=COUNTING)
@@ -502,11 +503,11 @@ def test_prepare_builds_the_reference_so_evaluate_only_checks(harness: Harness) 
 
 
 def test_large_inputs_are_made_in_parallel_bit_for_bit(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    serial = kb_eval.prepare(prepare_request(1, DROPOUT), harness.worker)
+    serial = kb_prepare.prepare(prepare_request(1, DROPOUT), harness.worker)
     assert serial["parallel_inputs"] == 0  # tiny inputs: processes would cost more than they save
     monkeypatch.setattr(kb_inputs, "PARALLEL_MIN_BYTES", 0)
     other = Harness(harness.root / "parallel")
-    parallel = kb_eval.prepare(prepare_request(1, DROPOUT), other.worker)
+    parallel = kb_prepare.prepare(prepare_request(1, DROPOUT), other.worker)
     assert parallel["status"] == "ready" and parallel["parallel_inputs"] >= 2, parallel
     made, reference = _context(other), _context(harness)
     for index in range(5):
@@ -534,7 +535,7 @@ def test_input_sizes_are_planned_on_the_meta_device() -> None:
 
 def test_prepare_reports_a_broken_reference(harness: Harness) -> None:
     broken = ADD.replace("return a + b", "raise ValueError('reference is broken')")
-    r = kb_eval.prepare(prepare_request(1, broken), harness.worker)
+    r = kb_prepare.prepare(prepare_request(1, broken), harness.worker)
     assert kb_protocol.check_response(r) == []
     assert r["status"] == "reference_error" and "reference is broken" in r["feedback"]
     assert harness.evaluate(CORRECT, problem=broken)["status"] == "reference_error"
@@ -715,6 +716,15 @@ def test_checksum_sees_one_changed_element() -> None:
     assert kb_eval.tensor_checksum(y) != kb_eval.tensor_checksum(z)
     odd = torch.ones(3, dtype=torch.uint8)  # byte count not a multiple of 4
     assert kb_eval.tensor_checksum(odd) != kb_eval.tensor_checksum(torch.zeros(3, dtype=torch.uint8))
+    # The device path (a weighted sum computed where the tensor lives), exercised here on the CPU.
+    weighted = kb_reference.weighted_checksum
+    as_bytes = lambda t: t.reshape(-1).view(torch.uint8)  # noqa: E731
+    assert weighted(as_bytes(y)) != weighted(as_bytes(z))
+    w = torch.rand(1000, 3)
+    before_w = weighted(as_bytes(w))
+    w[500, 1] += 1.0
+    assert weighted(as_bytes(w)) != before_w
+    assert weighted(odd) != weighted(torch.zeros(3, dtype=torch.uint8))
 
 
 def test_same_bytes_treats_nan_as_equal_to_itself() -> None:

@@ -17,6 +17,7 @@ import pytest
 
 import kb_candidate
 import kb_eval
+import kb_prepare
 import kb_protocol
 from harness_client import FIXTURES, evaluate_request, prepare_request
 
@@ -35,7 +36,7 @@ class IsolatedWorker:
         self.worker = kb_eval.Worker(isolate=True)
         self.worker.on_child_death = self._died
         self.count = 0
-        assert kb_eval.prepare(prepare_request(1, MATMUL), self.worker)["status"] == "ready"
+        assert kb_prepare.prepare(prepare_request(1, MATMUL), self.worker)["status"] == "ready"
 
     @staticmethod
     def _died(died: kb_candidate.ChildDied) -> None:

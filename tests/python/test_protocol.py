@@ -20,6 +20,7 @@ EXPECTED_FIXTURES = {
     "compile_response_error.json",
     "prepare_request.json",
     "prepare_response.json",
+    "progress_reference_start.json",
     "evaluate_request.json",
     "evaluate_response_correct.json",
     "evaluate_response_incorrect.json",

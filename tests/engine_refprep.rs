@@ -1,0 +1,222 @@
+//! Reference data prepared while the first answer is generated, through the whole engine with real
+//! CPU workers: the preparation is issued as soon as a task starts generating (the scripted LLM answers
+//! only once a `reference_prepared` event is logged), and the first candidates' results are the same
+//! as without it (KernelBench's metadata, to the string).
+
+mod worker_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use krefine::engine::{Engine, EngineParts, RunPlan};
+use krefine::services::{EventSink, Llm, LlmError};
+use krefine::store::{RunDir, read_log};
+use krefine::types::{
+    Event, ExecOutcome, FeedbackMode, LlmAnswer, LlmRequest, LogRecord, MethodKind, PrepareStatus,
+    Problem, ProblemKey,
+};
+use krefine::worker::WorkerPool;
+use worker_support::*;
+
+/// Sample 0: a correct pure-Python candidate; sample 1: one off by 1.0 in one element (incorrect in
+/// every trial, so all five trials run). With a gate, answers wait until it opens.
+struct Answers {
+    gate: Option<watch::Receiver<bool>>,
+}
+
+#[async_trait::async_trait]
+impl Llm for Answers {
+    fn describe(&self) -> String {
+        "gated answers".into()
+    }
+
+    async fn complete(&self, req: LlmRequest, _sink: &EventSink) -> Result<LlmAnswer, LlmError> {
+        if let Some(gate) = &self.gate {
+            let mut gate = gate.clone();
+            let opened =
+                tokio::time::timeout(Duration::from_secs(300), gate.wait_for(|open| *open));
+            if !matches!(opened.await, Ok(Ok(_))) {
+                return Err(LlmError::Failed(
+                    "no reference_prepared event while the answer was being generated".into(),
+                ));
+            }
+        }
+        let code = if req.task.sample == 0 {
+            "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, a, b):\n        return torch.add(a, b)\n".to_string()
+        } else {
+            hostile("value_mismatch.py")
+        };
+        Ok(LlmAnswer {
+            content: format!("```python\n{code}\n```"),
+            usage: None,
+            cost_usd: None,
+            model: "gated".into(),
+            finish_reason: None,
+            latency_ms: 0,
+            attempts: 1,
+        })
+    }
+}
+
+/// Run one-shot on `problem` with 2 samples; returns the log.
+async fn run(
+    pool: &Arc<WorkerPool>,
+    root: &std::path::Path,
+    problem: Problem,
+    prepare_ahead: usize,
+) -> Vec<LogRecord> {
+    let key = problem.key;
+    let plan = RunPlan {
+        run: format!("refprep-{prepare_ahead}"),
+        method: MethodKind::OneShot,
+        feedback: FeedbackMode::GE,
+        turns: 1,
+        samples: 2,
+        problems: vec![Arc::new(problem)],
+        simulated: false,
+    };
+    let (open, gate) = watch::channel(false);
+    let parts = EngineParts {
+        llm: Arc::new(Answers {
+            gate: (prepare_ahead > 0).then_some(gate),
+        }),
+        compiler: pool.clone(),
+        executor: pool.clone(),
+        devices: vec![krefine::gpu::DeviceInfo::cpu()],
+        prompts: krefine::prompt::Prompts::load(None).unwrap(),
+        prompt_settings: krefine::prompt::PromptSettings::default(),
+        llm_concurrency: 2,
+        compile_workers: 1,
+        prepare_ahead,
+    };
+    let dir = RunDir::create(&root.join(format!("run-{prepare_ahead}")), "").unwrap();
+    let events = dir.events_path();
+    let engine = Engine::prepare(plan, parts, dir, None, false, CancellationToken::new())
+        .await
+        .unwrap();
+    let mut bus = engine.subscribe();
+    tokio::spawn(async move {
+        while let Ok(rec) = bus.recv().await {
+            if matches!(&rec.event, Event::ReferencePrepared { problem, .. } if *problem == key) {
+                let _ = open.send(true);
+            }
+        }
+    });
+    let summary = engine.run().await.unwrap();
+    assert_eq!(summary.finished, 2, "{summary:?}");
+    read_log(&events).unwrap().records
+}
+
+fn executed(log: &[LogRecord], sample: u32) -> ExecOutcome {
+    log.iter()
+        .find_map(|r| match (&r.task, &r.event) {
+            (Some(t), Event::Executed { outcome, .. }) if t.sample == sample => {
+                Some(outcome.clone())
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no executed event for sample {sample}"))
+}
+
+fn kinds(log: &[LogRecord]) -> Vec<&'static str> {
+    log.iter().map(|r| r.event.kind()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reference_is_prepared_while_the_first_answer_is_generated_and_results_are_unchanged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path().join("work");
+    let harness = deployed_harness(tmp.path()).await;
+    let settings = cpu_settings(
+        test_python().await,
+        harness,
+        &work,
+        &work.join("build-cache"),
+    );
+    let pool = WorkerPool::start(settings).await.expect("pool starts");
+
+    let base = problem_add();
+    let prepared = run(&pool, tmp.path(), (*base).clone(), 2).await;
+    // The same problem under another key and hash (a cold reference on the same worker), judged
+    // without preparation: each candidate's check builds what it reaches.
+    let cold = Problem {
+        key: ProblemKey {
+            level: 1,
+            problem_id: 901,
+        },
+        name: "901_add.py".into(),
+        code: format!(
+            "{}\n# the same problem, another reference cache entry\n",
+            base.code
+        ),
+    };
+    let lazy = run(&pool, tmp.path(), cold, 0).await;
+    pool.shutdown().await;
+
+    // Issued at run start: the first preparation step is logged before any answer (the LLM waited
+    // for it), it built the first trial, and later steps built the rest before the first execute.
+    let first_prep = prepared
+        .iter()
+        .position(|r| matches!(r.event, Event::ReferencePrepared { .. }))
+        .unwrap_or_else(|| panic!("no reference_prepared event: {:?}", kinds(&prepared)));
+    let first_answer = prepared
+        .iter()
+        .position(|r| matches!(r.event, Event::LlmAnswered { .. }))
+        .expect("an answer");
+    assert!(first_prep < first_answer, "{:?}", kinds(&prepared));
+    let steps: Vec<_> = prepared
+        .iter()
+        .filter_map(|r| match &r.event {
+            Event::ReferencePrepared {
+                problem,
+                device,
+                outcome,
+                ..
+            } => Some((*problem, device.clone(), outcome.clone())),
+            _ => None,
+        })
+        .collect();
+    let (problem, device, first) = &steps[0];
+    assert_eq!((*problem, device.as_str()), (base.key, "cpu"));
+    assert_eq!(first.status, PrepareStatus::Ready, "{first:#?}");
+    assert_eq!(first.built, vec!["trial 1".to_string()]);
+    assert!(
+        steps
+            .iter()
+            .all(|(_, _, o)| o.status == PrepareStatus::Ready),
+        "{steps:#?}"
+    );
+    assert!(
+        lazy.iter()
+            .all(|r| !matches!(r.event, Event::ReferencePrepared { .. })),
+        "prepare_ahead = 0 prepares nothing"
+    );
+
+    // The same verdicts and KernelBench metadata either way.
+    for sample in [0, 1] {
+        let (a, b) = (executed(&prepared, sample), executed(&lazy, sample));
+        assert_eq!(
+            (a.verdict, a.compiled, a.correctness, &a.metadata),
+            (b.verdict, b.compiled, b.correctness, &b.metadata),
+            "sample {sample}"
+        );
+    }
+    let correct = executed(&prepared, 0);
+    assert_eq!(
+        correct.verdict,
+        krefine::types::Verdict::Correct,
+        "{correct:#?}"
+    );
+    let wrong = executed(&prepared, 1);
+    assert_eq!(
+        wrong
+            .metadata
+            .get("correctness_trials")
+            .and_then(|v| v.as_str()),
+        Some("(0 / 5)"),
+        "{wrong:#?}"
+    );
+}

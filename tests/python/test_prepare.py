@@ -1,0 +1,279 @@
+"""Reference data trial by trial: `prepare` one step at a time, a candidate's check that builds only the
+trials it reaches, timing inputs only after correctness passed, unchanged verdicts, and the `progress`
+notices that take reference work off a candidate's clock. Counters, never wall-clock times."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kb_eval
+import kb_prepare
+import kb_protocol
+from harness_client import HOSTILE, WorkerProcess, evaluate_request, prepare_request
+
+ADD = (HOSTILE / "problem_add.py").read_text()
+# Counts the reference's forwards (on the class: a fresh count per loaded problem).
+COUNTING = ADD.replace(
+    "        return a + b",
+    "        type(self).calls = getattr(type(self), 'calls', 0) + 1\n        return a + b",
+)
+DROPOUT = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        self.dropout = nn.Dropout(p)
+
+    def forward(self, x):
+        return self.dropout(x) * 2.0
+
+
+def get_inputs():
+    return [torch.rand(16, 16)]
+
+
+def get_init_inputs():
+    return [0.5]
+"""
+
+
+def candidate(body: str) -> str:
+    return "import torch\nimport torch.nn as nn\n\n" + textwrap.dedent(body)
+
+
+CORRECT = candidate(
+    """
+    class ModelNew(nn.Module):
+        def forward(self, a, b):
+            return torch.add(a, b)
+    """
+)
+RAISES = candidate(
+    """
+    class ModelNew(nn.Module):
+        def forward(self, a, b):
+            raise RuntimeError("the kernel failed")
+    """
+)
+# Passes trials 1 and 2, raises in trial 3.
+RAISES_IN_TRIAL_3 = candidate(
+    """
+    class ModelNew(nn.Module):
+        calls = 0
+
+        def forward(self, a, b):
+            type(self).calls += 1
+            if type(self).calls == 3:
+                raise RuntimeError("trial 3 failed")
+            return a + b
+    """
+)
+SHAPE = (HOSTILE / "shape_mismatch.py").read_text()
+VALUE = (HOSTILE / "value_mismatch.py").read_text()
+DROPOUT_CANDIDATE = candidate(
+    """
+    class ModelNew(nn.Module):
+        def __init__(self, p):
+            super().__init__()
+            self.dropout = nn.Dropout(p)
+
+        def forward(self, x):
+            return self.dropout(x) * 2.0
+    """
+)
+
+
+class Harness:
+    """An in-process worker (candidates run here: the checking logic, not the isolation, is tested)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.worker = kb_eval.Worker(isolate=False)
+        self.count = 0
+
+    def evaluate(self, source: str, problem: str = COUNTING, **options: Any) -> dict[str, Any]:
+        self.count += 1
+        request = evaluate_request(self.count, problem, source, self.root / f"c{self.count}", **options)
+        response = kb_eval.evaluate(request, self.worker)
+        assert kb_protocol.check_response(response) == []
+        return response
+
+    def prepare(self, problem: str = COUNTING, **options: Any) -> dict[str, Any]:
+        self.count += 1
+        response = kb_prepare.prepare(prepare_request(self.count, problem, **options), self.worker)
+        assert kb_protocol.check_response(response) == []
+        return response
+
+    def context(self) -> kb_eval.ProblemContext:
+        (ctx,) = self.worker.references.contexts.values()
+        return ctx
+
+
+@pytest.fixture()
+def harness(tmp_path: Path) -> Harness:
+    return Harness(tmp_path)
+
+
+def _calls(ctx: kb_eval.ProblemContext) -> int:
+    assert ctx.problem is not None
+    return int(getattr(ctx.problem.model, "calls", 0))
+
+
+def test_prepare_builds_one_step_per_request_in_a_candidates_order(harness: Harness) -> None:
+    for k in range(1, 6):
+        r = harness.prepare(steps=1)
+        assert (r["status"], r["built"], r["trials_ready"], r["done"]) == ("ready", [f"trial {k}"], k, False)
+        assert r["next"] == ("trial" if k < 5 else "timing_inputs")
+    ctx = harness.context()
+    assert (ctx.counts["trials"], ctx.counts["inputs"], _calls(ctx)) == (5, 5, 5)
+    r = harness.prepare(steps=1)
+    assert (r["built"], r["next"], r["done"]) == (["timing inputs"], "reference_timing", False)
+    assert ctx.counts["timing_inputs"] == 1 and ctx.counts["inputs"] == 6
+    # Not quiet yet (the CPU device's builds still run): the reference is not timed.
+    r = harness.prepare(steps=1, quiet=False)
+    assert (r["built"], r["next"], r["done"]) == ([], "reference_timing", False)
+    assert _calls(ctx) == 5
+    r = harness.prepare(steps=1)
+    assert (r["built"], r["next"], r["done"]) == (["reference timing"], None, True)
+    assert _calls(ctx) == 5 + 104  # 3 warm-ups, 1 discarded, 100 timed
+    again = harness.prepare(steps=1)
+    assert (again["built"], again["done"], again["trials_ready"]) == ([], True, 5)
+    assert (ctx.counts["inputs"], _calls(ctx)) == (6, 5 + 104)
+    r = harness.evaluate(CORRECT)
+    assert r["status"] == "correct" and r["ref_runtime_source"] == "cached"
+    assert (ctx.counts["inputs"], _calls(ctx)) == (6, 5 + 104)  # the candidate found everything built
+
+
+def test_prepare_without_steps_builds_everything_at_once(harness: Harness) -> None:
+    r = harness.prepare()
+    assert r["built"] == [f"trial {k}" for k in range(1, 6)] + ["timing inputs", "reference timing"]
+    assert (r["done"], r["next"], r["trials_ready"]) == (True, None, 5)
+
+
+def test_a_candidate_failing_trial_1_builds_one_reference_trial_not_five(harness: Harness) -> None:
+    r = harness.evaluate(RAISES)
+    assert r["status"] == "runtime_error" and r["metadata"]["runtime_error"] == "the kernel failed"
+    ctx = harness.context()
+    assert (ctx.counts["trials"], ctx.counts["inputs"], ctx.counts["timing_inputs"]) == (1, 1, 0)
+    assert _calls(ctx) == 1
+    assert [e is not None for e in ctx.trials[5]] == [True, False, False, False, False]
+    # A shape mismatch stops at its first trial as well (KernelBench returns there).
+    r = harness.evaluate(SHAPE)
+    assert r["status"] == "incorrect" and "correctness_trials" not in r["metadata"]
+    assert (ctx.counts["trials"], ctx.counts["inputs"]) == (1, 1)
+
+
+def test_a_candidate_failing_trial_3_builds_three(harness: Harness) -> None:
+    r = harness.evaluate(RAISES_IN_TRIAL_3)
+    assert r["status"] == "runtime_error" and r["metadata"]["runtime_error"] == "trial 3 failed"
+    ctx = harness.context()
+    assert (ctx.counts["trials"], ctx.counts["inputs"], _calls(ctx)) == (3, 3, 3)
+    # Background preparation picks up where the check stopped.
+    r = harness.prepare(steps=1)
+    assert (r["built"], r["trials_ready"]) == (["trial 4"], 4)
+
+
+def test_a_value_mismatch_checks_every_trial_as_kernelbench_does(harness: Harness) -> None:
+    # KernelBench does not stop at a value mismatch: all trials run and "(0 / 5)" is recorded.
+    r = harness.evaluate(VALUE)
+    assert r["status"] == "incorrect" and r["metadata"]["correctness_trials"] == "(0 / 5)"
+    assert r["metadata"]["max_difference"] == ["1.000000"] * 5
+    ctx = harness.context()
+    assert (ctx.counts["trials"], ctx.counts["inputs"], ctx.counts["timing_inputs"]) == (5, 5, 0)
+
+
+def test_timing_inputs_are_made_only_once_correctness_passed(harness: Harness) -> None:
+    r = harness.evaluate(CORRECT, timing_trials=5)
+    assert r["status"] == "correct" and r["ref_runtime_source"] == "measured"
+    ctx = harness.context()
+    assert (ctx.counts["trials"], ctx.counts["timing_inputs"], ctx.counts["inputs"]) == (5, 1, 6)
+    # The reference work of the first candidate is booked as reference time.
+    assert r["phases"]["reference_s"] > 0
+
+
+def test_a_broken_reference_stops_preparation_at_the_trial_that_failed(harness: Harness) -> None:
+    broken = COUNTING.replace(
+        "        return a + b", "        if type(self).calls == 2:\n            raise ValueError('broken')\n        return a + b"
+    )
+    assert harness.prepare(problem=broken, steps=1)["built"] == ["trial 1"]
+    r = harness.prepare(problem=broken, steps=1)
+    assert (r["status"], r["built"], r["done"], r["next"]) == ("reference_error", ["trial 2"], True, None)
+    assert "broken" in r["feedback"]
+    assert harness.evaluate(CORRECT, problem=broken)["status"] == "reference_error"
+
+
+def _verdict(r: dict[str, Any], root: Path) -> tuple[Any, ...]:
+    """What a result says about the candidate; its build folder (in tracebacks) written as <build>."""
+    build = re.compile(re.escape(str(root)) + r"/c\d+")
+    metadata = {k: build.sub("<build>", v) if isinstance(v, str) else v for k, v in r["metadata"].items()}
+    return (r["status"], r["compiled"], r["correctness"], metadata, r["runtime"] == -1.0)
+
+
+@pytest.mark.parametrize(
+    ("source", "problem"),
+    [
+        (CORRECT, COUNTING),
+        (RAISES, COUNTING),
+        (RAISES_IN_TRIAL_3, COUNTING),
+        (SHAPE, COUNTING),
+        (VALUE, COUNTING),
+        (DROPOUT_CANDIDATE, DROPOUT),
+    ],
+    ids=["correct", "raises", "raises_in_trial_3", "shape", "value", "dropout_rng"],
+)
+def test_verdicts_are_the_same_prepared_partly_prepared_or_not(tmp_path: Path, source: str, problem: str) -> None:
+    """The same candidate judged by fresh workers: nothing prepared (its check builds what it
+    reaches), two steps prepared, everything prepared (KernelBench's metadata, to the string)."""
+    results = []
+    for name, steps in [("lazy", 0), ("partly", 2), ("full", None)]:
+        harness = Harness(tmp_path / name)
+        if steps != 0:
+            harness.prepare(problem=problem, steps=steps, measure=False)
+        result = harness.evaluate(source, problem=problem, measure=False)
+        results.append(_verdict(result, harness.root))
+    assert results[0] == results[1] == results[2]
+
+
+def test_evaluate_announces_reference_work_with_progress_notices(cpu_worker: WorkerProcess, work: Path) -> None:
+    """Through the real serve loop: reference work during an evaluate comes as start/end notices with
+    the evaluate's id (harness_client checks that they alternate); a second candidate, with
+    everything cached, gets none."""
+    problem = ADD.replace("N = 64", "N = 48")  # a problem no other test of the session warmed
+    seen = len(cpu_worker.progress)
+    first = cpu_worker.request(evaluate_request(901, problem, CORRECT, work / "build" / "progress1", trials=5))
+    assert first["status"] == "correct" and first["ref_runtime_source"] == "measured"
+    notices = cpu_worker.progress[seen:]
+    assert notices and all(n["id"] == 901 for n in notices)
+    assert [n["reference"] for n in notices[:2]] == ["start", "end"]
+    seen = len(cpu_worker.progress)
+    second = cpu_worker.request(evaluate_request(902, problem, CORRECT, work / "build" / "progress2", trials=5))
+    assert second["status"] == "correct" and second["ref_runtime_source"] == "cached"
+    assert cpu_worker.progress[seen:] == []
+
+
+def test_a_long_reference_timing_is_left_to_the_first_correct_candidate(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background step cannot be interrupted: timing a reference whose forwards say it would hold the
+    device too long is not one of them; the first correct candidate's evaluation times it."""
+    monkeypatch.setattr(kb_prepare, "BACKGROUND_TIMING_MAX_S", 0.0)
+    for _ in range(6):
+        harness.prepare(steps=1)
+    ctx = harness.context()
+    assert ctx.timing_inputs_cache is not None and len(ctx.forward_seconds) == 5
+    r = harness.prepare(steps=1)
+    assert (r["built"], r["done"], r["next"]) == ([], True, None)
+    assert _calls(ctx) == 5
+    # A preparation asked for everything at once still times it.
+    full = Harness(harness.root / "full")
+    assert full.prepare()["built"][-1] == "reference timing"
+    r = harness.evaluate(CORRECT, timing_trials=5)
+    assert r["status"] == "correct" and r["ref_runtime_source"] == "measured"
