@@ -272,22 +272,15 @@ impl Timeline<'_> {
     async fn before(&self, job: ExecJob) -> anyhow::Result<(ExecOutcome, f64)> {
         tokio::time::sleep(self.head_start).await;
         let t = Instant::now();
-        let device = self
+        let lease = self
             .devices
             .acquire()
             .await
-            .ok_or_else(|| anyhow::anyhow!("no device left to lease"))?
-            .device
-            .id;
-        loop {
-            let step = self
-                .pool
-                .prepare_reference(job.problem.clone(), &device, true)
-                .await?;
-            if step.done || step.built.is_empty() {
-                break;
-            }
-        }
+            .ok_or_else(|| anyhow::anyhow!("no device left to lease"))?;
+        self.pool
+            .prepare_everything(&job.problem, &lease.device.id)
+            .await?;
+        drop(lease);
         let outcome = self.execute(job).await?;
         Ok((outcome, t.elapsed().as_secs_f64()))
     }

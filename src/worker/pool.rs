@@ -896,6 +896,36 @@ impl WorkerPool {
         }
     }
 
+    /// Build all of `problem`'s reference data on `device` in one request, as every evaluation did
+    /// before preparation went step by step (kept for `krefine bench reference`'s "before" figure).
+    pub async fn prepare_everything(
+        &self,
+        problem: &Problem,
+        device: &DeviceId,
+    ) -> Result<PrepareOutcome, Unavailable> {
+        let Some(slot) = self.eval_slot(device) else {
+            return Err(Unavailable(format!(
+                "device {device} is not served by this worker pool"
+            )));
+        };
+        let request = RequestBody::Prepare(self.prepare_request(problem, device));
+        let started = Instant::now();
+        let result = self
+            .call(slot, request, self.deadlines.reference, false)
+            .await;
+        Ok(match result {
+            Ok(ResponseBody::Prepare(r)) => super::reference::prepare_outcome(r),
+            Ok(other) => super::reference::prepare_failed(
+                format!("prepare answered with `{}`", other.kind()),
+                started,
+            ),
+            Err(e) => {
+                let e = e.candidate_fault()?;
+                super::reference::prepare_failed(super::reference::call_error_text(&e), started)
+            }
+        })
+    }
+
     /// The `prepare` request for `problem` on `device` (an evaluate is the same plus the candidate).
     fn prepare_request(&self, problem: &Problem, device: &DeviceId) -> PrepareRequest {
         PrepareRequest {

@@ -778,3 +778,17 @@ def test_module_level_parameters_follow_rng_replay(harness: Harness) -> None:
     assert harness.evaluate(same_init, problem=problem, measure=False)["status"] == "correct"
     other_init = same_init.replace("torch.randn(64)", "torch.rand(64)")
     assert harness.evaluate(other_init, problem=problem, measure=False)["status"] == "incorrect"
+
+
+def test_mismatch_detail_counts_as_isclose_does() -> None:
+    """The feedback's count of failing elements comes from the difference KernelBench's max/avg use;
+    it must agree with torch.isclose, NaN and infinities included."""
+    inf, nan = float("inf"), float("nan")
+    expected = torch.tensor([[1.0, nan, inf, -inf], [2.0, inf, 0.5, 3.0]])
+    got = torch.tensor([[1.00001, nan, inf, inf], [3.0, 5.0, 0.5, nan]])
+    diff = torch.abs(expected - got)
+    detail = kb_correctness.mismatch_detail(1, expected, got, 1e-4, diff)
+    assert detail is not None
+    assert detail.bad == int((~torch.isclose(expected, got, rtol=1e-4, atol=1e-4)).sum())
+    assert detail.first_index == (0, 1) and detail.total == 8
+    assert detail.nonfinite == int((~torch.isfinite(got) & torch.isfinite(expected)).sum())
