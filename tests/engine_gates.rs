@@ -51,6 +51,11 @@ struct Probe {
     /// Compile calls so far, and how many of the first ones find no worker (an outage).
     compiles: AtomicUsize,
     compile_outage: AtomicUsize,
+    /// When set, GPU 0's host is drained at its first execution: the call is Unavailable and the
+    /// executor says the device is retired from then on.
+    drain_gpu0: std::sync::atomic::AtomicBool,
+    gpu0_retired: std::sync::atomic::AtomicBool,
+    gpu0_calls: AtomicUsize,
 }
 
 struct Services(Arc<Probe>);
@@ -106,6 +111,11 @@ impl Compiler for Services {
 #[async_trait]
 impl Executor for Services {
     async fn execute(&self, _job: ExecJob, device: &DeviceId) -> Result<ExecOutcome, Unavailable> {
+        if *device == DeviceId::Gpu(0) && self.0.drain_gpu0.load(Ordering::SeqCst) {
+            self.0.gpu0_calls.fetch_add(1, Ordering::SeqCst);
+            self.0.gpu0_retired.store(true, Ordering::SeqCst);
+            return Err(Unavailable("worker lost; its host is drained".into()));
+        }
         self.0.execute.enter();
         for _ in 0..5 {
             if self.0.compile.now.load(Ordering::SeqCst) > 0 {
@@ -132,6 +142,9 @@ impl Executor for Services {
             error: None,
             duration_ms: 0,
         })
+    }
+    fn retired(&self, device: &DeviceId) -> bool {
+        *device == DeviceId::Gpu(0) && self.0.gpu0_retired.load(Ordering::SeqCst)
     }
 }
 
@@ -272,4 +285,44 @@ async fn a_worker_outage_defers_tasks_and_resume_redoes_exactly_them() {
     );
     // 3 refused calls, then every turn's compile exactly once.
     assert_eq!(probe.compiles.load(Ordering::SeqCst), 3 + 12 * 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retired_device_gets_no_more_work_and_its_step_runs_elsewhere() {
+    let probe = Arc::new(Probe::default());
+    probe.drain_gpu0.store(true, Ordering::SeqCst);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("run");
+    let dir = RunDir::create(&root, "").unwrap();
+    let s = run_in(&probe, dir, None, vec![gpu(0), gpu(1)], 4, 4).await;
+    assert_eq!((s.finished, s.tasks), (12, 12), "nothing deferred");
+    assert_eq!(
+        probe.gpu0_calls.load(Ordering::SeqCst),
+        1,
+        "one call, then retired"
+    );
+    let log = krefine::store::read_log(&root.join("events.jsonl")).unwrap();
+    let mut executed = 0;
+    for r in &log.records {
+        match &r.event {
+            krefine::types::Event::Executed { outcome, .. } => {
+                executed += 1;
+                assert_eq!(outcome.device, "cuda:1");
+            }
+            krefine::types::Event::Deferred { .. } => panic!("a deferred step: {r:?}"),
+            _ => {}
+        }
+    }
+    assert_eq!(executed, 12 * 3);
+    // The retired device's one lease is in the log, granted and released.
+    let leases_on = |kind: &str| {
+        log.records
+            .iter()
+            .filter(|r| r.event.kind() == kind && format!("{:?}", r.event).contains("cuda:0"))
+            .count()
+    };
+    assert_eq!(
+        (leases_on("lease_granted"), leases_on("lease_released")),
+        (1, 1)
+    );
 }
