@@ -919,10 +919,16 @@ impl WorkerPool {
                 format!("prepare answered with `{}`", other.kind()),
                 started,
             ),
-            Err(e) => {
-                let e = e.candidate_fault()?;
-                super::reference::prepare_failed(super::reference::call_error_text(&e), started)
-            }
+            Err(e) => match e.candidate_fault() {
+                Ok(e) => {
+                    super::reference::prepare_failed(super::reference::call_error_text(&e), started)
+                }
+                Err(Fault::Unavailable(u)) => return Err(u),
+                Err(Fault::Lost(loss)) => super::reference::prepare_failed(
+                    format!("worker lost: {}", loss.detail),
+                    started,
+                ),
+            },
         })
     }
 
