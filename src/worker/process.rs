@@ -520,30 +520,11 @@ impl WorkerProcess {
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         // Own session (and process group): ninja, nvcc and anything a candidate forks die with the
-        // worker, see `kill_group`. And the worker (or the sandbox's supervisor, whose PID 1 dies with
-        // it) dies with us: were krefine killed with SIGKILL while a CPU timing holds the compile
-        // workers stopped, nothing would ever continue them. SIGKILL reaches a stopped process.
-        // The kernel sends it when the thread that forked exits; workers are spawned from the
-        // runtime's worker threads, which live as long as krefine.
-        let orchestrator = nix::unistd::Pid::this();
-        // SAFETY: between fork and exec only async-signal-safe calls (setsid, prctl, getppid, _exit).
+        // worker, see `kill_group`.
+        // SAFETY: between fork and exec only the async-signal-safe `setsid` is called.
         unsafe {
-            cmd.pre_exec(move || {
+            cmd.pre_exec(|| {
                 nix::unistd::setsid().map_err(std::io::Error::from)?;
-                if libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGKILL as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                ) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The orchestrator died before the prctl took effect: nobody would signal us.
-                if nix::unistd::getppid() != orchestrator {
-                    libc::_exit(1);
-                }
                 Ok(())
             });
         }
