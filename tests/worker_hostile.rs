@@ -499,6 +499,8 @@ fn dropping_a_pool_leaves_no_processes() {
         // not write the pid file, and the pids it sees are its PID namespace's. Sandboxed, the
         // namespace's PID 1 takes every process in it along when it is killed.
         settings.sandbox = krefine::worker::sandbox::SandboxMode::Off;
+        // A fresh candidate process on a loaded 2-core machine can take longer than the shared 10 s.
+        settings.timeouts.execute_s = 60.0;
         let pool = WorkerPool::start(settings).await.expect("pool");
         let c = pool
             .compile(compile_job(&code, &s.logs, "orphan"))
