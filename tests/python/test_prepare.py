@@ -277,3 +277,34 @@ def test_a_long_reference_timing_is_left_to_the_first_correct_candidate(
     assert full.prepare()["built"][-1] == "reference timing"
     r = harness.evaluate(CORRECT, timing_trials=5)
     assert r["status"] == "correct" and r["ref_runtime_source"] == "measured"
+
+
+def test_the_kernelbench_order_yardstick_agrees_with_the_harness(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench/reference/kernelbench_order.py (KernelBench's order, for `krefine bench reference`; run
+    here in-process) reaches the same verdicts, and stops where KernelBench stops."""
+    import importlib.util
+    import json
+
+    from harness_client import HARNESS_DIR, REPO
+
+    spec = importlib.util.spec_from_file_location("kernelbench_order", REPO / "bench" / "reference" / "kernelbench_order.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    problem = tmp_path / "problem.py"
+    problem.write_text(ADD)
+    seen = {}
+    for name, source in [("correct", CORRECT), ("value", VALUE), ("raises", RAISES)]:
+        path = tmp_path / f"{name}.py"
+        path.write_text(source)
+        args = [str(HARNESS_DIR), str(problem), str(path), str(tmp_path / f"build_{name}"), "cpu", "5", "3", "1"]
+        assert script.main(args) == 0
+        seen[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (seen["correct"]["status"], seen["correct"]["passed"]) == ("correct", 5)
+    assert "timing_s" in seen["correct"]["phases"] and "ref_timing_s" in seen["correct"]["phases"]
+    assert (seen["value"]["status"], seen["value"]["trials_run"]) == ("incorrect", 5)
+    # A raising trial ends the check; KernelBench times the reference all the same.
+    assert (seen["raises"]["status"], seen["raises"]["trials_run"]) == ("runtime_error", 1)
+    assert "ref_timing_s" in seen["raises"]["phases"] and "timing_s" not in seen["raises"]["phases"]
