@@ -18,19 +18,19 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use tokio::sync::{Mutex, Semaphore, broadcast, mpsc};
+use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::gpu::{DeviceInfo, DevicePool};
 use crate::llm::extract::extract_code;
-use crate::machine::{MachineError, TaskRunner, TaskSpec};
+use crate::machine::{MachineError, Retention, TaskRunner, TaskSpec};
 use crate::prompt::{PromptSettings, Prompts};
 use crate::refprep::{self, PrepServices, Preparer};
 use crate::services::{
     BuildPause, CompileJob, Compiler, DeviceId, EventSink, ExecJob, Executor, Llm, LlmError,
     SINK_CAPACITY, Unavailable,
 };
-use crate::store::{EventLog, ReadLog, RunDir, StoreError};
+use crate::store::{EventLog, FileWriter, ReadLog, RunDir, StoreError};
 use crate::types::{
     Command, Event, FeedbackMode, LlmRequest, LogRecord, MethodKind, Problem, ProblemKey,
     PromptContext, TaskId, WaitingOn,
@@ -154,7 +154,11 @@ enum Step {
 
 struct Shared {
     dir: RunDir,
-    log: Mutex<EventLog>,
+    log: EventLog,
+    /// Prompt files and candidate files, each kind written one after another by a thread of its
+    /// own, so that a candidate's file never waits behind prompts.
+    prompt_files: FileWriter,
+    kernel_files: FileWriter,
     bus: broadcast::Sender<Arc<LogRecord>>,
     sink: EventSink,
     llm: Arc<dyn Llm>,
@@ -180,11 +184,20 @@ struct Shared {
 }
 
 impl Shared {
-    async fn append(&self, task: Option<TaskId>, event: Event) -> Result<(), StoreError> {
-        let rec = self.log.lock().await.append(task, event).await?;
-        // Nobody listening is fine: the log is the record, the bus only feeds live views.
-        let _ = self.bus.send(Arc::new(rec));
-        Ok(())
+    /// Log `event`; resolves to the record once it is in the file. The event is queued before this
+    /// returns and the future does not hold it, which keeps the futures of waiting drivers small.
+    fn append(
+        &self,
+        task: Option<TaskId>,
+        event: Event,
+    ) -> impl Future<Output = Result<Arc<LogRecord>, StoreError>> + '_ {
+        let written = self.log.append(task, event);
+        async move {
+            let rec = Arc::new(written.await?);
+            // Nobody listening is fine: the log is the record, the bus only feeds live views.
+            let _ = self.bus.send(rec.clone());
+            Ok(rec)
+        }
     }
 
     fn problem(&self, task: TaskId) -> Result<Arc<Problem>, EngineError> {
@@ -247,10 +260,13 @@ impl Engine {
                 dir.config_path().display()
             )));
         }
+        let retention = Retention::Prompts(parts.prompt_settings.history);
         let mut runners = Vec::with_capacity(specs.len());
         for spec in specs {
             let evs = by_task.remove(&spec.id).unwrap_or_default();
-            runners.push(TaskRunner::fold(spec, evs)?);
+            // The engine keeps of finished turns only what later prompts need; views and reports
+            // fold the log for the rest.
+            runners.push(TaskRunner::fold_keeping(spec, retention, evs)?);
         }
 
         let log = EventLog::open(&events_path, valid_len, next_seq, fsync).await?;
@@ -266,7 +282,9 @@ impl Engine {
             .then(|| Arc::new(Preparer::new(parts.prepare_ahead)));
         let shared = Arc::new(Shared {
             dir,
-            log: Mutex::new(log),
+            log,
+            prompt_files: FileWriter::start("prompts")?,
+            kernel_files: FileWriter::start("kernels")?,
             bus,
             sink: EventSink::new(info_tx),
             llm: parts.llm,
@@ -489,6 +507,10 @@ async fn log_info(shared: &Shared, task: Option<TaskId>, event: Event) {
 }
 
 /// Run a task's commands until it finishes, the run is cancelled, or LLM requests are stopped.
+///
+/// Every task of a run has a driver from start to finish, most of them waiting at a gate, so the
+/// stages run as boxed futures: a waiting driver holds the stage it waits in, not room for the
+/// largest one.
 async fn drive(
     shared: Arc<Shared>,
     mut runner: TaskRunner,
@@ -508,20 +530,22 @@ async fn drive(
             }
             Command::CallLlm { turn, context } => (
                 turn,
-                generate(&shared, task, turn, &context, &mut interest).await?,
+                Box::pin(generate(&shared, task, turn, &context, &mut interest)).await?,
             ),
-            Command::Compile { turn, code } => (turn, compile(&shared, task, turn, code).await),
+            Command::Compile { turn, code } => {
+                (turn, Box::pin(compile(&shared, task, turn, code)).await)
+            }
             Command::Execute { turn, code } => {
                 interest.end();
-                (
-                    turn,
-                    on_device(&shared, &runner, task, turn, code, false).await?,
-                )
+                let build_dir = build_dir(&runner, turn);
+                let stage = on_device(&shared, task, turn, code, build_dir, false);
+                (turn, Box::pin(stage).await?)
             }
-            Command::Profile { turn, code } => (
-                turn,
-                on_device(&shared, &runner, task, turn, code, true).await?,
-            ),
+            Command::Profile { turn, code } => {
+                let build_dir = build_dir(&runner, turn);
+                let stage = on_device(&shared, task, turn, code, build_dir, true);
+                (turn, Box::pin(stage).await?)
+            }
         };
         let event = match step {
             Step::Event(e) => e,
@@ -550,17 +574,25 @@ async fn drive(
             }
         };
         // Write-ahead: the event is durable before the machine acts on it.
-        shared.append(Some(task), event.clone()).await?;
-        match runner.handle(&event)? {
+        let rec = shared.append(Some(task), event).await?;
+        match runner.handle(&rec.event)? {
             Some(next) => cmd = next,
             None => {
                 return Err(EngineError::Resume(format!(
                     "task {task}: the machine issued no command after `{}`",
-                    event.kind()
+                    rec.event.kind()
                 )));
             }
         }
     }
+}
+
+/// The build folder of the turn's candidate, when its compile step left one for the device step.
+fn build_dir(runner: &TaskRunner, turn: u32) -> Option<String> {
+    runner
+        .turn(turn)
+        .and_then(|r| r.compile.as_ref())
+        .and_then(|c| c.build_dir.clone())
 }
 
 /// A task's claim on its problem's reference data: on from the start of its LLM request until its
@@ -615,7 +647,11 @@ async fn generate(
         })?;
     // The exact messages, for whoever reads the run later (the TUI's detail view); a failure to
     // write them costs the display, not the turn.
-    let prompt_file = match shared.dir.write_prompt(task, turn, &messages).await {
+    let prompt_file = match shared
+        .dir
+        .write_prompt(&shared.prompt_files, task, turn, &messages)
+        .await
+    {
         Ok(p) => Some(p),
         Err(e) => {
             tracing::warn!("cannot store the prompt of task {task} turn {turn}: {e}");
@@ -649,7 +685,12 @@ async fn generate(
         Ok(answer) => {
             let code = extract_code(&answer.content);
             let code_file = match &code {
-                Some(c) => Some(shared.dir.write_kernel(task, turn, c).await?),
+                Some(c) => Some(
+                    shared
+                        .dir
+                        .write_kernel(&shared.kernel_files, task, turn, c)
+                        .await?,
+                ),
                 None => None,
             };
             Step::Event(Event::LlmAnswered {
@@ -719,17 +760,12 @@ enum Quiet<'a> {
 /// times are logged around it.
 async fn on_device(
     shared: &Shared,
-    runner: &TaskRunner,
     task: TaskId,
     turn: u32,
     code: String,
+    build_dir: Option<String>,
     profile: bool,
 ) -> Result<Step, EngineError> {
-    let build_dir = runner
-        .turns()
-        .get((turn as usize).saturating_sub(1))
-        .and_then(|r| r.compile.as_ref())
-        .and_then(|c| c.build_dir.clone());
     let job = ExecJob {
         task,
         turn,
