@@ -47,11 +47,6 @@ STRICT_SETS = 3
 REVERIFY_SEED_OFFSET = 1_000_003
 _enumerate_threads = threading.enumerate
 _perf_counter = time.perf_counter
-_sleep = time.sleep
-# A harness thread that has just ended (the compile log's pump) stays in /proc/self/task until its OS
-# thread exits, a little after Python sees it stopped; a native thread count that has risen is read
-# again over this long before it counts (longer under load: the test suite saw it on a busy machine).
-NATIVE_SETTLE_S = 0.2
 
 
 # ------------------------------------------------------------------------------------------ settings
@@ -152,11 +147,6 @@ class Integrity:
                 "returns",
             )
         native = native_threads()
-        waited = 0.0
-        while native > self.native and waited < NATIVE_SETTLE_S:
-            _sleep(0.01)
-            waited += 0.01
-            native = native_threads()
         if native > self.native:
             # Informational: native pools (OpenMP, CUDA libraries) may legitimately start threads.
             self.report(
