@@ -49,6 +49,14 @@ _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _DEPS = re.compile(r"^-- Filter Dependencies -- > (.+)$")
 _VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
 T0 = time.monotonic()
+# The files each step writes, by the options naming them: (required, optional).
+_WRITES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "host-preprocess": (("-o",), ()),
+    "cudafe++": (("--gen_c_file_name", "--module_id_file_name"), ()),
+    "cicc": ((), ("-o", "--gen_c_file_name", "--stub_file_name", "--gen_device_file_name")),
+    "ptxas": (("-o",), ()),
+    "fatbinary": ((), ("--embedded-fatbin", "--create")),
+}
 NVIDIA_TOOLS = {"cudafe++", "cicc", "ptxas", "fatbinary"}
 
 
@@ -164,34 +172,16 @@ def plan_steps(commands: list[list[str]], env: dict[str, str], output: str, dep_
     if kinds[-1] != "host-compile" or kinds.count("cicc") < 1 or kinds.count("cicc") != kinds.count("ptxas"):
         return None
     for s in steps:
-        if s.tool == "host-preprocess":
-            out = _option(s.argv, "-o")
-            if out is None:
-                return None
-            s.writes.add(out)
-        elif s.tool == "cudafe++":
-            for opt in ("--gen_c_file_name", "--module_id_file_name"):
+        if s.tool in _WRITES:
+            required, optional = _WRITES[s.tool]
+            for opt in required:
                 v = _option(s.argv, opt)
                 if v is None:
                     return None
                 s.writes.add(v)
-            if "--gen_module_id_file" not in s.argv:
+            s.writes |= {v for opt in optional if (v := _option(s.argv, opt)) is not None}
+            if s.tool == "cudafe++" and "--gen_module_id_file" not in s.argv:
                 return None
-        elif s.tool == "cicc":
-            for opt in ("-o", "--gen_c_file_name", "--stub_file_name", "--gen_device_file_name"):
-                v = _option(s.argv, opt)
-                if v is not None:
-                    s.writes.add(v)
-        elif s.tool == "ptxas":
-            out = _option(s.argv, "-o")
-            if out is None:
-                return None
-            s.writes.add(out)
-        elif s.tool == "fatbinary":
-            for opt in ("--embedded-fatbin", "--create"):
-                v = _option(s.argv, opt)
-                if v is not None:
-                    s.writes.add(v)
         else:
             out = _option(s.argv, "-o")
             if out != output:
