@@ -48,8 +48,13 @@ const REAP_TIMEOUT: Duration = Duration::from_secs(10);
 const EXIT_STATUS_WAIT: Duration = Duration::from_secs(5);
 
 /// Environment variables passed through from the orchestrator when set. Everything else is dropped.
-const PASS_THROUGH: [&str; 9] = [
+const PASS_THROUGH: [&str; 12] = [
     "PATH",
+    // The build switches the harness documents (README "Builds"): a user's own nvcc wrapper, and
+    // turning off the overlapped nvcc or the split C++ build.
+    "PYTORCH_NVCC",
+    "KREFINE_NVCC_OVERLAP",
+    "KREFINE_SPLIT_CPP",
     // The order in which the driver numbers devices must match the orchestrator's, or a worker's
     // CUDA_VISIBLE_DEVICES index names another GPU.
     "CUDA_DEVICE_ORDER",
@@ -165,9 +170,16 @@ pub struct Remote {
 
 /// The complete environment of a worker: an allowlist, never anything that looks like a secret.
 pub fn worker_env(spec: &SpawnSpec) -> Vec<(String, OsString)> {
+    worker_env_from(spec, |name| std::env::var_os(name))
+}
+
+fn worker_env_from(
+    spec: &SpawnSpec,
+    ours: impl Fn(&str) -> Option<OsString>,
+) -> Vec<(String, OsString)> {
     let mut env: Vec<(String, OsString)> = Vec::new();
     for name in PASS_THROUGH {
-        if let Some(v) = std::env::var_os(name) {
+        if let Some(v) = ours(name) {
             env.push((name.to_string(), v));
         }
     }
@@ -1154,6 +1166,24 @@ mod tests {
                 .contains(&k.as_str());
             assert!(allowed, "unexpected variable {k}");
         }
+    }
+
+    #[test]
+    fn the_build_switches_reach_the_worker_and_nothing_else_does() {
+        let ours = |name: &str| -> Option<OsString> {
+            match name {
+                "KREFINE_SPLIT_CPP" | "KREFINE_NVCC_OVERLAP" => Some("0".into()),
+                "PYTORCH_NVCC" => Some("ccache nvcc".into()),
+                "OPENAI_API_KEY" => Some("sk-secret".into()),
+                _ => None,
+            }
+        };
+        let env = worker_env_from(&spec(), ours);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        assert_eq!(get("KREFINE_SPLIT_CPP"), Some("0".into()));
+        assert_eq!(get("KREFINE_NVCC_OVERLAP"), Some("0".into()));
+        assert_eq!(get("PYTORCH_NVCC"), Some("ccache nvcc".into()));
+        assert_eq!(get("OPENAI_API_KEY"), None);
     }
 
     #[test]
