@@ -243,11 +243,13 @@ fn pool<T: Send, R: Send>(
     Ok(results.into_inner().unwrap_or_default())
 }
 
-/// `identical (n objects)`, or which objects differ or could not be read.
+/// `identical (n objects)`, or which objects differ or could not be read. A split build (two
+/// units where the plain build has one) is compared function by function, and always says so:
+/// `split candidate functions identical, split other functions 194 of 220 identical`.
 fn code_verdict(objects: &std::collections::BTreeMap<String, String>) -> String {
     let odd: Vec<String> = objects
         .iter()
-        .filter(|(_, v)| v.as_str() != "identical")
+        .filter(|(k, v)| v.as_str() != "identical" || k.starts_with("split "))
         .map(|(k, v)| format!("{k} {v}"))
         .collect();
     if odd.is_empty() {
@@ -484,6 +486,19 @@ mod tests {
         let mut m = std::collections::BTreeMap::new();
         m.insert("e/main.o".to_string(), "identical".to_string());
         assert_eq!(code_verdict(&m), "identical (1 objects)");
+        let mut split = std::collections::BTreeMap::new();
+        split.insert(
+            "split candidate functions".to_string(),
+            "identical".to_string(),
+        );
+        split.insert(
+            "split other functions".to_string(),
+            "194 of 220 identical".to_string(),
+        );
+        assert_eq!(
+            code_verdict(&split),
+            "split candidate functions identical, split other functions 194 of 220 identical"
+        );
         m.insert("e/cuda.cuda.o".to_string(), "different".to_string());
         assert_eq!(code_verdict(&m), "e/cuda.cuda.o different");
     }

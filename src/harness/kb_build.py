@@ -12,13 +12,8 @@ which calls the real `load_inline` (same name, same build directory, same module
   kernel file needs (`NARROW_CUDA_HEADERS`): nvcc then skips parsing torch's whole C++ API and the
   Python/pybind11 headers in three front ends.
 
-Who may write the shared PCH folder: only trusted code. A candidate is built in a child confined to its
-own build folder (krefine_harness.compile_in_child), where the PCH folder is read-only: were it
-writable, one candidate could plant a header that every later build of the same flags includes. The
-child only looks a PCH up (`lookup_pch`) and lists the ones it missed (`PCH_WANTED`); the worker that
-forked it, which runs no candidate code, then has them built in the background by a fresh process
-(`BackgroundPch`) for the next candidates, and only for flag sets that cannot pull candidate files
-into the header (`trusted_pch_request`).
+The shared headers, and who may build them, are kb_pch.py's; a C++ extension's split into two units is
+kb_split.py's.
 
 Any error of the fast build falls back to the candidate's original call (the fast attempt's output is
 moved out of the log into `krefine-fast-attempt.log`, so the log and its feedback are the plain build's).
@@ -29,9 +24,7 @@ same build (the GPU worker's) applies the recorded path, so ninja finds the buil
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
-import hashlib
 import inspect
 import json
 import os
@@ -40,18 +33,17 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import kb_pch
+import kb_split
+
 FAST = "fast"
 PLAIN = "plain"
 BUILD_MODES = (FAST, PLAIN)
-PCH_DIR_NAME = "pch"
-PCH_HEADER = "krefine_pch.h"
-PCH_TEXT = "// krefine: torch/extension.h, precompiled once per compiler, torch and flags\n#include <torch/extension.h>\n"
 FAST_ATTEMPT_LOG = "krefine-fast-attempt.log"
 NARROW_CUDA_HEADERS = (
     "#include <torch/types.h>",
@@ -61,26 +53,10 @@ NARROW_CUDA_HEADERS = (
 _EXTENSION_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/extension\.h[>"][^\n]*$', re.MULTILINE)
 # A CUDA file that declares bindings itself needs pybind11 and torch/python.h: leave it alone.
 _NEEDS_PYTHON = re.compile(r"PYBIND11_|pybind11|\bpy::|torch/python\.h|Python\.h")
-PCH_BUILD_TIMEOUT_S = 900.0
 # False in a confined compile child: it may use the shared PCHs but not build them.
 PCH_BUILDER = True
 # The PCHs a confined child missed: {"extra_cflags", "with_cuda"} for its worker to build.
 PCH_WANTED: list[dict[str, Any]] = []
-# Candidate flags a trusted PCH build accepts: optimisation, standard, macros, warnings, -f/-m switches.
-# Nothing that names a file or passes options on (-include, -I, -Wp,..., -fplugin=, @file, -specs=).
-_SAFE_PCH_FLAG = re.compile(
-    r"-(?:O(?:[0-3sgz]|fast)?|std=[\w+]+|[DU][A-Za-z_]\w*(?:=[\w.+-]*)?|g[0-3]?|w|pthread"
-    r"|W(?:no-)?[a-z][a-z0-9-]*(?:=[0-9a-z]+)?"
-    r"|f(?:no-)?(?:fast-math|unroll-loops|openmp|PIC|pic|strict-aliasing|math-errno|finite-math-only"
-    r"|tree-vectorize|inline-functions|omit-frame-pointer|exceptions|rtti)"
-    r"|f(?:fp-contract|visibility)=[a-z]+"
-    r"|m(?:arch|tune)=[\w-]+|m(?:no-)?(?:avx[\w]*|sse[\w.]*|fma|f16c|bmi2?|popcnt))"
-)
-
-
-def pch_root_for(build_dir: str) -> Path:
-    """Where the precompiled headers of a build cache live: next to the candidates' build dirs."""
-    return Path(os.path.abspath(build_dir)).parent / PCH_DIR_NAME
 
 
 def narrow_cuda_sources(sources: list[str]) -> list[str] | None:
@@ -92,228 +68,6 @@ def narrow_cuda_sources(sources: list[str]) -> list[str] | None:
         return None
     narrow = "\n".join(NARROW_CUDA_HEADERS)
     return [_EXTENSION_INCLUDE.sub(narrow, s) for s in sources]
-
-
-# ------------------------------------------------------------------------------------------- the PCH
-
-
-def _as_list(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    return [str(v) for v in value]
-
-
-def main_cpp_flags(extra_cflags: Any, extra_include_paths: Any, with_cuda: bool) -> list[str] | None:
-    """The flags torch compiles `main.cpp` with, less `-DTORCH_EXTENSION_NAME=...` (no torch header
-    reads it), taken from the ninja file torch itself writes; None when torch cannot tell us."""
-    from torch.utils import cpp_extension
-
-    with tempfile.TemporaryDirectory(prefix="krefine-flags-") as tmp:
-        sources = [os.path.join(tmp, "main.cpp")] + ([os.path.join(tmp, "cuda.cu")] if with_cuda else [])
-        try:
-            with open(os.devnull, "w") as quiet, contextlib.redirect_stderr(quiet):
-                cpp_extension._write_ninja_file_to_build_library(
-                    path=os.path.join(tmp, "build.ninja"),
-                    name="krefine_pch",
-                    sources=sources,
-                    extra_cflags=_as_list(extra_cflags),
-                    extra_cuda_cflags=[],
-                    extra_sycl_cflags=[],
-                    extra_ldflags=[],
-                    extra_include_paths=_as_list(extra_include_paths),
-                    with_cuda=with_cuda,
-                    with_sycl=False,
-                    is_standalone=False,
-                )
-            text = Path(tmp, "build.ninja").read_text()
-        except Exception:  # a torch whose private writer differs: no PCH, the build stays correct
-            return None
-    values = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(" = ")
-        if sep and key in ("cflags", "post_cflags"):
-            values[key] = shlex.split(value.replace("$$", "$"))
-    if "cflags" not in values:
-        return None
-    flags = values["cflags"] + values.get("post_cflags", [])
-    return [f for f in flags if not f.startswith("-DTORCH_EXTENSION_NAME=")]
-
-
-_COMPILER_IDS: dict[str, str] = {}
-
-
-def _compiler_id(compiler: str) -> str:
-    if compiler not in _COMPILER_IDS:
-        path = shutil.which(compiler) or compiler
-        try:
-            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.SubprocessError):
-            out = ""
-        _COMPILER_IDS[compiler] = f"{os.path.realpath(path)}\n{out}"
-    return _COMPILER_IDS[compiler]
-
-
-def pch_key(compiler: str, flags: list[str], text: str = PCH_TEXT) -> str:
-    import torch
-
-    parts = [_compiler_id(compiler), torch.__version__, os.path.dirname(torch.__file__), text, *flags]
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(len(part).to_bytes(8, "little"))
-        h.update(part.encode())
-    return h.hexdigest()[:20]
-
-
-@dataclass
-class PchResult:
-    header: str | None
-    built_s: float = 0.0
-    error: str = ""
-
-
-def ensure_pch(root: Path, compiler: str, flags: list[str], text: str = PCH_TEXT) -> PchResult:
-    """The precompiled header for (compiler, torch, flags, text), building it once if needed.
-
-    One builder per key (an flock on `<key>.lock`; waiters then find it built); the header and its
-    `.gch` are written into a temporary folder that is renamed to `<key>` when complete, so no build
-    ever sees a half-written PCH. A failed build leaves `<key>.failed` and the fast path goes on
-    without a PCH.
-    """
-    import time
-
-    key = pch_key(compiler, flags, text)
-    final = root / key
-    header = final / PCH_HEADER
-    if (final / (PCH_HEADER + ".gch")).is_file():
-        return PchResult(str(header))
-    root.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    with open(root / f"{key}.lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if (final / (PCH_HEADER + ".gch")).is_file():
-                return PchResult(str(header))
-            failed = root / f"{key}.failed"
-            if failed.is_file():
-                return PchResult(None, error=failed.read_text(errors="replace"))
-            for stale in root.glob(f"{key}.tmp-*"):  # left by a builder that was killed
-                shutil.rmtree(stale, ignore_errors=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f"{key}.tmp-", dir=root))
-            (tmp / PCH_HEADER).write_text(text)
-            cmd = [compiler, "-x", "c++-header", str(tmp / PCH_HEADER), "-o", str(tmp / (PCH_HEADER + ".gch")), *flags]
-            try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=PCH_BUILD_TIMEOUT_S)
-                error = "" if done.returncode == 0 else f"exit {done.returncode}: {done.stderr[-4000:]}"
-            except (OSError, subprocess.SubprocessError) as exc:
-                error = str(exc)
-            if error:
-                shutil.rmtree(tmp, ignore_errors=True)
-                failed.write_text(f"{shlex.join(cmd)}\n{error}")
-                return PchResult(None, error=error)
-            (tmp / "flags.json").write_text(json.dumps({"compiler": compiler, "flags": flags}, indent=1))
-            os.rename(tmp, final)
-            return PchResult(str(header), built_s=time.perf_counter() - started)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def lookup_pch(root: Path, compiler: str, flags: list[str], text: str = PCH_TEXT) -> PchResult:
-    """The shared PCH for (compiler, torch, flags, text) if a trusted process has built it. No lock is
-    needed: a PCH folder appears complete, by rename."""
-    header = root / pch_key(compiler, flags, text) / PCH_HEADER
-    if Path(str(header) + ".gch").is_file():
-        return PchResult(str(header))
-    return PchResult(None, error="not built yet; this worker builds it for the next candidates")
-
-
-def trusted_pch_request(wanted: Any) -> tuple[list[str], bool] | str:
-    """The (extra_cflags, with_cuda) of a PCH a confined child asked for, or why a trusted process
-    must not build it: flags that could make the header read a file a candidate controls."""
-    if not isinstance(wanted, dict):
-        return "malformed request"
-    cflags, paths, with_cuda = wanted.get("extra_cflags"), wanted.get("extra_include_paths"), wanted.get("with_cuda")
-    if not isinstance(cflags, list) or not all(isinstance(f, str) for f in cflags) or not isinstance(with_cuda, bool):
-        return "malformed request"
-    if paths:
-        return "extra include paths"
-    unsafe = [f for f in cflags if not _SAFE_PCH_FLAG.fullmatch(f)]
-    if unsafe:
-        return f"flags a shared header must not take: {' '.join(unsafe)[:200]}"
-    return cflags, with_cuda
-
-
-class BackgroundPch:
-    """PCH builds a trusted worker starts between requests without waiting for them: each one a
-    separate `kb_build.py ensure-pch` process (no candidate code has run in it), which takes the
-    per-key flock and publishes the header by rename exactly as `ensure_pch` does."""
-
-    def __init__(self) -> None:
-        self.jobs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def request(self, root: Path, wanted: Any) -> str | None:
-        """Start building what a child asked for; what was started or refused, for the worker log."""
-        accepted = trusted_pch_request(wanted)
-        if isinstance(accepted, str):
-            return f"no shared precompiled header for these flags: {accepted}"
-        cflags, with_cuda = accepted
-        from torch.utils import cpp_extension
-
-        compiler = cpp_extension.get_cxx_compiler()
-        if not _pch_supported(compiler):
-            return None
-        flags = main_cpp_flags(cflags, None, with_cuda)
-        if flags is None:
-            return None
-        return self.start(root, compiler, flags)
-
-    def start(self, root: Path, compiler: str, flags: list[str], text: str = PCH_TEXT) -> str | None:
-        self.poll()
-        key = pch_key(compiler, flags, text)
-        if key in self.jobs or (root / key / (PCH_HEADER + ".gch")).is_file() or (root / f"{key}.failed").is_file():
-            return None
-        spec = json.dumps({"root": str(root), "compiler": compiler, "flags": flags, "text": text})
-        self.jobs[key] = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "ensure-pch", spec],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-        )
-        return f"building the shared precompiled header {key} in the background"
-
-    def poll(self) -> None:
-        for key, process in list(self.jobs.items()):
-            if process.poll() is not None:
-                del self.jobs[key]
-
-    def wait(self, timeout_s: float = PCH_BUILD_TIMEOUT_S) -> None:
-        for process in self.jobs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=timeout_s)
-        self.poll()
-
-    def stop(self) -> None:
-        for process in self.jobs.values():
-            with contextlib.suppress(OSError):
-                process.kill()
-        self.wait(timeout_s=30)
-
-
-def _ensure_pch_main(spec: str) -> dict[str, Any]:
-    value = json.loads(spec)
-    result = ensure_pch(Path(value["root"]), value["compiler"], list(value["flags"]), text=value["text"])
-    return {"header": result.header, "error": result.error[-2000:], "built_s": round(result.built_s, 3)}
-
-
-def _pch_supported(compiler: str) -> bool:
-    from torch.utils import cpp_extension
-
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        return bool(cpp_extension.check_compiler_is_gcc(compiler))
-    except Exception:
-        return False
 
 
 # ------------------------------------------------------------------------------ the load_inline wrapper
@@ -332,6 +86,10 @@ class ExtensionBuild:
     # The `PYTORCH_NVCC` command the CUDA sources were built with (kb_nvcc.py), or None for nvcc itself.
     # A replay sets the same, so ninja finds the same command line and the build up to date.
     nvcc: str | None = None
+    # A C++ extension built as two units at once (kb_split.py): `pch` is the candidate unit's header,
+    # `bindings_pch` the bindings unit's.
+    split: bool = False
+    bindings_pch: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -341,6 +99,8 @@ class ExtensionBuild:
             "narrowed": self.narrowed,
             "why": self.why,
             "nvcc": self.nvcc,
+            "split": self.split,
+            "bindings_pch": self.bindings_pch,
         }
 
     @staticmethod
@@ -348,6 +108,8 @@ class ExtensionBuild:
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):
             return None
         path, pch, why, nvcc = value.get("path"), value.get("pch"), value.get("why"), value.get("nvcc")
+        bindings_pch = value.get("bindings_pch")
+        split = value.get("split") is True and isinstance(pch, str) and isinstance(bindings_pch, str)
         return ExtensionBuild(
             name=value["name"],
             path=path if isinstance(path, str) else PLAIN,
@@ -355,6 +117,8 @@ class ExtensionBuild:
             narrowed=bool(value.get("narrowed")),
             why=why if isinstance(why, str) else "",
             nvcc=nvcc if isinstance(nvcc, str) else None,
+            split=split,
+            bindings_pch=bindings_pch if split else None,
         )
 
 
@@ -378,6 +142,9 @@ class BuildContext:
         if all(b.path == FAST for b in self.builds):
             return FAST
         return PLAIN
+
+
+SPLIT_WAITS = "its precompiled headers are not built yet"
 
 
 class PchOnly(Exception):
@@ -453,8 +220,7 @@ class FastLoadInline:
                 # The header itself is not needed: a main.o built with the PCH lists only main.cpp in
                 # its deps, so ninja finds it up to date even where this worker cannot see the PCH
                 # folder (and writing into the build cache would taint a sandboxed worker's view).
-                with _nvcc_command(plan.nvcc):
-                    return self.original(**self._apply(a, plan))
+                return self._build(a, plan)
             return self.original(**self._fresh(a))
         plan = self._plan(a, name)
         if self.ctx.mode == "pch-only":
@@ -471,8 +237,8 @@ class FastLoadInline:
         # the plain build's alone.
         attempt = Path(build_directory, FAST_ATTEMPT_LOG)
         try:
-            with _output_to(attempt), _nvcc_command(plan.nvcc):
-                module = self.original(**self._apply(a, plan))
+            with _output_to(attempt):
+                module = self._build(a, plan)
         except (Exception, SystemExit) as exc:
             cpp_extension.JIT_EXTENSION_VERSIONER.entries.clear()
             cpp_extension.JIT_EXTENSION_VERSIONER.entries.update(versions)
@@ -484,7 +250,7 @@ class FastLoadInline:
                 flush=True,
             )
             plan.path, plan.pch, plan.narrowed, plan.why = "fallback", None, False, "fast-build-failed"
-            plan.nvcc = None
+            plan.nvcc, plan.split, plan.bindings_pch = None, False, None
             return self.original(**self._fresh(a))
         _pass_on(attempt)
         return module
@@ -495,32 +261,26 @@ class FastLoadInline:
             return "mode"
         if a.get("use_pch") or a.get("no_implicit_headers") or a.get("sycl_sources"):
             return "options"
-        cuda = _as_list(a.get("cuda_sources"))
+        cuda = kb_pch.as_list(a.get("cuda_sources"))
         narrowed = narrow_cuda_sources(cuda) is not None if cuda else False
-        pch: PchResult | None = None
+        pch: kb_pch.PchResult | None = None
+        not_split = kb_split.split_reason(a)
         from torch.utils import cpp_extension
 
         compiler = cpp_extension.get_cxx_compiler()
-        if _pch_supported(compiler):
+        if kb_pch.pch_supported(compiler):
             with_cuda = a.get("with_cuda")
             with_cuda = bool(cuda) if with_cuda is None else bool(with_cuda)
-            flags = main_cpp_flags(a.get("extra_cflags"), a.get("extra_include_paths"), with_cuda)
+            flags = kb_pch.main_cpp_flags(a.get("extra_cflags"), a.get("extra_include_paths"), with_cuda)
             if flags is not None:
-                try:
-                    if PCH_BUILDER:
-                        pch = ensure_pch(self.ctx.pch_root, compiler, flags)
-                    else:
-                        pch = lookup_pch(self.ctx.pch_root, compiler, flags)
-                        if pch.header is None:
-                            PCH_WANTED.append(
-                                {
-                                    "extra_cflags": _as_list(a.get("extra_cflags")),
-                                    "extra_include_paths": _as_list(a.get("extra_include_paths")),
-                                    "with_cuda": with_cuda,
-                                }
-                            )
-                except OSError as exc:
-                    pch = PchResult(None, error=str(exc))
+                if not_split is None:
+                    split = self._split_plan(a, name, compiler, flags, with_cuda)
+                    if isinstance(split, ExtensionBuild):
+                        return split
+                    not_split = split
+                # A candidate that splits once its headers exist does not ask for this one.
+                wanted = not_split != SPLIT_WAITS
+                pch = self._shared_pch(a, compiler, flags, with_cuda, "extension", request=wanted)
                 if pch.header is None:
                     print(f"krefine: no precompiled header for '{name}': {pch.error[-500:]}", flush=True)
         nvcc = overlapped_nvcc() if cuda else None
@@ -533,18 +293,89 @@ class FastLoadInline:
             narrowed=narrowed,
             pch_built_s=pch.built_s if pch is not None else 0.0,
             nvcc=nvcc,
+            why=f"not split: {not_split}" if not_split and not cuda else "",
         )
 
-    def _apply(self, a: dict[str, Any], plan: ExtensionBuild) -> dict[str, Any]:
+    def _split_plan(
+        self, a: dict[str, Any], name: str, compiler: str, flags: list[str], with_cuda: bool
+    ) -> ExtensionBuild | str:
+        """The split build of a C++ extension (kb_split.py), or why not."""
+        readable = self._split_sources(a, ExtensionBuild(name, FAST, pch="", split=True, bindings_pch=""))
+        if isinstance(readable, str):
+            return readable
+        headers = [self._shared_pch(a, compiler, flags, with_cuda, kind) for kind in ("candidate", "bindings")]
+        if any(h.header is None for h in headers):
+            return SPLIT_WAITS
+        plan = ExtensionBuild(
+            name=name,
+            path=FAST,
+            pch=headers[0].header,
+            pch_built_s=sum(h.built_s for h in headers),
+            split=True,
+            bindings_pch=headers[1].header,
+        )
+        return plan
+
+    def _shared_pch(
+        self, a: dict[str, Any], compiler: str, flags: list[str], with_cuda: bool, kind: str, request: bool = True
+    ) -> kb_pch.PchResult:
+        """A shared PCH of `PCH_TEXTS[kind]`: built here by a trusted builder (when `request`), otherwise
+        looked up, and listed in `PCH_WANTED` for the worker when missing and `request`."""
+        text = kb_pch.PCH_TEXTS[kind]
+        try:
+            if PCH_BUILDER and request:
+                return kb_pch.ensure_pch(self.ctx.pch_root, compiler, flags, text)
+            pch = kb_pch.lookup_pch(self.ctx.pch_root, compiler, flags, text)
+        except OSError as exc:
+            return kb_pch.PchResult(None, error=str(exc))
+        if pch.header is None and request:
+            PCH_WANTED.append(
+                {
+                    "extra_cflags": kb_pch.as_list(a.get("extra_cflags")),
+                    "extra_include_paths": kb_pch.as_list(a.get("extra_include_paths")),
+                    "with_cuda": with_cuda,
+                    "header": kind,
+                }
+            )
+        return pch
+
+    @staticmethod
+    def _split_sources(a: dict[str, Any], plan: ExtensionBuild) -> kb_split.SplitSources | str:
+        functions = kb_split.functions_dict(a.get("functions"))
+        if functions is None or plan.pch is None or plan.bindings_pch is None:
+            return "no functions to bind"
+        return kb_split.split_sources(
+            kb_pch.as_list(a.get("cpp_sources")),
+            functions,
+            a.get("with_pytorch_error_handling", True) is not False,
+            plan.pch,
+            plan.bindings_pch,
+        )
+
+    def _build(self, a: dict[str, Any], plan: ExtensionBuild) -> Any:
+        """Call the real load_inline the way `plan` says."""
         out = self._fresh(a)
+        if plan.split:
+            sources = self._split_sources(a, plan)
+            if isinstance(sources, str):
+                raise RuntimeError(f"krefine: the split build of '{plan.name}' cannot be made: {sources}")
+            # main.cpp is the candidate unit, whose first line includes its PCH; the bindings unit is
+            # added to load_inline's sources (kb_split.with_bindings_unit).
+            out["cpp_sources"] = [sources.candidate]
+            out["no_implicit_headers"] = True
+            out["functions"] = None
+            out["extra_cflags"] = ["-Winvalid-pch", *kb_pch.as_list(a.get("extra_cflags"))]
+            with kb_split.with_bindings_unit(sources.bindings):
+                return self.original(**out)
         if plan.narrowed:
-            narrowed = narrow_cuda_sources(_as_list(a.get("cuda_sources")))
+            narrowed = narrow_cuda_sources(kb_pch.as_list(a.get("cuda_sources")))
             if narrowed is not None:
                 out["cuda_sources"] = narrowed
         if plan.pch:
             # First, so it is the first include of main.cpp, as a PCH must be.
-            out["extra_cflags"] = ["-include", plan.pch, "-Winvalid-pch", *_as_list(a.get("extra_cflags"))]
-        return out
+            out["extra_cflags"] = ["-include", plan.pch, "-Winvalid-pch", *kb_pch.as_list(a.get("extra_cflags"))]
+        with _nvcc_command(plan.nvcc):
+            return self.original(**out)
 
 
 def overlapped_nvcc() -> str | None:
@@ -674,12 +505,70 @@ def _disassemble(obj: Path) -> str | None:
     return "\n".join(line for line in done.stdout.splitlines() if str(obj.parent) not in line and "file format" not in line)
 
 
+def _functions(objects: list[Path]) -> dict[str, tuple[str, list[str]]] | None:
+    """Each function of host objects: its symbol's binding (`nm` letter) and its instructions with
+    addresses and call targets' offsets left out (they move when the rest of the object differs)."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    for obj in objects:
+        try:
+            kinds = subprocess.run(["nm", str(obj)], capture_output=True, text=True, timeout=300)
+            code = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(obj)], capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if kinds.returncode != 0 or code.returncode != 0:
+            return None
+        binding = {}
+        for line in kinds.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 3:
+                binding[parts[2]] = parts[1]
+        current: list[str] | None = None
+        for line in code.stdout.splitlines():
+            head = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
+            if head:
+                current = []
+                out.setdefault(head.group(1), (binding.get(head.group(1), "?"), current))
+                continue
+            insn = re.match(r"^\s+[0-9a-f]+:\s+(.*)$", line)
+            if insn and current is not None:
+                current.append(re.sub(r"[0-9a-f]+ <[^>]*>", "<>", insn.group(1)))
+    return out
+
+
+def _compare_split(plain: list[Path], candidate_unit: Path, fast: list[Path]) -> dict[str, str]:
+    """A split build against the plain one, function by function: the candidate's own functions (global
+    or file-local ones, not compiler clones) of the candidate unit, then every other function."""
+    a, b = _functions(plain), _functions(fast)
+    own = _functions([candidate_unit])
+    if a is None or b is None or own is None:
+        return {"functions": "unavailable"}
+    mine = {name for name, (kind, _) in own.items() if kind in ("T", "t") and "." not in name}
+    verdict: dict[str, str] = {}
+    differ = sorted(name for name in mine if name not in a or a[name][1] != b[name][1])
+    verdict["candidate functions"] = "identical" if not differ else "different: " + ", ".join(differ)[:300]
+    others = [name for name in a if name not in mine]
+    same = sum(1 for name in others if name in b and a[name][1] == b[name][1])
+    verdict["other functions"] = "identical" if same == len(others) else f"{same} of {len(others)} identical"
+    return verdict
+
+
 def _bench_compare(args: Any) -> dict[str, Any]:
-    """Compare the machine code of two builds of one candidate, object by object."""
+    """Compare the machine code of two builds of one candidate, object by object (a split build
+    against a plain one: function by function, see `_compare_split`)."""
     a, b = Path(args.a), Path(args.b)
-    names = sorted({p.relative_to(a).as_posix() for p in a.rglob("*.o")} | {p.relative_to(b).as_posix() for p in b.rglob("*.o")})
+    in_a = {p.relative_to(a).as_posix() for p in a.rglob("*.o")}
+    in_b = {p.relative_to(b).as_posix() for p in b.rglob("*.o")}
+    split = {rel for rel in in_b - in_a if rel.endswith("/krefine_bind.o")}
     objects: dict[str, str] = {}
-    for rel in names:
+    for rel in split:
+        main = rel[: -len("krefine_bind.o")] + "main.o"
+        if main in in_a and main in in_b:
+            found = _compare_split([a / main], b / main, [b / main, b / rel])
+            objects.update({f"split {k}": v for k, v in found.items()})
+            in_a.discard(main)
+            in_b.discard(main)
+            in_b.discard(rel)
+    for rel in sorted(in_a | in_b):
         da = _disassemble(a / rel) if (a / rel).exists() else None
         db = _disassemble(b / rel) if (b / rel).exists() else None
         if da is None or db is None:
@@ -704,12 +593,7 @@ def main(argv: list[str]) -> int:
     p = sub.add_parser("compare")
     p.add_argument("a")
     p.add_argument("b")
-    p = sub.add_parser("ensure-pch", help="build a shared PCH (JSON: root, compiler, flags, text)")
-    p.add_argument("spec")
     args = parser.parse_args(argv)
-    if args.cmd == "ensure-pch":
-        print(json.dumps(_ensure_pch_main(args.spec)), flush=True)
-        return 0
     handlers = {"build": _bench_build, "pch": _bench_pch, "compare": _bench_compare}
     print(json.dumps(handlers[args.cmd](args)), flush=True)
     return 0

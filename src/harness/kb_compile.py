@@ -28,6 +28,7 @@ from typing import Any
 
 import kb_build
 import kb_feedback
+import kb_pch
 
 CANDIDATE_FILE = "candidate.py"
 BUILD_INFO_FILE = "krefine_build.json"
@@ -307,7 +308,7 @@ def load_candidate(
     _reset_extension_versions()
     ctx = kb_build.BuildContext(
         mode=build_mode,
-        pch_root=kb_build.pch_root_for(build),
+        pch_root=kb_pch.pch_root_for(build),
         replay=None if record else kb_build.read_replay(read_build_info(build)),
     )
     name = module_name_for(build)

@@ -182,9 +182,9 @@ class Server:
     @property
     def pch(self) -> Any:
         if self._pch is None:
-            import kb_build
+            import kb_pch
 
-            self._pch = kb_build.BackgroundPch()
+            self._pch = kb_pch.BackgroundPch()
         return self._pch
 
     def build_wanted_pch(self, request: dict[str, Any], wanted: list[Any]) -> None:
@@ -192,9 +192,9 @@ class Server:
         runs, for the next candidates (a failure to start one only costs speed)."""
         if not wanted:
             return
-        import kb_build
+        import kb_pch
 
-        root = kb_build.pch_root_for(request["build_dir"])
+        root = kb_pch.pch_root_for(request["build_dir"])
         for item in wanted[:4]:
             try:
                 note = self.pch.request(root, item)

@@ -13,7 +13,7 @@ use super::WorkerError;
 pub const HARNESS_ENTRY: &str = "krefine_harness.py";
 
 /// Every harness file: (file name, content).
-pub const HARNESS_FILES: [(&str, &str); 15] = [
+pub const HARNESS_FILES: [(&str, &str); 17] = [
     (
         "krefine_harness.py",
         include_str!("../harness/krefine_harness.py"),
@@ -41,6 +41,8 @@ pub const HARNESS_FILES: [(&str, &str); 15] = [
     ("kb_sandbox.py", include_str!("../harness/kb_sandbox.py")),
     ("kb_build.py", include_str!("../harness/kb_build.py")),
     ("kb_nvcc.py", include_str!("../harness/kb_nvcc.py")),
+    ("kb_pch.py", include_str!("../harness/kb_pch.py")),
+    ("kb_split.py", include_str!("../harness/kb_split.py")),
 ];
 
 /// 12 hex digits of blake3 over every file's name and content.

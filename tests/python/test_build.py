@@ -15,6 +15,7 @@ import pytest
 
 import kb_build
 import kb_compile
+import kb_pch
 from harness_client import HARNESS_DIR, WorkerProcess, compile_request
 
 TINY_PCH = "#include <vector>\n#include <string>\n"
@@ -46,7 +47,7 @@ def test_build_path_summarises_the_extensions(tmp_path: Path) -> None:
 
 
 def test_main_cpp_flags_are_torchs_without_the_extension_name() -> None:
-    flags = kb_build.main_cpp_flags(["-O3"], None, with_cuda=False)
+    flags = kb_pch.main_cpp_flags(["-O3"], None, with_cuda=False)
     assert flags is not None
     assert "-DTORCH_API_INCLUDE_EXTENSION_H" in flags and "-std=c++17" in flags
     assert flags[-1] == "-O3"
@@ -68,8 +69,8 @@ def test_concurrent_pch_builds_share_one_valid_header(tmp_path: Path) -> None:
         import sys, json
         from pathlib import Path
         sys.path.insert(0, {str(HARNESS_DIR)!r})
-        import kb_build
-        r = kb_build.ensure_pch(Path({str(root)!r}), {_compiler()!r}, {TINY_FLAGS!r}, text={TINY_PCH!r})
+        import kb_pch
+        r = kb_pch.ensure_pch(Path({str(root)!r}), {_compiler()!r}, {TINY_FLAGS!r}, text={TINY_PCH!r})
         print(json.dumps(r.header))
         """
     )
@@ -99,9 +100,9 @@ def test_concurrent_pch_builds_share_one_valid_header(tmp_path: Path) -> None:
 
 def test_a_pch_that_cannot_be_built_is_remembered(tmp_path: Path) -> None:
     root = tmp_path / "pch"
-    first = kb_build.ensure_pch(root, _compiler(), TINY_FLAGS, text="#error no PCH here\n")
+    first = kb_pch.ensure_pch(root, _compiler(), TINY_FLAGS, text="#error no PCH here\n")
     assert first.header is None and "no PCH here" in first.error
-    again = kb_build.ensure_pch(root, _compiler(), TINY_FLAGS, text="#error no PCH here\n")
+    again = kb_pch.ensure_pch(root, _compiler(), TINY_FLAGS, text="#error no PCH here\n")
     assert again.header is None and "no PCH here" in again.error
     assert [p.suffix for p in root.iterdir() if p.is_dir()] == []
 
@@ -109,16 +110,21 @@ def test_a_pch_that_cannot_be_built_is_remembered(tmp_path: Path) -> None:
 def test_only_flags_that_cannot_name_a_file_get_a_shared_header() -> None:
     ok = {"extra_cflags": ["-O3", "-std=c++17", "-DNDEBUG", "-DBLOCK=256", "-ffast-math", "-march=native",
                            "-Wno-unused-variable", "-fopenmp", "-w", "-g"], "with_cuda": True}
-    assert kb_build.trusted_pch_request(ok) == (ok["extra_cflags"], True)
+    assert kb_pch.trusted_pch_request(ok) == (ok["extra_cflags"], True, kb_pch.PCH_TEXT)
+    # A request names one of krefine's headers; the text compiled is krefine's, never the request's.
+    assert kb_pch.trusted_pch_request({**ok, "header": "bindings"}) == (
+        ok["extra_cflags"], True, kb_pch.PCH_TEXTS["bindings"]
+    )
+    assert kb_pch.trusted_pch_request({**ok, "header": "#include </etc/shadow>"}) == "malformed request"
     for bad in (["-include", "x.h"], ["-I/tmp"], ["-Wp,-include,/tmp/x.h"], ["-fplugin=/tmp/p.so"],
                 ["@/tmp/flags"], ["-specs=/tmp/s"], ["-isystem/tmp"], ["-B/tmp"], ["-DX=$(id)"]):
-        refused = kb_build.trusted_pch_request({"extra_cflags": bad, "with_cuda": False})
+        refused = kb_pch.trusted_pch_request({"extra_cflags": bad, "with_cuda": False})
         assert isinstance(refused, str) and "must not take" in refused, bad
-    assert kb_build.trusted_pch_request(
+    assert kb_pch.trusted_pch_request(
         {"extra_cflags": [], "extra_include_paths": ["/tmp"], "with_cuda": False}
     ) == "extra include paths"
-    assert kb_build.trusted_pch_request({"extra_cflags": "-O3", "with_cuda": False}) == "malformed request"
-    assert kb_build.trusted_pch_request(None) == "malformed request"
+    assert kb_pch.trusted_pch_request({"extra_cflags": "-O3", "with_cuda": False}) == "malformed request"
+    assert kb_pch.trusted_pch_request(None) == "malformed request"
 
 
 def test_background_builder_publishes_a_header_lookups_find(tmp_path: Path) -> None:
@@ -126,17 +132,17 @@ def test_background_builder_publishes_a_header_lookups_find(tmp_path: Path) -> N
     confined child may do) finds nothing before and the complete header after; asking again while it
     exists starts nothing."""
     root = tmp_path / "pch"
-    assert kb_build.lookup_pch(root, _compiler(), TINY_FLAGS, text=TINY_PCH).header is None
-    builder = kb_build.BackgroundPch()
+    assert kb_pch.lookup_pch(root, _compiler(), TINY_FLAGS, text=TINY_PCH).header is None
+    builder = kb_pch.BackgroundPch()
     assert builder.start(root, _compiler(), TINY_FLAGS, text=TINY_PCH) is not None
     assert builder.start(root, _compiler(), TINY_FLAGS, text=TINY_PCH) is None  # already under way
     builder.wait()
     assert builder.jobs == {}
-    found = kb_build.lookup_pch(root, _compiler(), TINY_FLAGS, text=TINY_PCH)
+    found = kb_pch.lookup_pch(root, _compiler(), TINY_FLAGS, text=TINY_PCH)
     assert found.header is not None and Path(found.header).read_text() == TINY_PCH
     assert Path(found.header + ".gch").is_file()
     assert builder.start(root, _compiler(), TINY_FLAGS, text=TINY_PCH) is None
-    broken = kb_build.BackgroundPch()
+    broken = kb_pch.BackgroundPch()
     assert broken.start(root, _compiler(), TINY_FLAGS, text="#error no PCH here\n") is not None
     broken.wait()
     assert [p.name.endswith(".failed") for p in root.iterdir() if p.suffix == ".failed"] == [True]
@@ -189,11 +195,17 @@ def test_a_first_build_goes_without_the_header_the_worker_then_builds(
     assert first["status"] == "ok" and first["build_path"] == "plain"
     log = Path(first["log_path"]).read_text()
     assert "no precompiled header for 'krefine_fixture_ok_add': not built yet" in log
-    [gch] = [p for p in (work / "build" / "pch").glob("*/krefine_pch.h.gch") if ".tmp-" not in p.parent.name]
+    # The worker built the two headers of a split build, and not torch/extension.h's, which a
+    # candidate that splits does not need.
+    published = [p for p in (work / "build" / "pch").glob("*/krefine_pch.h.gch") if ".tmp-" not in p.parent.name]
+    texts = sorted(Path(str(p)[: -len(".gch")]).read_text() for p in published)
+    assert texts == sorted([kb_pch.PCH_TEXTS["candidate"], kb_pch.PCH_TEXTS["bindings"]])
     assert "building the shared precompiled header" in (work / "worker.log").read_text()
     assert compiled["ok_cpp.py"]["response"]["build_path"] == "fast"
-    info = kb_compile.read_build_info(str(compiled["ok_cpp.py"]["build_dir"]))
-    assert info["extensions"][0]["pch"] == str(gch)[: -len(".gch")]
+    [ext] = kb_compile.read_build_info(str(compiled["ok_cpp.py"]["build_dir"]))["extensions"]
+    assert ext["split"] is True
+    assert Path(ext["pch"]).read_text() == kb_pch.PCH_TEXTS["candidate"]
+    assert Path(ext["bindings_pch"]).read_text() == kb_pch.PCH_TEXTS["bindings"]
 
 
 @pytest.mark.slow
@@ -207,8 +219,9 @@ def test_compile_records_fast_and_a_replay_rebuilds_nothing(
     assert info["build_path"] == "fast"
     [ext] = info["extensions"]
     assert ext["name"] == "krefine_fixture_ok_add" and ext["path"] == "fast" and ext["pch"]
-    assert Path(ext["pch"]).parent.parent == kb_build.pch_root_for(str(build))
+    assert Path(ext["pch"]).parent.parent == kb_pch.pch_root_for(str(build))
     objects = {p: p.stat().st_mtime_ns for p in build.rglob("*.o")}
+    assert sorted(p.name for p in objects) == ["krefine_bind.o", "main.o"]  # the split build's two units
     so = {p: p.stat().st_mtime_ns for p in build.rglob("*.so")}
     # The GPU worker's import: same flags, so ninja finds everything up to date.
     loaded = kb_compile.load_candidate(
@@ -238,10 +251,10 @@ def test_compile_error_falls_back_and_reports_the_plain_build(compiled: dict[str
     assert response["build_path"] == "fallback:fast-build-failed"
     log = Path(response["log_path"]).read_text()
     # The fast attempt's output is kept aside; the log (and its feedback) is the plain build's alone.
-    assert log.count("error: expected") == 1 and "-include" not in log
+    assert log.count("error: expected") == 1 and "krefine_bind" not in log and "krefine_pch" not in log
     assert "building it the plain way" in log
-    attempt = next(compiled["compile_error.py"]["build_dir"].rglob(kb_build.FAST_ATTEMPT_LOG))
-    assert "-include" in attempt.read_text() and "error: expected" in attempt.read_text()
+    attempt = next(compiled["compile_error.py"]["build_dir"].rglob(kb_build.FAST_ATTEMPT_LOG)).read_text()
+    assert "krefine_bind.cpp" in attempt and "error: expected" in attempt
 
 
 FALLBACK_CANDIDATE = '''
@@ -270,13 +283,14 @@ def test_a_candidate_that_only_builds_plain_still_builds(tmp_path: Path) -> None
     from torch.utils import cpp_extension
 
     build = tmp_path / "builds" / "fallback"
-    flags = kb_build.main_cpp_flags(["-Werror"], None, with_cuda=False)
+    flags = kb_pch.main_cpp_flags(["-Werror"], None, with_cuda=False)
     assert flags is not None
     compiler = cpp_extension.get_cxx_compiler()
-    key_dir = kb_build.pch_root_for(str(build)) / kb_build.pch_key(compiler, flags)
-    key_dir.mkdir(parents=True)
-    (key_dir / kb_build.PCH_HEADER).write_text(kb_build.PCH_TEXT)
-    (key_dir / (kb_build.PCH_HEADER + ".gch")).write_bytes(b"not a PCH")
+    for text in kb_pch.PCH_TEXTS.values():  # whichever way the fast build goes, its header is bad
+        key_dir = kb_pch.pch_root_for(str(build)) / kb_pch.pch_key(compiler, flags, text)
+        key_dir.mkdir(parents=True)
+        (key_dir / kb_pch.PCH_HEADER).write_text(text)
+        (key_dir / (kb_pch.PCH_HEADER + ".gch")).write_bytes(b"not a PCH")
     saved = {k: os.environ.get(k) for k in ("TORCH_EXTENSIONS_DIR", "TORCH_CUDA_ARCH_LIST", "TORCH_USE_CUDA_DSA")}
     try:
         result = kb_compile.load_candidate(
@@ -328,11 +342,11 @@ class FakeLoadInline:
 
 
 def _fake_pch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
-    header = str(tmp_path / "pch" / "k" / kb_build.PCH_HEADER)
-    monkeypatch.setattr(kb_build, "ensure_pch", lambda *a, **k: kb_build.PchResult(header))
-    monkeypatch.setattr(kb_build, "_pch_supported", lambda compiler: True)
+    header = str(tmp_path / "pch" / "k" / kb_pch.PCH_HEADER)
+    monkeypatch.setattr(kb_pch, "ensure_pch", lambda *a, **k: kb_pch.PchResult(header))
+    monkeypatch.setattr(kb_pch, "pch_supported", lambda compiler: True)
     # No CUDA toolkit on CI: torch cannot name a CUDA build's flags there, so give the wrapper some.
-    monkeypatch.setattr(kb_build, "main_cpp_flags", lambda *a, **k: ["-std=c++17"])
+    monkeypatch.setattr(kb_pch, "main_cpp_flags", lambda *a, **k: ["-std=c++17"])
     return header
 
 
