@@ -192,13 +192,8 @@ impl Shared {
         task: Option<TaskId>,
         event: Event,
     ) -> impl Future<Output = Result<Arc<LogRecord>, StoreError>> + '_ {
-        let written = self.log.append(task, event);
-        async move {
-            let rec = Arc::new(written.await?);
-            // Nobody listening is fine: the log is the record, the bus only feeds live views.
-            let _ = self.bus.send(rec.clone());
-            Ok(rec)
-        }
+        // The log's writer sends the record on the bus, in the file's order.
+        self.log.append(task, event)
     }
 
     fn problem(&self, task: TaskId) -> Result<Arc<Problem>, EngineError> {
@@ -270,8 +265,15 @@ impl Engine {
             runners.push(TaskRunner::fold_keeping(spec, retention, evs)?);
         }
 
-        let log = EventLog::open(&events_path, valid_len, next_seq, fsync).await?;
         let (bus, _) = broadcast::channel(4096);
+        let log = EventLog::open_broadcasting(
+            &events_path,
+            valid_len,
+            next_seq,
+            fsync,
+            Some(bus.clone()),
+        )
+        .await?;
         let (info_tx, info_rx) = mpsc::channel(SINK_CAPACITY);
         let problems = plan.problems.iter().map(|p| (p.key, p.clone())).collect();
         let devices = if parts.devices.is_empty() {

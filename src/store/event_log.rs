@@ -12,7 +12,7 @@ use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 use std::sync::{Arc, mpsc};
 
-use tokio::sync::oneshot;
+use tokio::sync::{broadcast, oneshot};
 
 use super::{StoreError, io, now_ms};
 use crate::types::{Event, LogRecord, SCHEMA_VERSION, TaskId};
@@ -29,7 +29,7 @@ pub struct EventLog {
 struct Entry {
     task: Option<TaskId>,
     event: Event,
-    answer: oneshot::Sender<Result<LogRecord, StoreError>>,
+    answer: oneshot::Sender<Result<Arc<LogRecord>, StoreError>>,
 }
 
 impl EventLog {
@@ -40,6 +40,20 @@ impl EventLog {
         valid_len: u64,
         next_seq: u64,
         fsync: bool,
+    ) -> Result<Self, StoreError> {
+        Self::open_broadcasting(path, valid_len, next_seq, fsync, None).await
+    }
+
+    /// As [`EventLog::open`], and every record written is also sent on `bus`, by the writer, in the
+    /// file's order. Live views fold records as a log reader would; were each appender to send its own
+    /// once answered, records written in one batch could reach them in any order (a task's turn events
+    /// out of order were a "log error" in the live TUI).
+    pub async fn open_broadcasting(
+        path: &Path,
+        valid_len: u64,
+        next_seq: u64,
+        fsync: bool,
+        bus: Option<broadcast::Sender<Arc<LogRecord>>>,
     ) -> Result<Self, StoreError> {
         let path: Arc<Path> = Arc::from(path);
         let at = path.clone();
@@ -56,6 +70,7 @@ impl EventLog {
             next_seq,
             fsync,
             broken: None,
+            bus,
         };
         std::thread::Builder::new()
             .name("krefine-log".into())
@@ -72,7 +87,7 @@ impl EventLog {
         &self,
         task: Option<TaskId>,
         event: Event,
-    ) -> impl Future<Output = Result<LogRecord, StoreError>> + Send + 'static {
+    ) -> impl Future<Output = Result<Arc<LogRecord>, StoreError>> + Send + 'static {
         let (answer, answered) = oneshot::channel();
         // A writer that is gone drops the entry and with it `answer`, which the future reports.
         let _ = self.queue.send(Entry {
@@ -114,6 +129,7 @@ struct Writer {
     /// Set by a failed write. How much of that batch reached the file is unknown, so nothing is
     /// written after it: a line appended behind a cut one would turn the torn tail into corruption.
     broken: Option<(std::io::ErrorKind, String)>,
+    bus: Option<broadcast::Sender<Arc<LogRecord>>>,
 }
 
 impl Writer {
@@ -181,6 +197,11 @@ impl Writer {
         match result {
             Ok(()) => {
                 for (rec, answer) in written {
+                    let rec = Arc::new(rec);
+                    if let Some(bus) = &self.bus {
+                        // Nobody listening is fine: the log is the record, the bus feeds live views.
+                        let _ = bus.send(rec.clone());
+                    }
                     let _ = answer.send(Ok(rec));
                 }
             }
@@ -261,6 +282,33 @@ mod tests {
             },
             sample: 0,
         }
+    }
+
+    /// Live views get the records in the file's order, however the appenders' futures are polled:
+    /// events queued together (one batch) and awaited in the reverse order still arrive by seq.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_bus_carries_records_in_file_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = RunDir::create(&tmp.path().join("r"), "").unwrap();
+        let (bus, mut rx) = broadcast::channel(1024);
+        let log = EventLog::open_broadcasting(&dir.events_path(), 0, 0, false, Some(bus))
+            .await
+            .unwrap();
+        let pending: Vec<_> = (0..200)
+            .map(|n| log.append(Some(task(1)), ev(&n.to_string())))
+            .collect();
+        for written in pending.into_iter().rev() {
+            written.await.unwrap();
+        }
+        let seqs: Vec<u64> = (0..200).map(|_| rx.try_recv().unwrap().seq).collect();
+        assert_eq!(seqs, (0..200).collect::<Vec<u64>>());
+        let file: Vec<u64> = read_log(&dir.events_path())
+            .unwrap()
+            .records
+            .iter()
+            .map(|r| r.seq)
+            .collect();
+        assert_eq!(file, seqs);
     }
 
     /// Many tasks appending at once: every append answered means its record is in the file, with
