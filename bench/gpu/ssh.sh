@@ -23,6 +23,10 @@ kit)
   ;;
 run)
   OUT=${OUT:-/tmp/krefine-out}
+  # The quickstart's kernels run for microseconds, where speedups vary between two local runs as much as
+  # anywhere; CONFIG=.gpu/refeq-l1.toml (reference-equivalent candidates, millisecond kernels) compares
+  # speedups that a rerun reproduces.
+  CONFIG=${CONFIG:-configs/quickstart.toml}
   PY=${PY:-/opt/torch/.venv/bin/python3}
   mkdir -p "$OUT" runs
   S="$OUT/ssh.txt"
@@ -33,10 +37,10 @@ run)
     trap 'scripts/slurm-test-cluster ssh-down' EXIT
     common=(--no-tui --set "resources.python=\"$PY\"" --set resources.devices=0 --set output.dir=\"runs/ssh-check\")
     echo "== local"
-    ./.gpu/krefine run configs/quickstart.toml --out runs/ssh-local "${common[@]}" 2>&1 | tail -25
+    ./.gpu/krefine run "$CONFIG" --out runs/ssh-local "${common[@]}" 2>&1 | tail -25
     echo "exit ${PIPESTATUS[0]}"
     echo "== ssh to 127.0.0.1"
-    ./.gpu/krefine run configs/quickstart.toml --out runs/ssh-remote "${common[@]}" \
+    ./.gpu/krefine run "$CONFIG" --out runs/ssh-remote "${common[@]}" \
       --set resources.launcher=\"ssh\" --set 'resources.ssh.hosts=["127.0.0.1:0"]' \
       --set "resources.ssh.port=$KREFINE_TEST_SSH_PORT" --set "resources.ssh.identity=\"$KREFINE_TEST_SSH_KEY\"" \
       --set "resources.ssh.options=[\"-o\", \"UserKnownHostsFile=$KREFINE_TEST_SSH_KNOWN_HOSTS\"]" 2>&1 | tail -25

@@ -329,21 +329,32 @@ class ExtensionBuild:
     narrowed: bool = False
     why: str = ""
     pch_built_s: float = 0.0
+    # The `PYTORCH_NVCC` command the CUDA sources were built with (kb_nvcc.py), or None for nvcc itself.
+    # A replay sets the same, so ninja finds the same command line and the build up to date.
+    nvcc: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "path": self.path, "pch": self.pch, "narrowed": self.narrowed, "why": self.why}
+        return {
+            "name": self.name,
+            "path": self.path,
+            "pch": self.pch,
+            "narrowed": self.narrowed,
+            "why": self.why,
+            "nvcc": self.nvcc,
+        }
 
     @staticmethod
     def from_json(value: Any) -> ExtensionBuild | None:
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):
             return None
-        path, pch, why = value.get("path"), value.get("pch"), value.get("why")
+        path, pch, why, nvcc = value.get("path"), value.get("pch"), value.get("why"), value.get("nvcc")
         return ExtensionBuild(
             name=value["name"],
             path=path if isinstance(path, str) else PLAIN,
             pch=pch if isinstance(pch, str) else None,
             narrowed=bool(value.get("narrowed")),
             why=why if isinstance(why, str) else "",
+            nvcc=nvcc if isinstance(nvcc, str) else None,
         )
 
 
@@ -442,7 +453,8 @@ class FastLoadInline:
                 # The header itself is not needed: a main.o built with the PCH lists only main.cpp in
                 # its deps, so ninja finds it up to date even where this worker cannot see the PCH
                 # folder (and writing into the build cache would taint a sandboxed worker's view).
-                return self.original(**self._apply(a, plan))
+                with _nvcc_command(plan.nvcc):
+                    return self.original(**self._apply(a, plan))
             return self.original(**self._fresh(a))
         plan = self._plan(a, name)
         if self.ctx.mode == "pch-only":
@@ -459,7 +471,7 @@ class FastLoadInline:
         # the plain build's alone.
         attempt = Path(build_directory, FAST_ATTEMPT_LOG)
         try:
-            with _output_to(attempt):
+            with _output_to(attempt), _nvcc_command(plan.nvcc):
                 module = self.original(**self._apply(a, plan))
         except (Exception, SystemExit) as exc:
             cpp_extension.JIT_EXTENSION_VERSIONER.entries.clear()
@@ -472,6 +484,7 @@ class FastLoadInline:
                 flush=True,
             )
             plan.path, plan.pch, plan.narrowed, plan.why = "fallback", None, False, "fast-build-failed"
+            plan.nvcc = None
             return self.original(**self._fresh(a))
         _pass_on(attempt)
         return module
@@ -510,7 +523,8 @@ class FastLoadInline:
                     pch = PchResult(None, error=str(exc))
                 if pch.header is None:
                     print(f"krefine: no precompiled header for '{name}': {pch.error[-500:]}", flush=True)
-        if not narrowed and (pch is None or pch.header is None):
+        nvcc = overlapped_nvcc() if cuda else None
+        if not narrowed and nvcc is None and (pch is None or pch.header is None):
             return "nothing-to-speed-up"
         return ExtensionBuild(
             name=name,
@@ -518,6 +532,7 @@ class FastLoadInline:
             pch=pch.header if pch is not None else None,
             narrowed=narrowed,
             pch_built_s=pch.built_s if pch is not None else 0.0,
+            nvcc=nvcc,
         )
 
     def _apply(self, a: dict[str, Any], plan: ExtensionBuild) -> dict[str, Any]:
@@ -530,6 +545,38 @@ class FastLoadInline:
             # First, so it is the first include of main.cpp, as a PCH must be.
             out["extra_cflags"] = ["-include", plan.pch, "-Winvalid-pch", *_as_list(a.get("extra_cflags"))]
         return out
+
+
+def overlapped_nvcc() -> str | None:
+    """The `PYTORCH_NVCC` command that runs nvcc's steps overlapped (kb_nvcc.py), or None where nvcc
+    is not found, is not CUDA's (ROCm), or the user named their own (a ccache wrapper, say)."""
+    if os.environ.get("PYTORCH_NVCC") is not None or os.environ.get("KREFINE_NVCC_OVERLAP") == "0":
+        return None
+    from torch.utils import cpp_extension
+
+    if getattr(cpp_extension, "IS_HIP_EXTENSION", False) or cpp_extension.CUDA_HOME is None:
+        return None
+    real = os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
+    if not os.access(real, os.X_OK):
+        return None
+    return shlex.join([sys.executable, str(Path(__file__).with_name("kb_nvcc.py")), real])
+
+
+@contextlib.contextmanager
+def _nvcc_command(command: str | None) -> Iterator[None]:
+    """`PYTORCH_NVCC` set to `command` for one build (torch writes it into the ninja file as `nvcc`)."""
+    if command is None:
+        yield
+        return
+    saved = os.environ.get("PYTORCH_NVCC")
+    os.environ["PYTORCH_NVCC"] = command
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("PYTORCH_NVCC", None)
+        else:
+            os.environ["PYTORCH_NVCC"] = saved
 
 
 @contextlib.contextmanager
@@ -581,12 +628,17 @@ def _bench_build(args: Any) -> dict[str, Any]:
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     info = kb_compile.read_build_info(args.build_dir)
+    build_path = info.get("build_path")
+    # How kb_nvcc built each CUDA object, where it did (see kb_nvcc.MARKER_SUFFIX).
+    steps = sorted({m.read_text().strip() for m in Path(args.build_dir).rglob("*.nvcc-steps")})
+    if build_path and steps:
+        build_path = f"{build_path} [{', '.join(steps)}]"
     return {
         "ok": result.ok,
         "seconds": round(seconds, 3),
         # The compilers' CPU time: steadier than wall time on a busy machine.
         "cpu_seconds": round(cpu, 3),
-        "build_path": info.get("build_path"),
+        "build_path": build_path,
         "error": result.error,
     }
 

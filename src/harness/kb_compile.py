@@ -172,6 +172,17 @@ def capture_fds(log_path: str, append: bool = False, limit: int = CAPTURE_LIMIT)
         # The pump ends when the last writer is gone; a process the candidate left running may hold
         # the pipe, so do not wait for it forever (its output stays capped).
         pump.join(_PUMP_JOIN_S)
+        if not pump.is_alive() and pump.native_id is not None:
+            _wait_gone(pump.native_id)
+
+
+def _wait_gone(native_id: int, timeout_s: float = 1.0) -> None:
+    """Wait until an ended thread of ours has left /proc/self/task: Python sees a thread stopped a
+    moment before its OS thread exits, and the candidate checks count native threads (a pump still
+    listed was once reported as a thread the candidate started)."""
+    deadline = time.monotonic() + timeout_s
+    while os.path.exists(f"/proc/self/task/{native_id}") and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def read_log(path: str) -> str:

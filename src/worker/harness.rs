@@ -13,7 +13,7 @@ use super::WorkerError;
 pub const HARNESS_ENTRY: &str = "krefine_harness.py";
 
 /// Every harness file: (file name, content).
-pub const HARNESS_FILES: [(&str, &str); 14] = [
+pub const HARNESS_FILES: [(&str, &str); 15] = [
     (
         "krefine_harness.py",
         include_str!("../harness/krefine_harness.py"),
@@ -40,6 +40,7 @@ pub const HARNESS_FILES: [(&str, &str); 14] = [
     ("kb_feedback.py", include_str!("../harness/kb_feedback.py")),
     ("kb_sandbox.py", include_str!("../harness/kb_sandbox.py")),
     ("kb_build.py", include_str!("../harness/kb_build.py")),
+    ("kb_nvcc.py", include_str!("../harness/kb_nvcc.py")),
 ];
 
 /// 12 hex digits of blake3 over every file's name and content.

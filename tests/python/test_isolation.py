@@ -170,3 +170,16 @@ def test_strict_reverifies_a_speedup_above_the_bound(worker: IsolatedWorker) -> 
     assert faithful["speedup_check"]["flagged"] is True
     assert faithful["speedup_check"]["verified"] is None  # faithful mode only flags
 
+
+def test_the_output_capture_leaves_no_native_thread_behind(tmp_path: Path) -> None:
+    """capture_fds's pump thread has left /proc/self/task when the capture ends: Python sees a thread
+    stopped a moment before its OS thread exits, and the candidate checks count native threads (an
+    honest candidate once got a `native_threads` finding for the harness's own pump on a busy machine)."""
+    import kb_compile
+
+    before = kb_candidate.native_threads()
+    for i in range(50):
+        with kb_compile.capture_fds(str(tmp_path / "log.txt")):
+            print(f"line {i}", flush=True)
+        assert kb_candidate.native_threads() == before
+    assert "line 49" in (tmp_path / "log.txt").read_text()
