@@ -764,7 +764,8 @@ pub struct OutputSection {
     /// Parent folder of run directories.
     #[serde(default = "default_out_dir")]
     pub dir: PathBuf,
-    /// fsync the event log after every event (slower; survives power loss, not only crashes).
+    /// fsync the event log after every batch of events, before any of them is acted on (slower;
+    /// survives power loss, not only crashes).
     #[serde(default)]
     pub fsync: bool,
 }

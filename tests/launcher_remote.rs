@@ -93,7 +93,13 @@ fn run_args(out: &Path, extra: &[String]) -> Vec<String> {
         out.to_string_lossy().into_owned(),
     ];
     let answers = repo().join("tests/fixtures/launcher/answers.jsonl");
-    let output_dir = out.parent().unwrap().join("output");
+    // Each run its own output folder, so its own build cache. Runs sharing one cache take the same
+    // build directory's lock around an evaluation of the same candidate: the slurm run's turn-2
+    // evaluation, leased and logged as `lease_granted`, then waited for another run's evaluation of
+    // that candidate, the step was cancelled while its worker was idle, and the pool replaced the
+    // dead worker without a loss (the cancellation must land in the middle of the request).
+    let name = out.file_name().unwrap().to_string_lossy();
+    let output_dir = out.with_file_name(format!("{name}-output"));
     for s in [
         format!("resources.python=\"{}\"", python().display()),
         "resources.devices=cpu".into(),
@@ -188,7 +194,9 @@ fn steps() -> String {
 }
 
 /// Wait until the evaluation of task 1/1/0's turn 2 (the slow candidate) holds the device, then
-/// cancel the step of the evaluation worker; returns the step id.
+/// cancel the step of the evaluation worker; returns the step id. The request reaches the worker
+/// right after `lease_granted` is logged (nothing else waits in between: the run has the build
+/// cache to itself, see [`run_args`]) and takes seconds (the candidate sleeps in every call).
 fn cancel_eval_step_mid_evaluation(dir: &Path, deadline: Instant) -> String {
     loop {
         assert!(
@@ -289,10 +297,16 @@ fn remote_launchers_give_the_local_verdicts() {
         .chain(outcomes(&evs, "profiled"))
         .flat_map(|o| o["worker_losses"].as_array().into_iter().flatten())
         .collect();
+    let trace = std::fs::read_to_string(slurm_dir.join("krefine.log")).unwrap_or_default();
     assert_eq!(
         lost.len(),
         1,
-        "one loss for the one cancelled step: {lost:?}"
+        "one loss for the one cancelled step: {lost:?}{}",
+        if trace.contains("ended while idle") {
+            " (the step was cancelled while its worker was idle, not mid-request)"
+        } else {
+            ""
+        }
     );
     assert_eq!(lost[0]["worker"], "cpu-0");
     let detail = lost[0]["detail"].as_str().unwrap_or_default();

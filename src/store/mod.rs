@@ -1,18 +1,22 @@
 //! Run directories and the append-only event log.
 //!
 //! A run directory holds `config.toml` (the frozen effective config), `events.jsonl` (one
-//! [`LogRecord`] a line, flushed per event), `kernels/` (every candidate's code), `logs/` (compiler and
+//! [`LogRecord`] a line, written ahead of acting on it: see [`EventLog`]), `kernels/` (every candidate's code), `logs/` (compiler and
 //! worker logs) and `krefine.log` (tracing). An existing run directory is never overwritten: it is
 //! either resumed (`--resume`) or refused. One process writes a run directory at a time: see
 //! [`crate::lock::lock_run_dir`].
+
+mod event_log;
+mod files;
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tokio::io::AsyncWriteExt;
+use crate::types::{LogRecord, SCHEMA_VERSION, TaskId};
 
-use crate::types::{Event, LogRecord, SCHEMA_VERSION, TaskId};
+pub use event_log::EventLog;
+pub use files::FileWriter;
 
 pub const CONFIG_FILE: &str = "config.toml";
 pub const EVENTS_FILE: &str = "events.jsonl";
@@ -144,33 +148,37 @@ impl RunDir {
         )
     }
 
-    /// Write the messages of a turn's LLM request; returns the path relative to the run directory.
+    /// Write the messages of a turn's LLM request through `files`; returns the path relative to
+    /// the run directory.
     pub async fn write_prompt(
         &self,
+        files: &FileWriter,
         task: TaskId,
         turn: u32,
         messages: &[crate::types::ChatMessage],
     ) -> Result<String, StoreError> {
         let rel = Self::prompt_rel(task, turn);
         let path = self.root.join(&rel);
-        let json = serde_json::to_vec_pretty(messages).map_err(|e| StoreError::Io {
-            path: path.clone(),
-            source: std::io::Error::other(e),
-        })?;
-        tokio::fs::write(&path, json).await.map_err(io(&path))?;
+        files
+            .write(path, || {
+                serde_json::to_vec_pretty(messages).map_err(std::io::Error::other)
+            })
+            .await?;
         Ok(rel)
     }
 
-    /// Write a candidate's code; returns its path relative to the run directory.
+    /// Write a candidate's code through `files`; returns its path relative to the run directory.
     pub async fn write_kernel(
         &self,
+        files: &FileWriter,
         task: TaskId,
         turn: u32,
         code: &str,
     ) -> Result<String, StoreError> {
         let rel = Self::kernel_rel(task, turn);
-        let path = self.root.join(&rel);
-        tokio::fs::write(&path, code).await.map_err(io(&path))?;
+        files
+            .write(self.root.join(&rel), || Ok(code.as_bytes().to_vec()))
+            .await?;
         Ok(rel)
     }
 }
@@ -287,69 +295,6 @@ pub fn log_lines(path: &Path, valid_len: u64) -> Result<Vec<String>, StoreError>
         .collect())
 }
 
-/// Appends records to `events.jsonl`, one flushed line each.
-pub struct EventLog {
-    path: PathBuf,
-    file: tokio::fs::File,
-    next_seq: u64,
-    fsync: bool,
-}
-
-impl EventLog {
-    /// Open for appending after `valid_len` bytes (cutting a torn tail), continuing at `next_seq`.
-    pub async fn open(
-        path: &Path,
-        valid_len: u64,
-        next_seq: u64,
-        fsync: bool,
-    ) -> Result<Self, StoreError> {
-        let file = tokio::fs::OpenOptions::new()
-            .write(true)
-            .open(path)
-            .await
-            .map_err(io(path))?;
-        file.set_len(valid_len).await.map_err(io(path))?;
-        let mut file = file;
-        tokio::io::AsyncSeekExt::seek(&mut file, std::io::SeekFrom::Start(valid_len))
-            .await
-            .map_err(io(path))?;
-        Ok(EventLog {
-            path: path.to_path_buf(),
-            file,
-            next_seq,
-            fsync,
-        })
-    }
-
-    /// Append one event; returns the record as written.
-    pub async fn append(
-        &mut self,
-        task: Option<TaskId>,
-        event: Event,
-    ) -> Result<LogRecord, StoreError> {
-        let rec = LogRecord {
-            v: SCHEMA_VERSION,
-            seq: self.next_seq,
-            ts_ms: now_ms(),
-            task,
-            event,
-        };
-        let mut line = serde_json::to_vec(&rec).map_err(|e| StoreError::Io {
-            path: self.path.clone(),
-            source: std::io::Error::other(e),
-        })?;
-        line.push(b'\n');
-        // One write per line so a crash leaves at most one torn line at the end.
-        self.file.write_all(&line).await.map_err(io(&self.path))?;
-        self.file.flush().await.map_err(io(&self.path))?;
-        if self.fsync {
-            self.file.sync_data().await.map_err(io(&self.path))?;
-        }
-        self.next_seq += 1;
-        Ok(rec)
-    }
-}
-
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -366,58 +311,7 @@ pub fn write_file(path: &Path, data: &[u8]) -> Result<(), StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ev(reason: &str) -> Event {
-        Event::RunEnded {
-            reason: reason.into(),
-        }
-    }
-
-    #[tokio::test]
-    async fn append_read_and_refuse_overwrite() {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path().join("run");
-        let dir = RunDir::create(&root, "x = 1\n").unwrap();
-        let mut log = EventLog::open(&dir.events_path(), 0, 0, false)
-            .await
-            .unwrap();
-        log.append(None, ev("a")).await.unwrap();
-        let r = log.append(None, ev("b")).await.unwrap();
-        assert_eq!(r.seq, 1);
-        let read = read_log(&dir.events_path()).unwrap();
-        assert_eq!(read.records.len(), 2);
-        assert!(read.torn_tail.is_none());
-        assert!(matches!(
-            RunDir::create(&root, ""),
-            Err(StoreError::Exists(_))
-        ));
-    }
-
-    #[tokio::test]
-    async fn torn_tail_is_dropped_and_cut_on_append() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = RunDir::create(&tmp.path().join("r"), "").unwrap();
-        let mut log = EventLog::open(&dir.events_path(), 0, 0, false)
-            .await
-            .unwrap();
-        log.append(None, ev("a")).await.unwrap();
-        drop(log);
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(dir.events_path())
-            .unwrap();
-        f.write_all(b"{\"v\":1,\"seq\":1,\"ts_ms\":").unwrap();
-        let read = read_log(&dir.events_path()).unwrap();
-        assert_eq!(read.records.len(), 1);
-        assert!(read.torn_tail.as_deref().unwrap().contains(":2: dropped"));
-        let mut log = EventLog::open(&dir.events_path(), read.valid_len, 1, false)
-            .await
-            .unwrap();
-        log.append(None, ev("b")).await.unwrap();
-        let again = read_log(&dir.events_path()).unwrap();
-        assert_eq!(again.records.len(), 2);
-        assert!(again.torn_tail.is_none());
-    }
+    use crate::types::Event;
 
     #[test]
     fn corrupt_middle_line_is_an_error_with_line() {
@@ -428,7 +322,7 @@ mod tests {
             seq: 0,
             ts_ms: 0,
             task: None,
-            event: ev("a"),
+            event: Event::RunEnded { reason: "a".into() },
         })
         .unwrap();
         std::fs::write(&p, format!("{good}\nnot json\n{good}\n")).unwrap();

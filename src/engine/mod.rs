@@ -18,22 +18,23 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use tokio::sync::{Mutex, Semaphore, broadcast, mpsc};
+use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
+mod fold;
+mod stages;
+
+pub use fold::{TaskTurns, fold_records};
+use stages::{Interest, compile, generate, on_device};
+
 use crate::gpu::{DeviceInfo, DevicePool};
-use crate::llm::extract::extract_code;
-use crate::machine::{MachineError, TaskRunner, TaskSpec};
+use crate::machine::{MachineError, Retention, TaskRunner, TaskSpec};
 use crate::prompt::{PromptSettings, Prompts};
 use crate::refprep::{self, PrepServices, Preparer};
-use crate::services::{
-    BuildPause, CompileJob, Compiler, DeviceId, EventSink, ExecJob, Executor, Llm, LlmError,
-    SINK_CAPACITY, Unavailable,
-};
-use crate::store::{EventLog, ReadLog, RunDir, StoreError};
+use crate::services::{Compiler, EventSink, Executor, Llm, SINK_CAPACITY};
+use crate::store::{EventLog, FileWriter, ReadLog, RunDir, StoreError};
 use crate::types::{
-    Command, Event, FeedbackMode, LlmRequest, LogRecord, MethodKind, Problem, ProblemKey,
-    PromptContext, TaskId, WaitingOn,
+    Command, Event, FeedbackMode, LogRecord, MethodKind, Problem, ProblemKey, TaskId, WaitingOn,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -154,7 +155,11 @@ enum Step {
 
 struct Shared {
     dir: RunDir,
-    log: Mutex<EventLog>,
+    log: EventLog,
+    /// Prompt files and candidate files, each kind written one after another by a thread of its
+    /// own, so that a candidate's file never waits behind prompts.
+    prompt_files: FileWriter,
+    kernel_files: FileWriter,
     bus: broadcast::Sender<Arc<LogRecord>>,
     sink: EventSink,
     llm: Arc<dyn Llm>,
@@ -180,11 +185,15 @@ struct Shared {
 }
 
 impl Shared {
-    async fn append(&self, task: Option<TaskId>, event: Event) -> Result<(), StoreError> {
-        let rec = self.log.lock().await.append(task, event).await?;
-        // Nobody listening is fine: the log is the record, the bus only feeds live views.
-        let _ = self.bus.send(Arc::new(rec));
-        Ok(())
+    /// Log `event`; resolves to the record once it is in the file. The event is queued before this
+    /// returns and the future does not hold it, which keeps the futures of waiting drivers small.
+    fn append(
+        &self,
+        task: Option<TaskId>,
+        event: Event,
+    ) -> impl Future<Output = Result<Arc<LogRecord>, StoreError>> + '_ {
+        // The log's writer sends the record on the bus, in the file's order.
+        self.log.append(task, event)
     }
 
     fn problem(&self, task: TaskId) -> Result<Arc<Problem>, EngineError> {
@@ -247,14 +256,24 @@ impl Engine {
                 dir.config_path().display()
             )));
         }
+        let retention = Retention::Prompts(parts.prompt_settings.history);
         let mut runners = Vec::with_capacity(specs.len());
         for spec in specs {
             let evs = by_task.remove(&spec.id).unwrap_or_default();
-            runners.push(TaskRunner::fold(spec, evs)?);
+            // The engine keeps of finished turns only what later prompts need; views and reports
+            // fold the log for the rest.
+            runners.push(TaskRunner::fold_keeping(spec, retention, evs)?);
         }
 
-        let log = EventLog::open(&events_path, valid_len, next_seq, fsync).await?;
         let (bus, _) = broadcast::channel(4096);
+        let log = EventLog::open_broadcasting(
+            &events_path,
+            valid_len,
+            next_seq,
+            fsync,
+            Some(bus.clone()),
+        )
+        .await?;
         let (info_tx, info_rx) = mpsc::channel(SINK_CAPACITY);
         let problems = plan.problems.iter().map(|p| (p.key, p.clone())).collect();
         let devices = if parts.devices.is_empty() {
@@ -266,7 +285,9 @@ impl Engine {
             .then(|| Arc::new(Preparer::new(parts.prepare_ahead)));
         let shared = Arc::new(Shared {
             dir,
-            log: Mutex::new(log),
+            log,
+            prompt_files: FileWriter::start("prompts")?,
+            kernel_files: FileWriter::start("kernels")?,
             bus,
             sink: EventSink::new(info_tx),
             llm: parts.llm,
@@ -489,6 +510,10 @@ async fn log_info(shared: &Shared, task: Option<TaskId>, event: Event) {
 }
 
 /// Run a task's commands until it finishes, the run is cancelled, or LLM requests are stopped.
+///
+/// Every task of a run has a driver from start to finish, most of them waiting at a gate, so the
+/// stages run as boxed futures: a waiting driver holds the stage it waits in, not room for the
+/// largest one.
 async fn drive(
     shared: Arc<Shared>,
     mut runner: TaskRunner,
@@ -508,20 +533,22 @@ async fn drive(
             }
             Command::CallLlm { turn, context } => (
                 turn,
-                generate(&shared, task, turn, &context, &mut interest).await?,
+                Box::pin(generate(&shared, task, turn, &context, &mut interest)).await?,
             ),
-            Command::Compile { turn, code } => (turn, compile(&shared, task, turn, code).await),
+            Command::Compile { turn, code } => {
+                (turn, Box::pin(compile(&shared, task, turn, code)).await)
+            }
             Command::Execute { turn, code } => {
                 interest.end();
-                (
-                    turn,
-                    on_device(&shared, &runner, task, turn, code, false).await?,
-                )
+                let build_dir = build_dir(&runner, turn);
+                let stage = on_device(&shared, task, turn, code, build_dir, false);
+                (turn, Box::pin(stage).await?)
             }
-            Command::Profile { turn, code } => (
-                turn,
-                on_device(&shared, &runner, task, turn, code, true).await?,
-            ),
+            Command::Profile { turn, code } => {
+                let build_dir = build_dir(&runner, turn);
+                let stage = on_device(&shared, task, turn, code, build_dir, true);
+                (turn, Box::pin(stage).await?)
+            }
         };
         let event = match step {
             Step::Event(e) => e,
@@ -550,381 +577,23 @@ async fn drive(
             }
         };
         // Write-ahead: the event is durable before the machine acts on it.
-        shared.append(Some(task), event.clone()).await?;
-        match runner.handle(&event)? {
+        let rec = shared.append(Some(task), event).await?;
+        match runner.handle(&rec.event)? {
             Some(next) => cmd = next,
             None => {
                 return Err(EngineError::Resume(format!(
                     "task {task}: the machine issued no command after `{}`",
-                    event.kind()
+                    rec.event.kind()
                 )));
             }
         }
     }
 }
 
-/// A task's claim on its problem's reference data: on from the start of its LLM request until its
-/// execute (or until the driver stops), so that the data is prepared meanwhile (`crate::refprep`).
-struct Interest<'a> {
-    prep: Option<&'a Preparer>,
-    problem: ProblemKey,
-    on: bool,
-}
-
-impl Interest<'_> {
-    fn start(&mut self) {
-        if let (false, Some(prep)) = (self.on, self.prep) {
-            prep.coming(self.problem);
-            self.on = true;
-        }
-    }
-
-    fn end(&mut self) {
-        if let (true, Some(prep)) = (self.on, self.prep) {
-            prep.arrived(self.problem);
-        }
-        self.on = false;
-    }
-}
-
-impl Drop for Interest<'_> {
-    fn drop(&mut self) {
-        self.end();
-    }
-}
-
-/// Generate: render the prompt, ask the LLM (behind its gate), extract and store the code.
-async fn generate(
-    shared: &Shared,
-    task: TaskId,
-    turn: u32,
-    context: &PromptContext,
-    interest: &mut Interest<'_>,
-) -> Result<Step, EngineError> {
-    if shared.llm_stopped.load(Ordering::SeqCst) {
-        return Ok(Step::Halt);
-    }
-    let problem = shared.problem(task)?;
-    let messages = shared
-        .prompts
-        .render(&problem, context, &shared.prompt_settings)
-        .map_err(|e| EngineError::Prompt {
-            task,
-            turn,
-            message: e.to_string(),
-        })?;
-    // The exact messages, for whoever reads the run later (the TUI's detail view); a failure to
-    // write them costs the display, not the turn.
-    let prompt_file = match shared.dir.write_prompt(task, turn, &messages).await {
-        Ok(p) => Some(p),
-        Err(e) => {
-            tracing::warn!("cannot store the prompt of task {task} turn {turn}: {e}");
-            None
-        }
-    };
-    let Some(result) = cancellable(&shared.cancel, async {
-        let _permit = shared.llm_gate.acquire().await;
-        if shared.llm_stopped.load(Ordering::SeqCst) {
-            return None;
-        }
-        // The answer is on its way: prepare its problem's reference data meanwhile.
-        interest.start();
-        // Appended directly (not through the sink) so it always precedes the answer in the log.
-        let started = Event::LlmStarted { turn, prompt_file };
-        if let Err(e) = shared.append(Some(task), started).await {
-            tracing::error!("cannot log an informational event: {e}");
-        }
-        let req = LlmRequest {
-            task,
-            turn,
-            messages,
-        };
-        Some(shared.llm.complete(req, &shared.sink).await)
-    })
-    .await
-    .flatten() else {
-        return Ok(Step::Halt);
-    };
-    Ok(match result {
-        Ok(answer) => {
-            let code = extract_code(&answer.content);
-            let code_file = match &code {
-                Some(c) => Some(shared.dir.write_kernel(task, turn, c).await?),
-                None => None,
-            };
-            Step::Event(Event::LlmAnswered {
-                turn,
-                answer,
-                code,
-                code_file,
-            })
-        }
-        Err(LlmError::Failed(error)) => Step::Event(Event::LlmFailed {
-            turn,
-            error,
-            fatal: false,
-        }),
-        Err(LlmError::Unavailable(error)) => Step::Defer {
-            waiting_on: WaitingOn::Llm,
-            error,
-        },
-        Err(LlmError::Fatal(reason)) => {
-            // Nothing is logged for the task: after the cause is fixed, a resume asks again for
-            // exactly this turn.
-            tracing::error!("LLM requests stopped: {reason}");
-            shared.stop(reason);
-            Step::Halt
-        }
-        Err(LlmError::Cancelled) => Step::Halt,
-    })
-}
-
-/// Precompile: build the candidate in the CPU compile pool.
-async fn compile(shared: &Shared, task: TaskId, turn: u32, code: String) -> Step {
-    let job = CompileJob {
-        task,
-        turn,
-        code,
-        log_path: shared.dir.compile_log_path(task, turn),
-    };
-    let result = cancellable(&shared.cancel, async {
-        let _permit = shared.compile_gate.acquire().await;
-        shared.compiler.compile(job).await
-    })
-    .await;
-    match result {
-        None => Step::Halt,
-        Some(Err(Unavailable(error))) => Step::Defer {
-            waiting_on: WaitingOn::Workers,
-            error,
-        },
-        Some(Ok(mut outcome)) => {
-            outcome.log_path = outcome.log_path.map(|p| relative_to(&shared.dir, &p));
-            Step::Event(Event::Compiled { turn, outcome })
-        }
-    }
-}
-
-/// What keeps the cores quiet while the CPU device times a candidate.
-// The fields are held for their Drop only.
-#[allow(dead_code)]
-enum Quiet<'a> {
-    /// The compiler paused its running builds (and holds new ones back).
-    Paused(BuildPause),
-    /// The compiler cannot pause: every compile slot is held, so no build runs.
-    Drained(tokio::sync::SemaphorePermit<'a>),
-}
-
-/// Execute or profile the turn's candidate under a device lease; the lease's wait, hold and busy
-/// times are logged around it.
-async fn on_device(
-    shared: &Shared,
-    runner: &TaskRunner,
-    task: TaskId,
-    turn: u32,
-    code: String,
-    profile: bool,
-) -> Result<Step, EngineError> {
-    let build_dir = runner
-        .turns()
-        .get((turn as usize).saturating_sub(1))
+/// The build folder of the turn's candidate, when its compile step left one for the device step.
+fn build_dir(runner: &TaskRunner, turn: u32) -> Option<String> {
+    runner
+        .turn(turn)
         .and_then(|r| r.compile.as_ref())
-        .and_then(|c| c.build_dir.clone());
-    let job = ExecJob {
-        task,
-        turn,
-        problem: shared.problem(task)?,
-        code,
-        build_dir,
-    };
-    // A device whose worker host was drained is retired and the step goes to another device.
-    loop {
-        let asked = std::time::Instant::now();
-        let lease = match cancellable(&shared.cancel, shared.devices.acquire()).await {
-            None => return Ok(Step::Halt),
-            Some(Some(lease)) => lease,
-            Some(None) => {
-                return Ok(Step::Defer {
-                    waiting_on: WaitingOn::Workers,
-                    error: "every device was retired (the hosts of their workers were drained)"
-                        .into(),
-                });
-            }
-        };
-        let (step, retired) = leased(shared, lease, asked, &job, task, turn, profile).await?;
-        if !retired {
-            return Ok(step);
-        }
-    }
-}
-
-/// One attempt of [`on_device`] under `lease`; true when the device was retired on the way.
-async fn leased(
-    shared: &Shared,
-    lease: crate::gpu::Lease,
-    asked: std::time::Instant,
-    job: &ExecJob,
-    task: TaskId,
-    turn: u32,
-    profile: bool,
-) -> Result<(Step, bool), EngineError> {
-    let job = job.clone();
-    // On the CPU device, builds would run on the cores being timed. The compiler pauses the builds
-    // in flight (a build that hangs must not hold timing back for its whole timeout) and holds new
-    // ones back until the lease ends. A compiler that cannot pause is drained instead: every
-    // compile slot is taken (FIFO, so builds queue behind, not starve).
-    let _quiet = if lease.device.id == DeviceId::Cpu {
-        let quiet = async {
-            match shared.compiler.pause_builds().await {
-                Some(p) => Ok(Quiet::Paused(p)),
-                None => shared
-                    .compile_gate
-                    .acquire_many(shared.compile_slots)
-                    .await
-                    .map(Quiet::Drained),
-            }
-        };
-        match cancellable(&shared.cancel, quiet).await {
-            Some(Ok(q)) => Some(q),
-            // Cancelled, or the gate closed (it never is).
-            Some(Err(_)) | None => return Ok((Step::Halt, false)),
-        }
-    } else {
-        None
-    };
-    let device = lease.device.id.clone();
-    let granted = std::time::Instant::now();
-    shared
-        .append(
-            Some(task),
-            Event::LeaseGranted {
-                device: device.to_string(),
-                // Waiting for the compile pool to pause counts as waiting, not holding.
-                wait_ms: asked.elapsed().as_millis() as u64,
-                turn,
-            },
-        )
-        .await?;
-    let step = if profile {
-        match cancellable(&shared.cancel, shared.executor.profile(job, &device)).await {
-            None => Step::Halt,
-            Some(Ok(outcome)) => Step::Event(Event::Profiled { turn, outcome }),
-            Some(Err(Unavailable(error))) => Step::Defer {
-                waiting_on: WaitingOn::Workers,
-                error,
-            },
-        }
-    } else {
-        match cancellable(&shared.cancel, shared.executor.execute(job, &device)).await {
-            None => Step::Halt,
-            Some(Ok(outcome)) => Step::Event(Event::Executed { turn, outcome }),
-            Some(Err(Unavailable(error))) => Step::Defer {
-                waiting_on: WaitingOn::Workers,
-                error,
-            },
-        }
-    };
-    let held_ms = granted.elapsed().as_millis() as u64;
-    let retired = matches!(step, Step::Defer { .. }) && shared.executor.retired(&device);
-    if retired {
-        tracing::warn!("device {device} is retired: the host of its worker was drained");
-        lease.retire();
-    } else {
-        drop(lease);
-    }
-    // Busy = the time the worker reports working on the request; the rest of the hold is the
-    // orchestrator's and the protocol's overhead.
-    let busy_ms = match &step {
-        Step::Event(Event::Executed { outcome, .. }) if !outcome.phases.is_empty() => {
-            let secs: f64 = outcome.phases.values().filter_map(|v| v.as_f64()).sum();
-            ((secs * 1000.0) as u64).min(held_ms)
-        }
-        Step::Event(Event::Profiled { outcome, .. }) if outcome.duration_ms > 0 => {
-            outcome.duration_ms.min(held_ms)
-        }
-        _ => held_ms,
-    };
-    shared
-        .append(
-            Some(task),
-            Event::LeaseReleased {
-                device: device.to_string(),
-                held_ms,
-                busy_ms,
-                turn,
-            },
-        )
-        .await?;
-    Ok((step, retired))
-}
-
-/// Run `fut` unless the run is cancelled first.
-async fn cancellable<F: std::future::Future>(
-    cancel: &CancellationToken,
-    fut: F,
-) -> Option<F::Output> {
-    tokio::select! {
-        biased;
-        _ = cancel.cancelled() => None,
-        out = fut => Some(out),
-    }
-}
-
-fn relative_to(dir: &RunDir, p: &str) -> String {
-    std::path::Path::new(p)
-        .strip_prefix(dir.root())
-        .map(|r| r.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| p.to_string())
-}
-
-/// Turn records of every task of a run, by task.
-pub type TaskTurns = BTreeMap<TaskId, Vec<crate::types::TurnRecord>>;
-
-/// Fold a whole log into per-task turn records (for metrics and reports); also returns the run's
-/// first `RunStarted` event, which fixes its plan.
-pub fn fold_records(records: &[LogRecord]) -> Result<(Option<Event>, TaskTurns), MachineError> {
-    let mut started: Option<Event> = None;
-    let mut by_task: BTreeMap<TaskId, Vec<&Event>> = BTreeMap::new();
-    for r in records {
-        if let Event::RunStarted { .. } = r.event {
-            // The first RunStarted fixes the plan; resumes repeat it.
-            if started.is_none() {
-                started = Some(r.event.clone());
-            }
-        }
-        if let Some(t) = r.task
-            && r.event.drives_machine()
-        {
-            by_task.entry(t).or_default().push(&r.event);
-        }
-    }
-    let (turns, feedback, task_ids) = match &started {
-        Some(Event::RunStarted {
-            turns,
-            feedback,
-            task_ids,
-            ..
-        }) => (
-            *turns,
-            feedback.unwrap_or(FeedbackMode::GE),
-            task_ids.clone(),
-        ),
-        _ => (
-            u32::MAX,
-            FeedbackMode::GE,
-            by_task.keys().copied().collect(),
-        ),
-    };
-    let mut out = BTreeMap::new();
-    for id in task_ids {
-        let evs = by_task.remove(&id).unwrap_or_default();
-        let spec = TaskSpec {
-            id,
-            max_turns: turns,
-            feedback,
-        };
-        let (runner, _) = TaskRunner::fold(spec, evs)?;
-        out.insert(id, runner.turns().to_vec());
-    }
-    Ok((started, out))
+        .and_then(|c| c.build_dir.clone())
 }

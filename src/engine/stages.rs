@@ -1,0 +1,330 @@
+//! The steps a driver performs for its task's commands: generate (prompt, LLM, code), compile, and
+//! execute or profile under a device lease.
+
+use std::sync::atomic::Ordering;
+
+use super::{EngineError, Shared, Step};
+use crate::llm::extract::extract_code;
+use crate::refprep::Preparer;
+use crate::services::{BuildPause, CompileJob, DeviceId, ExecJob, LlmError, Unavailable};
+use crate::store::RunDir;
+use crate::types::{Event, LlmRequest, ProblemKey, PromptContext, TaskId, WaitingOn};
+use tokio_util::sync::CancellationToken;
+
+/// A task's claim on its problem's reference data: on from the start of its LLM request until its
+/// execute (or until the driver stops), so that the data is prepared meanwhile (`crate::refprep`).
+pub(super) struct Interest<'a> {
+    pub(super) prep: Option<&'a Preparer>,
+    pub(super) problem: ProblemKey,
+    pub(super) on: bool,
+}
+
+impl Interest<'_> {
+    pub(super) fn start(&mut self) {
+        if let (false, Some(prep)) = (self.on, self.prep) {
+            prep.coming(self.problem);
+            self.on = true;
+        }
+    }
+
+    pub(super) fn end(&mut self) {
+        if let (true, Some(prep)) = (self.on, self.prep) {
+            prep.arrived(self.problem);
+        }
+        self.on = false;
+    }
+}
+
+impl Drop for Interest<'_> {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// Generate: render the prompt, ask the LLM (behind its gate), extract and store the code.
+pub(super) async fn generate(
+    shared: &Shared,
+    task: TaskId,
+    turn: u32,
+    context: &PromptContext,
+    interest: &mut Interest<'_>,
+) -> Result<Step, EngineError> {
+    if shared.llm_stopped.load(Ordering::SeqCst) {
+        return Ok(Step::Halt);
+    }
+    let problem = shared.problem(task)?;
+    let messages = shared
+        .prompts
+        .render(&problem, context, &shared.prompt_settings)
+        .map_err(|e| EngineError::Prompt {
+            task,
+            turn,
+            message: e.to_string(),
+        })?;
+    // The exact messages, for whoever reads the run later (the TUI's detail view); a failure to
+    // write them costs the display, not the turn.
+    let prompt_file = match shared
+        .dir
+        .write_prompt(&shared.prompt_files, task, turn, &messages)
+        .await
+    {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!("cannot store the prompt of task {task} turn {turn}: {e}");
+            None
+        }
+    };
+    let Some(result) = cancellable(&shared.cancel, async {
+        let _permit = shared.llm_gate.acquire().await;
+        if shared.llm_stopped.load(Ordering::SeqCst) {
+            return None;
+        }
+        // The answer is on its way: prepare its problem's reference data meanwhile.
+        interest.start();
+        // Appended directly (not through the sink) so it always precedes the answer in the log.
+        let started = Event::LlmStarted { turn, prompt_file };
+        if let Err(e) = shared.append(Some(task), started).await {
+            tracing::error!("cannot log an informational event: {e}");
+        }
+        let req = LlmRequest {
+            task,
+            turn,
+            messages,
+        };
+        Some(shared.llm.complete(req, &shared.sink).await)
+    })
+    .await
+    .flatten() else {
+        return Ok(Step::Halt);
+    };
+    Ok(match result {
+        Ok(answer) => {
+            let code = extract_code(&answer.content);
+            let code_file = match &code {
+                Some(c) => Some(
+                    shared
+                        .dir
+                        .write_kernel(&shared.kernel_files, task, turn, c)
+                        .await?,
+                ),
+                None => None,
+            };
+            Step::Event(Event::LlmAnswered {
+                turn,
+                answer,
+                code,
+                code_file,
+            })
+        }
+        Err(LlmError::Failed(error)) => Step::Event(Event::LlmFailed {
+            turn,
+            error,
+            fatal: false,
+        }),
+        Err(LlmError::Unavailable(error)) => Step::Defer {
+            waiting_on: WaitingOn::Llm,
+            error,
+        },
+        Err(LlmError::Fatal(reason)) => {
+            // Nothing is logged for the task: after the cause is fixed, a resume asks again for
+            // exactly this turn.
+            tracing::error!("LLM requests stopped: {reason}");
+            shared.stop(reason);
+            Step::Halt
+        }
+        Err(LlmError::Cancelled) => Step::Halt,
+    })
+}
+
+/// Precompile: build the candidate in the CPU compile pool.
+pub(super) async fn compile(shared: &Shared, task: TaskId, turn: u32, code: String) -> Step {
+    let job = CompileJob {
+        task,
+        turn,
+        code,
+        log_path: shared.dir.compile_log_path(task, turn),
+    };
+    let result = cancellable(&shared.cancel, async {
+        let _permit = shared.compile_gate.acquire().await;
+        shared.compiler.compile(job).await
+    })
+    .await;
+    match result {
+        None => Step::Halt,
+        Some(Err(Unavailable(error))) => Step::Defer {
+            waiting_on: WaitingOn::Workers,
+            error,
+        },
+        Some(Ok(mut outcome)) => {
+            outcome.log_path = outcome.log_path.map(|p| relative_to(&shared.dir, &p));
+            Step::Event(Event::Compiled { turn, outcome })
+        }
+    }
+}
+
+/// What keeps the cores quiet while the CPU device times a candidate.
+// The fields are held for their Drop only.
+#[allow(dead_code)]
+enum Quiet<'a> {
+    /// The compiler paused its running builds (and holds new ones back).
+    Paused(BuildPause),
+    /// The compiler cannot pause: every compile slot is held, so no build runs.
+    Drained(tokio::sync::SemaphorePermit<'a>),
+}
+
+/// Execute or profile the turn's candidate under a device lease; the lease's wait, hold and busy
+/// times are logged around it.
+pub(super) async fn on_device(
+    shared: &Shared,
+    task: TaskId,
+    turn: u32,
+    code: String,
+    build_dir: Option<String>,
+    profile: bool,
+) -> Result<Step, EngineError> {
+    let job = ExecJob {
+        task,
+        turn,
+        problem: shared.problem(task)?,
+        code,
+        build_dir,
+    };
+    // A device whose worker host was drained is retired and the step goes to another device.
+    loop {
+        let asked = std::time::Instant::now();
+        let lease = match cancellable(&shared.cancel, shared.devices.acquire()).await {
+            None => return Ok(Step::Halt),
+            Some(Some(lease)) => lease,
+            Some(None) => {
+                return Ok(Step::Defer {
+                    waiting_on: WaitingOn::Workers,
+                    error: "every device was retired (the hosts of their workers were drained)"
+                        .into(),
+                });
+            }
+        };
+        let (step, retired) = leased(shared, lease, asked, &job, task, turn, profile).await?;
+        if !retired {
+            return Ok(step);
+        }
+    }
+}
+
+/// One attempt of [`on_device`] under `lease`; true when the device was retired on the way.
+async fn leased(
+    shared: &Shared,
+    lease: crate::gpu::Lease,
+    asked: std::time::Instant,
+    job: &ExecJob,
+    task: TaskId,
+    turn: u32,
+    profile: bool,
+) -> Result<(Step, bool), EngineError> {
+    let job = job.clone();
+    // On the CPU device, builds would run on the cores being timed. The compiler pauses the builds
+    // in flight (a build that hangs must not hold timing back for its whole timeout) and holds new
+    // ones back until the lease ends. A compiler that cannot pause is drained instead: every
+    // compile slot is taken (FIFO, so builds queue behind, not starve).
+    let _quiet = if lease.device.id == DeviceId::Cpu {
+        let quiet = async {
+            match shared.compiler.pause_builds().await {
+                Some(p) => Ok(Quiet::Paused(p)),
+                None => shared
+                    .compile_gate
+                    .acquire_many(shared.compile_slots)
+                    .await
+                    .map(Quiet::Drained),
+            }
+        };
+        match cancellable(&shared.cancel, quiet).await {
+            Some(Ok(q)) => Some(q),
+            // Cancelled, or the gate closed (it never is).
+            Some(Err(_)) | None => return Ok((Step::Halt, false)),
+        }
+    } else {
+        None
+    };
+    let device = lease.device.id.clone();
+    let granted = std::time::Instant::now();
+    shared
+        .append(
+            Some(task),
+            Event::LeaseGranted {
+                device: device.to_string(),
+                // Waiting for the compile pool to pause counts as waiting, not holding.
+                wait_ms: asked.elapsed().as_millis() as u64,
+                turn,
+            },
+        )
+        .await?;
+    let step = if profile {
+        match cancellable(&shared.cancel, shared.executor.profile(job, &device)).await {
+            None => Step::Halt,
+            Some(Ok(outcome)) => Step::Event(Event::Profiled { turn, outcome }),
+            Some(Err(Unavailable(error))) => Step::Defer {
+                waiting_on: WaitingOn::Workers,
+                error,
+            },
+        }
+    } else {
+        match cancellable(&shared.cancel, shared.executor.execute(job, &device)).await {
+            None => Step::Halt,
+            Some(Ok(outcome)) => Step::Event(Event::Executed { turn, outcome }),
+            Some(Err(Unavailable(error))) => Step::Defer {
+                waiting_on: WaitingOn::Workers,
+                error,
+            },
+        }
+    };
+    let held_ms = granted.elapsed().as_millis() as u64;
+    let retired = matches!(step, Step::Defer { .. }) && shared.executor.retired(&device);
+    if retired {
+        tracing::warn!("device {device} is retired: the host of its worker was drained");
+        lease.retire();
+    } else {
+        drop(lease);
+    }
+    // Busy = the time the worker reports working on the request; the rest of the hold is the
+    // orchestrator's and the protocol's overhead.
+    let busy_ms = match &step {
+        Step::Event(Event::Executed { outcome, .. }) if !outcome.phases.is_empty() => {
+            let secs: f64 = outcome.phases.values().filter_map(|v| v.as_f64()).sum();
+            ((secs * 1000.0) as u64).min(held_ms)
+        }
+        Step::Event(Event::Profiled { outcome, .. }) if outcome.duration_ms > 0 => {
+            outcome.duration_ms.min(held_ms)
+        }
+        _ => held_ms,
+    };
+    shared
+        .append(
+            Some(task),
+            Event::LeaseReleased {
+                device: device.to_string(),
+                held_ms,
+                busy_ms,
+                turn,
+            },
+        )
+        .await?;
+    Ok((step, retired))
+}
+
+/// Run `fut` unless the run is cancelled first.
+pub(super) async fn cancellable<F: std::future::Future>(
+    cancel: &CancellationToken,
+    fut: F,
+) -> Option<F::Output> {
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => None,
+        out = fut => Some(out),
+    }
+}
+
+pub(super) fn relative_to(dir: &RunDir, p: &str) -> String {
+    std::path::Path::new(p)
+        .strip_prefix(dir.root())
+        .map(|r| r.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| p.to_string())
+}
