@@ -50,7 +50,6 @@ NARROW_CUDA_HEADERS = (
     "#include <ATen/cuda/CUDAContext.h>",
     "#include <c10/cuda/CUDAGuard.h>",
 )
-_EXTENSION_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/extension\.h[>"][^\n]*$', re.MULTILINE)
 # A CUDA file that declares bindings itself needs pybind11 and torch/python.h: leave it alone.
 _NEEDS_PYTHON = re.compile(r"PYBIND11_|pybind11|\bpy::|torch/python\.h|Python\.h")
 # False in a confined compile child: it may use the shared PCHs but not build them.
@@ -62,12 +61,12 @@ PCH_WANTED: list[dict[str, Any]] = []
 def narrow_cuda_sources(sources: list[str]) -> list[str] | None:
     """The CUDA sources with `torch/extension.h` replaced by the narrow headers, or None when there is
     nothing to replace or a file needs the Python bindings."""
-    if not any(_EXTENSION_INCLUDE.search(s) for s in sources):
+    if not any(kb_split.EXTENSION_INCLUDE.search(s) for s in sources):
         return None
     if any(_NEEDS_PYTHON.search(s) for s in sources):
         return None
     narrow = "\n".join(NARROW_CUDA_HEADERS)
-    return [_EXTENSION_INCLUDE.sub(narrow, s) for s in sources]
+    return [kb_split.EXTENSION_INCLUDE.sub(narrow, s) for s in sources]
 
 
 # ------------------------------------------------------------------------------ the load_inline wrapper
@@ -535,13 +534,13 @@ def _functions(objects: list[Path]) -> dict[str, tuple[str, list[str]]] | None:
     return out
 
 
-def _compare_split(plain: list[Path], candidate_unit: Path, fast: list[Path]) -> dict[str, str]:
+def _compare_split(plain: list[Path], candidate_unit: Path, bindings_unit: Path) -> dict[str, str]:
     """A split build against the plain one, function by function: the candidate's own functions (global
     or file-local ones, not compiler clones) of the candidate unit, then every other function."""
-    a, b = _functions(plain), _functions(fast)
-    own = _functions([candidate_unit])
-    if a is None or b is None or own is None:
+    a, own, bound = _functions(plain), _functions([candidate_unit]), _functions([bindings_unit])
+    if a is None or own is None or bound is None:
         return {"functions": "unavailable"}
+    b = {**bound, **own}  # the linker keeps the first unit's copy of a shared function: main.o's
     mine = {name for name, (kind, _) in own.items() if kind in ("T", "t") and "." not in name}
     verdict: dict[str, str] = {}
     differ = sorted(name for name in mine if name not in a or a[name][1] != b[name][1])
@@ -563,7 +562,7 @@ def _bench_compare(args: Any) -> dict[str, Any]:
     for rel in split:
         main = rel[: -len("krefine_bind.o")] + "main.o"
         if main in in_a and main in in_b:
-            found = _compare_split([a / main], b / main, [b / main, b / rel])
+            found = _compare_split([a / main], b / main, b / rel)
             objects.update({f"split {k}": v for k, v in found.items()})
             in_a.discard(main)
             in_b.discard(main)

@@ -35,7 +35,7 @@ CANDIDATE_PCH_TEXT = "// krefine: the candidate unit of a split build\n#include 
 BINDINGS_PCH_TEXT = "// krefine: the bindings unit of a split build\n#include <torch/python.h>\n"
 BINDINGS_FILE = "krefine_bind.cpp"
 
-_EXTENSION_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/extension\.h[>"][^\n]*$', re.MULTILINE)
+EXTENSION_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/extension\.h[>"][^\n]*$', re.MULTILINE)
 _USES_PYTHON = re.compile(r"PYBIND11_|pybind11|\bpy::|torch/python\.h|Python\.h|torch::python|\bPyObject\b|\bTHP")
 
 # The type names a signature may use, each with the spelling the bindings unit declares it with.
@@ -95,6 +95,7 @@ _SPECIFIERS = {
     "decltype", "typename", "operator", "__attribute__", "__inline", "__forceinline", "thread_local", "using",
 }
 
+_OPEN, _CLOSE = ("(", "[", "{"), (")", "]", "}")
 _TOKEN = re.compile(r"[A-Za-z_]\w*|::|->|\.\.\.|&&|\d[\w.']*|\S")
 
 
@@ -264,9 +265,9 @@ def _parameters(tokens: list[str]) -> tuple[str, ...] | None:
             reader.pos += 1
             while reader.pos < len(tokens):
                 tok = tokens[reader.pos]
-                if tok in "([{<" and tok:
+                if tok in ("(", "[", "{", "<"):
                     depth += 1
-                elif tok in ")]}>" and tok:
+                elif tok in (")", "]", "}", ">"):
                     depth -= 1
                 elif tok == "," and depth == 0:
                     break
@@ -288,7 +289,7 @@ def read_signatures(source: str, names: list[str]) -> dict[str, Signature] | str
     i = 0
     while i < len(tokens):
         tok = tokens[i]
-        if tok in "([{":
+        if tok in _OPEN:
             if depth == 0 and tok == "(" and i > 0 and tokens[i - 1] in found and (i < 2 or tokens[i - 2] != "::"):
                 read = _declaration(tokens, boundary + 1, i)
                 if isinstance(read, str):
@@ -299,7 +300,7 @@ def read_signatures(source: str, names: list[str]) -> dict[str, Signature] | str
                     i, boundary = end, end - 1
                     continue
             depth += 1
-        elif tok in ")]}":
+        elif tok in _CLOSE:
             depth -= 1
             if depth < 0:
                 return "unbalanced brackets"
@@ -328,9 +329,9 @@ def _declaration(tokens: list[str], start: int, open_at: int) -> tuple[Signature
         return f"'{name}' is declared with a specifier a second unit cannot follow"
     depth, close = 0, open_at
     for close in range(open_at, len(tokens)):
-        if tokens[close] in "([{":
+        if tokens[close] in _OPEN:
             depth += 1
-        elif tokens[close] in ")]}":
+        elif tokens[close] in _CLOSE:
             depth -= 1
             if depth == 0:
                 break
@@ -416,7 +417,7 @@ def split_sources(
     candidate = "\n".join(
         [
             f'#include "{candidate_pch}"',
-            _EXTENSION_INCLUDE.sub("#include <torch/all.h>", joined),
+            EXTENSION_INCLUDE.sub("#include <torch/all.h>", joined),
             "#include <type_traits>",
             *checks,
             "",
