@@ -504,6 +504,9 @@ def _disassemble(obj: Path) -> str | None:
     return "\n".join(line for line in done.stdout.splitlines() if str(obj.parent) not in line and "file format" not in line)
 
 
+_PADDING = re.compile(r"(?:(?:cs |data16 )*nop[wl]?\b|xchg\s+%ax,%ax$|int3$)")
+
+
 def _functions(objects: list[Path]) -> dict[str, tuple[str, list[str]]] | None:
     """Each function of host objects: its symbol's binding (`nm` letter) and its instructions with
     addresses and call targets' offsets left out (they move when the rest of the object differs)."""
@@ -531,6 +534,10 @@ def _functions(objects: list[Path]) -> dict[str, tuple[str, list[str]]] | None:
             insn = re.match(r"^\s+[0-9a-f]+:\s+(.*)$", line)
             if insn and current is not None:
                 current.append(re.sub(r"[0-9a-f]+ <[^>]*>", "<>", insn.group(1)))
+    for _, insns in out.values():
+        # The alignment padding after a function depends on what follows it in the object, not on it.
+        while insns and _PADDING.match(insns[-1]):
+            insns.pop()
     return out
 
 

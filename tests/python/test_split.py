@@ -227,3 +227,24 @@ def test_a_misread_signature_fails_to_compile_and_builds_plain(compiled: dict[st
     attempt = (build / "krefine_split_misread" / kb_build.FAST_ATTEMPT_LOG).read_text()
     assert "the split build misread the signature of twice" in attempt
     assert result.module.ext.twice(3.0) == 6.0  # type: ignore[union-attr]
+
+
+def test_the_split_comparison_ignores_alignment_padding(tmp_path: Path) -> None:
+    """`f` is padded to the next function in the plain object and is last (unpadded) in the candidate
+    unit: the same code, so the same verdict; `g` really differs."""
+    import shutil
+    import subprocess
+
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    sources = {
+        "plain": "int f(int x) { return x + 1; }\nint g(int x) { return x * 2; }\n",
+        "main": "int f(int x) { return x + 1; }\n",
+        "bind": "int g(int x) { return x * 3; }\n",
+    }
+    for name, text in sources.items():
+        (tmp_path / f"{name}.c").write_text(text)
+        subprocess.run([compiler, "-O2", "-c", str(tmp_path / f"{name}.c"), "-o", str(tmp_path / f"{name}.o")], check=True)
+    verdict = kb_build._compare_split([tmp_path / "plain.o"], tmp_path / "main.o", tmp_path / "bind.o")
+    assert verdict == {"candidate functions": "identical", "other functions": "0 of 1 identical"}
