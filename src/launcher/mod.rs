@@ -33,7 +33,7 @@ use crate::config::{DeviceSelection, ResourcesSection};
 use crate::gpu::DeviceInfo;
 use crate::services::DeviceId;
 use crate::types::RanOn;
-use crate::worker::process::RequestError;
+use crate::worker::failure::RequestError;
 use crate::worker::protocol::Ready;
 
 /// Why the launcher could not get going (no allocation, no `srun`, ...).

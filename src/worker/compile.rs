@@ -8,12 +8,13 @@ use async_trait::async_trait;
 
 use super::build_cache::append_file;
 use super::build_store::publish_build;
+use super::failure::RequestError;
 use super::loss::{Fault, give_up};
 use super::outcome::{CallError, closed, elapsed_ms, secs};
 use super::pool::WorkerPool;
-use super::process::{RequestError, log_tail};
 use super::protocol::{CompileRequest, CompileStatusWire, RequestBody, ResponseBody};
 use super::slot::FreeSlot;
+use super::worker_log::log_tail;
 use crate::services::{BuildPause, CompileJob, Compiler, Unavailable};
 use crate::types::{CompileOutcome, CompileStatus};
 

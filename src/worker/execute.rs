@@ -8,10 +8,11 @@ use std::time::Instant;
 use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 
+use super::budget::Budget;
+use super::failure::RequestError;
 use super::loss::{Fault, give_up};
 use super::outcome::{CallError, elapsed_ms, secs, with_tail};
 use super::pool::WorkerPool;
-use super::process::{Budget, RequestError};
 use super::protocol::{
     CandidateSpec, EvaluateResponse, IntegritySpec, ProfileRequest, ProfileResponse, ProfileStatus,
     RequestBody, ResponseBody,

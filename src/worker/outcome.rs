@@ -3,8 +3,8 @@
 use std::time::{Duration, Instant};
 
 use super::WorkerError;
+use super::failure::RequestError;
 use super::loss::Fault;
-use super::process::RequestError;
 use crate::services::Unavailable;
 use crate::types::WorkerLoss;
 

@@ -24,13 +24,14 @@ use tokio::sync::{Mutex, Semaphore};
 use super::WorkerError;
 use super::loss::toolchain_mismatch;
 use super::pause::Pauser;
-use super::process::Remote;
-use super::process::{SpawnSpec, WorkerProcess, kill_group};
+use super::process::WorkerProcess;
 use super::protocol::{ProblemSpec, WorkerRole};
 use super::sandbox::SandboxLevel;
 use super::sandbox_spec::{resolve_sandbox, visible_dirs, worker_sandbox};
+use super::session::kill_group;
 use super::settings::{Deadlines, WorkerSettings};
 use super::slot::{Slot, SlotState};
+use super::spawn_spec::{Remote, SpawnSpec};
 use crate::services::DeviceId;
 use crate::types::Problem;
 

@@ -3,8 +3,8 @@
 
 use std::time::Instant;
 
+use super::failure::RequestError;
 use super::outcome::CallError;
-use super::process::RequestError;
 use super::protocol::{PrepareResponse, PrepareStatus as WireStatus};
 use crate::types::{PrepareOutcome, PrepareStatus};
 
