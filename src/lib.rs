@@ -44,6 +44,7 @@ pub mod provenance;
 pub mod refprep;
 pub mod report;
 pub mod services;
+pub mod settings;
 pub mod sim;
 pub mod store;
 pub mod tui;

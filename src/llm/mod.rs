@@ -9,6 +9,7 @@
 //! - [`scripted`], [`replay`]: offline providers.
 //! - [`extract`]: the candidate code in an answer.
 
+pub mod config;
 pub mod extract;
 pub mod gate;
 pub mod http;
@@ -27,8 +28,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{LoadedConfig, Provider};
+use crate::config::LoadedConfig;
 use crate::services::Llm;
+use config::Provider;
 
 pub use ledger::{Ledger, LedgerTotals};
 

@@ -34,6 +34,7 @@ mod build_cache;
 mod build_store;
 mod call;
 mod compile;
+pub mod config;
 mod execute;
 pub mod failure;
 pub mod harness;
