@@ -3,6 +3,10 @@
 //! Every section denies unknown keys, so a typo is an error that names the file, the line and the key
 //! instead of a silently ignored setting. A run directory keeps a frozen copy (`config.toml`) of the
 //! effective configuration, overrides applied.
+//!
+//! Each room owns its section (`llm::config`, `prompt::config`, `launcher::config`, `worker::config`,
+//! `sim`, `checks`) and the enums several rooms share live in [`crate::settings`]; this module only
+//! assembles them, and re-exports them where callers have always found them.
 
 use std::path::{Path, PathBuf};
 

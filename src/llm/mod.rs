@@ -8,6 +8,10 @@
 //! - [`metered`] and [`ledger`]: token and USD totals of a run, and its budget stop.
 //! - [`scripted`], [`replay`]: offline providers.
 //! - [`extract`]: the candidate code in an answer.
+//! - [`config`]: the `[model]` and `[budget]` sections.
+//!
+//! [`build`] assembles the configured provider from the whole loaded config, so this file (alone in
+//! the room) reads `crate::config`.
 
 pub mod config;
 pub mod extract;

@@ -13,6 +13,8 @@
 //!   `architecture.j2` (the reference code), `precision.j2` and `instruction.j2`;
 //! - for refinement turns, `feedback.j2` per earlier turn (previous code, execution result, profile,
 //!   then `improve.j2`), and `assistant.j2` for an earlier turn whose raw answer is missing.
+//!
+//! Its config section (`[prompt]`) is [`config`].
 
 pub mod config;
 pub mod gpu_specs;
