@@ -67,9 +67,9 @@ __all__ = [
     "ProblemContext",
     "ReferenceCache",
     "Worker",
+    "cast_integers_of",
     "construct_candidate",
     "evaluate",
-    "cast_integers_of",
     "hardware_name",
     "integer_inputs_policy",
     "is_out_of_memory",
@@ -205,7 +205,7 @@ def environment(
     }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def package_version(name: str) -> str | None:
     """An installed package's version without importing it (importing transformers takes seconds)."""
     try:
@@ -594,7 +594,8 @@ def profile_isolated(request: dict[str, Any], worker: Worker, scratch: str) -> d
         "settings": kb_candidate.settings_snapshot(),
     }
     try:
-        return process.run(job, None)  # type: ignore[arg-type] - a profile asks for no reference data
+        # A profile asks for no reference data.
+        return process.run(job, None)  # type: ignore[arg-type]
     except ChildDied as died:
         worker.close()
         worker.on_child_death(died)

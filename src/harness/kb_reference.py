@@ -157,7 +157,7 @@ def tensor_checksum(tensor: torch.Tensor) -> int:
         flat = flat.contiguous()
     raw = flat.reshape(-1).view(torch.uint8)
     if raw.device.type == "cpu":
-        return zlib.crc32(memoryview(raw.numpy()))
+        return zlib.crc32(memoryview(raw.numpy()))  # type: ignore[arg-type]  # numpy types its buffer for 3.12+
     return weighted_checksum(raw)
 
 
