@@ -36,6 +36,7 @@ from typing import Any, Literal
 import torch
 
 import kb_inputs
+import kb_timing
 from kb_feedback import CANDIDATE_ERRORS
 from kb_inputs import tensors as tensors_in
 
@@ -741,3 +742,17 @@ def select_device(request: dict[str, Any]) -> torch.device:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return device
+
+
+def time_reference(
+    ctx: ProblemContext, timing: dict[str, Any], flusher: kb_timing.L2Flusher, first_seed: int, strict_sets: int
+) -> list[float]:
+    """The reference timed as its candidates are, as reference work: KernelBench's loop in faithful
+    mode, strict mode's loop (fresh clones of `strict_sets` input sets from `first_seed`, device-wide
+    fence) in strict mode. kb_eval's one call into the reference's timing."""
+    assert ctx.ref_model is not None
+    with ctx.cache.reference_work():
+        if ctx.mode == "strict":
+            sets = ctx.timing_sets(strict_sets, first_seed)
+            return kb_timing.time_strict(ctx.ref_model, sets, ctx.device, timing, flusher, None)
+        return kb_timing.time_callable(ctx.ref_model, ctx.timing_inputs(), ctx.device, timing, flusher)
