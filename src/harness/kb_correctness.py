@@ -15,10 +15,9 @@ from typing import Any, Protocol
 import torch
 
 import kb_feedback
-from kb_compile import CANDIDATE_ERRORS, get_error_name
+from kb_feedback import CANDIDATE_ERRORS, get_error_name
 from kb_reference import (
     TOLERANCES,
-    ReferenceFailure,
     TrialData,
     clone_tensors,
     poison_free_memory,

@@ -26,8 +26,9 @@ import torch
 
 import kb_candidate
 import kb_feedback
+import kb_profile
 import kb_timing
-from kb_candidate import CandidateProcess, ChildDied, construct_candidate
+from kb_candidate import construct_candidate
 from kb_correctness import (
     Verdict,
     cache_could_have_caused,
@@ -36,7 +37,8 @@ from kb_correctness import (
     other_error_metadata,
     sticky_error,
 )
-from kb_compile import CANDIDATE_ERRORS, get_error_name
+from kb_feedback import CANDIDATE_ERRORS, get_error_name
+from kb_process import BadFork, CandidateProcess, ChildDied
 from kb_reference import (
     DTYPES,
     TOLERANCES,
@@ -48,14 +50,15 @@ from kb_reference import (
     integer_inputs_policy,
     load_problem,
     nbytes,
-    normalize_device,
     poison_free_memory,
     prepare_value,
     release_memory,
     same_bytes,
+    select_device,
     set_seed,
     synchronize,
     tensor_checksum,
+    time_reference,
     trial_seeds,
 )
 
@@ -65,9 +68,9 @@ __all__ = [
     "ProblemContext",
     "ReferenceCache",
     "Worker",
+    "cast_integers_of",
     "construct_candidate",
     "evaluate",
-    "cast_integers_of",
     "hardware_name",
     "integer_inputs_policy",
     "is_out_of_memory",
@@ -76,6 +79,7 @@ __all__ = [
     "prepare_value",
     "release_memory",
     "same_bytes",
+    "select_device",
     "set_seed",
     "sticky_error",
     "synchronize",
@@ -129,7 +133,7 @@ class Worker:
         process = self.spares.pop(0) if self.spares else self._start(device)
         try:
             process.wait_ready()
-        except kb_candidate.BadFork:
+        except BadFork:
             print("krefine harness: forked candidate processes cannot use CUDA; spawning them", file=sys.stderr)
             self.start_method = "spawn"
             _kill_all(self.spares)
@@ -170,14 +174,6 @@ def _kill_all(processes: list[CandidateProcess]) -> None:
         processes.pop().kill()
 
 
-def select_device(request: dict[str, Any]) -> torch.device:
-    """The request's device, made current for CUDA (the worker sees one GPU)."""
-    device = normalize_device(request["device"])
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    return device
-
-
 @contextlib.contextmanager
 def precision_policy(mode: str, precision: str) -> Iterator[None]:
     """Strict fp32 pins TF32 off (reference and candidate); faithful keeps PyTorch's defaults."""
@@ -210,7 +206,7 @@ def environment(
     }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def package_version(name: str) -> str | None:
     """An installed package's version without importing it (importing transformers takes seconds)."""
     try:
@@ -401,24 +397,13 @@ def reference_timing(verdict: Verdict, request: dict[str, Any], worker: Worker, 
         verdict.ref_runtime_stats, verdict.ref_runtime_source = dict(cached), "cached"
         return
     try:
-        with worker.references.reference_work():
-            times = _time_reference(ctx, request["timing"], worker, ctx.seed)
+        times = time_reference(ctx, request["timing"], worker.flusher, ctx.seed, kb_candidate.STRICT_SETS)
     except CANDIDATE_ERRORS as exc:
         verdict.feedback.append(f"(The reference could not be timed: {kb_feedback.exception_line(exc)})")
         return
     stats = kb_timing.runtime_stats(times)
     worker.references.ref_timings[key] = stats
     verdict.ref_runtime_stats, verdict.ref_runtime_source = dict(stats), "measured"
-
-
-def _time_reference(ctx: ProblemContext, timing: dict[str, Any], worker: Worker, first_seed: int) -> list[float]:
-    """The reference timed as its candidates are: KernelBench's loop in faithful mode, strict mode's
-    loop (fresh clones of several input sets, device-wide fence) in strict mode."""
-    assert ctx.ref_model is not None
-    if ctx.mode == "strict":
-        sets = ctx.timing_sets(kb_candidate.STRICT_SETS, first_seed)
-        return kb_timing.time_strict(ctx.ref_model, sets, ctx.device, timing, worker.flusher, None)
-    return kb_timing.time_callable(ctx.ref_model, ctx.timing_inputs(), ctx.device, timing, worker.flusher)
 
 
 def _add_timing_feedback(verdict: Verdict) -> None:
@@ -519,8 +504,7 @@ def _guard_speedup(
         new = retimed.runtime_stats.get("mean") if retimed.status == "correct" else None
         reverified = None
         if new:
-            with worker.references.reference_work():
-                ref_times = _time_reference(ctx, request["timing"], worker, first_seed)
+            ref_times = time_reference(ctx, request["timing"], worker.flusher, first_seed, kb_candidate.STRICT_SETS)
             reverified = kb_timing.runtime_stats(ref_times)["mean"] / float(new)
     finally:
         ctx.forget_timing_sets(first_seed, kb_candidate.STRICT_SETS)
@@ -589,10 +573,8 @@ def _response(request: dict[str, Any], verdict: Verdict, env: dict[str, Any]) ->
 
 def profile_isolated(request: dict[str, Any], worker: Worker, scratch: str) -> dict[str, Any]:
     """`op: profile` in a fresh candidate process (the profile imports and runs the candidate)."""
-    import kb_profile
-
     if not worker.isolate:
-        return kb_profile.profile(request, worker, scratch)
+        return kb_profile.profile(request, worker.references, scratch)
     process, _ = worker.take_process(request["device"])
     job = {
         "kind": "profile",
@@ -601,7 +583,8 @@ def profile_isolated(request: dict[str, Any], worker: Worker, scratch: str) -> d
         "settings": kb_candidate.settings_snapshot(),
     }
     try:
-        return process.run(job, None)  # type: ignore[arg-type] - a profile asks for no reference data
+        # A profile asks for no reference data.
+        return process.run(job, None)  # type: ignore[arg-type]
     except ChildDied as died:
         worker.close()
         worker.on_child_death(died)

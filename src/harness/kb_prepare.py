@@ -29,8 +29,8 @@ import torch
 
 import kb_feedback
 from kb_correctness import Verdict
-from kb_eval import Worker, precision_policy, reference_timing, reference_timing_needed, select_device
-from kb_reference import CapturedError, ProblemContext, cast_integers_of, release_memory
+from kb_eval import Worker, precision_policy, reference_timing, reference_timing_needed
+from kb_reference import CapturedError, ProblemContext, cast_integers_of, release_memory, select_device
 
 Step = Literal["trial", "timing_inputs", "reference_timing"]
 # The longest a stepwise preparation may hold the device to time the reference (see the module doc).
@@ -140,7 +140,7 @@ def _short_timing(ctx: ProblemContext, timing: dict[str, Any]) -> bool:
     if not ctx.forward_seconds:
         return False
     calls = timing["warmup"] + timing["trials"] + timing["discard_first"]
-    return statistics.median(ctx.forward_seconds) * calls <= BACKGROUND_TIMING_MAX_S
+    return bool(statistics.median(ctx.forward_seconds) * calls <= BACKGROUND_TIMING_MAX_S)
 
 
 def _unbuilt_seeds(ctx: ProblemContext, request: dict[str, Any]) -> list[int]:
