@@ -9,7 +9,7 @@
 //! - [`engine`]: the async shell that runs machines, performs commands through services and gates.
 //! - [`gpu`]: device discovery (cudarc) and FIFO device leases.
 //! - [`refprep`]: preparing problems' reference data while their answers are generated.
-//! - [`store`]: run directories and the append-only event log.
+//! - [`store`]: run directories and the append-only event log (its one writer and one reader).
 //! - [`lock`]: advisory file locks between processes (a run directory, a build directory).
 //! - [`services`]: the `Llm`, `Compiler` and `Executor` traits.
 //! - [`llm`]: LLM providers (scripted, OpenAI-compatible, replay), the request gate, code extraction.
@@ -20,7 +20,11 @@
 //! - [`sim`]: simulated compile/execute services for tests and the scheduler benchmark.
 //! - [`metrics`], [`report`]: fast_p@N and friends as pure functions of the log, and their formats.
 //! - [`interchange`]: KernelBench generations in (submission JSON, runs folder) and submissions out.
-//! - [`view`]: a run as folded from its log (`RunView`), the one reducer every display uses.
+//! - [`spend`]: the one type for LLM spending (tokens, USD), shared by reducer, reports and budget.
+//! - [`state`]: a run as folded from its log (`RunState`), the one reducer every consumer uses:
+//!   displays, reports, ledger, GPU-seconds, fast_p curves, the resume budget, the Python package.
+//! - [`view`]: `RunView`, the state with its fast_p curve for displays, and where displays' records
+//!   come from (`view::source`).
 //! - [`tui`]: the terminal UI (ratatui) for live runs, `watch` and `replay`; [`progress`]: the
 //!   `--no-tui` progress bar.
 //! - [`cli`]: the command-line surface.
@@ -45,6 +49,8 @@ pub mod refprep;
 pub mod report;
 pub mod services;
 pub mod sim;
+pub mod spend;
+pub mod state;
 pub mod store;
 pub mod tui;
 pub mod types;

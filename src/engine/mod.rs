@@ -14,17 +14,15 @@
 //! never sees the event, so a resume folds the task back to the same command and performs it again;
 //! the run ends "incomplete" ([`RunSummary::incomplete_reason`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
-mod fold;
 mod stages;
 
-pub use fold::{TaskTurns, fold_records};
 use stages::{Interest, compile, generate, on_device};
 
 use crate::gpu::{DeviceInfo, DevicePool};
@@ -241,14 +239,8 @@ impl Engine {
         };
         let next_seq = records.last().map(|r| r.seq + 1).unwrap_or(0);
 
-        let mut by_task: BTreeMap<TaskId, Vec<&Event>> = BTreeMap::new();
-        for r in &records {
-            if let Some(t) = r.task
-                && r.event.drives_machine()
-            {
-                by_task.entry(t).or_default().push(&r.event);
-            }
-        }
+        // The same grouping the reducer's fold sees (machine::events_by_task).
+        let mut by_task = crate::machine::events_by_task(&records);
         let known: std::collections::BTreeSet<TaskId> = specs.iter().map(|s| s.id).collect();
         if let Some(stray) = by_task.keys().find(|t| !known.contains(t)) {
             return Err(EngineError::Resume(format!(

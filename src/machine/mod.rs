@@ -13,6 +13,7 @@
 //! the rest and a long run has many tasks.
 
 mod feedback;
+mod fold;
 
 use statig::prelude::*;
 
@@ -23,6 +24,7 @@ use crate::types::{
 };
 
 pub use feedback::{NO_CODE_FEEDBACK, execution_text, turn_feedback};
+pub use fold::{TaskTurns, events_by_task};
 
 /// What a task is: its identity, how many turns it runs, what each turn feeds back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use tokio::sync::{broadcast, mpsc};
 
+use super::RunView;
 use crate::store::{LineReader, decode_line, read_log};
 use crate::types::LogRecord;
-use crate::view::RunView;
 
 /// What a live or watched source sends the display.
 #[derive(Debug)]
