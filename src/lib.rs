@@ -1,7 +1,8 @@
 //! krefine: an orchestrator for LLM kernel-refinement experiments on KernelBench-style problems.
 //!
 //! Rooms (one job each):
-//! - [`types`]: everything that crosses rooms (events, commands, verdicts, results).
+//! - [`types`]: everything that crosses rooms (events, commands, verdicts, results); [`run_end`]:
+//!   why a run ended (`EndReason`), a leaf of it.
 //! - [`config`]: the TOML experiment config, overrides and validation.
 //! - [`dataset`]: loading KernelBench problems (checkout, folder, JSONL) and problem selections.
 //! - [`machine`]: the pure per-task state machine (statig) and folding a log into task states.
@@ -47,6 +48,7 @@ pub mod prompt;
 pub mod provenance;
 pub mod refprep;
 pub mod report;
+pub mod run_end;
 pub mod services;
 pub mod sim;
 pub mod spend;

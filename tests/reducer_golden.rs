@@ -135,7 +135,7 @@ fn numbers(dir: &Path) -> String {
         .unwrap();
     }
     writeln!(s, "view curve: {:?}", v.curve).unwrap();
-    writeln!(s, "view ended: {:?}", v.ended).unwrap();
+    writeln!(s, "view ended: {:?}", v.ended.as_deref()).unwrap();
     writeln!(s, "view device queue: {}", v.device_queue()).unwrap();
     writeln!(s, "view elapsed: {}", v.elapsed_ms(u64::MAX / 2)).unwrap();
 

@@ -26,13 +26,14 @@ mod stages;
 use stages::{Interest, compile, generate, on_device};
 
 use crate::gpu::{DeviceInfo, DevicePool};
-use crate::machine::{MachineError, Retention, TaskRunner, TaskSpec};
+use crate::machine::{MachineError, Retention, Stage, TaskRunner, TaskSpec};
 use crate::prompt::{PromptSettings, Prompts};
 use crate::refprep::{self, PrepServices, Preparer};
 use crate::services::{Compiler, EventSink, Executor, Llm, SINK_CAPACITY};
 use crate::store::{EventLog, FileWriter, ReadLog, RunDir, StoreError};
 use crate::types::{
-    Command, Event, FeedbackMode, LogRecord, MethodKind, Problem, ProblemKey, TaskId, WaitingOn,
+    Command, EndReason, Event, FeedbackMode, LogRecord, MethodKind, Problem, ProblemKey, TaskId,
+    WaitingOn,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -321,7 +322,7 @@ impl Engine {
     }
 
     /// (task, stage, turn) of every task before the run continues.
-    pub fn stages(&self) -> Vec<(TaskId, &'static str, u32)> {
+    pub fn stages(&self) -> Vec<(TaskId, Stage, u32)> {
         self.runners
             .iter()
             .map(|(r, _)| {
@@ -462,12 +463,7 @@ impl Engine {
             .append(
                 None,
                 Event::RunEnded {
-                    reason: match (&stopped, &incomplete) {
-                        (Some(s), Some(i)) => format!("{s}; {i}"),
-                        (Some(s), None) => s.clone(),
-                        (None, Some(i)) => i.clone(),
-                        (None, None) => "finished".into(),
-                    },
+                    reason: EndReason::of(stopped.as_deref(), incomplete.as_deref()),
                 },
             )
             .await?;

@@ -13,10 +13,12 @@ pub mod ledger;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+pub use crate::machine::Stage;
 use crate::machine::{MachineError, TaskRunner, TaskSpec, TaskTurns};
 use crate::spend::Spend;
 use crate::types::{
-    Event, FeedbackMode, LogRecord, MethodKind, ProblemKey, TaskId, TurnRecord, Verdict, WaitingOn,
+    EndReason, Event, FeedbackMode, LogRecord, MethodKind, ProblemKey, TaskId, TurnRecord, Verdict,
+    WaitingOn,
 };
 
 use ledger::{DeviceUse, Ledger, LedgerTally};
@@ -28,41 +30,6 @@ pub enum Applied {
     Ignored,
     /// Folded; `turn_ended` when a task finished a turn (or the run's plan arrived).
     Folded { turn_ended: bool },
-}
-
-/// Where a task is in its turn. Feedback is not a resting stage: a turn's feedback is written when it
-/// ends, and the task moves straight to the next turn's `Generate` (or `Done`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Stage {
-    Generate,
-    Compile,
-    Execute,
-    Profile,
-    Done,
-}
-
-impl Stage {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Stage::Generate => "generate",
-            Stage::Compile => "precompile",
-            Stage::Execute => "execute",
-            Stage::Profile => "profile",
-            Stage::Done => "done",
-        }
-    }
-
-    fn of(runner: &TaskRunner) -> (Stage, u32) {
-        let (s, turn) = runner.stage();
-        let stage = match s {
-            "generate" => Stage::Generate,
-            "compile" => Stage::Compile,
-            "execute" => Stage::Execute,
-            "profile" => Stage::Profile,
-            _ => Stage::Done,
-        };
-        (stage, turn)
-    }
 }
 
 /// What the first `RunStarted` says about the run.
@@ -136,7 +103,7 @@ impl TaskView {
             max_turns,
             feedback,
         });
-        let (stage, turn) = Stage::of(&runner);
+        let (stage, turn) = runner.stage();
         TaskView {
             id,
             runner,
@@ -230,7 +197,7 @@ pub struct RunState {
     pub first_ts: Option<u64>,
     pub last_ts: u64,
     /// Why the run ended, once its `RunEnded` is applied (cleared when a resume starts).
-    pub ended: Option<String>,
+    pub ended: Option<EndReason>,
     /// The last record applied is a `RunEnded` saying the run finished.
     pub complete: bool,
     pub budget_exhausted: Option<String>,
@@ -267,7 +234,7 @@ impl RunState {
             self.last_ts = self.last_ts.max(rec.ts_ms);
             self.tally.apply(rec);
             self.complete =
-                matches!(&rec.event, Event::RunEnded { reason } if reason == "finished");
+                matches!(&rec.event, Event::RunEnded { reason } if reason.is_finished());
         }
         self.applied += 1;
         let mut turn_ended = false;
@@ -430,7 +397,7 @@ impl RunState {
             t.error = Some(e.to_string());
             t.fault = Some(e);
         }
-        let (stage, turn) = Stage::of(&t.runner);
+        let (stage, turn) = t.runner.stage();
         t.stage = stage;
         t.turn = turn;
         t.finished_turns() != before
