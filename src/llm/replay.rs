@@ -2,7 +2,8 @@
 //!
 //! Re-running a run's candidates (another GPU, another evaluation mode) without asking a model
 //! again. Answers keep their recorded usage, so token metrics stay comparable; their cost is 0,
-//! since replaying spends nothing.
+//! since replaying spends nothing. The log is read by the store's one reader
+//! ([`crate::store::read_log`]), with its rule for a torn last line.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
