@@ -350,6 +350,21 @@ mod tests {
     }
 
     #[test]
+    fn log_lines_are_the_accepted_records_as_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join(EVENTS_FILE);
+        let (a, b) = (line(0), line(1));
+        std::fs::write(&path, format!("{a}\n\n  {b}\n{}", &a[..9])).unwrap();
+        let log = read_log(&path).unwrap();
+        assert_eq!(log.records.len(), 2);
+        assert_eq!(log_lines(&path, log.valid_len).unwrap(), vec![a.clone(), b]);
+        // A log shorter than what was read was replaced.
+        std::fs::write(&path, format!("{a}\n")).unwrap();
+        let e = log_lines(&path, log.valid_len).unwrap_err().to_string();
+        assert!(e.contains("it was replaced"), "{e}");
+    }
+
+    #[test]
     fn lines_split_across_reads_are_joined() {
         let a = line(0);
         let mut reader = LineReader::new(Path::new("e"));
