@@ -1,7 +1,8 @@
 //! krefine: an orchestrator for LLM kernel-refinement experiments on KernelBench-style problems.
 //!
 //! Rooms (one job each):
-//! - [`types`]: everything that crosses rooms (events, commands, verdicts, results).
+//! - [`types`]: everything that crosses rooms (events, commands, verdicts, results); [`run_end`]:
+//!   why a run ended (`EndReason`), a leaf of it.
 //! - [`settings`]: the enums several rooms read from their own config sections (a leaf).
 //! - [`config`]: the TOML experiment config: assembles the rooms' sections, overrides, validation.
 //! - [`dataset`]: loading KernelBench problems (checkout, folder, JSONL) and problem selections.
@@ -10,7 +11,7 @@
 //! - [`engine`]: the async shell that runs machines, performs commands through services and gates.
 //! - [`gpu`]: device discovery (cudarc) and FIFO device leases.
 //! - [`refprep`]: preparing problems' reference data while their answers are generated.
-//! - [`store`]: run directories and the append-only event log.
+//! - [`store`]: run directories and the append-only event log (its one writer and one reader).
 //! - [`lock`]: advisory file locks between processes (a run directory, a build directory).
 //! - [`services`]: the `Llm`, `Compiler` and `Executor` traits.
 //! - [`llm`]: LLM providers (scripted, OpenAI-compatible, replay), the request gate, code extraction.
@@ -21,7 +22,11 @@
 //! - [`sim`]: simulated compile/execute services for tests and the scheduler benchmark.
 //! - [`metrics`], [`report`]: fast_p@N and friends as pure functions of the log, and their formats.
 //! - [`interchange`]: KernelBench generations in (submission JSON, runs folder) and submissions out.
-//! - [`view`]: a run as folded from its log (`RunView`), the one reducer every display uses.
+//! - [`spend`]: the one type for LLM spending (tokens, USD), shared by reducer, reports and budget.
+//! - [`state`]: a run as folded from its log (`RunState`), the one reducer every consumer uses:
+//!   displays, reports, ledger, GPU-seconds, fast_p curves, the resume budget, the Python package.
+//! - [`view`]: `RunView`, the state with its fast_p curve for displays, and where displays' records
+//!   come from (`view::source`).
 //! - [`tui`]: the terminal UI (ratatui) for live runs, `watch` and `replay`; [`progress`]: the
 //!   `--no-tui` progress bar.
 //! - [`cli`]: the command-line surface.
@@ -44,9 +49,12 @@ pub mod prompt;
 pub mod provenance;
 pub mod refprep;
 pub mod report;
+pub mod run_end;
 pub mod services;
 pub mod settings;
 pub mod sim;
+pub mod spend;
+pub mod state;
 pub mod store;
 pub mod tui;
 pub mod types;

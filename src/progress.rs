@@ -6,7 +6,7 @@
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::tui::source::{Feed, Live};
+use crate::view::source::{Feed, Live};
 use crate::view::{RunView, Stage};
 
 /// The text next to the bar.

@@ -8,6 +8,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use crate::run_end::EndReason;
+
 /// Version of the event-log schema, written into every record.
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -682,7 +684,7 @@ pub enum Event {
     },
     /// Written when a run ends (finished, cancelled or stopped by a budget).
     RunEnded {
-        reason: String,
+        reason: EndReason,
     },
     /// A cap (USD or tokens) was reached; no new LLM requests are made.
     BudgetExhausted {

@@ -20,7 +20,7 @@ use crate::store::{ReadLog, RunDir, read_log};
 use crate::tui::app::{App, Mode};
 use crate::tui::source::Live;
 use crate::tui::{self, Exit, Input};
-use crate::types::{Event, FeedbackMode, MethodKind};
+use crate::types::{FeedbackMode, MethodKind};
 use crate::view::RunView;
 use crate::worker::{self, BaselineTable, WorkerPool, WorkerSettings};
 use crate::{dataset, llm, lock, progress, provenance};
@@ -247,12 +247,10 @@ async fn drive(
     let cancel = CancellationToken::new();
     let (llm, ledger) =
         llm::build_with_ledger(&loaded, args.replay_llm.as_deref(), cancel.clone())?;
-    // Budgets cover the whole run: what was spent before a resume counts.
-    for rec in prior.iter().flat_map(|p| &p.records) {
-        if let Event::LlmAnswered { answer, .. } = &rec.event {
-            ledger.record(answer);
-        }
-    }
+    // What the log held before this process continued it, folded once: the displays start from
+    // it, and what it spent counts against the budget (budgets cover the whole run).
+    let prior_view = RunView::from_records(prior.iter().flat_map(|p| &p.records));
+    ledger.restore(&prior_view.budget_spend);
     // SIGTERM (a scheduler, `kill`) stops the run the way Ctrl-C does, so that the workers, and an
     // allocation krefine asked for, are released on the way out.
     {
@@ -271,7 +269,7 @@ async fn drive(
     let (compiler, executor, pool, launcher) =
         build_eval_services(&loaded, &dir, &devices, &discovery).await?;
     let result = drive_engine(
-        args, &loaded, dir, prior, plan, devices, cancel, llm, compiler, executor,
+        args, &loaded, dir, prior, prior_view, plan, devices, cancel, llm, compiler, executor,
     )
     .await;
     if let Some(pool) = pool {
@@ -291,6 +289,7 @@ async fn drive_engine(
     loaded: &LoadedConfig,
     dir: RunDir,
     prior: Option<ReadLog>,
+    prior_view: RunView,
     plan: RunPlan,
     devices: Vec<DeviceInfo>,
     cancel: CancellationToken,
@@ -344,8 +343,6 @@ async fn drive_engine(
         prepare_ahead: cfg.resources.prepare_ahead as usize,
     };
     let total_turns = plan.problems.len() as u64 * plan.samples as u64 * plan.turns as u64;
-    // What the log held before this process continued it: the displays start from there.
-    let prior_view = RunView::from_records(prior.iter().flat_map(|p| &p.records));
     let engine = Engine::prepare(
         plan,
         parts,

@@ -14,27 +14,26 @@
 //! never sees the event, so a resume folds the task back to the same command and performs it again;
 //! the run ends "incomplete" ([`RunSummary::incomplete_reason`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
-mod fold;
 mod stages;
 
-pub use fold::{TaskTurns, fold_records};
 use stages::{Interest, compile, generate, on_device};
 
 use crate::gpu::{DeviceInfo, DevicePool};
-use crate::machine::{MachineError, Retention, TaskRunner, TaskSpec};
+use crate::machine::{MachineError, Retention, Stage, TaskRunner, TaskSpec};
 use crate::prompt::{PromptSettings, Prompts};
 use crate::refprep::{self, PrepServices, Preparer};
 use crate::services::{Compiler, EventSink, Executor, Llm, SINK_CAPACITY};
 use crate::store::{EventLog, FileWriter, ReadLog, RunDir, StoreError};
 use crate::types::{
-    Command, Event, FeedbackMode, LogRecord, MethodKind, Problem, ProblemKey, TaskId, WaitingOn,
+    Command, EndReason, Event, FeedbackMode, LogRecord, MethodKind, Problem, ProblemKey, TaskId,
+    WaitingOn,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -241,14 +240,8 @@ impl Engine {
         };
         let next_seq = records.last().map(|r| r.seq + 1).unwrap_or(0);
 
-        let mut by_task: BTreeMap<TaskId, Vec<&Event>> = BTreeMap::new();
-        for r in &records {
-            if let Some(t) = r.task
-                && r.event.drives_machine()
-            {
-                by_task.entry(t).or_default().push(&r.event);
-            }
-        }
+        // The same grouping the reducer's fold sees (machine::events_by_task).
+        let mut by_task = crate::machine::events_by_task(&records);
         let known: std::collections::BTreeSet<TaskId> = specs.iter().map(|s| s.id).collect();
         if let Some(stray) = by_task.keys().find(|t| !known.contains(t)) {
             return Err(EngineError::Resume(format!(
@@ -329,7 +322,7 @@ impl Engine {
     }
 
     /// (task, stage, turn) of every task before the run continues.
-    pub fn stages(&self) -> Vec<(TaskId, &'static str, u32)> {
+    pub fn stages(&self) -> Vec<(TaskId, Stage, u32)> {
         self.runners
             .iter()
             .map(|(r, _)| {
@@ -470,12 +463,7 @@ impl Engine {
             .append(
                 None,
                 Event::RunEnded {
-                    reason: match (&stopped, &incomplete) {
-                        (Some(s), Some(i)) => format!("{s}; {i}"),
-                        (Some(s), None) => s.clone(),
-                        (None, Some(i)) => i.clone(),
-                        (None, None) => "finished".into(),
-                    },
+                    reason: EndReason::of(stopped.as_deref(), incomplete.as_deref()),
                 },
             )
             .await?;

@@ -4,9 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use serde::{Deserialize, Serialize};
-
 use super::config::{BudgetSection, Price};
+use crate::spend::Spend;
 use crate::types::{LlmAnswer, Usage};
 
 /// USD per million prompt and completion tokens, by model name (`model.prices`).
@@ -48,26 +47,9 @@ pub fn cost_usd(price: &Price, usage: &Usage) -> f64 {
         / 1_000_000.0
 }
 
-/// Running totals over the answers of a run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct LedgerTotals {
-    pub answers: u64,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub reasoning_tokens: u64,
-    pub cost_usd: f64,
-    /// Answers whose provider reported no usage: their tokens and cost are not in the totals.
-    pub answers_without_usage: u64,
-    /// Answers with usage but no price: their cost is not in the totals.
-    pub answers_without_cost: u64,
-}
-
-impl LedgerTotals {
-    /// Prompt plus completion tokens (what `budget.tokens` caps).
-    pub fn tokens(&self) -> u64 {
-        self.prompt_tokens + self.completion_tokens
-    }
-}
+/// Running totals over the answers of a run: the one spending type, counted as the budget counts
+/// ([`Spend::add_budgeted`]).
+pub type LedgerTotals = Spend;
 
 /// The run's shared ledger: every answer is recorded, and the budget caps are checked against it.
 #[derive(Debug, Default)]
@@ -93,20 +75,13 @@ impl Ledger {
     }
 
     pub fn record(&self, answer: &LlmAnswer) {
-        let mut t = self.lock();
-        t.answers += 1;
-        match &answer.usage {
-            Some(u) => {
-                t.prompt_tokens += u.prompt_tokens;
-                t.completion_tokens += u.completion_tokens;
-                t.reasoning_tokens += u.reasoning_tokens;
-                match answer.cost_usd {
-                    Some(c) => t.cost_usd += c,
-                    None => t.answers_without_cost += 1,
-                }
-            }
-            None => t.answers_without_usage += 1,
-        }
+        self.lock().add_budgeted(answer);
+    }
+
+    /// Count what was spent before this process (a resumed run's log, as the reducer counted it
+    /// with [`Spend::add_budgeted`]): budgets cover the whole run.
+    pub fn restore(&self, spent: &Spend) {
+        self.lock().add(spent);
     }
 
     /// Which cap is reached, in words (`None` while within budget).

@@ -2,7 +2,8 @@
 //!
 //! Re-running a run's candidates (another GPU, another evaluation mode) without asking a model
 //! again. Answers keep their recorded usage, so token metrics stay comparable; their cost is 0,
-//! since replaying spends nothing.
+//! since replaying spends nothing. The log is read by the store's one reader
+//! ([`crate::store::read_log`]), with its rule for a torn last line.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -10,10 +11,8 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 
 use crate::services::{EventSink, Llm, LlmError};
-use crate::types::{Event, LlmAnswer, LlmRequest, LogRecord, TaskId};
-
-/// File name of a run's event log inside its directory.
-pub const EVENTS_FILE: &str = "events.jsonl";
+use crate::store::{self, ReadLog, StoreError};
+use crate::types::{Event, LlmAnswer, LlmRequest, TaskId};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
@@ -22,12 +21,18 @@ pub enum ReplayError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path}:{line}: not an event record: {message}")]
-    Line {
-        path: PathBuf,
-        line: usize,
-        message: String,
-    },
+    /// A line of the log that is not a record (the store's reader says which and why).
+    #[error(transparent)]
+    Log(StoreError),
+}
+
+impl From<StoreError> for ReplayError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Io { path, source } => ReplayError::Read { path, source },
+            other => ReplayError::Log(other),
+        }
+    }
 }
 
 pub struct ReplayLlm {
@@ -38,39 +43,26 @@ pub struct ReplayLlm {
 impl ReplayLlm {
     /// Loads `<run>/events.jsonl`; `run` may also be the log file itself.
     pub fn load(run: &Path) -> Result<Self, ReplayError> {
-        let path = if run.is_dir() {
-            run.join(EVENTS_FILE)
-        } else {
-            run.to_path_buf()
-        };
-        let text = std::fs::read_to_string(&path).map_err(|source| ReplayError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        Self::parse(&text, &path)
+        let path = store::events_path(run);
+        Ok(Self::from_log(store::read_log(&path)?, &path))
     }
 
-    /// A malformed last line is a record torn by a crash and is skipped; a malformed line anywhere
-    /// else means the file is not what it should be.
+    /// The answers of the log text `text`, read by the store's reader (an unreadable last line is
+    /// dropped, one that lacks only its newline is kept; a bad line anywhere else is an error).
     pub fn parse(text: &str, path: &Path) -> Result<Self, ReplayError> {
-        let lines: Vec<(usize, &str)> = text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty())
-            .collect();
+        Ok(Self::from_log(
+            store::read_from(text.as_bytes(), path)?,
+            path,
+        ))
+    }
+
+    fn from_log(log: ReadLog, path: &Path) -> Self {
+        if let Some(w) = &log.torn_tail {
+            tracing::warn!("{w}");
+        }
         let mut answers = HashMap::new();
-        for (k, (i, raw)) in lines.iter().enumerate() {
-            let record: LogRecord = match serde_json::from_str(raw) {
-                Ok(r) => r,
-                Err(_) if k + 1 == lines.len() => break,
-                Err(e) => {
-                    return Err(ReplayError::Line {
-                        path: path.to_path_buf(),
-                        line: i + 1,
-                        message: e.to_string(),
-                    });
-                }
-            };
+        // A last line that lacks only its newline still holds an answer worth serving.
+        for record in log.records.into_iter().chain(log.unterminated) {
             if let (Some(task), Event::LlmAnswered { turn, answer, .. }) =
                 (record.task, record.event)
             {
@@ -78,10 +70,10 @@ impl ReplayLlm {
                 answers.entry((task, turn)).or_insert(answer);
             }
         }
-        Ok(ReplayLlm {
+        ReplayLlm {
             path: path.to_path_buf(),
             answers,
-        })
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -120,7 +112,8 @@ impl Llm for ReplayLlm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{SCHEMA_VERSION, Usage};
+    use crate::store::EVENTS_FILE;
+    use crate::types::{LogRecord, SCHEMA_VERSION, Usage};
 
     fn task(s: &str) -> TaskId {
         s.parse().unwrap()

@@ -13,6 +13,7 @@
 //! the rest and a long run has many tasks.
 
 mod feedback;
+mod fold;
 
 use statig::prelude::*;
 
@@ -23,6 +24,39 @@ use crate::types::{
 };
 
 pub use feedback::{NO_CODE_FEEDBACK, execution_text, turn_feedback};
+pub use fold::{TaskTurns, events_by_task};
+
+/// Where a task is in its turn: the machine's resting states, as displays, the engine and reports
+/// name them. Feedback is not a resting stage: a turn's feedback is written when it ends, and the
+/// task moves straight to the next turn's `Generate` (or `Done`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    Generate,
+    /// The precompile step (building the candidate, on the CPU pool).
+    Compile,
+    Execute,
+    Profile,
+    Done,
+}
+
+impl Stage {
+    /// The stage's name as displays show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Generate => "generate",
+            Stage::Compile => "precompile",
+            Stage::Execute => "execute",
+            Stage::Profile => "profile",
+            Stage::Done => "done",
+        }
+    }
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// What a task is: its identity, how many turns it runs, what each turn feeds back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -362,14 +396,14 @@ impl TaskRunner {
         matches!(self.sm.state(), State::Done {})
     }
 
-    /// The stage and turn the task is in, for progress displays.
-    pub fn stage(&self) -> (&'static str, u32) {
+    /// The stage and turn the task is in (its last turn once done), for displays.
+    pub fn stage(&self) -> (Stage, u32) {
         match self.sm.state() {
-            State::Generate { turn } => ("generate", *turn),
-            State::Precompile { turn } => ("compile", *turn),
-            State::Execute { turn } => ("execute", *turn),
-            State::Profile { turn } => ("profile", *turn),
-            State::Done {} => ("done", self.sm.finished),
+            State::Generate { turn } => (Stage::Generate, *turn),
+            State::Precompile { turn } => (Stage::Compile, *turn),
+            State::Execute { turn } => (Stage::Execute, *turn),
+            State::Profile { turn } => (Stage::Profile, *turn),
+            State::Done {} => (Stage::Done, self.sm.finished),
         }
     }
 }

@@ -130,7 +130,7 @@ fn gep_full_turn_then_next_turn_sees_g_e_p() {
             profile: Some("P1 table".into()),
         }]
     );
-    assert_eq!(m.stage(), ("generate", 2));
+    assert_eq!(m.stage(), (Stage::Generate, 2));
     assert_eq!(m.turns()[0].verdict, Some(Verdict::Correct));
 }
 
@@ -313,7 +313,7 @@ fn last_turn_finishes() {
     m.handle(&executed(1, Verdict::Correct, Some(1.1))).unwrap();
     assert_eq!(m.handle(&profiled(1)).unwrap(), Some(Command::Finish));
     assert!(m.is_done());
-    assert_eq!(m.stage(), ("done", 1));
+    assert_eq!(m.stage(), (Stage::Done, 1));
 }
 
 #[test]
@@ -356,7 +356,7 @@ fn informational_events_do_nothing() {
         turn: 1,
     };
     assert_eq!(m.handle(&e).unwrap(), None);
-    assert_eq!(m.stage(), ("generate", 1));
+    assert_eq!(m.stage(), (Stage::Generate, 1));
 }
 
 #[test]
@@ -465,7 +465,7 @@ fn a_finished_turn_is_kept_in_the_prompt_builders_form_only() {
         m.kept_feedback().iter().map(|f| f.turn).collect::<Vec<_>>(),
         vec![2]
     );
-    assert_eq!(m.stage(), ("generate", 3));
+    assert_eq!(m.stage(), (Stage::Generate, 3));
 }
 
 #[test]
@@ -480,7 +480,7 @@ fn a_finished_task_keeps_nothing_of_its_turns() {
         assert_eq!(pending, Command::Finish);
         assert!(m.is_done());
         assert!(m.turns().is_empty() && m.kept_feedback().is_empty());
-        assert_eq!(m.stage(), ("done", 3));
+        assert_eq!(m.stage(), (Stage::Done, 3));
     }
     // Folds for views and reports keep every turn whole.
     let (m, _) = TaskRunner::fold(spec(3, FeedbackMode::GEP), &three_turns()).unwrap();
@@ -492,5 +492,5 @@ fn a_finished_task_keeps_nothing_of_its_turns() {
             Some(Verdict::Correct)
         ]
     );
-    assert_eq!(m.stage(), ("done", 3));
+    assert_eq!(m.stage(), (Stage::Done, 3));
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::types::{Event, LogRecord, ProblemKey, TaskId};
+use crate::types::{ProblemKey, TaskId};
 
 use super::{Best, Ledger, RunInput};
 
@@ -62,18 +62,9 @@ impl Attempt {
 /// The attempts of each problem of a run, in budget order.
 pub type RunAttempts = BTreeMap<ProblemKey, Vec<Attempt>>;
 
-/// Milliseconds of device leases held per (task, turn), from `lease_released` records.
-pub fn device_ms_per_turn(records: &[LogRecord]) -> BTreeMap<(TaskId, u32), u64> {
-    let mut out = BTreeMap::new();
-    for rec in records {
-        if let (Some(task), Event::LeaseReleased { held_ms, turn, .. }) = (rec.task, &rec.event) {
-            *out.entry((task, *turn)).or_insert(0) += held_ms;
-        }
-    }
-    out
-}
-
-/// Every problem's attempts `1..=axis` with outcome (as [`Best::add`] counts a record) and cost.
+/// Every problem's attempts `1..=axis` with outcome (as [`Best::add`] counts a record) and cost;
+/// `ledger` and `device_ms` are the run's fold's ([`crate::state::RunState::ledger`] and
+/// [`crate::state::RunState::device_ms`]).
 pub fn run_attempts(
     run: &RunInput<'_>,
     ledger: &Ledger,

@@ -7,6 +7,9 @@
 //! The denominator is always every problem of the run, so failed, missing and unfinished candidates
 //! count against a method, as in KernelBench's `fastp` (§7.3 of the protocol notes).
 //!
+//! Every number here is of the run's one fold ([`crate::state::RunState`]): its tasks' turns (through
+//! [`TurnSource`]), its ledger and its GPU-seconds per turn.
+//!
 //! Submodules: [`ledger`] (tokens, USD, LLM attempts, GPU and compile time from the log),
 //! [`budget`] (refinement vs. sampling at equal attempts and at equal tokens), [`integrity`]
 //! (static and runtime findings, excessive speedups; in strict mode an unverified excessive speedup
@@ -27,7 +30,7 @@ use serde::ser::SerializeMap;
 
 use crate::types::{MethodKind, ProblemKey, TaskId, TurnRecord, Verdict};
 
-pub use attempts::{Attempt, AttemptCost, RunAttempts, device_ms_per_turn, run_attempts};
+pub use attempts::{Attempt, AttemptCost, RunAttempts, run_attempts};
 pub use budget::{
     AttemptsRow, TokensRow, cumulative_tokens_per_problem, equal_attempts, equal_tokens,
 };
@@ -159,7 +162,26 @@ pub struct RunInput<'a> {
     /// Every problem of the run (duplicates are ignored).
     pub problems: &'a [ProblemKey],
     /// Turn records per task, as folded from the log; tasks may have fewer turns than `axis`.
-    pub turns: &'a BTreeMap<TaskId, Vec<TurnRecord>>,
+    pub turns: &'a dyn TurnSource,
+}
+
+/// Where a run's turn records are read from: a map of them, or the run's reducer itself (the live
+/// displays' curve reads the tasks' machines without copying their turns).
+pub trait TurnSource: std::fmt::Debug {
+    /// The turns of `task` so far, `None` for a task the run does not have.
+    fn turns_of(&self, task: TaskId) -> Option<&[TurnRecord]>;
+}
+
+impl TurnSource for BTreeMap<TaskId, Vec<TurnRecord>> {
+    fn turns_of(&self, task: TaskId) -> Option<&[TurnRecord]> {
+        self.get(&task).map(Vec::as_slice)
+    }
+}
+
+impl TurnSource for crate::state::RunState {
+    fn turns_of(&self, task: TaskId) -> Option<&[TurnRecord]> {
+        self.tasks.get(&task).map(|t| t.turns())
+    }
 }
 
 impl<'a> RunInput<'a> {
@@ -170,7 +192,7 @@ impl<'a> RunInput<'a> {
             .map(|a| {
                 let (sample, turn) = attempt_position(self.method, a);
                 self.turns
-                    .get(&TaskId { problem, sample })
+                    .turns_of(TaskId { problem, sample })
                     .and_then(|records| records.iter().find(|r| r.turn == turn))
             })
             .collect()

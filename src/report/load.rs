@@ -1,6 +1,10 @@
 //! Reading a run directory into everything reports, comparisons, plots and exports need: the fold of
 //! its log (turn records), its metrics and ledger, its attempts with their costs, and what describes
 //! the run (method, model, hardware, evaluation settings) so comparisons can say what differs.
+//!
+//! The log is read by the store's one reader and folded once by the run's one reducer
+//! ([`RunState`]): the turns, the ledger and the GPU-seconds per turn here are that fold's, the same
+//! the terminal UI shows and the Python package returns.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -8,13 +12,11 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::config::Config;
-use crate::engine::{TaskTurns, fold_records};
-use crate::machine::MachineError;
-use crate::metrics::{
-    RunAttempts, RunInput, device_ms_per_turn, ledger, run_attempts, run_metrics, run_problems,
-};
+use crate::machine::{MachineError, TaskTurns};
+use crate::metrics::{RunAttempts, RunInput, run_attempts, run_metrics, run_problems};
+use crate::state::RunState;
 use crate::store::{ReadLog, RunDir, StoreError, read_log};
-use crate::types::{Event, FeedbackMode, MethodKind, TaskId};
+use crate::types::{FeedbackMode, MethodKind, TaskId};
 
 use super::{RunReport, feedback_key};
 
@@ -164,25 +166,25 @@ pub fn load_run_with_log(dir: &Path) -> Result<(LoadedRun, ReadLog), LoadError> 
     }
     let run = RunDir::existing(dir)?;
     let log = read_log(&run.events_path())?;
-    let (started, turns) = fold_records(&log.records).map_err(|source| LoadError::Fold {
+    let state = RunState::from_records(&log.records);
+    let turns = state.task_turns().map_err(|source| LoadError::Fold {
         path: run.events_path(),
         source,
     })?;
-    let Some(Event::RunStarted {
-        run: name,
-        method,
-        feedback,
-        task_ids,
-        turns: n_turns,
-        samples,
-        simulated,
-        ..
-    }) = started
-    else {
+    let Some(started) = &state.info else {
         return Err(LoadError::NotStarted {
             path: run.events_path(),
         });
     };
+    let (name, method, feedback, task_ids, n_turns, samples, simulated) = (
+        started.run.clone(),
+        started.method,
+        started.logged_feedback,
+        started.task_ids.clone(),
+        started.turns,
+        started.samples,
+        started.simulated,
+    );
     let config = std::fs::read_to_string(run.config_path())
         .ok()
         .and_then(|t| toml::from_str::<Config>(&t).ok());
@@ -203,13 +205,10 @@ pub fn load_run_with_log(dir: &Path) -> Result<(LoadedRun, ReadLog), LoadError> 
         turns: &turns,
     };
     let metrics = run_metrics(&input);
-    let ledger = ledger(&log.records);
-    let device_ms = device_ms_per_turn(&log.records);
+    let ledger = state.ledger();
+    let device_ms = state.device_ms().clone();
     let attempts = run_attempts(&input, &ledger, &device_ms);
-    let complete = matches!(
-        log.records.last().map(|r| &r.event),
-        Some(Event::RunEnded { reason }) if reason == "finished"
-    );
+    let complete = state.complete;
     let feedback = (method == MethodKind::Refine).then_some(feedback).flatten();
     // A damaged provenance.json must not hide the run's numbers: say so and report without it.
     let (recorded, provenance_warning) = match crate::provenance::read(dir) {

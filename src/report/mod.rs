@@ -2,9 +2,10 @@
 //! JSON or CSV, matched-budget comparisons, plots, and the KernelBench `eval_results.json` export.
 //!
 //! Rendering is a pure function of [`RunReport`]s (and [`crate::metrics::compare::Comparison`]s);
-//! [`load`] reads run directories and folds their logs; [`turn_rows`], [`candidate_rows`] and
-//! [`compare_runs`] give the same numbers as data (for the Python package). docs/output-formats.md describes every format
-//! for users; keep it in step.
+//! [`load`] reads run directories (through the store's one log reader) and folds their logs (through
+//! the run's one reducer, [`crate::state::RunState`]: the report does not depend on the engine);
+//! [`turn_rows`], [`candidate_rows`] and [`compare_runs`] give the same numbers as data (for the Python
+//! package). docs/output-formats.md describes every format for users; keep it in step.
 
 mod compare;
 mod comparison;

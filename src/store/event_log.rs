@@ -354,7 +354,7 @@ mod tests {
                 .iter()
                 .filter(|r| r.task == Some(task(t)))
                 .map(|r| match &r.event {
-                    Event::RunEnded { reason } => reason.clone(),
+                    Event::RunEnded { reason } => reason.to_string(),
                     other => panic!("unexpected {other:?}"),
                 })
                 .collect();

@@ -1,7 +1,8 @@
 //! The live terminal UI (ratatui) for a run in this process, a run in another process (`watch`) and a
 //! recorded run (`replay`).
 //!
-//! - [`source`]: where records come from (engine broadcast, a growing log file, a recorded log).
+//! - [`source`]: where records come from (engine broadcast, a growing log file, a recorded log);
+//!   it lives with the view ([`crate::view::source`]), since the progress line reads it too.
 //! - [`app`]: the display's state ([`crate::view::RunView`] plus selection, sort, filters, scroll) and
 //!   key handling.
 //! - [`ui`]: drawing, one file per panel, a pure function of the app and the clock it is given.
@@ -15,7 +16,7 @@
 
 pub mod app;
 pub mod gpu_stats;
-pub mod source;
+pub use crate::view::source;
 pub mod ui;
 
 use std::sync::Arc;

@@ -95,7 +95,7 @@ fn state_span(app: &App) -> Span<'static> {
         );
     }
     match (&v.ended, app.mode) {
-        (Some(reason), _) if reason == "finished" => {
+        (Some(reason), _) if reason.is_finished() => {
             Span::styled("finished", Style::new().fg(Color::Green))
         }
         (Some(reason), _) => Span::styled(format!("ended: {reason}"), Style::new().fg(Color::Red)),

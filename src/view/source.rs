@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use tokio::sync::{broadcast, mpsc};
 
-use crate::store::read_log;
-use crate::types::{LogRecord, SCHEMA_VERSION};
-use crate::view::RunView;
+use super::RunView;
+use crate::store::{LineReader, decode_line, read_log};
+use crate::types::LogRecord;
 
 /// What a live or watched source sends the display.
 #[derive(Debug)]
@@ -81,15 +81,13 @@ impl Live {
     }
 }
 
-/// Reads the records appended to a log file since the last read. A last line without its newline is
-/// kept back until the rest arrives (the writer is mid-line); a complete line that is not a record is
-/// reported and skipped.
+/// Reads the records appended to a log file since the last read, through the store's line reader.
+/// A last line without its newline is kept back until the rest arrives (the writer is mid-line); a
+/// complete line that is not a record is reported and skipped.
 pub struct Tail {
     path: PathBuf,
     offset: u64,
-    /// Bytes of an incomplete last line.
-    partial: Vec<u8>,
-    line: usize,
+    lines: LineReader,
 }
 
 impl Tail {
@@ -97,8 +95,7 @@ impl Tail {
         Tail {
             path: path.to_path_buf(),
             offset: 0,
-            partial: Vec::new(),
-            line: 0,
+            lines: LineReader::new(path),
         }
     }
 
@@ -109,40 +106,23 @@ impl Tail {
         if len < self.offset {
             // The file shrank: a resume cut a torn tail. What was read stays; read on from the cut.
             self.offset = len;
-            self.partial.clear();
+            self.lines.forget_pending();
         }
         file.seek(SeekFrom::Start(self.offset))?;
         let mut buf = Vec::new();
         file.read_to_end(&mut buf)?;
         self.offset += buf.len() as u64;
-        self.partial.extend_from_slice(&buf);
         let mut records = Vec::new();
         let mut warnings = Vec::new();
-        let mut start = 0;
-        while let Some(pos) = self.partial[start..].iter().position(|&b| b == b'\n') {
-            let line = &self.partial[start..start + pos];
-            start += pos + 1;
-            self.line += 1;
-            let text = String::from_utf8_lossy(line);
-            if text.trim().is_empty() {
-                continue;
+        let path = self.path.clone();
+        let read = self.lines.feed(&buf, |line, text, _| {
+            match decode_line(&path, line, text) {
+                Ok(r) => records.extend(r),
+                Err(e) => warnings.push(e.to_string()),
             }
-            match serde_json::from_str::<LogRecord>(text.trim()) {
-                Ok(r) if r.v > SCHEMA_VERSION => warnings.push(format!(
-                    "{}:{}: schema version {} is newer than this krefine understands",
-                    self.path.display(),
-                    self.line,
-                    r.v
-                )),
-                Ok(r) => records.push(r),
-                Err(e) => warnings.push(format!(
-                    "{}:{}: not an event record: {e}",
-                    self.path.display(),
-                    self.line
-                )),
-            }
-        }
-        self.partial.drain(..start);
+            Ok::<(), std::convert::Infallible>(())
+        });
+        let Ok(()) = read;
         Ok((records, warnings))
     }
 

@@ -1,54 +1,35 @@
-//! `RunView`: the state of a run as folded from its log records, for every display of it.
+//! `RunState`: a run as folded from its log records, once, for every consumer of it.
 //!
-//! One reducer over the log: the terminal UI (live, `watch`, `replay`) and the `--no-tui` progress
-//! bar apply the same [`LogRecord`]s to a `RunView`, and each task is folded through the engine's own
-//! task machine ([`TaskRunner`]), so a display can never disagree with what the engine did. Pure: no
-//! I/O, no clock, no terminal; records that were already applied (same or older `seq`) are ignored, so
-//! a source may hand the same record twice (a live view rebuilt from the log after its broadcast
-//! lagged, a watched file read again).
+//! The one reducer of the event log. Each record is applied once and answers the terminal UI (live,
+//! `watch`, `replay`) and the progress line (through [`crate::view::RunView`], which adds the fast_p
+//! curve), the report's tables and the Python package (through [`crate::report::load`]), the ledger
+//! (lease and spend tallies: [`ledger::LedgerTally`]), GPU-seconds per turn and the budget spent
+//! before a resume. Each task is folded through the engine's own task machine ([`TaskRunner`]), so no
+//! consumer can disagree with what the engine did. Pure: no I/O, no clock, no terminal; records that
+//! were already applied (same or older `seq`) are ignored, so a source may hand the same record twice
+//! (a live view rebuilt from the log after its broadcast lagged, a watched file read again).
+
+pub mod ledger;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::machine::{TaskRunner, TaskSpec};
-use crate::metrics::ledger::Spend;
-use crate::metrics::{Best, FastP, attempt_position, summarize};
+pub use crate::machine::Stage;
+use crate::machine::{MachineError, TaskRunner, TaskSpec, TaskTurns};
+use crate::spend::Spend;
 use crate::types::{
-    Event, FeedbackMode, LogRecord, MethodKind, ProblemKey, TaskId, TurnRecord, Verdict, WaitingOn,
+    EndReason, Event, FeedbackMode, LogRecord, MethodKind, ProblemKey, TaskId, TurnRecord, Verdict,
+    WaitingOn,
 };
 
-/// Where a task is in its turn. Feedback is not a resting stage: a turn's feedback is written when it
-/// ends, and the task moves straight to the next turn's `Generate` (or `Done`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Stage {
-    Generate,
-    Compile,
-    Execute,
-    Profile,
-    Done,
-}
+use ledger::{DeviceUse, Ledger, LedgerTally};
 
-impl Stage {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Stage::Generate => "generate",
-            Stage::Compile => "precompile",
-            Stage::Execute => "execute",
-            Stage::Profile => "profile",
-            Stage::Done => "done",
-        }
-    }
-
-    fn of(runner: &TaskRunner) -> (Stage, u32) {
-        let (s, turn) = runner.stage();
-        let stage = match s {
-            "generate" => Stage::Generate,
-            "compile" => Stage::Compile,
-            "execute" => Stage::Execute,
-            "profile" => Stage::Profile,
-            _ => Stage::Done,
-        };
-        (stage, turn)
-    }
+/// What applying a record did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// Already applied (same or older `seq`).
+    Ignored,
+    /// Folded; `turn_ended` when a task finished a turn (or the run's plan arrived).
+    Folded { turn_ended: bool },
 }
 
 /// What the first `RunStarted` says about the run.
@@ -56,7 +37,12 @@ impl Stage {
 pub struct RunInfo {
     pub run: String,
     pub method: MethodKind,
+    /// The feedback mode tasks fold with (`GE` when the log names none).
     pub feedback: FeedbackMode,
+    /// The feedback mode as logged.
+    pub logged_feedback: Option<FeedbackMode>,
+    /// The run's plan: every task, in the logged order.
+    pub task_ids: Vec<TaskId>,
     pub turns: u32,
     pub samples: u32,
     pub simulated: bool,
@@ -91,6 +77,8 @@ pub struct TaskView {
     pub prompt_files: BTreeMap<u32, String>,
     /// Why this task's machine stopped folding (an event that did not fit: a corrupt log).
     pub error: Option<String>,
+    /// The same, as the machine said it (reports refuse a log that does not fold).
+    fault: Option<MachineError>,
     /// The task was left unfinished by an outage (a `deferred` event): what it waits on. Cleared
     /// when the task moves again (after a resume).
     pub deferred: Option<WaitingOn>,
@@ -115,7 +103,7 @@ impl TaskView {
             max_turns,
             feedback,
         });
-        let (stage, turn) = Stage::of(&runner);
+        let (stage, turn) = runner.stage();
         TaskView {
             id,
             runner,
@@ -125,6 +113,7 @@ impl TaskView {
             streaming: BTreeMap::new(),
             prompt_files: BTreeMap::new(),
             error: None,
+            fault: None,
             deferred: None,
         }
     }
@@ -162,21 +151,28 @@ impl TaskView {
     }
 }
 
-/// One device as the lease events show it.
+/// One device as the lease events show it. Its leases, held and busy time are the ledger's
+/// ([`DeviceUse`], read through `Deref`): one tally for displays and reports.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct DeviceView {
     /// The task and turn holding the lease now.
     pub holder: Option<(TaskId, u32)>,
-    pub leases: u64,
-    pub held_ms: u64,
-    pub busy_ms: u64,
+    /// The ledger's count of this device's leases.
+    pub usage: DeviceUse,
     /// Time the device was held to prepare reference data ahead of candidates (not in `held_ms`).
     pub prepare_ms: u64,
 }
 
+impl std::ops::Deref for DeviceView {
+    type Target = DeviceUse;
+    fn deref(&self) -> &DeviceUse {
+        &self.usage
+    }
+}
+
 /// The state of a run after the records applied so far.
 #[derive(Debug, Default)]
-pub struct RunView {
+pub struct RunState {
     pub info: Option<RunInfo>,
     /// `RunStarted` records after the first (resumptions).
     pub resumes: u32,
@@ -191,66 +187,54 @@ pub struct RunView {
     pub retry_waits: u64,
     /// Waits that followed a 429.
     pub rate_limited: u64,
+    /// All LLM spending so far (the ledger's total).
     pub spend: Spend,
+    /// The same answers counted as the budget counts them ([`Spend::add_budgeted`]): what a resumed
+    /// run has already spent of its budget.
+    pub budget_spend: Spend,
     /// The model that answered last, as the provider named it.
     pub model: Option<String>,
     pub first_ts: Option<u64>,
     pub last_ts: u64,
     /// Why the run ended, once its `RunEnded` is applied (cleared when a resume starts).
-    pub ended: Option<String>,
+    pub ended: Option<EndReason>,
+    /// The last record applied is a `RunEnded` saying the run finished.
+    pub complete: bool,
     pub budget_exhausted: Option<String>,
     pub last_seq: Option<u64>,
     /// Records applied (transient ones included).
     pub applied: u64,
-    /// fast_p and correct rate at each step `1..=axis`, as of the last [`RunView::refresh`].
-    pub curve: Vec<CurvePoint>,
-    /// A turn ended since the curve was computed.
-    curve_stale: bool,
+    /// The ledger's tallies.
+    tally: LedgerTally,
 }
 
-/// One step of the fast_p curve.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct CurvePoint {
-    pub n: u32,
-    pub fast_p: FastP,
-    pub correct_rate: f64,
-    pub geomean: Option<f64>,
-}
-
-impl RunView {
+impl RunState {
     pub fn new() -> Self {
-        RunView::default()
+        RunState::default()
     }
 
     /// Fold a whole log.
     pub fn from_records<'a>(records: impl IntoIterator<Item = &'a LogRecord>) -> Self {
-        let mut v = RunView::new();
+        let mut s = RunState::new();
         for r in records {
-            v.apply(r);
+            s.apply(r);
         }
-        v.refresh();
-        v
+        s
     }
 
-    /// Recompute the derived numbers (the fast_p curve) after records were applied. Displays call
-    /// it once a frame rather than once a record: it looks at every problem's every step.
-    pub fn refresh(&mut self) {
-        if self.curve_stale {
-            self.curve = self.compute_curve();
-            self.curve_stale = false;
-        }
-    }
-
-    /// Apply one record. Returns false when it was ignored (already applied).
-    pub fn apply(&mut self, rec: &LogRecord) -> bool {
+    /// Apply one record.
+    pub fn apply(&mut self, rec: &LogRecord) -> Applied {
         let transient = rec.event.is_transient();
         if !transient {
             if self.last_seq.is_some_and(|s| rec.seq <= s) {
-                return false;
+                return Applied::Ignored;
             }
             self.last_seq = Some(rec.seq);
             self.first_ts.get_or_insert(rec.ts_ms);
             self.last_ts = self.last_ts.max(rec.ts_ms);
+            self.tally.apply(rec);
+            self.complete =
+                matches!(&rec.event, Event::RunEnded { reason } if reason.is_finished());
         }
         self.applied += 1;
         let mut turn_ended = false;
@@ -270,6 +254,7 @@ impl RunView {
                 if self.info.is_some() {
                     self.resumes += 1;
                 } else {
+                    let logged_feedback = *feedback;
                     let feedback = feedback.unwrap_or(FeedbackMode::GE);
                     let mut problems: Vec<ProblemKey> =
                         task_ids.iter().map(|t| t.problem).collect();
@@ -279,6 +264,8 @@ impl RunView {
                         run: run.clone(),
                         method: *method,
                         feedback,
+                        logged_feedback,
+                        task_ids: task_ids.clone(),
                         turns: *turns,
                         samples: *samples,
                         simulated: *simulated,
@@ -352,19 +339,15 @@ impl RunView {
                 }
             }
             Event::LeaseGranted { device, turn, .. } => {
+                let usage = self.tally.device(device).copied().unwrap_or_default();
                 let d = self.devices.entry(device.clone()).or_default();
-                d.leases += 1;
+                d.usage = usage;
                 d.holder = rec.task.map(|t| (t, *turn));
             }
-            Event::LeaseReleased {
-                device,
-                held_ms,
-                busy_ms,
-                ..
-            } => {
+            Event::LeaseReleased { device, .. } => {
+                let usage = self.tally.device(device).copied().unwrap_or_default();
                 let d = self.devices.entry(device.clone()).or_default();
-                d.held_ms += held_ms;
-                d.busy_ms += busy_ms;
+                d.usage = usage;
                 d.holder = None;
             }
             Event::ReferencePrepared {
@@ -378,7 +361,8 @@ impl RunView {
             | Event::Executed { .. }
             | Event::Profiled { .. } => {
                 if let Event::LlmAnswered { answer, .. } = &rec.event {
-                    self.spend.add(&Spend::of(answer));
+                    self.spend = *self.tally.total();
+                    self.budget_spend.add_budgeted(answer);
                     if !answer.model.is_empty() {
                         self.model = Some(answer.model.clone());
                     }
@@ -386,8 +370,7 @@ impl RunView {
                 turn_ended = self.drive(rec);
             }
         }
-        self.curve_stale |= turn_ended;
-        true
+        Applied::Folded { turn_ended }
     }
 
     /// Feed a machine-driving event to its task; true when a turn ended.
@@ -412,8 +395,9 @@ impl RunView {
         let before = t.finished_turns();
         if let Err(e) = t.runner.handle(&rec.event) {
             t.error = Some(e.to_string());
+            t.fault = Some(e);
         }
-        let (stage, turn) = Stage::of(&t.runner);
+        let (stage, turn) = t.runner.stage();
         t.stage = stage;
         t.turn = turn;
         t.finished_turns() != before
@@ -429,39 +413,6 @@ impl RunView {
         self.tasks
             .entry(id)
             .or_insert_with(|| TaskView::new(id, turns, feedback))
-    }
-
-    fn compute_curve(&self) -> Vec<CurvePoint> {
-        let Some(info) = &self.info else {
-            return Vec::new();
-        };
-        let mut bests = vec![Best::default(); info.problems.len()];
-        (1..=info.axis())
-            .map(|n| {
-                let (sample, turn) = attempt_position(info.method, n);
-                for (best, &problem) in bests.iter_mut().zip(&info.problems) {
-                    let record = self
-                        .tasks
-                        .get(&TaskId { problem, sample })
-                        .and_then(|t| t.turns().iter().find(|r| r.turn == turn));
-                    if let Some(r) = record {
-                        best.add(r);
-                    }
-                }
-                let s = summarize(&bests);
-                CurvePoint {
-                    n,
-                    fast_p: s.fast_p,
-                    correct_rate: s.correct_rate,
-                    geomean: s.geomean_speedup,
-                }
-            })
-            .collect()
-    }
-
-    /// fast_p at the last step (the run's current standing), as of the last refresh.
-    pub fn current(&self) -> Option<CurvePoint> {
-        self.curve.last().copied()
     }
 
     /// Turns finished over all tasks.
@@ -523,6 +474,36 @@ impl RunView {
         self.llm_waiting.values().filter(|&&u| u > now_ms).count()
     }
 
+    /// The ledger of the records applied so far (what reports show of the spending).
+    pub fn ledger(&self) -> Ledger {
+        self.tally.ledger()
+    }
+
+    /// Milliseconds of device leases held per (task, turn): GPU-seconds per turn.
+    pub fn device_ms(&self) -> &BTreeMap<(TaskId, u32), u64> {
+        self.tally.device_ms()
+    }
+
+    /// Every planned task's turns (every task the log names when it has no `RunStarted`), for
+    /// reports; an error when one of them did not fold (a corrupt or foreign log).
+    pub fn task_turns(&self) -> Result<TaskTurns, MachineError> {
+        let ids: Vec<TaskId> = match &self.info {
+            Some(info) => info.task_ids.clone(),
+            None => self.tasks.keys().copied().collect(),
+        };
+        let mut out = TaskTurns::new();
+        for id in ids {
+            let Some(t) = self.tasks.get(&id) else {
+                continue;
+            };
+            if let Some(e) = &t.fault {
+                return Err(e.clone());
+            }
+            out.insert(id, t.turns().to_vec());
+        }
+        Ok(out)
+    }
+
     /// Time from the first record to `now_ms`, or to the last record once the run ended.
     pub fn elapsed_ms(&self, now_ms: u64) -> u64 {
         let Some(first) = self.first_ts else { return 0 };
@@ -539,222 +520,5 @@ impl RunView {
             .as_ref()
             .and_then(|i| i.problem_names.get(&key))
             .map(String::as_str)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::types::{
-        CompileOutcome, CompileStatus, ExecOutcome, LlmAnswer, SCHEMA_VERSION, Usage,
-    };
-
-    fn task(p: u32) -> TaskId {
-        TaskId {
-            problem: ProblemKey {
-                level: 1,
-                problem_id: p,
-            },
-            sample: 0,
-        }
-    }
-
-    fn rec(seq: u64, task: Option<TaskId>, event: Event) -> LogRecord {
-        LogRecord {
-            v: SCHEMA_VERSION,
-            seq,
-            ts_ms: 1000 + seq * 10,
-            task,
-            event,
-        }
-    }
-
-    fn started() -> Event {
-        Event::RunStarted {
-            run: "r".into(),
-            method: MethodKind::Refine,
-            feedback: Some(FeedbackMode::GE),
-            task_ids: vec![task(1), task(2)],
-            turns: 2,
-            samples: 1,
-            krefine_version: "0".into(),
-            resumed: false,
-            simulated: true,
-            problem_names: BTreeMap::new(),
-        }
-    }
-
-    fn answered(turn: u32) -> Event {
-        Event::LlmAnswered {
-            turn,
-            answer: LlmAnswer {
-                content: "x".into(),
-                usage: Some(Usage {
-                    prompt_tokens: 10,
-                    completion_tokens: 5,
-                    reasoning_tokens: 0,
-                }),
-                cost_usd: Some(0.5),
-                model: "m".into(),
-                finish_reason: None,
-                latency_ms: 1,
-                attempts: 1,
-            },
-            code: Some("code".into()),
-            code_file: None,
-        }
-    }
-
-    fn compiled(turn: u32) -> Event {
-        Event::Compiled {
-            turn,
-            outcome: CompileOutcome {
-                ran_on: None,
-                worker_losses: Vec::new(),
-                status: CompileStatus::Ok,
-                cached: false,
-                error_name: None,
-                error: None,
-                feedback: String::new(),
-                log_path: None,
-                build_dir: None,
-                duration_ms: 1,
-                findings: Vec::new(),
-                build_path: None,
-            },
-        }
-    }
-
-    fn executed(turn: u32, speedup: Option<f64>) -> Event {
-        let mut o = ExecOutcome::failure(Verdict::Incorrect, "cpu", "wrong".into(), 1);
-        if let Some(s) = speedup {
-            o.verdict = Verdict::Correct;
-            o.correctness = true;
-            o.speedup = Some(s);
-        }
-        Event::Executed { turn, outcome: o }
-    }
-
-    #[test]
-    fn duplicate_and_older_records_are_ignored() {
-        let mut v = RunView::new();
-        assert!(v.apply(&rec(0, None, started())));
-        assert!(v.apply(&rec(1, Some(task(1)), answered(1))));
-        assert!(!v.apply(&rec(1, Some(task(1)), answered(1))));
-        assert!(!v.apply(&rec(0, None, started())));
-        assert_eq!(v.spend.tokens(), 15);
-        assert_eq!(v.tasks[&task(1)].stage, Stage::Compile);
-    }
-
-    #[test]
-    fn in_flight_devices_and_curve() {
-        let t1 = Some(task(1));
-        let mut v = RunView::new();
-        let started_llm = Event::LlmStarted {
-            turn: 1,
-            prompt_file: Some("prompts/p.json".into()),
-        };
-        for (i, (t, e)) in [
-            (None, started()),
-            (t1, started_llm),
-            (
-                t1,
-                Event::LlmRetryWait {
-                    turn: 1,
-                    attempt: 1,
-                    wait_ms: 500,
-                    status: Some(429),
-                },
-            ),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            v.apply(&rec(i as u64, t, e));
-        }
-        assert_eq!(v.llm_in_flight.len(), 1);
-        assert_eq!(v.waiting_at(1020), 1);
-        assert_eq!(v.waiting_at(1020 + 500), 0);
-        assert_eq!(v.rate_limited, 1);
-        v.apply(&rec(3, t1, answered(1)));
-        v.apply(&rec(4, t1, compiled(1)));
-        assert!(v.llm_in_flight.is_empty());
-        assert_eq!(v.device_queue(), 1);
-        v.apply(&rec(
-            5,
-            t1,
-            Event::LeaseGranted {
-                device: "cpu".into(),
-                wait_ms: 0,
-                turn: 1,
-            },
-        ));
-        assert_eq!(v.devices["cpu"].holder, Some((task(1), 1)));
-        assert_eq!(v.device_queue(), 0);
-        v.apply(&rec(
-            6,
-            t1,
-            Event::LeaseReleased {
-                device: "cpu".into(),
-                held_ms: 9,
-                busy_ms: 7,
-                turn: 1,
-            },
-        ));
-        v.apply(&rec(7, t1, executed(1, Some(1.25))));
-        v.refresh();
-        let t = &v.tasks[&task(1)];
-        assert_eq!((t.stage, t.turn), (Stage::Generate, 2));
-        assert_eq!(t.best_speedup(), Some(1.25));
-        assert_eq!(t.prompt_files[&1], "prompts/p.json");
-        let c = v.current().unwrap();
-        assert_eq!(c.n, 2);
-        // One of two problems is faster than the reference.
-        assert_eq!(c.fast_p.get(1.0), Some(0.5));
-        assert_eq!(c.fast_p.get(1.5), Some(0.0));
-        assert_eq!(v.curve[0].fast_p.get(0.0), Some(0.5));
-        assert_eq!(v.finished_turns(), 1);
-        assert_eq!(v.planned_turns(), 4);
-        assert_eq!(v.verdict_tally(), (1, 0));
-    }
-
-    #[test]
-    fn streamed_text_lasts_until_the_answer() {
-        let t1 = Some(task(1));
-        let mut v = RunView::new();
-        v.apply(&rec(0, None, started()));
-        let delta = |d: &str| LogRecord {
-            v: SCHEMA_VERSION,
-            seq: 0,
-            ts_ms: 1005,
-            task: t1,
-            event: Event::LlmDelta {
-                turn: 1,
-                delta: d.into(),
-            },
-        };
-        v.apply(&delta("ab"));
-        v.apply(&delta("c"));
-        assert_eq!(v.tasks[&task(1)].streaming[&1], "abc");
-        v.apply(&rec(1, t1, answered(1)));
-        assert!(v.tasks[&task(1)].streaming.is_empty());
-        v.apply(&delta("late"));
-        assert!(v.tasks[&task(1)].streaming.is_empty());
-    }
-
-    #[test]
-    fn a_foreign_event_marks_the_task_not_the_run() {
-        let mut v = RunView::new();
-        v.apply(&rec(0, None, started()));
-        v.apply(&rec(1, Some(task(1)), compiled(1)));
-        assert!(
-            v.tasks[&task(1)]
-                .error
-                .as_deref()
-                .unwrap()
-                .contains("compiled")
-        );
-        v.apply(&rec(2, Some(task(2)), answered(1)));
-        assert_eq!(v.tasks[&task(2)].stage, Stage::Compile);
     }
 }
