@@ -13,7 +13,7 @@ use super::WorkerError;
 pub const HARNESS_ENTRY: &str = "krefine_harness.py";
 
 /// Every harness file: (file name, content).
-pub const HARNESS_FILES: [(&str, &str); 17] = [
+pub const HARNESS_FILES: [(&str, &str); 19] = [
     (
         "krefine_harness.py",
         include_str!("../harness/krefine_harness.py"),
@@ -37,9 +37,11 @@ pub const HARNESS_FILES: [(&str, &str); 17] = [
     ("kb_prepare.py", include_str!("../harness/kb_prepare.py")),
     ("kb_timing.py", include_str!("../harness/kb_timing.py")),
     ("kb_profile.py", include_str!("../harness/kb_profile.py")),
+    ("kb_process.py", include_str!("../harness/kb_process.py")),
     ("kb_feedback.py", include_str!("../harness/kb_feedback.py")),
     ("kb_sandbox.py", include_str!("../harness/kb_sandbox.py")),
     ("kb_build.py", include_str!("../harness/kb_build.py")),
+    ("kb_bench.py", include_str!("../harness/kb_bench.py")),
     ("kb_nvcc.py", include_str!("../harness/kb_nvcc.py")),
     ("kb_pch.py", include_str!("../harness/kb_pch.py")),
     ("kb_split.py", include_str!("../harness/kb_split.py")),
