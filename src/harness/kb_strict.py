@@ -12,7 +12,10 @@ checked, and if so runs the reference on the pristine inputs and compares, here,
   independently for each call (a Bernoulli draw, so knowing earlier decisions says nothing about the
   next), from a generator seeded by a secret that never leaves this process;
 - the expected outputs of timed calls and the comparison never enter the candidate's process;
-- a re-verification of an excessive speedup (`every=True`) uses new secrets and checks every call.
+- a re-verification of an excessive speedup (`every=True`) uses new secrets and checks every call;
+- inputs are handed out strictly in order, one call at a time (the previous call's output must have come
+  back first), so a candidate that asks the worker for later calls' inputs ahead of time, to compute their
+  outputs outside the timed region, breaks its own loop instead.
 
 What this does not cover (README, threat model): the correctness trials still compare in the candidate's
 process, and the timing loop itself (its locals, its clock) still runs there.
@@ -96,6 +99,10 @@ def check_probability(calls: int, every: bool) -> float:
     return min(1.0, max(CHECK_SHARE, MIN_CHECKS / calls))
 
 
+class StrictOrderError(RuntimeError):
+    """Inputs or a check asked out of order: not the strict loop's own sequence of calls."""
+
+
 class StrictSession:
     """One strict timing run's inputs and checks (module doc). `key` fixes the inputs (the reference's
     own timing uses a key derived from the problem's seed, so its cached time is reproducible); None
@@ -108,6 +115,7 @@ class StrictSession:
         self._decide = random.Random(secrets.randbits(128))
         self._pending: dict[int, list[Any]] = {}
         self._slot: list[Any] | None = None
+        self._next = 0
         # Counts for tests and logs: calls handed inputs, calls checked.
         self.calls = 0
         self.checked = 0
@@ -122,7 +130,12 @@ class StrictSession:
 
     def inputs(self, call: int, keep: bool = True) -> list[Any]:
         """Timed call `call`'s inputs: fresh ones, a copy handed over, the pristine ones kept for the
-        check when `keep`."""
+        check when `keep`. Only the next call's, and only once the previous output has been checked."""
+        if call != self._next or self._pending:
+            raise StrictOrderError(
+                f"inputs of timed call {call + 1} asked out of order (the loop is at call {self._next + 1})"
+            )
+        self._next += 1
         fresh = self.ctx.fresh_inputs(self._seed(call))
         self.calls += 1
         if keep:

@@ -194,3 +194,16 @@ def test_cpu_outputs_cross_to_the_worker_as_bytes_without_a_serving_thread() -> 
         assert type(got) is torch.Tensor and got.dtype == want.dtype and got.shape == want.shape
         assert torch.equal(got, want)
     assert {t.ident for t in threading.enumerate()} == before
+
+
+def test_inputs_are_handed_out_in_order_one_call_at_a_time(ctx: kb_reference.ProblemContext) -> None:
+    session = kb_strict.StrictSession(ctx, every=True)
+    args = session.inputs(0)
+    # Asking ahead (to compute call 1's output before it is timed) breaks the sequence.
+    with pytest.raises(kb_strict.StrictOrderError):
+        session.inputs(1)
+    assert session.check(0, honest(*args), 3) is None
+    with pytest.raises(kb_strict.StrictOrderError):
+        session.inputs(2)
+    session.inputs(1)
+    assert session.check(0, honest(*args), 3) == "no inputs were handed out for this call"
