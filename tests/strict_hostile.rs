@@ -186,14 +186,24 @@ fn strict_credits_no_hack_and_the_honest_control_is_unaffected() {
                         assert_ne!(o.verdict, Verdict::Correct, "{name}: {o:#?}");
                         assert_eq!(o.speedup, None, "{name}");
                     }
-                    // KernelBench's loop sees none of these at run time: faithful mode credits them as
-                    // KernelBench would, and warns through the static layer (the test above) and,
-                    // for the side thread, at run time.
-                    (
-                        EvalMode::Faithful,
-                        "frame_reader.py" | "content_memo.py" | "compare_patcher.py",
-                    ) => {
+                    // KernelBench's loop sees none of these: faithful mode credits them as KernelBench
+                    // would, and warns through the static layer (the test above) and at run time where
+                    // it can: the fresh-input probe after timing catches a zeroed or stolen output.
+                    (EvalMode::Faithful, "frame_reader.py" | "content_memo.py") => {
                         assert_eq!(o.verdict, Verdict::Correct, "{name}: {o:#?}");
+                    }
+                    (EvalMode::Faithful, "compare_patcher.py") => {
+                        assert_eq!(o.verdict, Verdict::Correct, "{name}: {o:#?}");
+                        assert!(
+                            has(o, "fresh_output_mismatch", Severity::Warning),
+                            "{name}: {o:#?}"
+                        );
+                    }
+                    (EvalMode::Faithful, "gc_stealer.py") => {
+                        assert!(
+                            has(o, "fresh_output_mismatch", Severity::Warning),
+                            "{name}: {o:#?}"
+                        );
                     }
                     (EvalMode::Faithful, "spelled_imports.py") => {
                         assert!(
@@ -201,7 +211,7 @@ fn strict_credits_no_hack_and_the_honest_control_is_unaffected() {
                             "{name}: {o:#?}"
                         );
                     }
-                    (EvalMode::Faithful, _) => {}
+                    (EvalMode::Faithful, other) => panic!("no expectation for {other}"),
                 }
             }
         }

@@ -331,6 +331,7 @@ def time_candidate(
             )
         else:
             times = kb_timing.time_callable(model_new, ref.timing_inputs(), ref.device, timing, flusher)
+            fresh_probe(verdict, model_new, ref, integrity, times)
             if ref.device.type == "cuda":
                 stream_escape(verdict, model_new, ref, integrity)
         verdict.runtime_stats = kb_timing.runtime_stats(times)
@@ -356,6 +357,50 @@ def time_candidate(
     verdict.phases["timing_s"] = _perf_counter() - started
     if not integrity.check_process(verdict, "after timing"):
         verdict.runtime_stats = {}
+
+
+def fresh_probe(
+    verdict: Verdict, model_new: torch.nn.Module, ref: ReferenceSource, integrity: Integrity, times: list[float]
+) -> None:
+    """Faithful mode credits what KernelBench's loop measures on one input set. After it, a few calls on
+    inputs no call has seen (the worker's, as in strict mode), each output checked by the worker: an
+    output that does not match (a stolen, memoised, zeroed or unfinished one), or, on the GPU, fresh
+    calls much slower than the timed ones (kb_timing.faster_than_fresh: a memo or skipped work), is a
+    warning. The verdict and the timing stay KernelBench's."""
+    fresh: list[float] = []
+    calls = kb_timing.PROBE_CALLS
+    try:
+        for call in range(calls):
+            args = ref.strict_inputs(call)
+            output, ms = kb_timing.time_one(model_new, args, ref.device)
+            fresh.append(ms)
+            plain = dense_output_problem(output, ref.device)
+            problem = f"the output is {plain}" if plain is not None else ref.strict_check(call, output, calls)
+            del output, args
+            if problem is not None:
+                integrity.report(
+                    verdict,
+                    "fresh_output_mismatch",
+                    f"after timing, on inputs no call had seen, {problem}: the timed calls may have returned "
+                    "a stolen, memoised or unfinished output",
+                )
+                return
+    except CANDIDATE_ERRORS as exc:
+        integrity.report(
+            verdict,
+            "fresh_output_mismatch",
+            f"after timing, a call on inputs no call had seen raised {kb_feedback.exception_line(exc)}",
+        )
+        return
+    if ref.device.type == "cuda" and times and fresh:
+        median = float(sorted(times)[len(times) // 2])
+        if kb_timing.faster_than_fresh(median, min(fresh)):
+            integrity.report(
+                verdict,
+                "memo_suspected",
+                f"calls on inputs no call had seen took at least {min(fresh):.3f} ms, the timed calls "
+                f"{median:.3f} ms (median): the timed calls may hit a memo or skip work",
+            )
 
 
 def stream_escape(verdict: Verdict, model_new: torch.nn.Module, ref: ReferenceSource, integrity: Integrity) -> None:

@@ -290,8 +290,10 @@ def _run_candidate(worker: Worker, job: dict[str, Any], ctx: ProblemContext) -> 
     from `ctx`. Time the worker spends on the reference meanwhile is booked as reference time."""
     reference_before, timing_before = ctx.build_seconds, ctx.timing_build_seconds
     started = time.perf_counter()
-    # Strict timing's secrets and checks live here, in the worker, for this one run (kb_strict).
-    ctx.strict_session = kb_strict.StrictSession(ctx, every=job["kind"] == "retime") if ctx.mode == "strict" else None
+    # Strict timing's secrets and checks live here, in the worker, for this one run (kb_strict); in
+    # faithful mode they serve the fresh-input probe after KernelBench's loop, every output checked.
+    every = job["kind"] == "retime" or ctx.mode != "strict"
+    ctx.strict_session = kb_strict.StrictSession(ctx, every=every)
     try:
         verdict, waited = _run_in_process_or_here(worker, job, ctx)
     finally:

@@ -153,6 +153,37 @@ def stream_escape_probe(
     return float(statistics.median(events)), float(statistics.median(hosts))
 
 
+# Faithful mode's fresh-input probe (kb_candidate.fresh_probe): after KernelBench's loop, PROBE_CALLS
+# calls on inputs no call has seen. On the GPU their fastest is compared with the timed median: at least
+# PROBE_MIN_MS and PROBE_RATIO times slower says the timed calls skipped work or hit a memo.
+PROBE_CALLS = 3
+PROBE_MIN_MS = 0.05
+PROBE_RATIO = 3.0
+
+
+def faster_than_fresh(timed_median_ms: float, fresh_ms: float) -> bool:
+    """True when a call on fresh inputs took much longer than KernelBench's timed calls did."""
+    return fresh_ms - timed_median_ms >= PROBE_MIN_MS and fresh_ms >= PROBE_RATIO * timed_median_ms
+
+
+def time_one(fn: Callable[..., Any], args: Sequence[Any], device: torch.device) -> tuple[Any, float]:
+    """One call timed as strict mode times it (device-wide fence on the GPU): (output, ms)."""
+    with _no_grad():
+        if device.type != "cuda":
+            started = _perf_counter()
+            output = fn(*args)
+            return output, (_perf_counter() - started) * 1000.0
+        with torch.cuda.device(device):
+            _cuda_synchronize(device=device)
+            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+            _event_record(start)
+            output = fn(*args)
+            _cuda_synchronize(device=device)
+            _event_record(end)
+            _cuda_synchronize(device=device)
+            return output, float(_event_elapsed(start, end))
+
+
 def time_cpu(
     fn: Callable[..., Any], args: Sequence[Any], warmup: int, trials: int, discard_first: int
 ) -> list[float]:
