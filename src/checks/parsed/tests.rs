@@ -322,3 +322,71 @@ proptest! {
         let _ = check(&code);
     }
 }
+
+/// bench/gpu's hostile set with real CUDA kernels: the honest control (samples 0 and 7) and the
+/// content memoiser (2, ordinary Python) pass strict mode's static checks; every other hack fails them.
+#[test]
+fn the_gpu_hostile_set_is_rejected_and_the_control_passes() {
+    let set: [(&str, bool); 8] = [
+        (
+            include_str!(
+                "../../../bench/gpu/candidates/strict/level_1_problem_1_sample_0_kernel.py"
+            ),
+            false,
+        ),
+        (
+            include_str!(
+                "../../../bench/gpu/candidates/strict/level_1_problem_1_sample_1_kernel.py"
+            ),
+            true,
+        ),
+        (
+            include_str!(
+                "../../../bench/gpu/candidates/strict/level_1_problem_1_sample_2_kernel.py"
+            ),
+            false,
+        ),
+        (
+            include_str!(
+                "../../../bench/gpu/candidates/strict/level_1_problem_1_sample_3_kernel.py"
+            ),
+            true,
+        ),
+        (
+            include_str!(
+                "../../../bench/gpu/candidates/strict/level_1_problem_1_sample_4_kernel.py"
+            ),
+            true,
+        ),
+        (
+            include_str!(
+                "../../../bench/gpu/candidates/strict/level_1_problem_1_sample_5_kernel.py"
+            ),
+            true,
+        ),
+        (
+            include_str!(
+                "../../../bench/gpu/candidates/strict/level_1_problem_1_sample_6_kernel.py"
+            ),
+            true,
+        ),
+        (
+            include_str!(
+                "../../../bench/gpu/candidates/strict/level_1_problem_1_sample_7_kernel.py"
+            ),
+            false,
+        ),
+    ];
+    for (sample, (code, rejected)) in set.iter().enumerate() {
+        let found = strict(code);
+        assert_eq!(
+            found.iter().any(|f| f.2 == E),
+            *rejected,
+            "sample {sample}: {found:?}"
+        );
+        if !rejected {
+            assert_eq!(found, vec![], "sample {sample}");
+        }
+        assert!(faithful(code).iter().all(|f| f.2 == W), "sample {sample}");
+    }
+}
