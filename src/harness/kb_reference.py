@@ -24,6 +24,7 @@ import gc
 import hashlib
 import os
 import platform
+import secrets
 import sys
 import time
 import traceback
@@ -36,6 +37,7 @@ from typing import Any, Literal
 import torch
 
 import kb_inputs
+import kb_timing
 from kb_feedback import CANDIDATE_ERRORS
 from kb_inputs import tensors as tensors_in
 
@@ -157,7 +159,7 @@ def tensor_checksum(tensor: torch.Tensor) -> int:
         flat = flat.contiguous()
     raw = flat.reshape(-1).view(torch.uint8)
     if raw.device.type == "cpu":
-        return zlib.crc32(memoryview(raw.numpy()))
+        return zlib.crc32(memoryview(raw.numpy()))  # type: ignore[arg-type]  # numpy types its buffer for 3.12+
     return weighted_checksum(raw)
 
 
@@ -750,3 +752,90 @@ def select_device(request: dict[str, Any]) -> torch.device:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return device
+
+
+class FreshInputs:
+    """Inputs no call has seen, for strict timing: call `call`'s set is get_inputs() under a seed derived
+    from `key` and `call` (ProblemContext.fresh_inputs), handed over by copying it into buffers reused
+    from call to call (a candidate's process already maps them, so a call costs one device copy, not a
+    new shared allocation). `key` None draws a secret (`secrets`); kb_strict adds the checks."""
+
+    def __init__(self, ctx: ProblemContext, key: int | None) -> None:
+        self.ctx = ctx
+        self._key = secrets.randbits(64) if key is None else key
+        self._slot: list[Any] | None = None
+
+    def make(self, call: int) -> list[Any]:
+        """Call `call`'s pristine inputs (-1: the warm-up set)."""
+        digest = hashlib.blake2b(f"{self._key}:{call}".encode(), digest_size=8).digest()
+        return self.ctx.fresh_inputs(int.from_bytes(digest, "little") & ((1 << 63) - 1))
+
+    def hand_over(self, fresh: list[Any]) -> list[Any]:
+        """`fresh` copied into the buffers handed out last time when the layout matches, else new ones."""
+        slot = self._slot
+        if slot is not None and _same_layout(slot, fresh):
+            with torch.no_grad():
+                _copy_into(slot, fresh)
+        else:
+            slot = clone_tensors(fresh)
+            if self.ctx.device.type == "cpu":
+                for t in tensors_in(slot):
+                    t.share_memory_()
+            self._slot = slot
+        # The copy must be done before a candidate's process reads it: its synchronize waits for its own
+        # CUDA context only, and a storage it already maps is not event-synchronised again.
+        synchronize(self.ctx.device)
+        return slot
+
+    def close(self) -> None:
+        self._slot = None
+
+
+def _same_layout(a: list[Any], b: list[Any]) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return False
+        if isinstance(x, torch.Tensor):
+            if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device or not x.is_contiguous():
+                return False
+        elif isinstance(x, (list, tuple)):
+            if not isinstance(y, (list, tuple)) or not _same_layout(list(x), list(y)):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def _copy_into(slot: list[Any], fresh: list[Any]) -> None:
+    for x, y in zip(slot, fresh, strict=True):
+        if isinstance(x, torch.Tensor):
+            x.copy_(y)
+        elif isinstance(x, (list, tuple)):
+            _copy_into(list(x), list(y))
+
+
+def time_reference(
+    ctx: ProblemContext, timing: dict[str, Any], flusher: kb_timing.L2Flusher, key: int | None
+) -> list[float]:
+    """The reference timed as its candidates are, as reference work: KernelBench's loop in faithful
+    mode, strict mode's loop (inputs no call has seen, from `key` or a secret when None, device-wide
+    fence) in strict mode. kb_eval's one call into the reference's timing."""
+    assert ctx.ref_model is not None
+    with ctx.cache.reference_work():
+        if ctx.mode == "strict":
+            fresh = FreshInputs(ctx, key)
+            try:
+                return kb_timing.time_strict(
+                    ctx.ref_model,
+                    lambda: fresh.hand_over(fresh.make(-1)),
+                    lambda call: fresh.hand_over(fresh.make(call)),
+                    ctx.device,
+                    timing,
+                    flusher,
+                    None,
+                )
+            finally:
+                fresh.close()
+        return kb_timing.time_callable(ctx.ref_model, ctx.timing_inputs(), ctx.device, timing, flusher)

@@ -23,7 +23,6 @@ process, and the timing loop itself (its locals, its clock) still runs there.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import secrets
 from typing import Any
@@ -111,22 +110,17 @@ class StrictSession:
     def __init__(self, ctx: kb_reference.ProblemContext, every: bool = False, key: int | None = None) -> None:
         self.ctx = ctx
         self.every = every
-        self._key = secrets.randbits(64) if key is None else key
+        self._fresh = kb_reference.FreshInputs(ctx, key)
         self._decide = random.Random(secrets.randbits(128))
         self._pending: dict[int, list[Any]] = {}
-        self._slot: list[Any] | None = None
         self._next = 0
         # Counts for tests and logs: calls handed inputs, calls checked.
         self.calls = 0
         self.checked = 0
 
-    def _seed(self, call: int) -> int:
-        digest = hashlib.blake2b(f"{self._key}:{call}".encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "little") & ((1 << 63) - 1)
-
     def warmup_inputs(self) -> list[Any]:
         """One input set for the warm-up calls (untimed, unchecked)."""
-        return self._hand_over(self.ctx.fresh_inputs(self._seed(-1)))
+        return self._fresh.hand_over(self._fresh.make(-1))
 
     def inputs(self, call: int, keep: bool = True) -> list[Any]:
         """Timed call `call`'s inputs: fresh ones, a copy handed over, the pristine ones kept for the
@@ -136,29 +130,11 @@ class StrictSession:
                 f"inputs of timed call {call + 1} asked out of order (the loop is at call {self._next + 1})"
             )
         self._next += 1
-        fresh = self.ctx.fresh_inputs(self._seed(call))
+        fresh = self._fresh.make(call)
         self.calls += 1
         if keep:
             self._pending[call] = fresh
-        return self._hand_over(fresh)
-
-    def _hand_over(self, fresh: list[Any]) -> list[Any]:
-        """Copy `fresh` into the buffers handed out last time when the shapes match (the candidate's
-        process already maps them), else into new ones."""
-        slot = self._slot
-        if slot is not None and _same_layout(slot, fresh):
-            with torch.no_grad():
-                _copy_into(slot, fresh)
-        else:
-            slot = kb_reference.clone_tensors(fresh)
-            if self.ctx.device.type == "cpu":
-                for t in kb_reference.tensors_in(slot):
-                    t.share_memory_()
-            self._slot = slot
-        # The copy must be done before the candidate's process reads it: its synchronize waits for its
-        # own CUDA context only, and a storage it already maps is not event-synchronised again.
-        kb_reference.synchronize(self.ctx.device)
-        return slot
+        return self._fresh.hand_over(fresh)
 
     def check(self, call: int, output: Any, calls: int) -> str | None:
         """After timed call `call` returned `output`: decide (secret) whether it is checked; if so,
@@ -177,7 +153,7 @@ class StrictSession:
 
     def close(self) -> None:
         self._pending.clear()
-        self._slot = None
+        self._fresh.close()
 
 
 def compare(output: Any, expected: Any, tol: float) -> str | None:
@@ -200,28 +176,3 @@ def compare(output: Any, expected: Any, tol: float) -> str | None:
 
 # Captured when the worker imports this module; no candidate code runs in the worker.
 _ALLCLOSE = torch.allclose
-
-
-def _same_layout(a: list[Any], b: list[Any]) -> bool:
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b, strict=True):
-        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
-            return False
-        if isinstance(x, torch.Tensor):
-            if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device or not x.is_contiguous():
-                return False
-        elif isinstance(x, (list, tuple)):
-            if not isinstance(y, (list, tuple)) or not _same_layout(list(x), list(y)):
-                return False
-        elif x != y:
-            return False
-    return True
-
-
-def _copy_into(slot: list[Any], fresh: list[Any]) -> None:
-    for x, y in zip(slot, fresh, strict=True):
-        if isinstance(x, torch.Tensor):
-            x.copy_(y)
-        elif isinstance(x, (list, tuple)):
-            _copy_into(list(x), list(y))
