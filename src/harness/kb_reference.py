@@ -24,7 +24,6 @@ import gc
 import hashlib
 import os
 import platform
-import secrets
 import sys
 import time
 import traceback
@@ -754,68 +753,6 @@ def select_device(request: dict[str, Any]) -> torch.device:
     return device
 
 
-class FreshInputs:
-    """Inputs no call has seen, for strict timing: call `call`'s set is get_inputs() under a seed derived
-    from `key` and `call` (ProblemContext.fresh_inputs), handed over by copying it into buffers reused
-    from call to call (a candidate's process already maps them, so a call costs one device copy, not a
-    new shared allocation). `key` None draws a secret (`secrets`); kb_strict adds the checks."""
-
-    def __init__(self, ctx: ProblemContext, key: int | None) -> None:
-        self.ctx = ctx
-        self._key = secrets.randbits(64) if key is None else key
-        self._slot: list[Any] | None = None
-
-    def make(self, call: int) -> list[Any]:
-        """Call `call`'s pristine inputs (-1: the warm-up set)."""
-        digest = hashlib.blake2b(f"{self._key}:{call}".encode(), digest_size=8).digest()
-        return self.ctx.fresh_inputs(int.from_bytes(digest, "little") & ((1 << 63) - 1))
-
-    def hand_over(self, fresh: list[Any]) -> list[Any]:
-        """`fresh` copied into the buffers handed out last time when the layout matches, else new ones."""
-        slot = self._slot
-        if slot is not None and _same_layout(slot, fresh):
-            with torch.no_grad():
-                _copy_into(slot, fresh)
-        else:
-            slot = clone_tensors(fresh)
-            if self.ctx.device.type == "cpu":
-                for t in tensors_in(slot):
-                    t.share_memory_()
-            self._slot = slot
-        # The copy must be done before a candidate's process reads it: its synchronize waits for its own
-        # CUDA context only, and a storage it already maps is not event-synchronised again.
-        synchronize(self.ctx.device)
-        return slot
-
-    def close(self) -> None:
-        self._slot = None
-
-
-def _same_layout(a: list[Any], b: list[Any]) -> bool:
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b, strict=True):
-        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
-            return False
-        if isinstance(x, torch.Tensor):
-            if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device or not x.is_contiguous():
-                return False
-        elif isinstance(x, (list, tuple)):
-            if not isinstance(y, (list, tuple)) or not _same_layout(list(x), list(y)):
-                return False
-        elif x != y:
-            return False
-    return True
-
-
-def _copy_into(slot: list[Any], fresh: list[Any]) -> None:
-    for x, y in zip(slot, fresh, strict=True):
-        if isinstance(x, torch.Tensor):
-            x.copy_(y)
-        elif isinstance(x, (list, tuple)):
-            _copy_into(list(x), list(y))
-
-
 def time_reference(
     ctx: ProblemContext, timing: dict[str, Any], flusher: kb_timing.L2Flusher, key: int | None
 ) -> list[float]:
@@ -825,7 +762,7 @@ def time_reference(
     assert ctx.ref_model is not None
     with ctx.cache.reference_work():
         if ctx.mode == "strict":
-            fresh = FreshInputs(ctx, key)
+            fresh = kb_inputs.FreshInputs(ctx, key)
             try:
                 return kb_timing.time_strict(
                     ctx.ref_model,

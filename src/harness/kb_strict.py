@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+import kb_inputs
 import kb_reference
 
 # Share of timed calls checked, and the least expected number of checks (so a short CPU run checks most
@@ -110,7 +111,7 @@ class StrictSession:
     def __init__(self, ctx: kb_reference.ProblemContext, every: bool = False, key: int | None = None) -> None:
         self.ctx = ctx
         self.every = every
-        self._fresh = kb_reference.FreshInputs(ctx, key)
+        self._fresh = kb_inputs.FreshInputs(ctx, key)
         self._decide = random.Random(secrets.randbits(128))
         self._pending: dict[int, list[Any]] = {}
         self._next = 0
