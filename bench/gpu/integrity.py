@@ -283,8 +283,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=6)
     parser.add_argument("--device", default="cuda:0", help="cpu: a smoke test of this script")
     parser.add_argument("--groups", default="ABCDE", help="which of the groups A-E to run")
-    # H100 SXM dense figures (src/prompt/gpu_specs.rs): fp32 non-tensor 67 TFLOP/s (strict pins TF32
-    # off; faithful would use TF32's 495), 3350 GB/s. The Rust pool sends these from its GPU table.
+    # H100 SXM dense figures (src/prompt/gpu_specs.rs): fp32 non-tensor 67 TFLOP/s (the guard's fp32 peak in
+    # both modes), 3350 GB/s. The Rust pool sends these from its GPU table.
     parser.add_argument("--peak-tflops", type=float, default=67.0)
     parser.add_argument("--peak-gbs", type=float, default=3350.0)
     args = parser.parse_args()
