@@ -9,8 +9,9 @@ pool speaks) on cuda:0 with a square fp32 matmul (KernelBench level 1 problem 1 
   B. the three-turn refinement timer patch -> honest -> memoise, and the honest kernel alone, both modes;
   C. each hack once per mode: memoisation, side stream, timer patch, background-thread fill, TF32 at
      import, bf16 downgrade, with the honest control in between;
-  D. the per-candidate cost: the honest kernel evaluated several times in a row (phases, wall time).
-With --old-harness, D and B also run against that harness (the code before this change) for comparison.
+  D. the per-candidate cost: the honest kernel evaluated several times in a row (phases, wall time);
+  E. the same in strict mode (issue 23: fresh inputs per timed call and the worker's checks).
+With --old-harness, D, E and B also run against that harness (the code before this change) for comparison.
 Candidates are pure PyTorch stand-ins that all call themselves `fast_matmul` (the name collision of the
 issue is about the module a process keeps; building three real extensions would add minutes of nvcc).
 Writes integrity.json (every response) and integrity.md (the tables) to --out.
@@ -230,6 +231,8 @@ def run_new(args: argparse.Namespace, problem: str, out: Path) -> list[dict[str,
                 bench.evaluate("honest", mode, "C-control")
         for _ in range(args.repeat if "D" in args.groups else 0):
             bench.evaluate("honest", "faithful", "D-cost")
+        for _ in range(args.repeat if "E" in args.groups else 0):
+            bench.evaluate("honest", "strict", "E-strict-cost")
     finally:
         worker.close()
     return bench.rows
@@ -243,6 +246,8 @@ def run_old(args: argparse.Namespace, problem: str, out: Path) -> list[dict[str,
         # D first: in the old harness the timer patch of B stays in the worker and would skew D.
         for _ in range(args.repeat if "D" in args.groups else 0):
             bench.evaluate("honest", "faithful", "D-cost-old")
+        for _ in range(args.repeat if "E" in args.groups else 0):
+            bench.evaluate("honest", "strict", "E-strict-cost-old")
         for mode in ("faithful", "strict") if "B" in args.groups else ():
             bench.evaluate("honest", mode, "B-alone-old")
             for kind in ("timer_patch", "honest", "memoise"):
@@ -277,9 +282,9 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=4096)
     parser.add_argument("--repeat", type=int, default=6)
     parser.add_argument("--device", default="cuda:0", help="cpu: a smoke test of this script")
-    parser.add_argument("--groups", default="ABCD", help="which of the groups A-D to run")
-    # H100 SXM dense figures (src/prompt/gpu_specs.rs): fp32 non-tensor 67 TFLOP/s (strict pins TF32
-    # off; faithful would use TF32's 495), 3350 GB/s. The Rust pool sends these from its GPU table.
+    parser.add_argument("--groups", default="ABCDE", help="which of the groups A-E to run")
+    # H100 SXM dense figures (src/prompt/gpu_specs.rs): fp32 non-tensor 67 TFLOP/s (the guard's fp32 peak in
+    # both modes), 3350 GB/s. The Rust pool sends these from its GPU table.
     parser.add_argument("--peak-tflops", type=float, default=67.0)
     parser.add_argument("--peak-gbs", type=float, default=3350.0)
     args = parser.parse_args()
@@ -290,11 +295,11 @@ def main() -> int:
     rows = run_new(args, problem, out)
     old = run_old(args, problem, out) if args.old_harness else []
     (out / "integrity.json").write_text(json.dumps(rows + old, indent=1))
-    text = ["# integrity.py", "", table(rows), "", cost(rows, "D-cost")]
+    text = ["# integrity.py", "", table(rows), "", cost(rows, "D-cost"), cost(rows, "E-strict-cost")]
     if old:
-        text += ["", "## before (old harness)", "", table(old), "", cost(old, "D-cost-old")]
+        text += ["", "## before (old harness)", "", table(old), "", cost(old, "D-cost-old"), cost(old, "E-strict-cost-old")]
     (out / "integrity.md").write_text("\n".join(text) + "\n")
-    print("\n".join(text[-1:]))
+    print("\n".join(text[-2:]))
     return 0
 
 

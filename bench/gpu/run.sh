@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H100 checks, run from the repository root on the GPU machine with the kit of make-kit.sh in .gpu/.
-#   bash bench/gpu/run.sh STEP...     steps: env refeq fused-l2 fused-l1 big-l1 big-l1-19 hostile gpu-checks
+#   bash bench/gpu/run.sh STEP...     steps: env refeq fused-l2 fused-l1 big-l1 big-l1-19 hostile strict-hostile gpu-checks
 #                                     baseline int-l4 cvd
 # Each step's results land in $OUT as soon as it ends: summary.txt (appended) and runs.tgz (every run
 # directory so far, scratch folders left out).
@@ -56,6 +56,26 @@ step_big_l1_19() { # one 6 GB problem, two turns: the second finds its reference
 }
 step_big_l1() { step_big_l1_19; run big-l1-19-25 .gpu/fused-l1.toml --set 'run.name="big-l1-19-25"'; }
 step_hostile() { run hostile .gpu/hostile.toml; }
+step_strict_hostile() { # issue 23: the second-generation hacks with real CUDA kernels (level 1 problem 1)
+  local d=bench/gpu/candidates/strict mode
+  for mode in faithful strict; do
+    log "krefine check --mode $mode $d"
+    $K check --mode $mode "$d"/*.py >> "$S" 2>&1
+  done
+  # faithful; strict as configured (the static layer rejects the hacks before they are built); strict
+  # with the static categories at `warn`, so the runtime defences meet every hack.
+  for v in faithful strict strict-runtime; do
+    local sets=(--set "eval.mode=${v%-runtime}")
+    [ "$v" = strict-runtime ] && sets+=(--set eval.checks.introspection=warn --set eval.checks.thread_injection=warn \
+      --set eval.checks.timing_patch=warn --set eval.checks.stream_injection=warn)
+    log "krefine eval $d (${sets[*]}) -> runs/strict-hostile-$v"
+    $K eval "$d" --dataset .gpu/problems.jsonl --level 1 --out "runs/strict-hostile-$v" "${sets[@]}" \
+      > "runs/strict-hostile-$v.txt" 2>&1
+    echo "exit $?" >> "runs/strict-hostile-$v.txt"; cat "runs/strict-hostile-$v.txt" >> "$S"
+    $K report "runs/strict-hostile-$v" >> "$S" 2>&1
+    save
+  done
+}
 step_gpu_checks() {
   log "tests/python/run_gpu_checks.py"
   timeout 300 python3 tests/python/run_gpu_checks.py --work /tmp/krefine-gc --arch-list 9.0 --out runs/gpu_checks.json > runs/gpu-checks.txt 2>&1

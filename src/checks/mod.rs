@@ -1,5 +1,6 @@
 //! Static checks on a candidate's source, run before it is compiled: the room owns the source
-//! preprocessing ([`source`]), the rules ([`rules`]), their configuration ([`config`], the
+//! preprocessing ([`source`]), the rules ([`rules`]), the parsed layer that reads the syntax tree
+//! with constant folding ([`parsed`], [`fold`]), their configuration ([`config`], the
 //! `[eval.checks]` table) and the compile-service wrapper that applies them ([`service`]).
 //!
 //! The categories are at parity with KernelBench's `kernel_static_checker.py` and fix its known
@@ -8,8 +9,14 @@
 //! recorded in `CompileOutcome.findings` and shown in feedback and reports; an error rejects the
 //! candidate before compiling (verdict `rejected`). The task machine stays pure: it only maps the
 //! `rejected` compile status to its verdict.
+//!
+//! The regex rules run in both modes. The parsed layer runs in both modes too, but only strict mode
+//! lets its findings be errors: in faithful mode they are warnings at most, so KernelBench's rules
+//! (and only they) keep deciding verdicts there.
 
 pub mod config;
+pub mod fold;
+pub mod parsed;
 pub mod rules;
 pub mod service;
 pub mod source;
@@ -33,6 +40,7 @@ pub const MAX_PER_CATEGORY: usize = 20;
 pub struct StaticChecks {
     levels: BTreeMap<Category, Level>,
     ctx: RuleContext,
+    mode: EvalMode,
 }
 
 impl StaticChecks {
@@ -48,6 +56,7 @@ impl StaticChecks {
                 .map(|&c| (c, section.level(c, mode)))
                 .collect(),
             ctx: RuleContext { backend, precision },
+            mode,
         }
     }
 
@@ -59,19 +68,23 @@ impl StaticChecks {
     /// [`MAX_PER_CATEGORY`] per category and one per (category, line).
     pub fn check(&self, code: &str) -> Vec<Finding> {
         let src = Source::parse(code);
-        let mut found: Vec<(Category, Option<u32>, String)> = rules::check(&src, &self.ctx)
+        // (category, line, message, from the parsed layer)
+        let mut found: Vec<(Category, Option<u32>, String, bool)> = rules::check(&src, &self.ctx)
             .into_iter()
-            .map(|h| (h.category, h.offset.map(|o| src.line(o)), h.message))
+            .map(|h| (h, false))
+            .chain(parsed::check(code).into_iter().map(|h| (h, true)))
+            .map(|(h, parsed)| (h.category, h.offset.map(|o| src.line(o)), h.message, parsed))
             .collect();
+        // Stable: on a line where a regex rule and the parsed layer agree, the regex finding stays.
         found.sort_by_key(|f| (f.1, f.0));
         found.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
         let mut per_category: BTreeMap<Category, usize> = BTreeMap::new();
         let mut out = Vec::new();
-        for (category, line, message) in found {
-            let severity = match self.level(category) {
-                Level::Off => continue,
-                Level::Warn => Severity::Warning,
-                Level::Error => Severity::Error,
+        for (category, line, message, parsed) in found {
+            let severity = match (self.level(category), parsed, self.mode) {
+                (Level::Off, _, _) => continue,
+                (Level::Warn, _, _) | (Level::Error, true, EvalMode::Faithful) => Severity::Warning,
+                (Level::Error, _, _) => Severity::Error,
             };
             let n = per_category.entry(category).or_insert(0);
             *n += 1;

@@ -6,9 +6,9 @@ use crate::llm::extract::extract_code;
 use crate::types::{EvalMode, Precision, Severity};
 
 /// (category, line, severity) of each finding, in the checker's order.
-type Found = Vec<(&'static str, Option<u32>, Severity)>;
+pub(super) type Found = Vec<(&'static str, Option<u32>, Severity)>;
 
-fn run(code: &str, mode: EvalMode, backend: Backend, precision: Precision) -> Found {
+pub(super) fn run(code: &str, mode: EvalMode, backend: Backend, precision: Precision) -> Found {
     let checks = StaticChecks::new(&ChecksSection::default(), mode, backend, precision);
     checks
         .check(code)
@@ -24,19 +24,19 @@ fn run(code: &str, mode: EvalMode, backend: Backend, precision: Precision) -> Fo
         .collect()
 }
 
-fn faithful(code: &str) -> Found {
+pub(super) fn faithful(code: &str) -> Found {
     run(code, EvalMode::Faithful, Backend::Cuda, Precision::Fp32)
 }
 
-fn strict(code: &str) -> Found {
+pub(super) fn strict(code: &str) -> Found {
     run(code, EvalMode::Strict, Backend::Cuda, Precision::Fp32)
 }
 
-const W: Severity = Severity::Warning;
-const E: Severity = Severity::Error;
+pub(super) const W: Severity = Severity::Warning;
+pub(super) const E: Severity = Severity::Error;
 
 /// A clean CUDA candidate; hacks are appended after its last line.
-const CLEAN: &str = r#"import torch
+pub(super) const CLEAN: &str = r#"import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
@@ -68,7 +68,7 @@ class ModelNew(nn.Module):
 "#;
 
 /// `CLEAN` with `hack` appended, and the line number of the hack's first line.
-fn with_hack(hack: &str) -> (String, u32) {
+pub(super) fn with_hack(hack: &str) -> (String, u32) {
     let base = CLEAN.lines().count() as u32;
     (format!("{CLEAN}{hack}"), base + 1)
 }

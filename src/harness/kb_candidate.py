@@ -29,15 +29,16 @@ import kb_compile
 import kb_correctness
 import kb_feedback
 import kb_reference
+import kb_strict
 import kb_timing
 from kb_correctness import LoopOutcome, ReferenceSource, Verdict
 from kb_feedback import CANDIDATE_ERRORS, get_error_name
 from kb_reference import ReferenceFailure, RngState, TrialData
+from kb_strict import dense_output_problem
 
-# Strict timing rotates through this many input sets (seeds seed, seed + 1, ...); a re-verification of an
-# excessive speedup uses sets from REVERIFY_SEED_OFFSET on, which no candidate has seen.
-STRICT_SETS = 3
-REVERIFY_SEED_OFFSET = 1_000_003
+# The reference's strict timing derives its inputs from the problem's seed plus this offset (its time is
+# cached per problem); candidates' timed calls use secret seeds (kb_strict).
+STRICT_REFERENCE_KEY_OFFSET = 1_000_003
 _enumerate_threads = threading.enumerate
 _perf_counter = time.perf_counter
 
@@ -159,24 +160,6 @@ class Integrity:
         return self.check_threads(verdict, f"after the forward {label}") and ok
 
 
-def dense_output_problem(output: Any, device: torch.device) -> str | None:
-    """None for a plain dense tensor (or a list/tuple of them) on `device`; else what it is. `type()`
-    rather than isinstance: a lazy wrapper can fake `__class__`."""
-    if isinstance(output, (list, tuple)) and type(output) in (list, tuple):
-        for item in output:
-            problem = dense_output_problem(item, device)
-            if problem is not None:
-                return problem
-        return None
-    if type(output) is not torch.Tensor:
-        return f"a {type(output).__module__}.{type(output).__qualname__}, not a plain torch.Tensor"
-    if output.layout != torch.strided:
-        return f"a tensor with layout {output.layout}, not a dense strided tensor"
-    if output.device != device:
-        return f"a tensor on {output.device}, not on {device}"
-    return None
-
-
 # --------------------------------------------------------------------------------- the candidate side
 
 
@@ -213,8 +196,8 @@ def evaluate_candidate(
 def retime_candidate(
     job: dict[str, Any], ref: ReferenceSource, flusher: kb_timing.L2Flusher, pinned: dict[str, Any]
 ) -> Verdict:
-    """Re-verification of an excessive speedup (strict): only construct and time, on input sets no
-    candidate has seen, every few outputs checked."""
+    """Re-verification of an excessive speedup (strict): only construct and time, on fresh inputs from
+    new secrets (kb_strict), every output checked by the worker."""
     device, hardware = ref.device, job["hardware"]
     verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
     integrity = Integrity(ref.mode, device, pinned)
@@ -331,26 +314,26 @@ def time_candidate(
 ) -> None:
     timing = job["timing"]
     started = _perf_counter()
-    tol = kb_reference.TOLERANCES[ref.precision]
 
-    def check(output: Any, expected: Any) -> str | None:
+    def check(call: int, output: Any, calls: int) -> str | None:
+        # Only a plain tensor crosses to the worker (a subclass would run its own code there).
         problem = dense_output_problem(output, ref.device)
         if problem is not None:
             return f"the output is {problem}"
-        if output.shape != expected.shape:
-            return f"output shape {tuple(output.shape)}, expected {tuple(expected.shape)}"
-        if not kb_correctness.allclose(expected, output, tol):
-            return "the output does not match the reference for this call's inputs"
-        return None
+        return ref.strict_check(call, output, calls)
 
     try:
         model_new = model_new.to(device=ref.device, dtype=ref.dtype)
         kb_reference.synchronize(ref.device)
         if ref.mode == "strict":
-            sets = ref.timing_sets(STRICT_SETS, job["timing_seed"], job["timing_seed"] == ref.seed)
-            times = kb_timing.time_strict(model_new, sets, ref.device, timing, flusher, check)
+            times = kb_timing.time_strict(
+                model_new, ref.strict_warmup, ref.strict_inputs, ref.device, timing, flusher, check
+            )
         else:
             times = kb_timing.time_callable(model_new, ref.timing_inputs(), ref.device, timing, flusher)
+            fresh_probe(verdict, model_new, ref, integrity, times)
+            if ref.device.type == "cuda":
+                stream_escape(verdict, model_new, ref, integrity)
         verdict.runtime_stats = kb_timing.runtime_stats(times)
     except kb_timing.TimedOutputMismatch as mismatch:
         verdict.phases["timing_s"] = _perf_counter() - started
@@ -374,6 +357,66 @@ def time_candidate(
     verdict.phases["timing_s"] = _perf_counter() - started
     if not integrity.check_process(verdict, "after timing"):
         verdict.runtime_stats = {}
+
+
+def fresh_probe(
+    verdict: Verdict, model_new: torch.nn.Module, ref: ReferenceSource, integrity: Integrity, times: list[float]
+) -> None:
+    """Faithful mode credits what KernelBench's loop measures on one input set. After it, a few calls on
+    inputs no call has seen (the worker's, as in strict mode), each output checked by the worker: an
+    output that does not match (a stolen, memoised, zeroed or unfinished one), or, on the GPU, fresh
+    calls much slower than the timed ones (kb_timing.faster_than_fresh: a memo or skipped work), is a
+    warning. The verdict and the timing stay KernelBench's."""
+    fresh: list[float] = []
+    calls = kb_timing.PROBE_CALLS
+    try:
+        for call in range(calls):
+            args = ref.strict_inputs(call)
+            output, ms = kb_timing.time_one(model_new, args, ref.device)
+            fresh.append(ms)
+            plain = dense_output_problem(output, ref.device)
+            problem = f"the output is {plain}" if plain is not None else ref.strict_check(call, output, calls)
+            del output, args
+            if problem is not None:
+                integrity.report(
+                    verdict,
+                    "fresh_output_mismatch",
+                    f"after timing, on inputs no call had seen, {problem}: the timed calls may have returned "
+                    "a stolen, memoised or unfinished output",
+                )
+                return
+    except CANDIDATE_ERRORS as exc:
+        integrity.report(
+            verdict,
+            "fresh_output_mismatch",
+            f"after timing, a call on inputs no call had seen raised {kb_feedback.exception_line(exc)}",
+        )
+        return
+    if ref.device.type == "cuda" and times and fresh:
+        median = float(sorted(times)[len(times) // 2])
+        if kb_timing.faster_than_fresh(median, min(fresh)):
+            integrity.report(
+                verdict,
+                "memo_suspected",
+                f"calls on inputs no call had seen took at least {min(fresh):.3f} ms, the timed calls "
+                f"{median:.3f} ms (median): the timed calls may hit a memo or skip work",
+            )
+
+
+def stream_escape(verdict: Verdict, model_new: torch.nn.Module, ref: ReferenceSource, integrity: Integrity) -> None:
+    """Faithful mode credits what KernelBench's events measure; work the candidate put on another stream
+    escapes them. A warning (never a verdict change) when a device-wide synchronize waits much longer
+    than the events saw (kb_timing.escaped). Strict mode's fence already times such work."""
+    event_ms, host_ms = kb_timing.stream_escape_probe(model_new, ref.timing_inputs(), ref.device)
+    if kb_timing.escaped(event_ms, host_ms):
+        integrity.report(
+            verdict,
+            "stream_escape",
+            f"a call took {host_ms:.3f} ms to a device-wide synchronize but {event_ms:.3f} ms on the "
+            "timed stream's events: work on another stream escapes the measurement, so the speedup is "
+            "overstated",
+            fatal=True,
+        )
 
 
 # ---------------------------------------------------------------------------- reference over a pipe
@@ -424,8 +467,15 @@ class RemoteReference:
     def timing_inputs(self) -> list[Any]:
         return list(self._ask("timing_inputs"))
 
-    def timing_sets(self, count: int, first_seed: int, keep: bool = True) -> list[tuple[list[Any], Any]]:
-        return [(list(i), o) for i, o in self._ask("timing_sets", count, first_seed, keep)]
+    def strict_warmup(self) -> list[Any]:
+        return list(self._ask("strict_warmup"))
+
+    def strict_inputs(self, call: int) -> list[Any]:
+        return list(self._ask("strict_inputs", call))
+
+    def strict_check(self, call: int, output: Any, calls: int) -> str | None:
+        problem: str | None = self._ask("strict_check", call, kb_strict.to_wire(output), calls)
+        return problem
 
 
 def serve_reference(conn: Any, ctx: kb_reference.ProblemContext) -> dict[str, Any]:
@@ -448,8 +498,12 @@ def serve_reference(conn: Any, ctx: kb_reference.ProblemContext) -> dict[str, An
                 reply = ("ok", ctx.init_inputs())
             elif op == "timing_inputs":
                 reply = ("ok", ctx.timing_inputs())
-            elif op == "timing_sets":
-                reply = ("ok", ctx.timing_sets(message[1], message[2], message[3]))
+            elif op == "strict_warmup":
+                reply = ("ok", ctx.strict_warmup())
+            elif op == "strict_inputs":
+                reply = ("ok", ctx.strict_inputs(message[1]))
+            elif op == "strict_check":
+                reply = ("ok", ctx.strict_check(message[1], kb_strict.from_wire(message[2]), message[3]))
             else:
                 reply = ("error", f"unknown request {op!r}")
         except ReferenceFailure:

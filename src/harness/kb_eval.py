@@ -27,6 +27,7 @@ import torch
 import kb_candidate
 import kb_feedback
 import kb_profile
+import kb_strict
 import kb_timing
 from kb_candidate import construct_candidate
 from kb_correctness import (
@@ -248,7 +249,7 @@ def evaluate(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     return _response(request, verdict, env)
 
 
-def _job(request: dict[str, Any], hardware: str, kind: str, timing_seed: int) -> dict[str, Any]:
+def _job(request: dict[str, Any], hardware: str, kind: str) -> dict[str, Any]:
     """What a candidate process needs besides the reference data it asks the worker for."""
     return {
         "kind": kind,
@@ -260,11 +261,29 @@ def _job(request: dict[str, Any], hardware: str, kind: str, timing_seed: int) ->
         "seed": request["seed"],
         "trials": request["correct_trials"],
         "timing": request["timing"],
-        "timing_seed": timing_seed,
         "hardware": hardware,
         # The settings the reference ran with; the candidate process sets them before the import.
         "settings": kb_candidate.settings_snapshot(),
     }
+
+
+def _run_in_process_or_here(worker: Worker, job: dict[str, Any], ctx: ProblemContext) -> tuple[Verdict, float]:
+    """`job`'s verdict from a fresh candidate process (or from this one, for unit tests), and how long
+    it waited for a warm process."""
+    if not worker.isolate:
+        pinned = kb_candidate.settings_snapshot()
+        run = kb_candidate.retime_candidate if job["kind"] == "retime" else kb_candidate.evaluate_candidate
+        return run(job, ctx, worker.flusher, pinned), 0.0
+    process, waited = worker.take_process(job["device"])
+    if job["device"].startswith("cuda"):
+        worker.warm_spares(job["device"])  # GPU timing does not compete with a warming process
+    try:
+        return kb_candidate.verdict_from_wire(process.run(job, ctx)), waited
+    except ChildDied as died:
+        print(f"krefine harness: {died}; ending the worker the same way", file=sys.stderr)
+        worker.close()
+        worker.on_child_death(died)
+        raise
 
 
 def _run_candidate(worker: Worker, job: dict[str, Any], ctx: ProblemContext) -> Verdict:
@@ -272,22 +291,16 @@ def _run_candidate(worker: Worker, job: dict[str, Any], ctx: ProblemContext) -> 
     from `ctx`. Time the worker spends on the reference meanwhile is booked as reference time."""
     reference_before, timing_before = ctx.build_seconds, ctx.timing_build_seconds
     started = time.perf_counter()
-    if not worker.isolate:
-        pinned = kb_candidate.settings_snapshot()
-        run = kb_candidate.retime_candidate if job["kind"] == "retime" else kb_candidate.evaluate_candidate
-        verdict = run(job, ctx, worker.flusher, pinned)
-        waited = 0.0
-    else:
-        process, waited = worker.take_process(job["device"])
-        if job["device"].startswith("cuda"):
-            worker.warm_spares(job["device"])  # GPU timing does not compete with a warming process
-        try:
-            verdict = kb_candidate.verdict_from_wire(process.run(job, ctx))
-        except ChildDied as died:
-            print(f"krefine harness: {died}; ending the worker the same way", file=sys.stderr)
-            worker.close()
-            worker.on_child_death(died)
-            raise
+    # Strict timing's secrets and checks live here, in the worker, for this one run (kb_strict); in
+    # faithful mode they serve the fresh-input probe after KernelBench's loop, every output checked.
+    every = job["kind"] == "retime" or ctx.mode != "strict"
+    ctx.strict_session = kb_strict.StrictSession(ctx, every=every)
+    try:
+        verdict, waited = _run_in_process_or_here(worker, job, ctx)
+    finally:
+        if ctx.strict_session is not None:
+            ctx.strict_session.close()
+        ctx.strict_session = None
     total = time.perf_counter() - started
     # Reference data built while the candidate waited for it: trials during its check, the timing
     # inputs during its timing. Booked as reference time, taken out of the phase it waited in.
@@ -320,7 +333,7 @@ def _evaluate_into(
         if hint is not None:
             verdict.feedback.append(hint)
         return verdict
-    verdict = _run_candidate(worker, _job(request, hardware, "evaluate", seed), ctx)
+    verdict = _run_candidate(worker, _job(request, hardware, "evaluate"), ctx)
     verdict.phases["reference_s"] += reference_s
     if verdict.reference_failure is not None:
         trials, index = verdict.reference_failure
@@ -397,7 +410,8 @@ def reference_timing(verdict: Verdict, request: dict[str, Any], worker: Worker, 
         verdict.ref_runtime_stats, verdict.ref_runtime_source = dict(cached), "cached"
         return
     try:
-        times = time_reference(ctx, request["timing"], worker.flusher, ctx.seed, kb_candidate.STRICT_SETS)
+        inputs_key = ctx.seed + kb_candidate.STRICT_REFERENCE_KEY_OFFSET
+        times = time_reference(ctx, request["timing"], worker.flusher, inputs_key)
     except CANDIDATE_ERRORS as exc:
         verdict.feedback.append(f"(The reference could not be timed: {kb_feedback.exception_line(exc)})")
         return
@@ -472,8 +486,9 @@ def speedup_bound(ctx: ProblemContext, integrity: dict[str, Any], ref_ms: float)
 def _guard_speedup(
     verdict: Verdict, request: dict[str, Any], worker: Worker, ctx: ProblemContext, hardware: str
 ) -> None:
-    """Flag a speedup above the bound; in strict mode re-time the candidate in a fresh process on input
-    sets no candidate has seen (reference re-timed on the same sets) before the speedup counts."""
+    """Flag a speedup above the bound; in strict mode re-time the candidate in a fresh process with new
+    secrets, every timed output checked (the reference re-timed on fresh inputs too) before the speedup
+    counts."""
     ref_mean = verdict.ref_runtime_stats.get("mean") if verdict.ref_runtime_stats else None
     new_mean = verdict.runtime_stats.get("mean")
     if not ref_mean or not new_mean or new_mean <= 0 or verdict.status != "correct":
@@ -496,18 +511,15 @@ def _guard_speedup(
             f"device ({bound:.1f}x, {source}); it is flagged in the results."
         )
         return
-    first_seed = ctx.seed + kb_candidate.REVERIFY_SEED_OFFSET
-    ctx.timing_sets(kb_candidate.STRICT_SETS, first_seed)  # made once, for both sides, then dropped
-    try:
-        retimed = _run_candidate(worker, _job(request, hardware, "retime", first_seed), ctx)
-        verdict.findings.extend(f for f in retimed.findings if f not in verdict.findings)
-        new = retimed.runtime_stats.get("mean") if retimed.status == "correct" else None
-        reverified = None
-        if new:
-            ref_times = time_reference(ctx, request["timing"], worker.flusher, first_seed, kb_candidate.STRICT_SETS)
-            reverified = kb_timing.runtime_stats(ref_times)["mean"] / float(new)
-    finally:
-        ctx.forget_timing_sets(first_seed, kb_candidate.STRICT_SETS)
+    # A new process, new secrets (inputs and checks), every timed call checked; the reference re-timed
+    # on inputs of its own secret seed.
+    retimed = _run_candidate(worker, _job(request, hardware, "retime"), ctx)
+    verdict.findings.extend(f for f in retimed.findings if f not in verdict.findings)
+    new = retimed.runtime_stats.get("mean") if retimed.status == "correct" else None
+    reverified = None
+    if new:
+        ref_times = time_reference(ctx, request["timing"], worker.flusher, None)
+        reverified = kb_timing.runtime_stats(ref_times)["mean"] / float(new)
     check["reverified_speedup"] = reverified
     check["verified"] = reverified is not None and reverified >= REVERIFY_KEEPS * speedup
     verdict.phases["ref_timing_s"] += retimed.phases.get("timing_s", 0.0)

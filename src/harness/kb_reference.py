@@ -356,8 +356,9 @@ class ProblemContext:
         self.trials: dict[int, list[TrialEntry | None]] = {}
         self.timing_inputs_cache: list[Any] | None = None
         self.timing_fingerprint: list[Any] | None = None
-        # Strict timing's input sets and reference outputs, per seed (see timing_sets).
-        self.strict_sets: dict[int, tuple[list[Any], Any]] = {}
+        # The strict timing session of the candidate being timed (kb_strict.StrictSession; kb_eval sets
+        # and clears it). Typed Any: kb_strict sits above this module.
+        self.strict_session: Any = None
         # Raw get_inputs() results made ahead (in parallel) by prepare, per seed; used once.
         self.pregenerated: dict[int, list[Any]] = {}
         self.device_bytes = 0
@@ -367,7 +368,7 @@ class ProblemContext:
         # The part of build_seconds spent on timing inputs (made when a candidate reaches timing).
         self.timing_build_seconds = 0.0
         # What was built, by kind ("inputs": get_inputs() calls, "trials", "timing_inputs",
-        # "timing_sets"): tests assert these counts, and prepare reports what it built.
+        # "strict_inputs", "strict_checks"): tests assert these counts, and prepare reports what it built.
         self.counts: Counter[str] = Counter()
         # How long the reference's forward took in each trial built (kb_prepare estimates from it how
         # long timing the reference would hold the device).
@@ -583,38 +584,46 @@ class ProblemContext:
         return inputs
 
 
-    # ---- strict timing: several input sets, each with the reference's output
+    # ---- strict timing (kb_strict holds the secrets, the check decisions and the handed-out copies)
 
-    def timing_sets(self, count: int, first_seed: int, keep: bool = True) -> list[tuple[list[Any], Any]]:
-        """`count` input sets (seeds first_seed, first_seed + 1, ...) with the reference output on each.
-        Strict timing hands the candidate a fresh clone of one of them per timed trial and checks some
-        outputs, so an output memoised across calls cannot pass. Kept for reuse unless `keep` is off
-        (the re-verification of an excessive speedup uses seeds no candidate has seen)."""
+    def fresh_inputs(self, seed: int) -> list[Any]:
+        """get_inputs() under set_seed(seed), never cached: made on the device (as the default device
+        of torch's factories) where get_inputs allows it, else on the host and moved, then cast and
+        placed like every other input. Not booked as reference time: it is part of strict timing's
+        loop, outside the timed region."""
+        assert self.problem is not None
+        set_seed(seed)
+        try:
+            with torch.device(self.device):
+                raw = self.problem.get_inputs()
+        except CANDIDATE_ERRORS:
+            set_seed(seed)
+            raw = self.problem.get_inputs()
+        self.counts["strict_inputs"] += 1
+        return [prepare_value(x, self.device, self.dtype, self.cast_integers) for x in raw]
+
+    def reference_output(self, inputs: list[Any]) -> Any:
+        """The reference's output on (a clone of) `inputs`, for a checked strict call."""
         assert self.ref_model is not None
-        sets: list[tuple[list[Any], Any]] = []
-        for seed in range(first_seed, first_seed + count):
-            cached = self.strict_sets.get(seed)
-            if cached is None:
-                with self.building(for_timing=True):
-                    inputs = self.timing_inputs() if seed == self.seed else self._make_inputs(seed)
-                    with torch.no_grad():
-                        output = self.ref_model(*clone_tensors(inputs))
-                    synchronize(self.device)
-                self.counts["timing_sets"] += 1
-                cached = (inputs, output)
-                if keep:
-                    self.strict_sets[seed] = cached
-                    self.device_bytes += nbytes(output) + (0 if seed == self.seed else nbytes(inputs))
-            sets.append(cached)
-        return sets
+        with torch.no_grad():
+            output = self.ref_model(*clone_tensors(inputs))
+        synchronize(self.device)
+        self.counts["strict_checks"] += 1
+        return output
 
+    # The strict session of the candidate being timed (kb_strict.StrictSession, set by kb_eval); a
+    # candidate run in this process (unit tests) reaches it through these methods, one in its own
+    # process through the pipe (kb_candidate.serve_reference).
 
-    def forget_timing_sets(self, first_seed: int, count: int) -> None:
-        """Drop input sets kept for one use (the re-verification of an excessive speedup)."""
-        for seed in range(first_seed, first_seed + count):
-            dropped = self.strict_sets.pop(seed, None)
-            if dropped is not None and seed != self.seed:
-                self.device_bytes -= nbytes(dropped[0]) + nbytes(dropped[1])
+    def strict_warmup(self) -> list[Any]:
+        return list(self.strict_session.warmup_inputs())
+
+    def strict_inputs(self, call: int) -> list[Any]:
+        return list(self.strict_session.inputs(call))
+
+    def strict_check(self, call: int, output: Any, calls: int) -> str | None:
+        result: str | None = self.strict_session.check(call, output, calls)
+        return result
 
 
 class ReferenceCache:
@@ -745,14 +754,25 @@ def select_device(request: dict[str, Any]) -> torch.device:
 
 
 def time_reference(
-    ctx: ProblemContext, timing: dict[str, Any], flusher: kb_timing.L2Flusher, first_seed: int, strict_sets: int
+    ctx: ProblemContext, timing: dict[str, Any], flusher: kb_timing.L2Flusher, key: int | None
 ) -> list[float]:
     """The reference timed as its candidates are, as reference work: KernelBench's loop in faithful
-    mode, strict mode's loop (fresh clones of `strict_sets` input sets from `first_seed`, device-wide
+    mode, strict mode's loop (inputs no call has seen, from `key` or a secret when None, device-wide
     fence) in strict mode. kb_eval's one call into the reference's timing."""
     assert ctx.ref_model is not None
     with ctx.cache.reference_work():
         if ctx.mode == "strict":
-            sets = ctx.timing_sets(strict_sets, first_seed)
-            return kb_timing.time_strict(ctx.ref_model, sets, ctx.device, timing, flusher, None)
+            fresh = kb_inputs.FreshInputs(ctx, key)
+            try:
+                return kb_timing.time_strict(
+                    ctx.ref_model,
+                    lambda: fresh.hand_over(fresh.make(-1)),
+                    lambda call: fresh.hand_over(fresh.make(call)),
+                    ctx.device,
+                    timing,
+                    flusher,
+                    None,
+                )
+            finally:
+                fresh.close()
         return kb_timing.time_callable(ctx.ref_model, ctx.timing_inputs(), ctx.device, timing, flusher)

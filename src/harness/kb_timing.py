@@ -7,10 +7,11 @@ Every clock and event function is captured when this module is imported, which i
 is before the candidate's code is: a candidate that replaces `time.perf_counter` or
 `torch.cuda.Event.elapsed_time` changes nothing here (and kb_candidate reports that it tried).
 
-Strict mode times differently (`time_strict`): each timed call gets a fresh clone of one of several
-input sets (made outside the timed region), the timed region ends with a device-wide synchronize (work
-the candidate left on other streams is inside the measurement), and outputs of some timed calls are
-checked against the reference's, so an output memoised across calls fails.
+Strict mode times differently (`time_strict`): each timed call gets inputs no call has seen (made
+outside the timed region by the worker from a secret seed, kb_strict), the timed region ends with a
+device-wide synchronize (work the candidate left on other streams is inside the measurement), and after
+each call its output goes to the worker, which decides from another secret whether to check it against
+the reference's, so neither a memo nor skipping work on unchecked calls can pass reliably.
 """
 
 from __future__ import annotations
@@ -45,9 +46,6 @@ CAPTURED: dict[str, tuple[Any, str, Any]] = {
     "torch.allclose": (torch, "allclose", torch.allclose),
     "torch.equal": (torch, "equal", torch.equal),
 }
-# Which timed calls strict mode checks: the first `STRICT_CHECK_FIRST` and then every `STRICT_CHECK_EVERY`.
-STRICT_CHECK_FIRST = 4
-STRICT_CHECK_EVERY = 10
 
 
 def patched_functions() -> list[str]:
@@ -120,6 +118,72 @@ def time_cuda_events(
     return times
 
 
+# Faithful mode's side-stream probe (KernelBench's timing notes: work on another stream escapes CUDA
+# events recorded on the current one; a device-wide synchronize does not let it). A call is flagged when
+# the host waited, to a device-wide synchronize, at least ESCAPE_MIN_MS and ESCAPE_RATIO times longer
+# than its events measured.
+ESCAPE_PROBE_CALLS = 3
+ESCAPE_MIN_MS = 0.5
+ESCAPE_RATIO = 2.0
+
+
+def escaped(event_ms: float, host_ms: float) -> bool:
+    """True when the device-wide time says more work ran than the candidate stream's events saw."""
+    return host_ms - event_ms >= ESCAPE_MIN_MS and host_ms >= ESCAPE_RATIO * event_ms
+
+
+def stream_escape_probe(
+    fn: Callable[..., Any], args: Sequence[Any], device: torch.device
+) -> tuple[float, float]:
+    """(event ms, host ms), medians over ESCAPE_PROBE_CALLS untimed calls: events on the current stream
+    around `fn`, and host time from before the call to after a device-wide synchronize."""
+    events: list[float] = []
+    hosts: list[float] = []
+    with _no_grad(), torch.cuda.device(device):
+        for _ in range(ESCAPE_PROBE_CALLS):
+            _cuda_synchronize(device=device)
+            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+            started = _perf_counter()
+            _event_record(start)
+            fn(*args)
+            _event_record(end)
+            _cuda_synchronize(device=device)
+            hosts.append((_perf_counter() - started) * 1000.0)
+            events.append(float(_event_elapsed(start, end)))
+    return float(statistics.median(events)), float(statistics.median(hosts))
+
+
+# Faithful mode's fresh-input probe (kb_candidate.fresh_probe): after KernelBench's loop, PROBE_CALLS
+# calls on inputs no call has seen. On the GPU their fastest is compared with the timed median: at least
+# PROBE_MIN_MS and PROBE_RATIO times slower says the timed calls skipped work or hit a memo.
+PROBE_CALLS = 3
+PROBE_MIN_MS = 0.05
+PROBE_RATIO = 3.0
+
+
+def faster_than_fresh(timed_median_ms: float, fresh_ms: float) -> bool:
+    """True when a call on fresh inputs took much longer than KernelBench's timed calls did."""
+    return fresh_ms - timed_median_ms >= PROBE_MIN_MS and fresh_ms >= PROBE_RATIO * timed_median_ms
+
+
+def time_one(fn: Callable[..., Any], args: Sequence[Any], device: torch.device) -> tuple[Any, float]:
+    """One call timed as strict mode times it (device-wide fence on the GPU): (output, ms)."""
+    with _no_grad():
+        if device.type != "cuda":
+            started = _perf_counter()
+            output = fn(*args)
+            return output, (_perf_counter() - started) * 1000.0
+        with torch.cuda.device(device):
+            _cuda_synchronize(device=device)
+            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+            _event_record(start)
+            output = fn(*args)
+            _cuda_synchronize(device=device)
+            _event_record(end)
+            _cuda_synchronize(device=device)
+            return output, float(_event_elapsed(start, end))
+
+
 def time_cpu(
     fn: Callable[..., Any], args: Sequence[Any], warmup: int, trials: int, discard_first: int
 ) -> list[float]:
@@ -147,30 +211,35 @@ def _fresh(value: Any) -> Any:
 
 def time_strict(
     fn: Callable[..., Any],
-    sets: Sequence[tuple[Sequence[Any], Any]],
+    warmup_inputs: Callable[[], Sequence[Any]],
+    call_inputs: Callable[[int], Sequence[Any]],
     device: torch.device,
     timing: dict[str, Any],
     flusher: L2Flusher,
-    check: Callable[[Any, Any], str | None] | None,
+    after: Callable[[int, Any, int], str | None] | None,
 ) -> list[float]:
-    """Strict mode's loop (module doc): per call a fresh clone of input set `call % len(sets)`, then
-    device sync -> L2 flush -> start -> fn -> device-wide sync -> end. `check(output, expected)` returns
-    a problem or None; a problem raises TimedOutputMismatch. The reference is timed the same way
-    (check=None), so the ratio compares like with like."""
+    """Strict mode's loop (module doc): warm-ups on clones of one set; then per timed call its own
+    inputs (`call_inputs(call)`, made before the timed region), device sync -> L2 flush -> start -> fn
+    -> device-wide sync -> end, and `after(call, output, calls)` (the worker's check: a problem, which
+    raises TimedOutputMismatch, or None). The reference is timed the same way (after=None), so the
+    ratio compares like with like."""
     warmup, trials, discard = timing["warmup"], timing["trials"], timing["discard_first"]
     cuda = device.type == "cuda"
     flush = flusher if cuda and timing["l2_flush"] else None
+    calls = trials + discard
     times: list[float] = []
     with _no_grad(), torch.cuda.device(device) if cuda else _no_grad():
-        for call in range(warmup):
-            fn(*_fresh(sets[call % len(sets)][0]))
-            if cuda:
-                _cuda_synchronize(device=device)
+        if warmup:
+            warm = warmup_inputs()
+            for _ in range(warmup):
+                fn(*_fresh(warm))
+                if cuda:
+                    _cuda_synchronize(device=device)
+            del warm
         if cuda:
             torch.cuda.empty_cache()
-        for call in range(trials + discard):
-            inputs, expected = sets[call % len(sets)]
-            args = _fresh(inputs)
+        for call in range(calls):
+            args = call_inputs(call)
             if cuda:
                 _cuda_synchronize(device=device)
                 start, end = _Event(enable_timing=True), _Event(enable_timing=True)
@@ -186,8 +255,8 @@ def time_strict(
                 started = _perf_counter()
                 output = fn(*args)
                 elapsed = (_perf_counter() - started) * 1000.0
-            if check is not None and (call < discard + STRICT_CHECK_FIRST or call % STRICT_CHECK_EVERY == 0):
-                problem = check(output, expected)
+            if after is not None:
+                problem = after(call, output, calls)
                 if problem is not None:
                     raise TimedOutputMismatch(call + 1, problem)
             del output, args

@@ -22,6 +22,7 @@ the floors or along one, never up, and never in a circle. From the top:
     profile    kb_profile (`op: profile`: torch.profiler table, ncu)
     candidate  kb_candidate (load, check and time one candidate; the reference over a pipe)
                > kb_correctness (KernelBench's correctness loop, the verdict)
+               > kb_strict (strict timing's secret inputs and checks, held by the worker)
     build      kb_compile (`op: compile`, import a candidate) > kb_build (the fast load_inline)
                > kb_pch (shared precompiled headers) > kb_split (a C++ extension in two units);
                kb_nvcc (the overlapped nvcc, a script the build runs)

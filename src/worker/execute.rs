@@ -20,7 +20,7 @@ use super::protocol::{
 use super::slot::Slot;
 use crate::services::{DeviceId, ExecJob, Executor, Unavailable};
 use crate::types::{
-    EvalEnv, EvalMode, ExecOutcome, Precision, PrepareOutcome, Problem, ProfileOutcome, Verdict,
+    EvalEnv, ExecOutcome, Precision, PrepareOutcome, Problem, ProfileOutcome, Verdict,
 };
 
 impl WorkerPool {
@@ -194,21 +194,30 @@ impl WorkerPool {
         }
     }
 
-    /// The excessive-speedup guard's inputs: the configured bound, and the GPU's peak numbers at
-    /// the run's precision (TF32 for fp32 unless strict mode pins it off) when the GPU is known.
+    /// The excessive-speedup guard's inputs for this pool's settings ([`integrity_spec`]).
     pub(super) fn integrity_spec(&self, hardware: Option<&str>) -> IntegritySpec {
-        let spec = hardware.and_then(crate::prompt::gpu_specs::lookup);
-        let strict = self.settings.mode == EvalMode::Strict;
-        IntegritySpec {
-            max_speedup: self.settings.max_speedup,
-            peak_tflops: spec.map(|g| match self.settings.precision {
-                Precision::Fp32 if strict => g.fp32_tflops,
-                Precision::Fp32 => g.tf32_tflops.unwrap_or(g.fp32_tflops),
-                Precision::Fp16 => g.fp16_tflops,
-                Precision::Bf16 => g.bf16_tflops.unwrap_or(g.fp16_tflops),
-            }),
-            peak_bandwidth_gbs: spec.map(|g| f64::from(g.memory_bandwidth_gbs)),
-        }
+        integrity_spec(self.settings.max_speedup, self.settings.precision, hardware)
+    }
+}
+
+/// The excessive-speedup guard's inputs: the configured bound, and the GPU's peak numbers at the
+/// run's precision on its plain units (fp32 without TF32) when the GPU is known. The same in both
+/// modes: faithful mode only flags, but its bound is no looser than strict mode's (issue 23: a TF32
+/// peak there let a side-stream kernel's x5.2 pass under a x9.6 bound).
+fn integrity_spec(
+    max_speedup: Option<f64>,
+    precision: Precision,
+    hardware: Option<&str>,
+) -> IntegritySpec {
+    let spec = hardware.and_then(crate::prompt::gpu_specs::lookup);
+    IntegritySpec {
+        max_speedup,
+        peak_tflops: spec.map(|g| match precision {
+            Precision::Fp32 => g.fp32_tflops,
+            Precision::Fp16 => g.fp16_tflops,
+            Precision::Bf16 => g.bf16_tflops.unwrap_or(g.fp16_tflops),
+        }),
+        peak_bandwidth_gbs: spec.map(|g| f64::from(g.memory_bandwidth_gbs)),
     }
 }
 
@@ -356,5 +365,26 @@ impl WorkerPool {
             )),
             Err(e) => Ok(Self::profile_failure(e.candidate_fault()?, started)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_guard_assumes_plain_fp32_for_fp32_problems() {
+        let h100 = crate::prompt::gpu_specs::lookup("NVIDIA H100 80GB HBM3").expect("a known GPU");
+        assert!(h100.tf32_tflops.is_some_and(|t| t > h100.fp32_tflops));
+        let spec = integrity_spec(None, Precision::Fp32, Some("NVIDIA H100 80GB HBM3"));
+        assert_eq!(spec.peak_tflops, Some(h100.fp32_tflops));
+        assert_eq!(
+            spec.peak_bandwidth_gbs,
+            Some(f64::from(h100.memory_bandwidth_gbs))
+        );
+        assert_eq!(
+            integrity_spec(None, Precision::Fp32, None).peak_tflops,
+            None
+        );
     }
 }

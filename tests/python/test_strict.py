@@ -1,0 +1,209 @@
+"""Strict timing's inputs and checks (kb_strict) with the real loop (kb_timing.time_strict) and a real
+reference context on the CPU: every timed call sees inputs no call has seen, a content memo never hits,
+skipping work is caught by checks decided after the output exists, a re-verification checks every call,
+and the check decision is independent of the call. Counts and verdicts only, never durations."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+
+import kb_reference
+import kb_strict
+import kb_timing
+
+PROBLEM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x, y):
+        return x * 2 + y
+
+
+def get_inputs():
+    return [torch.rand(64), torch.rand(64)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+TIMING = {"warmup": 2, "trials": 40, "discard_first": 1, "l2_flush": False}
+
+
+@pytest.fixture()
+def ctx() -> kb_reference.ProblemContext:
+    cache = kb_reference.ReferenceCache()
+    context = cache.context(PROBLEM, torch.device("cpu"), "fp32", "strict", 42)
+    assert context.error is None
+    return context
+
+
+def honest(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x * 2 + y
+
+
+def run(ctx: kb_reference.ProblemContext, fn: Any, session: kb_strict.StrictSession) -> list[float]:
+    return kb_timing.time_strict(
+        fn, session.warmup_inputs, session.inputs, ctx.device, TIMING, kb_timing.L2Flusher(), session.check
+    )
+
+
+def test_every_timed_call_sees_inputs_no_call_has_seen(ctx: kb_reference.ProblemContext) -> None:
+    session = kb_strict.StrictSession(ctx)
+    seen: set[bytes] = set()
+
+    def record(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        seen.add(x.numpy().tobytes() + y.numpy().tobytes())
+        return honest(x, y)
+
+    times = run(ctx, record, session)
+    calls = TIMING["trials"] + TIMING["discard_first"]
+    assert len(times) == TIMING["trials"]
+    # The warm-up set plus one set per timed call, all different.
+    assert len(seen) == calls + 1
+    assert session.calls == calls
+    assert ctx.counts["strict_inputs"] == calls + 1
+
+
+def test_a_content_memo_never_hits(ctx: kb_reference.ProblemContext) -> None:
+    memo: dict[bytes, torch.Tensor] = {}
+    hits = 0
+
+    def memoise(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        nonlocal hits
+        key = x.numpy().tobytes() + y.numpy().tobytes()
+        if key in memo:
+            hits += 1
+            return memo[key]
+        memo[key] = honest(x, y)
+        return memo[key]
+
+    run(ctx, memoise, kb_strict.StrictSession(ctx))
+    # Today's loop cycled through three sets (`call % 3`): the memo hit on every call after the third.
+    assert hits == TIMING["warmup"] - 1  # only the warm-ups repeat one set
+
+
+def test_skipping_work_on_unchecked_calls_is_caught(ctx: kb_reference.ProblemContext) -> None:
+    # Honest on the first four calls (what the old fixed schedule checked first), stale afterwards.
+    calls = 0
+    last: torch.Tensor | None = None
+
+    def skipper(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        nonlocal calls, last
+        calls += 1
+        if calls <= TIMING["warmup"] + 4 or last is None:
+            last = honest(x, y)
+        return last
+
+    session = kb_strict.StrictSession(ctx)
+    session._decide = random.Random(7)  # a fixed draw for a reproducible test; a secret one in the worker
+    with pytest.raises(kb_timing.TimedOutputMismatch) as caught:
+        run(ctx, skipper, session)
+    assert caught.value.call > 4
+    assert "does not match" in caught.value.problem
+
+
+def test_a_reverification_checks_every_call(ctx: kb_reference.ProblemContext) -> None:
+    session = kb_strict.StrictSession(ctx, every=True)
+    run(ctx, honest, session)
+    assert session.checked == TIMING["trials"] + TIMING["discard_first"]
+    # And the first stale output fails it.
+    stale: list[torch.Tensor] = []
+
+    def once(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if not stale:
+            stale.append(honest(x, y))
+        return stale[0]
+
+    with pytest.raises(kb_timing.TimedOutputMismatch) as caught:
+        run(ctx, once, kb_strict.StrictSession(ctx, every=True))
+    assert caught.value.call == 1  # the warm-ups ran on another set: the first timed call is checked and fails
+
+
+def test_checks_are_a_share_of_the_calls_decided_per_call(ctx: kb_reference.ProblemContext) -> None:
+    session = kb_strict.StrictSession(ctx)
+    session._decide = random.Random(3)
+    run(ctx, honest, session)
+    calls = TIMING["trials"] + TIMING["discard_first"]
+    p = kb_strict.check_probability(calls, every=False)
+    assert p == pytest.approx(max(kb_strict.CHECK_SHARE, kb_strict.MIN_CHECKS / calls))
+    assert 0 < session.checked < calls
+    assert kb_strict.check_probability(5, every=False) == 1.0
+    assert kb_strict.check_probability(1000, every=False) == kb_strict.CHECK_SHARE
+
+
+def test_inputs_follow_the_key_and_secret_keys_differ(ctx: kb_reference.ProblemContext) -> None:
+    a = kb_reference.clone_tensors(kb_strict.StrictSession(ctx, key=5).inputs(0, keep=False))
+    b = kb_reference.clone_tensors(kb_strict.StrictSession(ctx, key=5).inputs(0, keep=False))
+    c = kb_reference.clone_tensors(kb_strict.StrictSession(ctx).inputs(0, keep=False))
+    d = kb_reference.clone_tensors(kb_strict.StrictSession(ctx).inputs(0, keep=False))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not torch.equal(c[0], d[0])
+
+
+def test_a_write_into_handed_inputs_does_not_reach_the_check(ctx: kb_reference.ProblemContext) -> None:
+    def overwrite(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = honest(x, y)
+        x.zero_()  # the check runs the reference on the pristine inputs, not on these
+        return out
+
+    session = kb_strict.StrictSession(ctx, every=True)
+    run(ctx, overwrite, session)
+    assert session.checked == TIMING["trials"] + TIMING["discard_first"]
+
+
+def test_only_plain_tensors_are_compared(ctx: kb_reference.ProblemContext) -> None:
+    class Sub(torch.Tensor):
+        pass
+
+    session = kb_strict.StrictSession(ctx, every=True)
+    args = session.inputs(0)
+    out = honest(*args).as_subclass(Sub)
+    problem = session.check(0, out, 1)
+    assert problem is not None and "not a plain torch.Tensor" in problem
+    assert session.check(1, honest(*args), 2) == "no inputs were handed out for this call"
+
+
+def test_the_side_stream_probe_flags_only_a_large_escaped_share() -> None:
+    # A side-stream kernel: the events see the launch, the device-wide synchronize waits for the work.
+    assert kb_timing.escaped(event_ms=0.01, host_ms=2.0)
+    # Honest: launch overhead on top of a short kernel, and a long kernel with its overhead.
+    assert not kb_timing.escaped(event_ms=0.02, host_ms=0.09)
+    assert not kb_timing.escaped(event_ms=3.0, host_ms=3.2)
+    # Half escaped, but the gap is below what launch jitter can explain.
+    assert not kb_timing.escaped(event_ms=0.1, host_ms=0.4)
+
+
+def test_cpu_outputs_cross_to_the_worker_as_bytes_without_a_serving_thread() -> None:
+    import threading
+
+    before = {t.ident for t in threading.enumerate()}
+    values = [torch.arange(6, dtype=torch.float32).reshape(2, 3), torch.tensor(3.5, dtype=torch.bfloat16),
+              torch.zeros(0, 4, dtype=torch.int64), torch.tensor([True, False])]
+    wired = kb_strict.to_wire((values[0], [values[1], values[2]], values[3]))
+    back = kb_strict.from_wire(wired)
+    assert type(back) is tuple and type(back[1]) is list
+    flat = [back[0], back[1][0], back[1][1], back[2]]
+    for got, want in zip(flat, values, strict=True):
+        assert type(got) is torch.Tensor and got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got, want)
+    assert {t.ident for t in threading.enumerate()} == before
+
+
+def test_inputs_are_handed_out_in_order_one_call_at_a_time(ctx: kb_reference.ProblemContext) -> None:
+    session = kb_strict.StrictSession(ctx, every=True)
+    args = session.inputs(0)
+    # Asking ahead (to compute call 1's output before it is timed) breaks the sequence.
+    with pytest.raises(kb_strict.StrictOrderError):
+        session.inputs(1)
+    assert session.check(0, honest(*args), 3) is None
+    with pytest.raises(kb_strict.StrictOrderError):
+        session.inputs(2)
+    session.inputs(1)
+    assert session.check(0, honest(*args), 3) == "no inputs were handed out for this call"
