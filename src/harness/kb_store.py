@@ -1,0 +1,303 @@
+"""The on-disk store of a problem's seeded inputs: made on the CPU once, off the GPU lease, read by every
+later evaluation of the problem.
+
+KernelBench makes every input with the CPU's generator after `set_seed(seed)` (multi-GB for some level-1
+problems, 40-100 s of CPU). `generate` does exactly that, for the correctness trials' seeds and the timing
+seed, in a process of its own that the orchestrator starts without holding any device (src/refstore.rs),
+and writes the results into one store entry; the GPU worker's `load` then hands back the same bits, and
+the CPU generator's state right after `get_inputs()`, as if it had called `get_inputs()` itself.
+
+An entry is a folder (the orchestrator names it by a hash of the problem's code, the seeds and the torch
+version, and keeps the store bounded):
+
+    manifest.json      written last: the entry is complete only when it exists
+    seed-<seed>.bin    the raw bytes of that seed's tensors, one after another
+    used               touched by the orchestrator at every use (LRU)
+
+Each seed's file carries a CRC-32 in the manifest; a loader that finds a wrong size or checksum says so
+and makes the inputs itself (never a wrong input), and the next `generate` rebuilds the entry.
+
+Only plain values are stored: a top-level list of contiguous CPU tensors and JSON scalars. A problem
+whose `get_inputs()` makes anything else (a tensor on a device, a view, a nested structure) is
+`unstorable`, and its inputs are made by the worker as before.
+
+    python kb_store.py generate < request.json     # one JSON request in, one JSON response out
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+import zlib
+from typing import Any
+
+import torch
+
+import kb_inputs
+import kb_problem
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+_CHUNK = 1 << 26  # bytes checksummed and written per call (bounded copies of huge tensors)
+
+
+class Unstorable(Exception):
+    """get_inputs() made something the store does not keep; the worker makes these inputs itself."""
+
+
+def code_hash(code: str) -> str:
+    return hashlib.sha256(code.encode("utf-8")).hexdigest()
+
+
+def seeds_of(request: dict[str, Any]) -> list[int]:
+    """The seeds a problem's evaluation makes inputs for: the correctness trials', then the timing seed."""
+    seeds = kb_problem.trial_seeds(int(request["seed"]), int(request["trials"]))
+    if request.get("timing", True) and int(request["seed"]) not in seeds:
+        seeds.append(int(request["seed"]))
+    return seeds
+
+
+def seed_file(seed: int) -> str:
+    return f"seed-{seed}.bin"
+
+
+def _byte_view(t: torch.Tensor) -> memoryview:
+    flat = t.detach().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def describe(raw: Any) -> list[dict[str, Any]]:
+    """The manifest items of one get_inputs() value (shapes, dtypes, scalars); raises Unstorable."""
+    if not isinstance(raw, (list, tuple)):
+        raise Unstorable(f"get_inputs() returned a {type(raw).__name__}, not a list")
+    items: list[dict[str, Any]] = []
+    for i, value in enumerate(raw):
+        if isinstance(value, torch.Tensor):
+            if value.device.type != "cpu":
+                raise Unstorable(f"input {i} is made on {value.device}")
+            if not value.is_contiguous() or value.is_sparse or value.is_quantized:
+                raise Unstorable(f"input {i} is not a plain contiguous tensor")
+            items.append(
+                {
+                    "dtype": str(value.dtype),
+                    "shape": list(value.shape),
+                    "nbytes": value.numel() * value.element_size(),
+                    "requires_grad": value.requires_grad,
+                }
+            )
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            items.append({"value": value})
+        else:
+            raise Unstorable(f"input {i} is a {type(value).__name__}")
+    return items
+
+
+def write_seed(problem: kb_problem.ProblemCode, seed: int, folder: str) -> dict[str, Any]:
+    """KernelBench's `set_seed(seed); get_inputs()` on the CPU, written to `folder/seed-<seed>.bin`;
+    returns the seed's manifest part."""
+    kb_problem.set_seed(seed)
+    raw = problem.get_inputs()
+    rng = torch.get_rng_state()
+    items = describe(raw)
+    crc = 0
+    path = os.path.join(folder, seed_file(seed))
+    with open(path, "wb") as f:
+        for t in (v for v in raw if isinstance(v, torch.Tensor)):
+            view = _byte_view(t)
+            for start in range(0, len(view), _CHUNK):
+                part = view[start : start + _CHUNK]
+                crc = zlib.crc32(part, crc)
+                f.write(part)
+        f.flush()
+        os.fsync(f.fileno())
+    return {
+        "file": seed_file(seed),
+        "bytes": sum(int(i.get("nbytes", 0)) for i in items),
+        "crc32": crc,
+        "items": items,
+        "rng": base64.b64encode(bytes(rng.numpy())).decode("ascii"),
+    }
+
+
+def _write_one(code: str, seed: int, folder: str) -> dict[str, Any]:
+    """In a spawned child: one seed's inputs, single-threaded as KernelBench's generator is."""
+    torch.set_num_threads(1)
+    return write_seed(kb_problem.load_problem(code), seed, folder)
+
+
+def _write_all(code: str, seeds: list[int], folder: str) -> tuple[dict[str, Any], int]:
+    """Every seed's file and manifest part; large inputs are made in parallel processes (each seed has
+    its own generator, so the bits are the same). Returns (parts by seed, processes used)."""
+    problem = kb_problem.load_problem(code)
+    count = kb_inputs.how_many_in_parallel(kb_inputs.planned_bytes(problem.get_inputs), len(seeds))
+    if count == 0:
+        return {str(s): write_seed(problem, s, folder) for s in seeds}, 0
+    context = torch.multiprocessing.get_context("spawn")
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    with context.Pool(processes=count) as pool:
+        parts = pool.starmap(_write_one, [(code, s, folder) for s in seeds])
+    return {str(s): p for s, p in zip(seeds, parts, strict=True)}, count
+
+
+def read_manifest(entry: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(entry, MANIFEST), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+
+
+def _file_crc(path: str, expected_size: int) -> int | None:
+    """CRC-32 of a file, None when it is missing or not `expected_size` bytes long."""
+    try:
+        if os.path.getsize(path) != expected_size:
+            return None
+        crc = 0
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                crc = zlib.crc32(chunk, crc)
+        return crc
+    except OSError:
+        return None
+
+
+def verify(entry: str, code: str, seeds: list[int]) -> str | None:
+    """Why the entry cannot serve (missing, another problem, a seed missing, a bad checksum); None when
+    every seed's file is whole."""
+    manifest = read_manifest(entry)
+    if manifest is None:
+        return "no complete entry"
+    if manifest.get("code_sha256") != code_hash(code) or manifest.get("torch") != torch.__version__:
+        return "the entry was made for other code or another torch"
+    for seed in seeds:
+        part = manifest.get("seeds", {}).get(str(seed))
+        if part is None:
+            return f"seed {seed} is missing"
+        if _file_crc(os.path.join(entry, part["file"]), int(part["bytes"])) != part["crc32"]:
+            return f"seed {seed}: wrong size or checksum"
+    return None
+
+
+def generate(request: dict[str, Any]) -> dict[str, Any]:
+    """Make sure `entry` holds the inputs of every seed of the request: `hit` when it does already,
+    else made in `tmp` and renamed into place (`generated`, or `rebuilt` when a broken entry was
+    there). The caller holds the entry's lock (no two generations of one entry at once)."""
+    started = time.perf_counter()
+    code, entry, tmp = request["code"], request["entry"], request["tmp"]
+    seeds = seeds_of(request)
+    why = verify(entry, code, seeds)
+    if why is None:
+        manifest = read_manifest(entry) or {}
+        size = sum(int(p["bytes"]) for p in manifest.get("seeds", {}).values())
+        return _answer("hit", started, seeds, size)
+    broken = os.path.exists(entry)
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        parts, parallel = _write_all(code, seeds, tmp)
+    except Unstorable as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return _answer("unstorable", started, seeds, 0, detail=str(exc))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    manifest = {"format": FORMAT, "torch": torch.__version__, "code_sha256": code_hash(code), "seeds": parts}
+    with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f)
+        f.flush()
+        os.fsync(f.fileno())
+    shutil.rmtree(entry, ignore_errors=True)
+    os.rename(tmp, entry)
+    size = sum(int(p["bytes"]) for p in parts.values())
+    status = "rebuilt" if broken else "generated"
+    return _answer(status, started, seeds, size, detail=why if broken else "", parallel=parallel)
+
+
+def _answer(
+    status: str, started: float, seeds: list[int], size: int, detail: str = "", parallel: int = 0
+) -> dict[str, Any]:
+    return {
+        "status": status,
+        "seconds": round(time.perf_counter() - started, 6),
+        "seeds": seeds,
+        "bytes": size,
+        "parallel": parallel,
+        "detail": detail,
+    }
+
+
+def load(entry: str, code: str, seed: int) -> tuple[list[Any], torch.Tensor] | None:
+    """One seed's inputs and the CPU generator's state right after they were made, as `set_seed(seed);
+    get_inputs()` would leave it; None when the entry cannot serve them (each tensor is checked against
+    the seed's checksum as it is read: a corrupt file is never handed out)."""
+    manifest = read_manifest(entry)
+    if manifest is None or manifest.get("code_sha256") != code_hash(code):
+        return None
+    if manifest.get("torch") != torch.__version__:
+        return None
+    part = manifest.get("seeds", {}).get(str(seed))
+    if part is None:
+        return None
+    values: list[Any] = []
+    crc = 0
+    try:
+        with open(os.path.join(entry, part["file"]), "rb") as f:
+            for item in part["items"]:
+                if "value" in item:
+                    values.append(item["value"])
+                    continue
+                t = torch.empty(item["shape"], dtype=_dtype(item["dtype"]))
+                view = _byte_view(t)
+                for start in range(0, len(view), _CHUNK):
+                    part_view = view[start : start + _CHUNK]
+                    if f.readinto(part_view) != len(part_view):
+                        raise ValueError("file shorter than its manifest")
+                    crc = zlib.crc32(part_view, crc)
+                if item.get("requires_grad"):
+                    t.requires_grad_(True)
+                values.append(t)
+            if f.read(1):
+                raise ValueError("file longer than its manifest")
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        print(f"krefine harness: stored inputs of seed {seed} unusable ({exc}); making them", file=sys.stderr)
+        return None
+    if crc != part["crc32"]:
+        print(f"krefine harness: stored inputs of seed {seed} fail their checksum; making them", file=sys.stderr)
+        return None
+    rng = torch.frombuffer(bytearray(base64.b64decode(part["rng"])), dtype=torch.uint8)
+    return values, rng
+
+
+def main(argv: list[str]) -> int:
+    if argv[1:] != ["generate"]:
+        print("usage: python kb_store.py generate < request.json", file=sys.stderr)
+        return 2
+    request = json.loads(sys.stdin.read())
+    # Through the module, not __main__: the spawned children then find `_write_one` by its module name.
+    import kb_store
+
+    try:
+        answer = kb_store.generate(request)
+    except Exception as exc:  # noqa: BLE001 - the problem's own errors are reported, not raised
+        answer = {"status": "error", "detail": f"{type(exc).__name__}: {exc}", "seconds": 0.0, "bytes": 0}
+    sys.stdout.write(json.dumps(answer) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
