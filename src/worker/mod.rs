@@ -10,6 +10,7 @@
 //! - `reference`: outcomes of preparing a problem's reference data ahead of its candidates.
 //! - [`sandbox`]: the namespaces every worker runs in (no other process, no network, a read-only
 //!   file system view with its own scratch writable).
+//! - [`input_store`]: the on-disk store of reference inputs made on the CPU, off the device lease.
 //! - `build_store`: publishing builds into the shared cache, sealing them, the copy-on-write taint
 //!   check.
 //! - [`baseline`]: KernelBench baseline timing files.
@@ -17,6 +18,7 @@
 pub mod baseline;
 mod build_store;
 pub mod harness;
+pub mod input_store;
 mod loss;
 pub mod pause;
 pub mod pool;
