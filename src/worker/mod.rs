@@ -16,24 +16,34 @@
 //! - [`baseline`]: KernelBench baseline timing files.
 
 pub mod baseline;
+mod build_cache;
 mod build_store;
+mod call;
+mod compile;
+mod execute;
 pub mod harness;
 pub mod input_store;
 mod loss;
+mod outcome;
 pub mod pause;
 pub mod pool;
+mod prepare;
 pub mod process;
 pub mod protocol;
 pub mod python;
 mod reference;
 pub mod sandbox;
+mod sandbox_spec;
+mod settings;
+mod slot;
 
 use std::path::PathBuf;
 
 pub use baseline::{BaselineEntry, BaselineTable};
 pub use harness::{HARNESS_ENTRY, HARNESS_FILES, deploy_harness, harness_digest};
-pub use pool::{WorkerPool, WorkerSettings};
+pub use pool::WorkerPool;
 pub use python::find_python;
+pub use settings::WorkerSettings;
 
 /// Why the worker machinery could not do its job (as opposed to a candidate failing, which is a verdict).
 #[derive(Debug, thiserror::Error)]

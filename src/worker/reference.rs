@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::pool::CallError;
+use super::outcome::CallError;
 use super::process::RequestError;
 use super::protocol::{PrepareResponse, PrepareStatus as WireStatus};
 use crate::types::{PrepareOutcome, PrepareStatus};

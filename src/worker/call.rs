@@ -1,0 +1,220 @@
+//! One request through a slot: starting its worker when needed, retiring it when it crashed, timed out
+//! or served enough, and charging lost workers to their host.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::WorkerError;
+use super::build_store::cow_tainted;
+use super::loss::toolchain_mismatch;
+use super::outcome::{CallError, secs};
+use super::pool::{EXIT_GRACE, WorkerPool};
+use super::process::{Budget, RequestError, WorkerProcess};
+use super::protocol::{RequestBody, ResponseBody, WorkerRole};
+use super::slot::Slot;
+use crate::types::WorkerLoss;
+
+impl WorkerPool {
+    /// Send one request through a slot, starting its worker if needed, and retire the worker when it
+    /// crashed, timed out, reported a sticky error or served `recycle_after` requests. `counts`: the
+    /// request is a candidate's, and counts towards recycling the worker.
+    pub(super) async fn call(
+        &self,
+        slot: &Slot,
+        body: RequestBody,
+        timeout: Duration,
+        counts: bool,
+    ) -> Result<ResponseBody, CallError> {
+        self.call_within(slot, body, Budget::plain(timeout), counts)
+            .await
+            .0
+    }
+
+    /// [`Self::call`] under a [`Budget`]; also returns the time the worker spent in the reference
+    /// work it announced.
+    pub(super) async fn call_within(
+        &self,
+        slot: &Slot,
+        body: RequestBody,
+        budget: Budget,
+        counts: bool,
+    ) -> (Result<ResponseBody, CallError>, Duration) {
+        let mut state = slot.state.lock().await;
+        if self.closed.load(Ordering::SeqCst) {
+            return (Err(CallError::Closed), Duration::ZERO);
+        }
+        // Taken out of the slot for the duration: if this future is dropped mid-request, the process
+        // is dropped with it (and killed), never put back half-used.
+        let alive = state
+            .process
+            .take()
+            .and_then(|mut p| (!p.exited_while_idle()).then_some(p));
+        let mut process = match alive {
+            Some(p) => p,
+            None => {
+                state.served = 0;
+                slot.pgid.store(0, Ordering::SeqCst);
+                let p = match self.spawn(slot).await {
+                    Ok(p) => p,
+                    Err(e) => return (Err(e), Duration::ZERO),
+                };
+                slot.note_ready(&p, &self.settings.launcher);
+                p
+            }
+        };
+        slot.pgid.store(process.pid(), Ordering::SeqCst);
+        let timeout = budget.own;
+        let result = if slot.spec.role == WorkerRole::Compile {
+            // A build may be paused (stopped) while the CPU device times a candidate; its timeout
+            // counts only the time it could run. The request's own bound is a far backstop.
+            let backstop = timeout.saturating_add(Duration::from_secs(24 * 3600));
+            tokio::select! {
+                r = process.request(body, backstop) => r,
+                () = self.pauser.deadline(timeout) => {
+                    process.kill().await;
+                    Err(RequestError::Timeout { after: timeout })
+                }
+            }
+        } else {
+            process.request_within(body, budget).await
+        };
+        let reference = process.reference_spent();
+        if counts {
+            state.served += 1;
+        }
+        let recycle =
+            self.settings.recycle_after > 0 && state.served >= self.settings.recycle_after;
+        match &result {
+            Ok(resp) if resp.sticky() => {
+                // The CUDA context is poisoned; nothing graceful is safe any more.
+                process.kill().await;
+            }
+            Ok(_) | Err(RequestError::Harness { .. }) if !recycle => {
+                state.process = Some(process);
+            }
+            Ok(_) | Err(RequestError::Harness { .. }) => {
+                // Exits in the background: the caller (holding a device lease) need not wait.
+                tokio::spawn(process.shutdown(EXIT_GRACE));
+            }
+            Err(_) => {} // already killed and reaped by `request`
+        }
+        if state.process.is_none() {
+            slot.pgid.store(0, Ordering::SeqCst);
+        }
+        drop(state);
+        let result = match result {
+            Ok(r) => Ok(r),
+            // `shutdown` killed it under our feet: say so rather than blame the candidate.
+            Err(_) if self.closed.load(Ordering::SeqCst) => Err(CallError::Closed),
+            Err(e) => match self.lost(slot, &e).await {
+                Some(loss) => Err(CallError::Lost(loss)),
+                None => Err(CallError::Request(e)),
+            },
+        };
+        (result, reference)
+    }
+
+    /// Start the slot's worker. With a remote launcher, a worker that cannot be started (the host
+    /// does not answer, the step is refused) or that reports another toolchain is a lost worker.
+    pub(super) async fn spawn(&self, slot: &Slot) -> Result<WorkerProcess, CallError> {
+        if slot.retired.load(Ordering::SeqCst) {
+            return Err(CallError::Start(WorkerError::Settings(format!(
+                "worker {} is retired: its host was drained",
+                slot.spec.name
+            ))));
+        }
+        let started = WorkerProcess::spawn(&slot.spec).await;
+        let remote = slot.spec.remote.is_some();
+        let why = match started {
+            Ok(mut p) => match toolchain_mismatch(self.toolchain.as_deref(), p.ready()) {
+                None => return Ok(p),
+                Some(why) => {
+                    slot.note_ready(&p, &self.settings.launcher);
+                    p.kill().await;
+                    if !remote {
+                        return Err(CallError::Start(WorkerError::Start {
+                            worker: slot.spec.name.clone(),
+                            detail: why,
+                            log_tail: String::new(),
+                        }));
+                    }
+                    why
+                }
+            },
+            Err(e) if remote => format!("could not be started: {e}"),
+            Err(e) => return Err(CallError::Start(e)),
+        };
+        Err(CallError::Lost(self.charge(slot, why)))
+    }
+
+    /// Is this failure a lost worker (remote launchers only)? Charges its host when it is.
+    pub(super) async fn lost(&self, slot: &Slot, err: &RequestError) -> Option<WorkerLoss> {
+        let remote = slot.spec.remote.as_ref()?;
+        let detail = match err {
+            RequestError::Timeout { after } => {
+                let host = slot.host()?;
+                if remote.launcher.host_answers(&remote.placement, &host).await {
+                    return None;
+                }
+                format!(
+                    "no answer within {} s and host {host} no longer answers",
+                    secs(*after)
+                )
+            }
+            other => remote.launcher.loss(&remote.placement, other)?,
+        };
+        Some(self.charge(slot, detail))
+    }
+
+    /// Record a lost worker against its host; drain the host (and retire a slot bound to it) when
+    /// it lost `resources.drain_after` workers.
+    pub(super) fn charge(&self, slot: &Slot, detail: String) -> WorkerLoss {
+        let host = slot.host();
+        let launcher = &self.settings.launcher;
+        let drained = host.as_deref().is_some_and(|h| launcher.note_loss(h));
+        let bound = slot
+            .spec
+            .remote
+            .as_ref()
+            .and_then(|r| launcher.placement_host(&r.placement));
+        if bound.is_some_and(|b| launcher.is_drained(&b)) {
+            slot.retired.store(true, Ordering::SeqCst);
+        }
+        tracing::warn!(
+            "worker {} lost on {}: {detail}{}",
+            slot.spec.name,
+            host.as_deref().unwrap_or("an unknown host"),
+            if drained { " (host drained)" } else { "" }
+        );
+        WorkerLoss {
+            worker: slot.spec.name.clone(),
+            host,
+            detail,
+            drained,
+        }
+    }
+
+    /// Replace an evaluation worker whose view of the build cache was changed (see [`cow_tainted`]).
+    pub(super) async fn check_cow(&self, slot: &Slot) {
+        let Some(overlay) = slot.spec.sandbox.as_ref().and_then(|s| s.overlays.first()) else {
+            return;
+        };
+        let upper = overlay.upper.clone();
+        let tainted = tokio::task::spawn_blocking(move || cow_tainted(&upper))
+            .await
+            .ok()
+            .flatten();
+        if let Some(path) = tainted {
+            tracing::warn!(
+                "worker {} changed its view of the build cache ({}); replacing it",
+                slot.spec.name,
+                path.display()
+            );
+            let mut state = slot.state.lock().await;
+            if let Some(mut p) = state.process.take() {
+                p.kill().await;
+            }
+            slot.pgid.store(0, Ordering::SeqCst);
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! The pool as [`Compiler`]: one compile attempt on a free compile worker, retried when the worker is lost.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use async_trait::async_trait;
+
+use super::build_cache::append_file;
+use super::build_store::publish_build;
+use super::loss::{Fault, give_up};
+use super::outcome::{CallError, closed, elapsed_ms, secs};
+use super::pool::WorkerPool;
+use super::process::{RequestError, log_tail};
+use super::protocol::{CompileRequest, CompileStatusWire, RequestBody, ResponseBody};
+use super::slot::FreeSlot;
+use crate::services::{BuildPause, CompileJob, Compiler, Unavailable};
+use crate::types::{CompileOutcome, CompileStatus};
+
+#[async_trait]
+impl Compiler for WorkerPool {
+    async fn compile(&self, job: CompileJob) -> Result<CompileOutcome, Unavailable> {
+        let started = Instant::now();
+        let build_dir = self.build_dir_for(&job.code);
+        let _build = self.lock_build(&build_dir).await?;
+        if let Some(outcome) = self.cached_compile(&build_dir, &job, started).await {
+            return Ok(outcome);
+        }
+        let mut losses = Vec::new();
+        loop {
+            match self.compile_once(&job, &build_dir, started).await {
+                Ok(mut outcome) => {
+                    outcome.worker_losses = losses;
+                    return Ok(outcome);
+                }
+                Err(Fault::Unavailable(u)) => return Err(u),
+                Err(Fault::Lost(loss)) => {
+                    losses.push(loss);
+                    let retries = self.settings.launcher.loss_retries();
+                    if let Some(u) = give_up(&losses, retries, false) {
+                        return Err(u);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn pause_builds(&self) -> Option<BuildPause> {
+        // Remote builds run on other machines' cores (and stopping a local srun/ssh would not
+        // stop them): the engine drains the compile pool instead.
+        if self.settings.launcher.is_remote() {
+            return None;
+        }
+        Some(BuildPause::new(self.pauser.pause().await))
+    }
+}
+
+impl WorkerPool {
+    pub(super) async fn compile_failure(
+        &self,
+        err: CallError,
+        job: &CompileJob,
+        build_dir: &Path,
+        started: Instant,
+    ) -> CompileOutcome {
+        let log_path = job.log_path.to_string_lossy().into_owned();
+        let (status, error, details) = match err {
+            CallError::Request(
+                RequestError::Timeout { after } | RequestError::ReferenceTimeout { after },
+            ) => (
+                CompileStatus::Timeout,
+                format!(
+                    "compilation exceeded {} s; the worker was killed",
+                    secs(after)
+                ),
+                String::new(),
+            ),
+            CallError::Request(RequestError::Exited { exit, log_tail }) => (
+                CompileStatus::Crashed,
+                format!(
+                    "the compile worker exited with {} while compiling",
+                    exit.describe()
+                ),
+                log_tail,
+            ),
+            CallError::Request(RequestError::StreamClosed { log_tail }) => (
+                CompileStatus::Crashed,
+                "the compile worker closed its protocol stream while compiling; it was killed"
+                    .to_string(),
+                log_tail,
+            ),
+            CallError::Request(RequestError::Protocol { detail, log_tail }) => (
+                CompileStatus::Crashed,
+                format!("the compile worker broke the protocol ({detail}); it was killed"),
+                log_tail,
+            ),
+            CallError::Request(RequestError::Harness { error }) => (
+                CompileStatus::Crashed,
+                format!("the compile harness failed: {error}"),
+                String::new(),
+            ),
+            CallError::Start(e) => (
+                CompileStatus::Crashed,
+                format!("no compile worker could be started: {e}"),
+                String::new(),
+            ),
+            CallError::Closed => (
+                CompileStatus::Crashed,
+                "the worker pool was shut down".to_string(),
+                String::new(),
+            ),
+            // Retried by the caller, never turned into an outcome; kept total all the same.
+            CallError::Lost(loss) => (
+                CompileStatus::Crashed,
+                format!("the compile worker was lost: {}", loss.detail),
+                String::new(),
+            ),
+        };
+        // What the build printed before it died is the most useful part for the model.
+        let build_output = log_tail(&job.log_path, 0, TAIL_LINES).await;
+        let _ = append_file(&job.log_path, format!("\nkrefine: {error}\n").as_bytes()).await;
+        let mut feedback = error.clone();
+        if !build_output.trim().is_empty() {
+            feedback.push_str("\nlast lines of the compiler output:\n");
+            feedback.push_str(&build_output);
+        }
+        if !details.trim().is_empty() {
+            feedback.push_str("\nlast lines of the worker log:\n");
+            feedback.push_str(&details);
+        }
+        CompileOutcome {
+            ran_on: None,
+            worker_losses: Vec::new(),
+            status,
+            cached: false,
+            error_name: None,
+            error: Some(error),
+            feedback,
+            log_path: Some(log_path),
+            build_dir: Some(build_dir.to_string_lossy().into_owned()),
+            duration_ms: elapsed_ms(started),
+            findings: Vec::new(),
+            build_path: None,
+        }
+    }
+
+    /// One compile attempt on a free compile worker (the build dir is locked by the caller).
+    pub(super) async fn compile_once(
+        &self,
+        job: &CompileJob,
+        build_dir: &Path,
+        started: Instant,
+    ) -> Result<CompileOutcome, Fault> {
+        let no_workers = || {
+            Fault::Unavailable(Unavailable(
+                "no compile worker is left: the hosts of all of them were drained".into(),
+            ))
+        };
+        let Ok(permit) = self.compile_permits.acquire().await else {
+            return Err(if self.closed.load(Ordering::SeqCst) {
+                Fault::Unavailable(closed())
+            } else {
+                no_workers()
+            });
+        };
+        let index = match self.compile_free.lock() {
+            Ok(mut free) => free.pop(),
+            Err(poisoned) => poisoned.into_inner().pop(),
+        };
+        // The semaphore has as many permits as free slots, so a permit always finds one.
+        let Some(index) = index else {
+            return Err(Fault::Unavailable(closed()));
+        };
+        let slot_guard = FreeSlot {
+            free: &self.compile_free,
+            index,
+        };
+        // No build starts while the CPU device is timing.
+        self.pauser.wait_unpaused().await;
+        let slot = &self.compile_slots[index];
+        // A sandboxed worker cannot write the run directory: it writes the compile log in its own
+        // scratch, and we copy it to the run's log.
+        let worker_log = match &slot.spec.sandbox {
+            Some(_) => slot.spec.scratch.join(WORKER_COMPILE_LOG),
+            None => job.log_path.clone(),
+        };
+        let request = RequestBody::Compile(CompileRequest {
+            source: job.code.clone(),
+            build_dir: build_dir.to_string_lossy().into_owned(),
+            arch_list: self.arch_list.clone(),
+            log_path: worker_log.to_string_lossy().into_owned(),
+            build: Some(self.settings.build.as_str().into()),
+        });
+        let result = self.call(slot, request, self.deadlines.compile, true).await;
+        if worker_log != job.log_path {
+            copy_log(&worker_log, &job.log_path).await;
+        }
+        if slot.retired.load(Ordering::SeqCst) {
+            // Its host was drained: the slot and its permit leave the pool.
+            std::mem::forget(slot_guard);
+            permit.forget();
+            let live = self
+                .compile_slots
+                .iter()
+                .filter(|s| !s.retired.load(Ordering::SeqCst))
+                .count();
+            if live == 0 {
+                self.compile_permits.close();
+            }
+        } else {
+            drop(slot_guard);
+            drop(permit);
+        }
+        let ran_on = slot.ran_on();
+        match result {
+            Ok(ResponseBody::Compile(r)) => {
+                let mut status = match r.status {
+                    CompileStatusWire::Ok => CompileStatus::Ok,
+                    CompileStatusWire::CompileError => CompileStatus::Error,
+                };
+                let mut feedback = r.feedback;
+                let mut error = r.error;
+                if status == CompileStatus::Ok
+                    && let Some(sandbox) = &slot.spec.sandbox
+                    && let Err(e) =
+                        publish_build(sandbox, &self.settings.build_cache, build_dir).await
+                {
+                    status = CompileStatus::Error;
+                    let message = format!("krefine could not store the build in the cache: {e}");
+                    feedback = message.clone();
+                    error = Some(message);
+                }
+                if status == CompileStatus::Ok {
+                    self.record_success(
+                        build_dir,
+                        job,
+                        &feedback,
+                        r.duration_s,
+                        r.build_path.clone(),
+                    )
+                    .await;
+                }
+                Ok(CompileOutcome {
+                    ran_on,
+                    worker_losses: Vec::new(),
+                    status,
+                    cached: false,
+                    error_name: r.error_name,
+                    error,
+                    feedback,
+                    log_path: Some(job.log_path.to_string_lossy().into_owned()),
+                    build_dir: Some(build_dir.to_string_lossy().into_owned()),
+                    duration_ms: elapsed_ms(started),
+                    findings: Vec::new(),
+                    build_path: r.build_path,
+                })
+            }
+            // `request` checks that the response kind matches the op, so this cannot happen.
+            Ok(other) => {
+                let err = CallError::Request(RequestError::Protocol {
+                    detail: format!("compile answered with `{}`", other.kind()),
+                    log_tail: String::new(),
+                });
+                let mut o = self.compile_failure(err, job, build_dir, started).await;
+                o.ran_on = ran_on;
+                Ok(o)
+            }
+            Err(e) => {
+                let e = e.candidate_fault()?;
+                let mut o = self.compile_failure(e, job, build_dir, started).await;
+                o.ran_on = ran_on;
+                Ok(o)
+            }
+        }
+    }
+}
+
+/// Lines of the compiler's output quoted in a failed build's feedback.
+const TAIL_LINES: usize = 20;
+
+/// The compile log a sandboxed compile worker writes, in its scratch folder.
+pub(super) const WORKER_COMPILE_LOG: &str = "krefine-compile-job.log";
+
+/// Copy a sandboxed worker's compile log to the run's log (a missing one is left missing).
+pub(super) async fn copy_log(from: &Path, to: &Path) {
+    if tokio::fs::metadata(from).await.is_err() {
+        return;
+    }
+    if let Some(dir) = to.parent() {
+        let _ = tokio::fs::create_dir_all(dir).await;
+    }
+    if let Err(e) = tokio::fs::copy(from, to).await {
+        tracing::warn!("cannot copy compile log to {}: {e}", to.display());
+    }
+    let _ = tokio::fs::remove_file(from).await;
+}

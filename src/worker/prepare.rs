@@ -1,0 +1,156 @@
+//! Reference preparation through the pool: the `prepare` request, preparing a problem's reference data
+//! ahead of its candidates (see `src/refprep.rs`), and the verdict when preparing ran out of time.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::loss::Fault;
+use super::outcome::{CallError, elapsed_ms, secs};
+use super::pool::WorkerPool;
+use super::protocol::{PrepareRequest, RequestBody, ResponseBody, TimingSpec};
+use crate::services::{DeviceId, Unavailable};
+use crate::types::{ExecOutcome, PrepareOutcome, Problem, Verdict};
+
+impl WorkerPool {
+    /// Build all of `problem`'s reference data on `device` in one request, as every evaluation did
+    /// before preparation went step by step (kept for `krefine bench reference`'s "before" figure).
+    pub async fn prepare_everything(
+        &self,
+        problem: &Problem,
+        device: &DeviceId,
+    ) -> Result<PrepareOutcome, Unavailable> {
+        let Some(slot) = self.eval_slot(device) else {
+            return Err(Unavailable(format!(
+                "device {device} is not served by this worker pool"
+            )));
+        };
+        let request = RequestBody::Prepare(self.prepare_request(problem, device));
+        let started = Instant::now();
+        let result = self
+            .call(slot, request, self.deadlines.reference, false)
+            .await;
+        Ok(match result {
+            Ok(ResponseBody::Prepare(r)) => super::reference::prepare_outcome(r),
+            Ok(other) => super::reference::prepare_failed(
+                format!("prepare answered with `{}`", other.kind()),
+                started,
+            ),
+            Err(e) => match e.candidate_fault() {
+                Ok(e) => {
+                    super::reference::prepare_failed(super::reference::call_error_text(&e), started)
+                }
+                Err(Fault::Unavailable(u)) => return Err(u),
+                Err(Fault::Lost(loss)) => super::reference::prepare_failed(
+                    format!("worker lost: {}", loss.detail),
+                    started,
+                ),
+            },
+        })
+    }
+
+    /// The `prepare` request for `problem` on `device` (an evaluate is the same plus the candidate).
+    pub(super) fn prepare_request(&self, problem: &Problem, device: &DeviceId) -> PrepareRequest {
+        PrepareRequest {
+            problem: Self::problem_spec(problem),
+            device: Self::worker_device(device).into(),
+            precision: self.settings.precision.as_str().into(),
+            mode: self.settings.mode.as_str().into(),
+            seed: self.settings.seed,
+            correct_trials: self.settings.correct_trials,
+            timing: TimingSpec {
+                measure: self.settings.timing_trials > 0,
+                warmup: self.settings.warmup,
+                trials: self.settings.timing_trials,
+                // KernelBench's cuda_event defaults: drop the first timed call, flush L2 each time.
+                discard_first: 1,
+                l2_flush: true,
+            },
+            reference_runtime: self
+                .settings
+                .baseline
+                .as_ref()
+                .and_then(|b| b.reference_runtime(problem)),
+            cast_integer_inputs: self.settings.cast_integer_inputs,
+            steps: None,
+            quiet: None,
+        }
+    }
+
+    /// Preparing the reference ran out of time: not the candidate's fault, and no candidate code ran.
+    pub(super) fn reference_timeout(
+        &self,
+        after: Duration,
+        device: &DeviceId,
+        hardware: Option<String>,
+        started: Instant,
+    ) -> ExecOutcome {
+        let dev = device.to_string();
+        let message = format!(
+            "preparing the reference (its inputs, outputs and timing) exceeded {} s, so the candidate \
+             was not evaluated; the worker was killed. Raise eval.timeouts.reference_s for problems \
+             this large",
+            secs(after)
+        );
+        let mut o = ExecOutcome::failure(
+            Verdict::ReferenceError,
+            &dev,
+            message.clone(),
+            elapsed_ms(started),
+        );
+        o.metadata.insert("error".into(), json!(message));
+        o.metadata
+            .insert("reference_timeout_s".into(), json!(after.as_secs_f64()));
+        o.compiled = false;
+        self.with_device(o, &dev, hardware)
+    }
+
+    pub(super) async fn prepare_step(
+        &self,
+        problem: Arc<Problem>,
+        device: &DeviceId,
+        quiet: bool,
+    ) -> Result<PrepareOutcome, Unavailable> {
+        let Some(slot) = self.eval_slot(device) else {
+            return Err(Unavailable(format!(
+                "device {device} is not served by this worker pool"
+            )));
+        };
+        let mut request = self.prepare_request(&problem, device);
+        request.steps = Some(1);
+        request.quiet = Some(quiet);
+        let started = Instant::now();
+        // Not a candidate's request: it does not count towards recycling the worker.
+        let result = self
+            .call(
+                slot,
+                RequestBody::Prepare(request),
+                self.deadlines.reference,
+                false,
+            )
+            .await;
+        Ok(match result {
+            Ok(ResponseBody::Prepare(r)) => super::reference::prepare_outcome(r),
+            Ok(other) => super::reference::prepare_failed(
+                format!("prepare answered with `{}`", other.kind()),
+                started,
+            ),
+            // A lost worker only delays the preparation: the candidate's own evaluation builds
+            // what it needs, retried on another worker.
+            Err(CallError::Lost(loss)) => {
+                super::reference::prepare_failed(format!("worker lost: {}", loss.detail), started)
+            }
+            Err(e) => match e.candidate_fault() {
+                Ok(e) => {
+                    super::reference::prepare_failed(super::reference::call_error_text(&e), started)
+                }
+                Err(Fault::Unavailable(u)) => return Err(u),
+                Err(Fault::Lost(loss)) => super::reference::prepare_failed(
+                    format!("worker lost: {}", loss.detail),
+                    started,
+                ),
+            },
+        })
+    }
+}
