@@ -1,7 +1,7 @@
 //! `krefine bench compile`: every candidate built the plain `load_inline` way and krefine's fast way,
 //! side by side in one run, each build cold (a fresh Python process and a fresh build directory).
 //!
-//! The builds run through the harness's own build code (`kb_build.py build`), so the fast path measured
+//! The builds run through the harness's own build code (`kb_bench.py build`), so the fast path measured
 //! is the one compile workers use. Precompiled headers are per (compiler, torch, flags), not per
 //! candidate: they are made once before the timed builds and their cost is reported on its own line.
 
@@ -43,7 +43,7 @@ impl Mode {
     }
 }
 
-/// One build's report (`kb_build.py build` prints it as one JSON line).
+/// One build's report (`kb_bench.py build` prints it as one JSON line).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 pub struct BuildReport {
     pub ok: bool,
@@ -96,7 +96,7 @@ pub fn run(args: CompileBench) -> anyhow::Result<String> {
     let harness = rt
         .block_on(deploy_harness(&work.join("harness")))
         .context("deploying the harness")?;
-    let driver = harness.join("kb_build.py");
+    let driver = harness.join("kb_bench.py");
     let runner = Runner {
         python: python.clone(),
         driver,

@@ -29,6 +29,7 @@ from typing import Any
 import kb_build
 import kb_feedback
 import kb_pch
+from kb_feedback import CANDIDATE_ERRORS, get_error_name
 
 CANDIDATE_FILE = "candidate.py"
 BUILD_INFO_FILE = "krefine_build.json"
@@ -49,14 +50,6 @@ _held_build_lock: tuple[str, int] | None = None
 # What the worker was started with: when a request gives no arch list we fall back to this, never to
 # "unset", so an operator-provided TORCH_CUDA_ARCH_LIST keeps working.
 _STARTUP_ARCH_LIST = os.environ.get("TORCH_CUDA_ARCH_LIST")
-# Errors a candidate can raise at our call sites. SystemExit is included because `sys.exit()` in model
-# code must become a failing result, not a silently exiting worker.
-CANDIDATE_ERRORS: tuple[type[BaseException], ...] = (Exception, SystemExit)
-
-
-def get_error_name(exc: BaseException) -> str:
-    """KernelBench's error name: `module.ClassName` of the exception's class."""
-    return f"{exc.__class__.__module__}.{exc.__class__.__name__}"
 
 
 def remove_stale_locks(build_dir: str) -> int:

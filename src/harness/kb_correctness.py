@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 
 import kb_feedback
-from kb_compile import CANDIDATE_ERRORS, get_error_name
+from kb_feedback import CANDIDATE_ERRORS, get_error_name
 from kb_reference import (
     TOLERANCES,
     ReferenceFailure,

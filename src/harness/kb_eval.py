@@ -26,8 +26,9 @@ import torch
 
 import kb_candidate
 import kb_feedback
+import kb_profile
 import kb_timing
-from kb_candidate import CandidateProcess, ChildDied, construct_candidate
+from kb_candidate import construct_candidate
 from kb_correctness import (
     Verdict,
     cache_could_have_caused,
@@ -36,7 +37,8 @@ from kb_correctness import (
     other_error_metadata,
     sticky_error,
 )
-from kb_compile import CANDIDATE_ERRORS, get_error_name
+from kb_feedback import CANDIDATE_ERRORS, get_error_name
+from kb_process import BadFork, CandidateProcess, ChildDied
 from kb_reference import (
     DTYPES,
     TOLERANCES,
@@ -48,11 +50,11 @@ from kb_reference import (
     integer_inputs_policy,
     load_problem,
     nbytes,
-    normalize_device,
     poison_free_memory,
     prepare_value,
     release_memory,
     same_bytes,
+    select_device,
     set_seed,
     synchronize,
     tensor_checksum,
@@ -76,6 +78,7 @@ __all__ = [
     "prepare_value",
     "release_memory",
     "same_bytes",
+    "select_device",
     "set_seed",
     "sticky_error",
     "synchronize",
@@ -129,7 +132,7 @@ class Worker:
         process = self.spares.pop(0) if self.spares else self._start(device)
         try:
             process.wait_ready()
-        except kb_candidate.BadFork:
+        except BadFork:
             print("krefine harness: forked candidate processes cannot use CUDA; spawning them", file=sys.stderr)
             self.start_method = "spawn"
             _kill_all(self.spares)
@@ -168,14 +171,6 @@ class Worker:
 def _kill_all(processes: list[CandidateProcess]) -> None:
     while processes:
         processes.pop().kill()
-
-
-def select_device(request: dict[str, Any]) -> torch.device:
-    """The request's device, made current for CUDA (the worker sees one GPU)."""
-    device = normalize_device(request["device"])
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    return device
 
 
 @contextlib.contextmanager
@@ -589,10 +584,8 @@ def _response(request: dict[str, Any], verdict: Verdict, env: dict[str, Any]) ->
 
 def profile_isolated(request: dict[str, Any], worker: Worker, scratch: str) -> dict[str, Any]:
     """`op: profile` in a fresh candidate process (the profile imports and runs the candidate)."""
-    import kb_profile
-
     if not worker.isolate:
-        return kb_profile.profile(request, worker, scratch)
+        return kb_profile.profile(request, worker.references, scratch)
     process, _ = worker.take_process(request["device"])
     job = {
         "kind": "profile",

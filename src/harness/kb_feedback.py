@@ -1,6 +1,7 @@
 """Execution feedback ("E"): the plain-words text that goes into the next prompt.
 
-Everything here is pure string work (no torch), so it is cheap to test exactly. Two jobs:
+Everything here is pure string work (no torch), so it is cheap to test exactly. It also says what a
+candidate's error is (`CANDIDATE_ERRORS`, `get_error_name`), for every floor above. Two jobs:
 - trim compiler logs and Python tracebacks down to what a model needs to fix its code;
 - phrase a result (compile error, runtime error, mismatch, timing) as short sentences.
 """
@@ -20,6 +21,10 @@ MAX_MESSAGE_CHARS = 1500
 CONTEXT_BEFORE = 2
 CONTEXT_AFTER = 3
 CANDIDATE_FILE = "candidate.py"
+
+# Errors a candidate can raise at our call sites. SystemExit is included because `sys.exit()` in model
+# code must become a failing result, not a silently exiting worker.
+CANDIDATE_ERRORS: tuple[type[BaseException], ...] = (Exception, SystemExit)
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # Lines that are build-system chatter, never a diagnosis: ninja progress and command lines, torch's
@@ -53,6 +58,10 @@ _CUDA_BOILERPLATE = (
     "Search for `cudaErrorIllegalAddress'",
 )
 
+
+def get_error_name(exc: BaseException) -> str:
+    """KernelBench's error name: `module.ClassName` of the exception's class."""
+    return f"{exc.__class__.__module__}.{exc.__class__.__name__}"
 
 def clip(text: str, limit: int) -> str:
     """Cut `text` to at most `limit` characters, saying so."""

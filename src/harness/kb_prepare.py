@@ -29,8 +29,8 @@ import torch
 
 import kb_feedback
 from kb_correctness import Verdict
-from kb_eval import Worker, precision_policy, reference_timing, reference_timing_needed, select_device
-from kb_reference import CapturedError, ProblemContext, cast_integers_of, release_memory
+from kb_eval import Worker, precision_policy, reference_timing, reference_timing_needed
+from kb_reference import CapturedError, ProblemContext, cast_integers_of, release_memory, select_device
 
 Step = Literal["trial", "timing_inputs", "reference_timing"]
 # The longest a stepwise preparation may hold the device to time the reference (see the module doc).

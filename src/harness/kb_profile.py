@@ -17,9 +17,11 @@ from typing import Any
 import torch
 
 import kb_compile
-import kb_eval
 import kb_feedback
-from kb_compile import CANDIDATE_ERRORS
+from kb_candidate import construct_candidate
+from kb_correctness import is_out_of_memory, sticky_error
+from kb_feedback import CANDIDATE_ERRORS
+from kb_reference import ReferenceCache, release_memory, select_device, synchronize
 
 TABLE_MAX_CHARS = 4000
 NCU_TIMEOUT_S = 300
@@ -59,14 +61,14 @@ def profiler_table(model: torch.nn.Module, inputs: list[Any], device: torch.devi
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.no_grad():
         model(*inputs)  # warm-up: lazy JIT compiles, library handles, allocator growth
-        kb_eval.synchronize(device)
+        synchronize(device)
         # A named range gives the whole forward a row, even when it is one opaque extension call.
         with (
             torch.profiler.profile(activities=activities) as prof,
             torch.profiler.record_function("ModelNew.forward"),
         ):
             model(*inputs)
-            kb_eval.synchronize(device)
+            synchronize(device)
     sort_by = "device_time_total" if device.type == "cuda" else "cpu_time_total"
     table = prof.key_averages().table(sort_by=sort_by, row_limit=row_limit, max_name_column_width=60)
     return trim_table(table)
@@ -86,11 +88,13 @@ def _result(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def profile(request: dict[str, Any], worker: kb_eval.Worker, scratch: str) -> dict[str, Any]:
+def profile(request: dict[str, Any], references: ReferenceCache, scratch: str) -> dict[str, Any]:
+    """Profile the request's candidate against the reference data in `references` (the worker's cache,
+    or a fresh one in a candidate process)."""
     started = time.perf_counter()
     result = _result(request)
-    device = kb_eval.select_device(request)
-    _profile_into(result, request, worker, device, scratch)
+    device = select_device(request)
+    _profile_into(result, request, references, device, scratch)
     result["duration_s"] = round(time.perf_counter() - started, 6)
     return result
 
@@ -98,11 +102,11 @@ def profile(request: dict[str, Any], worker: kb_eval.Worker, scratch: str) -> di
 def _profile_into(
     result: dict[str, Any],
     request: dict[str, Any],
-    worker: kb_eval.Worker,
+    references: ReferenceCache,
     device: torch.device,
     scratch: str,
 ) -> None:
-    ctx = worker.references.context(request["problem"]["code"], device, request["precision"], "faithful", 42)
+    ctx = references.context(request["problem"]["code"], device, request["precision"], "faithful", 42)
     if ctx.error is not None:
         result["status"], result["note"] = "reference_error", kb_feedback.exception_line(ctx.error.exc)
         return
@@ -116,7 +120,7 @@ def _profile_into(
             return
         assert loaded.model_new is not None
         try:
-            model = kb_eval.construct_candidate(ctx, loaded.model_new)
+            model = construct_candidate(ctx, loaded.model_new)
             result["table"] = profiler_table(model, ctx.timing_inputs(), device, request["row_limit"])
         except CANDIDATE_ERRORS as exc:
             _classify(result, exc, device, loaded.candidate_path)
@@ -126,14 +130,14 @@ def _profile_into(
     finally:
         kb_compile.unload_candidate(loaded)
         if not result["sticky"]:
-            kb_eval.release_memory(device)
+            release_memory(device)
 
 
 def _classify(result: dict[str, Any], exc: BaseException, device: torch.device, candidate_path: str) -> None:
-    poisoned = kb_eval.sticky_error(exc, device)
+    poisoned = sticky_error(exc, device)
     if poisoned is not None:
         result["status"], result["sticky"] = "cuda_error", True
-    elif kb_eval.is_out_of_memory(exc):
+    elif is_out_of_memory(exc):
         result["status"] = "out_of_memory"
     else:
         result["status"] = "runtime_error"
@@ -199,13 +203,13 @@ def ncu_target(job_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     device = torch.device(job["device"])
     torch.cuda.set_device(device)
-    ctx = kb_eval.ReferenceCache().context(job["code"], device, job["precision"], "faithful", 42)
+    ctx = ReferenceCache().context(job["code"], device, job["precision"], "faithful", 42)
     if ctx.error is not None:
         raise ctx.error.exc
     loaded = kb_compile.load_candidate(job["source"], job["build_dir"], job["log_path"])
     if loaded.model_new is None:
         raise RuntimeError(f"candidate did not load: {loaded.error_name}: {loaded.error}")
-    model = kb_eval.construct_candidate(ctx, loaded.model_new)
+    model = construct_candidate(ctx, loaded.model_new)
     inputs = ctx.timing_inputs()
     with torch.no_grad():
         model(*inputs)

@@ -36,7 +36,7 @@ from typing import Any, Literal
 import torch
 
 import kb_inputs
-from kb_compile import CANDIDATE_ERRORS
+from kb_feedback import CANDIDATE_ERRORS
 from kb_inputs import tensors as tensors_in
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -733,3 +733,11 @@ def release_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def select_device(request: dict[str, Any]) -> torch.device:
+    """The request's device, made current for CUDA (the worker sees one GPU)."""
+    device = normalize_device(request["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device

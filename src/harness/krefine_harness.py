@@ -9,8 +9,30 @@ Only the standard library is imported at module level: the protocol fds must be 
 
 No candidate code runs in this process. A compile runs in a child forked for it (a compile worker never
 initialises CUDA, so the fork is safe: `cuda_available` is read through NVML); an evaluation or a
-profile runs in a pre-warmed single-use process (kb_candidate). Whatever a candidate patches, sets,
+profile runs in a pre-warmed single-use process (kb_process). Whatever a candidate patches, sets,
 starts or imports ends with its process.
+
+Floors. Every harness module sits on one floor; imports (at module level or inside a function) run down
+the floors or along one, never up, and never in a circle. From the top:
+
+    protocol   krefine_harness (this file: the serve loop) > kb_protocol (message shapes);
+               kb_bench (`krefine bench compile`'s driver, a script)
+    eval       kb_prepare (`op: prepare`) > kb_eval (`op: evaluate`, the worker's candidate processes)
+    process    kb_process (the single-use candidate process: warm-up, one job, exit)
+    profile    kb_profile (`op: profile`: torch.profiler table, ncu)
+    candidate  kb_candidate (load, check and time one candidate; the reference over a pipe)
+               > kb_correctness (KernelBench's correctness loop, the verdict)
+    build      kb_compile (`op: compile`, import a candidate) > kb_build (the fast load_inline)
+               > kb_pch (shared precompiled headers) > kb_split (a C++ extension in two units);
+               kb_nvcc (the overlapped nvcc, a script the build runs)
+    problem    kb_reference (the problem, its reference data, the device) > kb_inputs
+    leaves     kb_feedback (feedback text, what a candidate's error is), kb_timing (timers, L2 flush),
+               kb_sandbox (confinement); none imports a harness module
+
+Read the table top to bottom, left to right: a module may import only modules named after it (`a > b`:
+a imports b). tests/python/test_floors.py reads the table and checks every import against it. One
+known exception: kb_inputs imports kb_reference inside a function (a circle, until the generation of
+the reference data moves out of kb_reference).
 """
 
 from __future__ import annotations

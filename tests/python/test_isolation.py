@@ -18,6 +18,7 @@ import pytest
 import kb_candidate
 import kb_eval
 import kb_prepare
+import kb_process
 import kb_protocol
 from harness_client import FIXTURES, evaluate_request, prepare_request
 
@@ -39,7 +40,7 @@ class IsolatedWorker:
         assert kb_prepare.prepare(prepare_request(1, MATMUL), self.worker)["status"] == "ready"
 
     @staticmethod
-    def _died(died: kb_candidate.ChildDied) -> None:
+    def _died(died: kb_process.ChildDied) -> None:
         raise AssertionError(f"a candidate process died: {died}")
 
     def evaluate(self, name: str, mode: str = "faithful", measure: bool = True, **options: Any) -> dict[str, Any]:

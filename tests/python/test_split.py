@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import kb_bench
 import kb_build
 import kb_compile
 import kb_split
@@ -246,5 +247,5 @@ def test_the_split_comparison_ignores_alignment_padding(tmp_path: Path) -> None:
     for name, text in sources.items():
         (tmp_path / f"{name}.c").write_text(text)
         subprocess.run([compiler, "-O2", "-c", str(tmp_path / f"{name}.c"), "-o", str(tmp_path / f"{name}.o")], check=True)
-    verdict = kb_build._compare_split([tmp_path / "plain.o"], tmp_path / "main.o", tmp_path / "bind.o")
+    verdict = kb_bench._compare_split([tmp_path / "plain.o"], tmp_path / "main.o", tmp_path / "bind.o")
     assert verdict == {"candidate functions": "identical", "other functions": "0 of 1 identical"}
