@@ -160,3 +160,28 @@ def test_large_inputs_are_made_in_parallel_processes_with_the_same_bits(tmp_path
         expected, expected_rng = kernelbench_inputs(MIXED, seed)
         assert all(same(a, b) for a, b in zip(loaded[0], expected, strict=True))
         assert torch.equal(loaded[1], expected_rng)
+
+
+def test_the_reference_cache_reads_stored_inputs_and_matches_making_them(tmp_path: Path) -> None:
+    import kb_reference
+
+    code = (HOSTILE / "problem_add.py").read_text()
+    req = request(code, tmp_path)
+    assert kb_store.generate(req)["status"] == "generated"
+    cpu = torch.device("cpu")
+    seeds = kb_problem.trial_seeds(42, 5)
+    stored = kb_reference.ReferenceCache().context(code, cpu, "fp32", "faithful", 42, stored=req["entry"])
+    made = kb_reference.ReferenceCache().context(code, cpu, "fp32", "faithful", 42)
+    for index, seed in enumerate(seeds):
+        a, b = stored.trial(5, index, seed), made.trial(5, index, seed)
+        assert all(same(x, y) for x, y in zip(a.inputs, b.inputs, strict=True))
+        assert same(a.output, b.output)
+        assert torch.equal(a.rng.cpu, b.rng.cpu)
+    assert same(stored.timing_inputs()[0], made.timing_inputs()[0])
+    assert stored.counts["stored_inputs"] == 6 and made.counts["stored_inputs"] == 0
+    # A context that draws its inputs on the device never reads the store.
+    drawn = kb_reference.ReferenceCache().context(
+        code, cpu, "fp32", "faithful", 42, inputs="device", stored=req["entry"]
+    )
+    drawn.trial(5, 0, seeds[0])
+    assert drawn.counts["stored_inputs"] == 0
