@@ -387,10 +387,26 @@ pub struct ResourcesSection {
     #[serde(default = "default_drain_after")]
     pub drain_after: u32,
     /// Problems whose reference data (trial inputs and outputs, timing inputs, reference timing) is
-    /// prepared ahead of their first candidate, while its answer is generated and compiled
-    /// (`crate::refprep`); 0 turns it off. At most `refprep::MAX_AHEAD`.
+    /// prepared on the device ahead of their first candidate, while its answer is generated and
+    /// compiled (`crate::refprep`); 0 turns it off. At most `refprep::MAX_AHEAD` (what a worker keeps).
+    /// The CPU side (making inputs into the store, no lease held) is not bound by it: it runs ahead
+    /// for every problem queued, a few at once (`refprep::cpu_ahead`).
     #[serde(default = "default_prepare_ahead")]
     pub prepare_ahead: u32,
+    /// Size bound of the on-disk store of reference inputs (`eval.reference_cache`), in GB (1e9
+    /// bytes); least recently used entries go first. 0 turns the store off.
+    #[serde(
+        default = "default_reference_cache_gb",
+        skip_serializing_if = "is_default_reference_cache_gb"
+    )]
+    pub reference_cache_gb: f64,
+}
+
+fn default_reference_cache_gb() -> f64 {
+    40.0
+}
+fn is_default_reference_cache_gb(v: &f64) -> bool {
+    *v == default_reference_cache_gb()
 }
 
 fn default_loss_retries() -> u32 {
@@ -428,6 +444,7 @@ impl Default for ResourcesSection {
             loss_retries: default_loss_retries(),
             drain_after: default_drain_after(),
             prepare_ahead: default_prepare_ahead(),
+            reference_cache_gb: default_reference_cache_gb(),
         }
     }
 }
@@ -615,6 +632,15 @@ pub struct EvalSection {
     /// Where compiled extensions are cached (content-addressed); default `<output.dir>/.build-cache`.
     #[serde(default)]
     pub build_cache: Option<PathBuf>,
+    /// Where problems' CPU-made inputs are stored (`worker::input_store`); default
+    /// `<output.dir>/.reference-cache`, next to the build cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_cache: Option<PathBuf>,
+    /// `kernelbench`: inputs made by `get_inputs()` on the CPU, bit for bit KernelBench's (stored
+    /// on disk, see `reference_cache`); `device`: the same distributions drawn on the GPU (other
+    /// bits, no CPU work). Recorded in every result's env as `inputs`.
+    #[serde(default, skip_serializing_if = "InputsMode::is_default")]
+    pub inputs: InputsMode,
     /// `fast` (krefine's faster build of `load_inline`, falling back to the plain one) or `plain`
     /// (torch's own build, nothing changed).
     #[serde(default)]
@@ -692,6 +718,8 @@ impl Default for EvalSection {
             ncu: false,
             recycle_after: default_recycle(),
             build_cache: None,
+            reference_cache: None,
+            inputs: InputsMode::default(),
             build: BuildMode::default(),
             timeouts: Timeouts::default(),
             simulated: SimulatedSection::default(),
@@ -701,6 +729,28 @@ impl Default for EvalSection {
             hf: crate::hf::HfSection::default(),
             sandbox: None,
         }
+    }
+}
+
+/// Where a problem's inputs are drawn (`eval.inputs`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum InputsMode {
+    #[default]
+    Kernelbench,
+    Device,
+}
+
+impl InputsMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InputsMode::Kernelbench => "kernelbench",
+            InputsMode::Device => "device",
+        }
+    }
+
+    pub fn is_default(&self) -> bool {
+        *self == InputsMode::Kernelbench
     }
 }
 
@@ -979,6 +1029,15 @@ fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
             ),
         ));
     }
+    if !(c.resources.reference_cache_gb.is_finite() && c.resources.reference_cache_gb >= 0.0) {
+        return Err(invalid(
+            "resources.reference_cache_gb",
+            &format!(
+                "expected a size in GB, 0 or more (0 turns the reference input store off), got {}",
+                c.resources.reference_cache_gb
+            ),
+        ));
+    }
     if c.resources.compile_workers == 0 {
         return Err(invalid("resources.compile_workers", "expected at least 1"));
     }
@@ -1220,6 +1279,39 @@ answers = "answers.jsonl"
         assert!(e.contains("bogus"), "{e}");
         let e = p(MIN, &["noequals"]).unwrap_err().to_string();
         assert!(e.contains("key=value"), "{e}");
+    }
+
+    #[test]
+    fn reference_store_and_inputs_keys() {
+        let c = p(MIN, &[]).unwrap().config;
+        assert_eq!(c.resources.reference_cache_gb, 40.0);
+        assert_eq!(c.eval.inputs, InputsMode::Kernelbench);
+        assert!(c.eval.reference_cache.is_none());
+        let c = p(
+            MIN,
+            &[
+                "eval.inputs=\"device\"",
+                "resources.reference_cache_gb=0",
+                "eval.reference_cache=\"/tmp/refs\"",
+            ],
+        )
+        .unwrap()
+        .config;
+        assert_eq!(c.eval.inputs, InputsMode::Device);
+        assert_eq!(c.resources.reference_cache_gb, 0.0);
+        assert_eq!(
+            c.eval.reference_cache.as_deref(),
+            Some(Path::new("/tmp/refs"))
+        );
+        let e = p(MIN, &["resources.reference_cache_gb=-1"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("resources.reference_cache_gb") && e.contains("got -1"),
+            "{e}"
+        );
+        let e = p(MIN, &["eval.inputs=\"gpu\""]).unwrap_err().to_string();
+        assert!(e.contains("inputs"), "{e}");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use super::WorkerError;
 pub const HARNESS_ENTRY: &str = "krefine_harness.py";
 
 /// Every harness file: (file name, content).
-pub const HARNESS_FILES: [(&str, &str); 19] = [
+pub const HARNESS_FILES: [(&str, &str); 21] = [
     (
         "krefine_harness.py",
         include_str!("../harness/krefine_harness.py"),
