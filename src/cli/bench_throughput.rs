@@ -205,14 +205,26 @@ pub fn run(b: ThroughputBench) -> anyhow::Result<String> {
     else {
         anyhow::bail!("nothing to evaluate");
     };
-    let (_tmp, work) = match &b.work_dir {
-        Some(dir) => (None, std::path::absolute(dir)?),
-        None => {
-            let tmp = tempfile::tempdir().context("cannot create a work folder")?;
-            let path = tmp.path().to_path_buf();
-            (Some(tmp), path)
-        }
+    let (work, temporary) = match &b.work_dir {
+        Some(dir) => (std::path::absolute(dir)?, false),
+        None => (
+            std::env::temp_dir().join(format!("krefine-bench-throughput-{}", std::process::id())),
+            true,
+        ),
     };
+    let result = passes(&b, &items, level, &work);
+    if temporary {
+        let _ = std::fs::remove_dir_all(&work);
+    }
+    result
+}
+
+fn passes(
+    b: &ThroughputBench,
+    items: &[crate::interchange::Generation],
+    level: u32,
+    work: &std::path::Path,
+) -> anyhow::Result<String> {
     let refs = work.join("refs");
     for pass in ["cold", "warm"] {
         anyhow::ensure!(
@@ -239,7 +251,8 @@ pub fn run(b: ThroughputBench) -> anyhow::Result<String> {
         let out = work.join(pass).join("run");
         eprintln!("bench throughput: {pass} pass into {}", out.display());
         let started = Instant::now();
-        super::eval::evaluate(&items, &b.dataset, level, &out, &sets, false)?;
+        super::eval::evaluate(items, &b.dataset, level, &out, &sets, false)
+            .with_context(|| format!("the {pass} pass"))?;
         let wall_s = started.elapsed().as_secs_f64();
         let log = crate::store::read_log(&out.join(crate::store::EVENTS_FILE))?;
         results.push((pass, throughput(&log.records, wall_s)));
