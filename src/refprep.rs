@@ -221,14 +221,19 @@ impl Preparer {
     /// Wait (holding no lease) until `problem`'s inputs are made, when they are being made or queued
     /// to be; queues them first when they are not. Returns at once once they are made.
     pub async fn inputs_ready(&self, problem: ProblemKey) {
+        if !self.with(|q| q.wait_for_inputs(problem)) {
+            return;
+        }
+        // The CPU stage may take it now. Told before this waiter listens: a waiter that woke
+        // itself would spin without ever yielding to the runtime.
+        self.wake.notify_waiters();
         loop {
             let notified = self.wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if !self.with(|q| q.wait_for_inputs(problem)) {
+            if self.with(|q| q.made.contains(&problem)) {
                 return;
             }
-            self.wake.notify_waiters(); // the CPU stage may take it now
             notified.await;
         }
     }
@@ -465,6 +470,28 @@ mod tests {
         q.inputs_done(p(4));
         q.coming(p(1));
         assert_eq!(q.take_inputs(), None);
+    }
+
+    /// A candidate waiting for its problem's inputs wakes when they are made, and lets the CPU
+    /// stage run meanwhile (on one thread: a waiter that woke itself would starve it; this test hung
+    /// before).
+    #[tokio::test]
+    async fn a_candidate_waits_for_its_inputs_without_starving_the_cpu_stage() {
+        let prep = Arc::new(Preparer::with_cpu(1, 1));
+        prep.coming(p(1));
+        prep.coming(p(2));
+        let waiter = {
+            let prep = prep.clone();
+            tokio::spawn(async move { prep.inputs_ready(p(2)).await })
+        };
+        tokio::task::yield_now().await; // the waiter runs (one thread) and queues problem 2 first
+        assert_eq!(prep.next_inputs().await, p(2));
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        prep.inputs_done(p(2));
+        waiter.await.unwrap();
+        prep.inputs_ready(p(2)).await; // made: returns at once
+        assert_eq!(prep.next_inputs().await, p(1));
     }
 
     /// An executor that records what it is asked, in order: problem 1's inputs must be made with
