@@ -14,8 +14,9 @@ version, and keeps the store bounded):
     seed-<seed>.bin    the raw bytes of that seed's tensors, one after another
     used               touched by the orchestrator at every use (LRU)
 
-Each seed's file carries a CRC-32 in the manifest; a loader that finds a wrong size or checksum says so
-and makes the inputs itself (never a wrong input), and the next `generate` rebuilds the entry.
+Each seed's file carries CRC-32s in the manifest (one per 64 MB of each tensor, checked on several
+threads); a loader that finds a wrong size or checksum says so and makes the inputs itself (never a wrong
+input), and the next `generate` rebuilds the entry.
 
 Only plain values are stored: a top-level list of contiguous CPU tensors and JSON scalars. A problem
 whose `get_inputs()` makes anything else (a tensor on a device, a view, a nested structure) is
@@ -34,6 +35,7 @@ import shutil
 import sys
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -43,7 +45,19 @@ import kb_problem
 
 FORMAT = 1
 MANIFEST = "manifest.json"
-_CHUNK = 1 << 26  # bytes checksummed and written per call (bounded copies of huge tensors)
+# Each seed's file is checksummed in chunks of this many bytes (one CRC-32 each, listed in the manifest),
+# so that a loader checks a multi-GB file on several threads at once (zlib releases the GIL).
+_CHUNK = 1 << 26
+_THREADS = 8
+
+
+def _crcs(view: memoryview) -> list[int]:
+    """The CRC-32 of every _CHUNK bytes of `view`, computed on several threads."""
+    chunks = [view[start : start + _CHUNK] for start in range(0, len(view), _CHUNK)]
+    if len(chunks) < 2:
+        return [zlib.crc32(c) for c in chunks]
+    with ThreadPoolExecutor(max_workers=min(_THREADS, len(chunks))) as pool:
+        return list(pool.map(zlib.crc32, chunks))
 
 
 class Unstorable(Exception):
@@ -111,21 +125,21 @@ def write_seed(problem: kb_problem.ProblemCode, seed: int, folder: str) -> dict[
     raw = problem.get_inputs()
     rng = torch.get_rng_state()
     items = describe(raw)
-    crc = 0
+    crcs: list[int] = []
     path = os.path.join(folder, seed_file(seed))
     with open(path, "wb") as f:
         for t in (v for v in raw if isinstance(v, torch.Tensor)):
             view = _byte_view(t)
+            crcs.extend(_crcs(view))
             for start in range(0, len(view), _CHUNK):
-                part = view[start : start + _CHUNK]
-                crc = zlib.crc32(part, crc)
-                f.write(part)
+                f.write(view[start : start + _CHUNK])
         f.flush()
         os.fsync(f.fileno())
     return {
         "file": seed_file(seed),
         "bytes": sum(int(i.get("nbytes", 0)) for i in items),
-        "crc32": crc,
+        # One CRC-32 per _CHUNK bytes of each tensor, tensor after tensor.
+        "crcs": crcs,
         "items": items,
         "rng": base64.b64encode(bytes(rng.numpy())).decode("ascii"),
     }
@@ -162,17 +176,22 @@ def read_manifest(entry: str) -> dict[str, Any] | None:
     return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
 
 
-def _file_crc(path: str, expected_size: int) -> int | None:
-    """CRC-32 of a file, None when it is missing or not `expected_size` bytes long."""
+def _file_crcs(path: str, part: dict[str, Any]) -> list[int] | None:
+    """The chunk CRCs of a seed's file as its manifest part lays it out (per tensor); None when the
+    file is missing or not the size the manifest says."""
     try:
-        if os.path.getsize(path) != expected_size:
+        if os.path.getsize(path) != int(part["bytes"]):
             return None
-        crc = 0
+        crcs: list[int] = []
         with open(path, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                crc = zlib.crc32(chunk, crc)
-        return crc
-    except OSError:
+            for item in part["items"]:
+                if "nbytes" in item:
+                    data = bytearray(int(item["nbytes"]))
+                    if f.readinto(data) != len(data):
+                        return None
+                    crcs.extend(_crcs(memoryview(data)))
+        return crcs
+    except (OSError, KeyError, ValueError):
         return None
 
 
@@ -188,7 +207,7 @@ def verify(entry: str, code: str, seeds: list[int]) -> str | None:
         part = manifest.get("seeds", {}).get(str(seed))
         if part is None:
             return f"seed {seed} is missing"
-        if _file_crc(os.path.join(entry, part["file"]), int(part["bytes"])) != part["crc32"]:
+        if _file_crcs(os.path.join(entry, part["file"]), part) != part.get("crcs"):
             return f"seed {seed}: wrong size or checksum"
     return None
 
@@ -254,7 +273,7 @@ def load(entry: str, code: str, seed: int) -> tuple[list[Any], torch.Tensor] | N
     if part is None:
         return None
     values: list[Any] = []
-    crc = 0
+    views: list[memoryview] = []
     try:
         with open(os.path.join(entry, part["file"]), "rb") as f:
             for item in part["items"]:
@@ -267,7 +286,7 @@ def load(entry: str, code: str, seed: int) -> tuple[list[Any], torch.Tensor] | N
                     part_view = view[start : start + _CHUNK]
                     if f.readinto(part_view) != len(part_view):
                         raise ValueError("file shorter than its manifest")
-                    crc = zlib.crc32(part_view, crc)
+                views.append(view)
                 if item.get("requires_grad"):
                     t.requires_grad_(True)
                 values.append(t)
@@ -276,7 +295,10 @@ def load(entry: str, code: str, seed: int) -> tuple[list[Any], torch.Tensor] | N
     except (OSError, ValueError, TypeError, KeyError) as exc:
         print(f"krefine harness: stored inputs of seed {seed} unusable ({exc}); making them", file=sys.stderr)
         return None
-    if crc != part["crc32"]:
+    # The checksums after the reads, on several threads: the read is a copy from the page cache,
+    # the checksum the slow part.
+    crcs = [c for view in views for c in _crcs(view)]
+    if crcs != part.get("crcs"):
         print(f"krefine harness: stored inputs of seed {seed} fail their checksum; making them", file=sys.stderr)
         return None
     rng = torch.frombuffer(bytearray(base64.b64decode(part["rng"])), dtype=torch.uint8)

@@ -185,3 +185,21 @@ def test_the_reference_cache_reads_stored_inputs_and_matches_making_them(tmp_pat
     )
     drawn.trial(5, 0, seeds[0])
     assert drawn.counts["stored_inputs"] == 0
+
+
+def test_checksums_in_chunks_catch_a_change_in_any_chunk(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(kb_store, "_CHUNK", 1024)  # 16 KiB per tensor: 16 chunks each, on threads
+    code = (HOSTILE / "problem_add.py").read_text()
+    req = dict(request(code, tmp_path), trials=1)
+    assert kb_store.generate(req)["status"] == "generated"
+    seed = kb_problem.trial_seeds(42, 1)[0]
+    manifest = kb_store.read_manifest(req["entry"])
+    assert manifest is not None and len(manifest["seeds"][str(seed)]["crcs"]) == 32
+    assert kb_store.load(req["entry"], code, seed) is not None
+    path = Path(req["entry"]) / kb_store.seed_file(seed)
+    data = bytearray(path.read_bytes())
+    data[20 * 1024 + 5] ^= 0x80  # the second tensor's fifth chunk
+    path.write_bytes(bytes(data))
+    assert kb_store.load(req["entry"], code, seed) is None
+    assert kb_store.generate(req)["status"] == "rebuilt"
+    assert kb_store.load(req["entry"], code, seed) is not None
