@@ -88,7 +88,9 @@ def _byte_view(t: torch.Tensor) -> memoryview:
     import torch
 
     flat = t.detach().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+    if not flat.numel():
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]  # numpy types its buffer for 3.12+
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -145,8 +147,7 @@ def write_seed(problem: kb_problem.ProblemCode, seed: int, folder: str) -> dict[
         for t in (v for v in raw if isinstance(v, torch.Tensor)):
             view = _byte_view(t)
             crcs.extend(_crcs(view))
-            for start in range(0, len(view), _CHUNK):
-                f.write(view[start : start + _CHUNK])
+            f.writelines(view[start : start + _CHUNK] for start in range(0, len(view), _CHUNK))
         f.flush()
         os.fsync(f.fileno())
     return {
@@ -311,7 +312,7 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
     os.rename(tmp, entry)
     size = sum(int(p["bytes"]) for p in parts.values())
     status = "rebuilt" if broken else "generated"
-    return _answer(status, started, seeds, size, detail=why if broken else "", parallel=parallel)
+    return _answer(status, started, seeds, size, detail=(why or "") if broken else "", parallel=parallel)
 
 
 def _answer(
