@@ -22,7 +22,7 @@ pub use crate::llm::config::{BudgetSection, ModelSection, Price, Provider};
 pub use crate::prompt::config::{PromptSection, PromptStyle};
 pub use crate::settings::{Backend, DeviceSelection, HistoryPolicy};
 pub use crate::sim::SimulatedSection;
-pub use crate::worker::config::{BuildMode, EvalSection, ExecutorKind, Timeouts};
+pub use crate::worker::config::{BuildMode, EvalSection, ExecutorKind, InputsMode, Timeouts};
 pub use crate::worker::sandbox::SandboxMode;
 
 #[derive(Debug, thiserror::Error)]
@@ -407,6 +407,15 @@ fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
     if c.resources.llm_concurrency == 0 {
         return Err(invalid("resources.llm_concurrency", "expected at least 1"));
     }
+    if !(c.resources.reference_cache_gb.is_finite() && c.resources.reference_cache_gb >= 0.0) {
+        return Err(invalid(
+            "resources.reference_cache_gb",
+            &format!(
+                "expected a size in GB, 0 or more (0 turns the reference input store off), got {}",
+                c.resources.reference_cache_gb
+            ),
+        ));
+    }
     if c.resources.prepare_ahead > crate::refprep::MAX_AHEAD {
         return Err(invalid(
             "resources.prepare_ahead",
@@ -661,6 +670,39 @@ answers = "answers.jsonl"
         assert!(e.contains("bogus"), "{e}");
         let e = p(MIN, &["noequals"]).unwrap_err().to_string();
         assert!(e.contains("key=value"), "{e}");
+    }
+
+    #[test]
+    fn reference_store_and_inputs_keys() {
+        let c = p(MIN, &[]).unwrap().config;
+        assert_eq!(c.resources.reference_cache_gb, 40.0);
+        assert_eq!(c.eval.inputs, InputsMode::Kernelbench);
+        assert!(c.eval.reference_cache.is_none());
+        let c = p(
+            MIN,
+            &[
+                "eval.inputs=\"device\"",
+                "resources.reference_cache_gb=0",
+                "eval.reference_cache=\"/tmp/refs\"",
+            ],
+        )
+        .unwrap()
+        .config;
+        assert_eq!(c.eval.inputs, InputsMode::Device);
+        assert_eq!(c.resources.reference_cache_gb, 0.0);
+        assert_eq!(
+            c.eval.reference_cache.as_deref(),
+            Some(Path::new("/tmp/refs"))
+        );
+        let e = p(MIN, &["resources.reference_cache_gb=-1"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("resources.reference_cache_gb") && e.contains("got -1"),
+            "{e}"
+        );
+        let e = p(MIN, &["eval.inputs=\"gpu\""]).unwrap_err().to_string();
+        assert!(e.contains("inputs"), "{e}");
     }
 
     #[test]

@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use tokio::sync::mpsc;
 
 use crate::types::{
-    CompileOutcome, Event, ExecOutcome, LlmAnswer, LlmRequest, PrepareOutcome, PrepareStatus,
-    Problem, ProfileOutcome, TaskId,
+    CompileOutcome, Event, ExecOutcome, InputsOutcome, LlmAnswer, LlmRequest, PrepareOutcome,
+    PrepareStatus, Problem, ProfileOutcome, TaskId,
 };
 
 /// Room in the informational-event channel. Bounded so that a flood (a fast token stream while the
@@ -160,6 +160,16 @@ pub trait Executor: Send + Sync {
     /// data ahead of candidates, see `crate::refprep`).
     fn prepares_reference(&self) -> bool {
         false
+    }
+
+    /// Make `problem`'s inputs on the CPU ahead of need (into the on-disk store), in processes of
+    /// their own: the caller holds **no** device lease. `None`: this executor has no store (nothing
+    /// was done, nothing is logged).
+    async fn make_inputs(
+        &self,
+        _problem: Arc<Problem>,
+    ) -> Result<Option<InputsOutcome>, Unavailable> {
+        Ok(None)
     }
 
     /// One step of building `problem`'s reference data on `device`, which the caller holds a lease

@@ -450,6 +450,10 @@ pub struct EvalEnv {
     /// `eval.cast_integer_inputs`); absent in logs written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub integer_inputs: Option<String>,
+    /// `eval.inputs`: `kernelbench` (made on the CPU, KernelBench's bits) or `device` (drawn on the
+    /// GPU); absent in logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<String>,
     /// The worker's `transformers` version (level 4 builds Hugging Face models with it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transformers: Option<String>,
@@ -649,6 +653,25 @@ pub struct PrepareOutcome {
     pub error: Option<String>,
 }
 
+/// What making a problem's inputs on the CPU did (logged as [`Event::InputsPrepared`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InputsOutcome {
+    /// `hit` (stored already), `generated`, `rebuilt` (a corrupt entry replaced), `unstorable` (the
+    /// worker makes them), `error` (the problem's own code failed), `failed` (the machinery).
+    pub status: String,
+    /// Bytes of inputs in the store entry.
+    #[serde(default)]
+    pub bytes: u64,
+    /// Wall time of the CPU stage (no lease held), in milliseconds.
+    #[serde(default)]
+    pub duration_ms: u64,
+    /// Processes that made seeds in parallel (0: one after another).
+    #[serde(default)]
+    pub parallel: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Events and commands
 
@@ -789,6 +812,12 @@ pub enum Event {
         held_ms: u64,
         outcome: PrepareOutcome,
     },
+    /// A problem's inputs were made on the CPU into the on-disk store (or found there), holding no
+    /// device lease (run-level, informational).
+    InputsPrepared {
+        problem: ProblemKey,
+        outcome: InputsOutcome,
+    },
 }
 
 impl Event {
@@ -827,6 +856,7 @@ impl Event {
             Event::LeaseGranted { .. } => "lease_granted",
             Event::LeaseReleased { .. } => "lease_released",
             Event::ReferencePrepared { .. } => "reference_prepared",
+            Event::InputsPrepared { .. } => "inputs_prepared",
         }
     }
 }

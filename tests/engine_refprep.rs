@@ -220,3 +220,93 @@ async fn reference_is_prepared_while_the_first_answer_is_generated_and_results_a
         "{wrong:#?}"
     );
 }
+
+fn inputs_statuses(log: &[LogRecord]) -> Vec<String> {
+    log.iter()
+        .filter_map(|r| match &r.event {
+            Event::InputsPrepared { outcome, .. } => Some(outcome.status.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// With the input store on: the inputs are made on the CPU (logged before the first device step),
+/// a second run finds them stored, and the verdicts and KernelBench metadata are those of inputs made
+/// by the worker itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_inputs_are_made_once_off_the_lease_and_change_no_result() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path().join("work");
+    let harness = deployed_harness(tmp.path()).await;
+    let mut settings = cpu_settings(
+        test_python().await,
+        harness,
+        &work,
+        &work.join("build-cache"),
+    );
+    let store = tmp.path().join("reference-cache");
+    settings.reference_cache = Some(store.clone());
+    settings.reference_cache_bytes = 1 << 30;
+    let pool = WorkerPool::start(settings).await.expect("pool starts");
+
+    let base = problem_add();
+    let first = run(&pool, &tmp.path().join("first"), (*base).clone(), 2).await;
+    let again = run(&pool, &tmp.path().join("again"), (*base).clone(), 2).await;
+    let cold = Problem {
+        key: ProblemKey {
+            level: 1,
+            problem_id: 901,
+        },
+        name: "901_add.py".into(),
+        code: format!("{}\n# another store entry, never made\n", base.code),
+    };
+    let lazy = run(&pool, &tmp.path().join("lazy"), cold, 0).await;
+    pool.shutdown().await;
+
+    assert_eq!(
+        inputs_statuses(&first),
+        ["generated"],
+        "{:?}",
+        kinds(&first)
+    );
+    assert_eq!(inputs_statuses(&again), ["hit"], "{:?}", kinds(&again));
+    assert!(inputs_statuses(&lazy).is_empty());
+    let made = first
+        .iter()
+        .position(|r| matches!(r.event, Event::InputsPrepared { .. }))
+        .unwrap();
+    let on_device = first
+        .iter()
+        .position(|r| matches!(r.event, Event::ReferencePrepared { .. }))
+        .unwrap();
+    assert!(made < on_device, "{:?}", kinds(&first));
+    assert_eq!(
+        std::fs::read_dir(&store)
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| e.path().join("manifest.json").is_file())
+            .count(),
+        1,
+        "one entry for the problem"
+    );
+    for sample in [0, 1] {
+        let (a, b, c) = (
+            executed(&first, sample),
+            executed(&again, sample),
+            executed(&lazy, sample),
+        );
+        for other in [&b, &c] {
+            assert_eq!(
+                (a.verdict, a.compiled, a.correctness, &a.metadata),
+                (
+                    other.verdict,
+                    other.compiled,
+                    other.correctness,
+                    &other.metadata
+                ),
+                "sample {sample}"
+            );
+        }
+        assert_eq!(a.env.inputs.as_deref(), Some("kernelbench"));
+    }
+}

@@ -3,6 +3,8 @@
 //! `krefine bench compile` (in `bench_compile`): plain and fast builds of real candidates side by side.
 //! `krefine bench reference` (in `bench_reference`): a problem's first candidate from compiled to
 //! verdict, with and without its reference data prepared ahead, against KernelBench's own order.
+//! `krefine bench throughput` (in `bench_throughput`): a runs folder or submission evaluated cold and
+//! warm, candidates per GPU-hour and where the time went.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -120,6 +122,33 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 100)]
         frames: u32,
     },
+    /// Throughput: evaluate a runs folder or submission as `krefine eval` does, cold (empty caches)
+    /// then warm (reference inputs stored), and print candidates per GPU-hour, time to first result,
+    /// per-stage totals and GPU busy (measured work next to lease-held time).
+    Throughput {
+        /// A submission JSON or a KernelBench runs folder.
+        src: PathBuf,
+        /// The problems the generations are for (as `krefine eval --dataset`).
+        #[arg(long)]
+        dataset: PathBuf,
+        /// The level to evaluate when the generations span several.
+        #[arg(long)]
+        level: Option<u32>,
+        /// Override a key of both passes' config, e.g. `--set resources.compile_workers=16`.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// The warm pass reuses the cold pass's builds too (default: it builds again, so only the
+        /// reference data differs).
+        #[arg(long)]
+        warm_builds: bool,
+        /// Only the cold pass.
+        #[arg(long)]
+        cold_only: bool,
+        /// Put the passes' run directories and caches here and keep them (must not hold `cold/` or
+        /// `warm/` yet; default: a temporary folder, removed afterwards).
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+    },
     /// Sandbox cost: a worker start with and without the namespaces sandbox, and the per-candidate
     /// Landlock layer.
     Sandbox {
@@ -189,6 +218,27 @@ pub fn bench(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         BenchCmd::Sandbox { python, runs } => super::bench_sandbox::bench_sandbox(python, runs),
+        BenchCmd::Throughput {
+            src,
+            dataset,
+            level,
+            sets,
+            warm_builds,
+            cold_only,
+            work_dir,
+        } => {
+            let out = super::bench_throughput::run(super::bench_throughput::ThroughputBench {
+                src,
+                dataset,
+                level,
+                sets,
+                warm_builds,
+                cold_only,
+                work_dir,
+            })?;
+            super::print_out(&out)?;
+            Ok(ExitCode::SUCCESS)
+        }
         BenchCmd::Scheduler {
             tasks,
             turns,

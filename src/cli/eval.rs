@@ -46,36 +46,10 @@ pub struct EvalArgs {
 }
 
 pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
-    let gens = read_source(&args.src)?;
-    let (gens, checked) = validate(gens, &args.dataset)?;
-    for (key, message) in &checked.lines {
-        eprintln!("{key}: {message}");
-    }
-    if checked.errors > 0 {
-        bail!(
-            "{}: {} problem(s) found (listed above); nothing was evaluated",
-            args.src.display(),
-            checked.errors
-        );
-    }
-    if let Some(name) = gens.metadata.get("display_name").and_then(|v| v.as_str()) {
-        eprintln!("submission {name:?}: {} kernel(s)", gens.items.len());
-    }
-    let levels: Vec<u32> = checked.problems.keys().copied().collect();
-    let level = match (args.level, levels.as_slice()) {
-        (Some(l), _) if levels.contains(&l) => l,
-        (Some(l), _) => bail!(
-            "--level {l}: the generations have no problem of level {l} (they have levels {levels:?})"
-        ),
-        (None, [l]) => *l,
-        (None, _) => bail!(
-            "the generations span levels {levels:?}; evaluate one at a time with --level (one run directory each)"
-        ),
-    };
-    if args.check {
-        eprintln!("valid: {} generation(s)", gens.items.len());
+    let Some((items, level)) = generations_of(&args.src, &args.dataset, args.level, args.check)?
+    else {
         return Ok(ExitCode::SUCCESS);
-    }
+    };
     let stem = args
         .src
         .file_stem()
@@ -85,13 +59,54 @@ pub fn eval(args: EvalArgs) -> anyhow::Result<ExitCode> {
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("runs").join(format!("eval-{stem}")));
+    let (code, _) = evaluate(&items, &args.dataset, level, &out, &args.sets, args.resume)?;
+    Ok(code)
+}
+
+/// The validated generations of `src` for one level (`level`, or the only one they have); `None`
+/// when `check_only` (validated, nothing more to do). Problems found are listed on stderr.
+pub(super) fn generations_of(
+    src: &Path,
+    dataset: &Path,
+    level: Option<u32>,
+    check_only: bool,
+) -> anyhow::Result<Option<(Vec<Generation>, u32)>> {
+    let gens = read_source(src)?;
+    let (gens, checked) = validate(gens, dataset)?;
+    for (key, message) in &checked.lines {
+        eprintln!("{key}: {message}");
+    }
+    if checked.errors > 0 {
+        bail!(
+            "{}: {} problem(s) found (listed above); nothing was evaluated",
+            src.display(),
+            checked.errors
+        );
+    }
+    if let Some(name) = gens.metadata.get("display_name").and_then(|v| v.as_str()) {
+        eprintln!("submission {name:?}: {} kernel(s)", gens.items.len());
+    }
+    let levels: Vec<u32> = checked.problems.keys().copied().collect();
+    let level = match (level, levels.as_slice()) {
+        (Some(l), _) if levels.contains(&l) => l,
+        (Some(l), _) => bail!(
+            "--level {l}: the generations have no problem of level {l} (they have levels {levels:?})"
+        ),
+        (None, [l]) => *l,
+        (None, _) => bail!(
+            "the generations span levels {levels:?}; evaluate one at a time with --level (one run directory each)"
+        ),
+    };
+    if check_only {
+        eprintln!("valid: {} generation(s)", gens.items.len());
+        return Ok(None);
+    }
     let items: Vec<Generation> = gens
         .items
         .into_iter()
         .filter(|g| g.problem.level == level)
         .collect();
-    let (code, _) = evaluate(&items, &args.dataset, level, &out, &args.sets, args.resume)?;
-    Ok(code)
+    Ok(Some((items, level)))
 }
 
 /// A fence longer than any run of backticks in `code`, so the answer's block holds it whole.

@@ -5,6 +5,7 @@ mod bench;
 mod bench_compile;
 mod bench_reference;
 mod bench_sandbox;
+mod bench_throughput;
 mod bench_tui;
 mod check;
 mod compare;

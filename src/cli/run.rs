@@ -464,6 +464,17 @@ async fn build_eval_services(
             if let Some(p) = &cfg.eval.build_cache {
                 s.build_cache = std::path::absolute(p)?;
             }
+            // Problems' CPU-made inputs, next to the build cache (shared by runs the same way).
+            if cfg.resources.reference_cache_gb > 0.0 {
+                let dir = match &cfg.eval.reference_cache {
+                    Some(p) => std::path::absolute(p)?,
+                    None => out_dir.join(".reference-cache"),
+                };
+                s.reference_cache = Some(dir);
+                s.reference_cache_bytes = (cfg.resources.reference_cache_gb * 1e9) as u64;
+            } else {
+                s.reference_cache = None;
+            }
             s.compile_workers = cfg.resources.compile_workers as usize;
             s.devices = devices.iter().map(|d| d.id.clone()).collect();
             if s.arch_list.is_none() {

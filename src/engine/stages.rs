@@ -189,6 +189,15 @@ pub(super) async fn on_device(
         code,
         build_dir,
     };
+    // The problem's inputs are made on the CPU off the lease (`crate::refprep`): wait for them
+    // here, holding nothing, rather than making them again on the device.
+    if let Some(prep) = shared.prep.as_deref()
+        && cancellable(&shared.cancel, prep.inputs_ready(job.problem.key))
+            .await
+            .is_none()
+    {
+        return Ok(Step::Halt);
+    }
     // A device whose worker host was drained is retired and the step goes to another device.
     loop {
         let asked = std::time::Instant::now();

@@ -48,6 +48,7 @@ from kb_reference import (
     ReferenceCache,
     cast_integers_of,
     hardware_name,
+    inputs_of,
     integer_inputs_policy,
     load_problem,
     nbytes,
@@ -57,6 +58,7 @@ from kb_reference import (
     same_bytes,
     select_device,
     set_seed,
+    stored_of,
     synchronize,
     tensor_checksum,
     time_reference,
@@ -189,7 +191,12 @@ def precision_policy(mode: str, precision: str) -> Iterator[None]:
 
 
 def environment(
-    device: torch.device, hardware: str, precision: str, mode: str, cast_integers: bool = False
+    device: torch.device,
+    hardware: str,
+    precision: str,
+    mode: str,
+    cast_integers: bool = False,
+    inputs: str = "kernelbench",
 ) -> dict[str, Any]:
     return {
         "device_name": hardware,
@@ -202,6 +209,8 @@ def environment(
         "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
         "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
         "integer_inputs": integer_inputs_policy(cast_integers),
+        # eval.inputs: where the inputs were drawn ("device" on the CPU device is the same as "kernelbench").
+        "inputs": inputs if device.type == "cuda" else "kernelbench",
         "transformers": package_version("transformers"),
         "python": platform.python_version(),
     }
@@ -227,7 +236,7 @@ def evaluate(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     torch.set_printoptions(precision=4, threshold=10, edgeitems=3, linewidth=80)
     verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
     with precision_policy(mode, precision):
-        env = environment(device, hardware, precision, mode, cast_integers_of(request))
+        env = environment(device, hardware, precision, mode, cast_integers_of(request), inputs_of(request))
         verdict = _evaluate_into(verdict, request, worker, device, hardware)
         cache = worker.references
         if cache_could_have_caused(verdict, cache.device_bytes(device), device):
@@ -235,7 +244,13 @@ def evaluate(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
             # fail for memory that our cache took. Free it and evaluate once more.
             spent = dict(verdict.phases)
             cache.move_off_device(
-                request["problem"]["code"], device, precision, mode, request["seed"], cast_integers_of(request)
+                request["problem"]["code"],
+                device,
+                precision,
+                mode,
+                request["seed"],
+                cast_integers_of(request),
+                inputs_of(request),
             )
             verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
             verdict = _evaluate_into(verdict, request, worker, device, hardware)
@@ -323,8 +338,15 @@ def _evaluate_into(
     precision, mode, seed = request["precision"], request["mode"], request["seed"]
     started = time.perf_counter()
     ctx = worker.references.context(
-            request["problem"]["code"], device, precision, mode, seed, cast_integers_of(request)
-        )
+        request["problem"]["code"],
+        device,
+        precision,
+        mode,
+        seed,
+        cast_integers_of(request),
+        inputs_of(request),
+        stored_of(request),
+    )
     reference_s = time.perf_counter() - started
     if ctx.error is not None:  # KernelBench builds the reference before loading the candidate
         verdict.phases["reference_s"] = reference_s
@@ -424,9 +446,7 @@ def _add_timing_feedback(verdict: Verdict) -> None:
     stats, ref = verdict.runtime_stats, verdict.ref_runtime_stats
     ref_mean = ref.get("mean") if ref else None
     verdict.feedback.append(
-        kb_feedback.timing_sentence(
-            stats["mean"], stats["median"], stats["std"], stats["num_trials"], ref_mean
-        )
+        kb_feedback.timing_sentence(stats["mean"], stats["median"], stats["std"], stats["num_trials"], ref_mean)
     )
     if ref_mean:
         rounded = kb_timing.kernelbench_rounded({"ref": float(ref_mean), "new": float(stats["mean"])})

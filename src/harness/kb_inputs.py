@@ -22,20 +22,14 @@ from typing import Any, Protocol
 import torch
 import torch.multiprocessing as torch_mp
 
+import kb_problem
+from kb_problem import tensors
+
 # Below this many bytes for all the seeds together, the serial path is faster than starting processes
 # (each imports torch, 2-5 s).
 PARALLEL_MIN_BYTES = 2 << 30
 # Share of the available RAM the generated inputs may take before they reach the device.
 RAM_FRACTION = 0.5
-
-
-def tensors(value: Any) -> list[torch.Tensor]:
-    """Every tensor in a value, a list or a tuple (nested), in order."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in tensors(item)]
-    return []
 
 
 def planned_bytes(get_inputs: Callable[[], list[Any]]) -> int | None:
@@ -81,11 +75,9 @@ def how_many_in_parallel(per_seed: int | None, seeds: int) -> int:
 
 def _make(code: str, seed: int) -> list[Any]:
     """In the child: KernelBench's set_seed(seed); get_inputs(), on the CPU, into shared memory."""
-    import kb_reference
-
     torch.set_num_threads(1)
-    problem = kb_reference.load_problem(code)
-    kb_reference.set_seed(seed)
+    problem = kb_problem.load_problem(code)
+    kb_problem.set_seed(seed)
     raw = problem.get_inputs()
     for t in tensors(raw):
         if t.device.type != "cpu":
@@ -98,7 +90,7 @@ def make_in_parallel(code: str, seeds: list[int]) -> dict[int, list[Any]]:
     """Raw get_inputs() results per seed, made at once in spawned processes (fork is unsafe in a
     process that holds a CUDA context). Raises whatever a child raised."""
     context = torch_mp.get_context("spawn")
-    # The children import kb_reference from the harness folder, wherever the parent was started from.
+    # The children import kb_inputs from the harness folder, wherever the parent was started from.
     here = os.path.dirname(os.path.abspath(__file__))
     if here not in sys.path:
         sys.path.insert(0, here)

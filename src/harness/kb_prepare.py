@@ -30,7 +30,15 @@ import torch
 import kb_feedback
 from kb_correctness import Verdict
 from kb_eval import Worker, precision_policy, reference_timing, reference_timing_needed
-from kb_reference import CapturedError, ProblemContext, cast_integers_of, release_memory, select_device
+from kb_reference import (
+    CapturedError,
+    ProblemContext,
+    cast_integers_of,
+    inputs_of,
+    release_memory,
+    select_device,
+    stored_of,
+)
 
 Step = Literal["trial", "timing_inputs", "reference_timing"]
 # The longest a stepwise preparation may hold the device to time the reference (see the module doc).
@@ -51,7 +59,14 @@ def prepare(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     parallel = 0
     with precision_policy(mode, precision):
         ctx = worker.references.context(
-            request["problem"]["code"], device, precision, mode, seed, cast_integers_of(request)
+            request["problem"]["code"],
+            device,
+            precision,
+            mode,
+            seed,
+            cast_integers_of(request),
+            inputs_of(request),
+            stored_of(request),
         )
         error = ctx.error
 
@@ -100,9 +115,7 @@ def prepare(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     }
 
 
-def _build_trials(
-    ctx: ProblemContext, trials: int, room: Callable[[], bool], built: list[str]
-) -> CapturedError | None:
+def _build_trials(ctx: ProblemContext, trials: int, room: Callable[[], bool], built: list[str]) -> CapturedError | None:
     """Build the next trials in order while there is room; the first reference failure stops."""
     with torch.no_grad():
         for index, trial_seed in enumerate(ctx.trial_seeds(trials)):

@@ -69,6 +69,10 @@ class EvalOptions(TypedDict, total=False):
     # eval.cast_integer_inputs: cast integer and bool inputs to the precision as KernelBench does;
     # absent or false, they keep their dtype.
     cast_integer_inputs: bool
+    # eval.inputs: "device" draws the inputs on the device; absent, KernelBench's CPU generation.
+    inputs: Literal["kernelbench", "device"]
+    # The store entry of the problem's CPU-made inputs (src/worker/input_store.rs), when there is one.
+    stored_inputs: str
 
 
 class CompileRequest(TypedDict):
@@ -220,6 +224,7 @@ class EvalEnv(TypedDict):
     sandbox: Any
     isolation: Literal["process", "in_worker"]
     integer_inputs: Literal["kept", "cast"]
+    inputs: Literal["kernelbench", "device"]
     transformers: str | None
     python: str
 

@@ -36,9 +36,11 @@ from typing import Any, Literal
 import torch
 
 import kb_inputs
+import kb_store
 import kb_timing
 from kb_feedback import CANDIDATE_ERRORS
-from kb_inputs import tensors as tensors_in
+from kb_problem import ProblemCode, load_problem, set_seed, trial_seeds
+from kb_problem import tensors as tensors_in
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOLERANCES: dict[str, float] = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 1e-2}
@@ -56,16 +58,25 @@ _CHECKSUM_MUL = 0x5851F42D4C957F2D  # odd 63-bit constant (PCG multiplier)
 # ------------------------------------------------------------------------------------ KernelBench basics
 
 
-def set_seed(seed: int) -> None:
-    """KernelBench's set_seed: CPU generator and the current CUDA device's generator."""
-    torch.manual_seed(seed)
-    torch.cuda.manual_seed(seed)  # lazy when CUDA is not initialised: a compile worker stays CUDA-free
+# set_seed, trial_seeds, load_problem and ProblemCode live in kb_problem (the floor below, shared with
+# kb_inputs and kb_store) and are re-exported here for the modules above.
+__all__ = ["ProblemCode", "load_problem", "set_seed", "trial_seeds"]
+
+# `eval.inputs`: "kernelbench" (get_inputs() on the CPU, KernelBench's bits, from the on-disk store
+# when it has them) or "device" (the same distributions drawn on the device by its own generator).
+InputsMode = Literal["kernelbench", "device"]
 
 
-def trial_seeds(seed: int, trials: int) -> list[int]:
-    """The per-trial seeds: manual_seed(seed), then `trials` draws of randint(0, 2**32 - 1)."""
-    torch.manual_seed(seed)
-    return [int(torch.randint(0, 2**32 - 1, (1,)).item()) for _ in range(trials)]
+def inputs_of(request: dict[str, Any]) -> InputsMode:
+    """The request's `inputs` (absent: "kernelbench")."""
+    return "device" if request.get("inputs") == "device" else "kernelbench"
+
+
+def stored_of(request: dict[str, Any]) -> str | None:
+    """The request's `stored_inputs`: the store entry of the problem's inputs, when the orchestrator
+    has one (src/worker/input_store.rs)."""
+    value = request.get("stored_inputs")
+    return value if isinstance(value, str) and value else None
 
 
 def prepare_value(value: Any, device: torch.device, dtype: torch.dtype, cast_integers: bool = False) -> Any:
@@ -221,9 +232,7 @@ def same_bytes(a: Any, b: Any) -> bool:
         return a is b or a == b
     if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
         return False
-    return torch.equal(
-        a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)
-    )
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
 
 
 def poison_free_memory(output: Any, device: torch.device) -> None:
@@ -281,23 +290,6 @@ class ReferenceFailure(Exception):
         self.index = index
 
 
-@dataclass
-class ProblemCode:
-    model: Any
-    get_inputs: Any
-    get_init_inputs: Any
-
-
-def load_problem(code: str) -> ProblemCode:
-    """Exec the reference into a fresh namespace, as KernelBench does."""
-    namespace: dict[str, Any] = {}
-    exec(compile(code, "<reference>", "exec"), namespace)
-    missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if n not in namespace]
-    if missing:
-        raise NameError(f"reference code does not define {', '.join(missing)}")
-    return ProblemCode(namespace["Model"], namespace["get_inputs"], namespace["get_init_inputs"])
-
-
 Tier = Literal["device", "device_inputs", "host", "recompute"]
 
 
@@ -342,13 +334,18 @@ class ProblemContext:
         mode: str,
         seed: int,
         cast_integers: bool = False,
+        inputs: InputsMode = "kernelbench",
     ) -> None:
         self.cache = cache
+        self.code = code
         self.device = device
         self.precision = precision
         self.dtype = DTYPES[precision]
         self.mode = mode
         self.cast_integers = cast_integers
+        self.inputs: InputsMode = inputs
+        # The store entry holding this problem's CPU-made inputs (kb_store), when there is one.
+        self.stored: str | None = None
         self.seed = seed
         self.problem: ProblemCode | None = None
         self.ref_model: torch.nn.Module | None = None
@@ -419,8 +416,16 @@ class ProblemContext:
         assert self.problem is not None
         raw = self.pregenerated.pop(seed, None)
         if raw is None:
+            raw = self._stored_inputs(seed)
+        if raw is None:
             set_seed(seed)
-            raw = self.problem.get_inputs()
+            if self.inputs == "device" and self.device.type == "cuda":
+                # The same distributions, drawn on the device by its generator (seeded by set_seed):
+                # no CPU work and no upload, but other bits than KernelBench's.
+                with torch.device(self.device):
+                    raw = self.problem.get_inputs()
+            else:
+                raw = self.problem.get_inputs()
         self.counts["inputs"] += 1
         inputs = [prepare_value(x, self.device, self.dtype, self.cast_integers) for x in raw]
         if self.device.type == "cpu":
@@ -430,10 +435,27 @@ class ProblemContext:
                 t.share_memory_()
         return inputs
 
+    def _stored_inputs(self, seed: int) -> list[Any] | None:
+        """`get_inputs()` after `set_seed(seed)`, read from the store, with the CPU generator left where
+        get_inputs() would have left it; None when the store cannot serve them (the caller makes them)."""
+        if self.inputs != "kernelbench" or self.stored is None:
+            return None
+        loaded = kb_store.load(self.stored, self.code, seed)
+        if loaded is None:
+            return None
+        values, rng = loaded
+        set_seed(seed)
+        torch.set_rng_state(rng)
+        self.counts["stored_inputs"] += 1
+        return values
+
     def pregenerate(self, code: str, seeds: list[int]) -> int:
         """Make the inputs of `seeds` at once in parallel processes when they are large (see kb_inputs);
-        returns how many were made that way. Any failure leaves the serial path to do the work."""
+        returns how many were made that way. Any failure leaves the serial path to do the work. Nothing
+        is made here when the inputs come from the store or are drawn on the device."""
         assert self.problem is not None
+        if self.inputs == "device" or (self.stored is not None and kb_store.read_manifest(self.stored)):
+            return 0
         count = kb_inputs.how_many_in_parallel(kb_inputs.planned_bytes(self.problem.get_inputs), len(seeds))
         if count == 0:
             return 0
@@ -567,10 +589,7 @@ class ProblemContext:
     def timing_inputs(self) -> list[Any]:
         """KernelBench's timing inputs (set_seed(seed) -> get_inputs -> cast/move), kept on the device
         and regenerated only when a candidate changed them."""
-        if (
-            self.timing_inputs_cache is not None
-            and fingerprint(self.timing_inputs_cache) == self.timing_fingerprint
-        ):
+        if self.timing_inputs_cache is not None and fingerprint(self.timing_inputs_cache) == self.timing_fingerprint:
             return self.timing_inputs_cache
         if self.timing_inputs_cache is not None:
             self.device_bytes -= nbytes(self.timing_inputs_cache)
@@ -662,16 +681,28 @@ class ReferenceCache:
         return hashlib.sha256(code.encode("utf-8")).hexdigest()
 
     def context(
-        self, code: str, device: torch.device, precision: str, mode: str, seed: int, cast_integers: bool = False
+        self,
+        code: str,
+        device: torch.device,
+        precision: str,
+        mode: str,
+        seed: int,
+        cast_integers: bool = False,
+        inputs: InputsMode = "kernelbench",
+        stored: str | None = None,
     ) -> ProblemContext:
-        key = (self.code_key(code), str(device), precision, mode, seed, cast_integers)
+        """The problem's context, made on first use. `stored`: the store entry of its inputs (not part
+        of the key: any whole entry of the problem holds the same bits)."""
+        key = (self.code_key(code), str(device), precision, mode, seed, cast_integers, inputs)
         ctx = self.contexts.get(key)
         if ctx is not None:
             self.contexts.move_to_end(key)
+            ctx.stored = stored or ctx.stored
             return ctx
         while len(self.contexts) >= self.max_contexts:
             self._evict_oldest(keep=None)
-        ctx = ProblemContext(self, code, device, precision, mode, seed, cast_integers)
+        ctx = ProblemContext(self, code, device, precision, mode, seed, cast_integers, inputs)
+        ctx.stored = stored
         ctx.device_cache = key not in self.off_device
         self.contexts[key] = ctx
         return ctx
@@ -680,11 +711,18 @@ class ReferenceCache:
         return self._used(device, "device_bytes")
 
     def move_off_device(
-        self, code: str, device: torch.device, precision: str, mode: str, seed: int, cast_integers: bool = False
+        self,
+        code: str,
+        device: torch.device,
+        precision: str,
+        mode: str,
+        seed: int,
+        cast_integers: bool = False,
+        inputs: InputsMode = "kernelbench",
     ) -> None:
         """Forget every cached problem on `device` (freeing its memory) and keep this problem's
         reference data off the device from now on."""
-        self.off_device.add((self.code_key(code), str(device), precision, mode, seed, cast_integers))
+        self.off_device.add((self.code_key(code), str(device), precision, mode, seed, cast_integers, inputs))
         for key in [k for k, c in self.contexts.items() if c.device == device]:
             del self.contexts[key]
         release_memory(device)
@@ -700,9 +738,7 @@ class ReferenceCache:
     def _used(self, device: torch.device, attr: str) -> int:
         return sum(getattr(c, attr) for c in self.contexts.values() if c.device == device)
 
-    def place(
-        self, ctx: ProblemContext, in_size: int, size: int, remaining: int, lean_ok: bool
-    ) -> Tier:
+    def place(self, ctx: ProblemContext, in_size: int, size: int, remaining: int, lean_ok: bool) -> Tier:
         """Choose a tier for one trial (`in_size` bytes of inputs, `size` with the output), evicting
         older problems when that makes room. The choice looks ahead: when this and the `remaining - 1`
         trials after it, plus the timing inputs, fit on the device only without their outputs, every

@@ -26,14 +26,14 @@ the floors or along one, never up, and never in a circle. From the top:
     build      kb_compile (`op: compile`, import a candidate) > kb_build (the fast load_inline)
                > kb_pch (shared precompiled headers) > kb_split (a C++ extension in two units);
                kb_nvcc (the overlapped nvcc, a script the build runs)
-    problem    kb_reference (the problem, its reference data, the device) > kb_inputs
+    problem    kb_reference (the problem, its reference data, the device) > kb_store (the on-disk
+               input store, a script the orchestrator runs off the lease) > kb_inputs (parallel input
+               generation) > kb_problem (KernelBench's basics: seeds, loading, tensors)
     leaves     kb_feedback (feedback text, what a candidate's error is), kb_timing (timers, L2 flush),
                kb_sandbox (confinement); none imports a harness module
 
 Read the table top to bottom, left to right: a module may import only modules named after it (`a > b`:
-a imports b). tests/python/test_floors.py reads the table and checks every import against it. One
-known exception: kb_inputs imports kb_reference inside a function (a circle, until the generation of
-the reference data moves out of kb_reference).
+a imports b). tests/python/test_floors.py reads the table and checks every import against it.
 """
 
 from __future__ import annotations

@@ -43,10 +43,26 @@ pub struct ResourcesSection {
     #[serde(default = "default_drain_after")]
     pub drain_after: u32,
     /// Problems whose reference data (trial inputs and outputs, timing inputs, reference timing) is
-    /// prepared ahead of their first candidate, while its answer is generated and compiled
-    /// (`crate::refprep`); 0 turns it off. At most `refprep::MAX_AHEAD`.
+    /// prepared on the device ahead of their first candidate, while its answer is generated and
+    /// compiled (`crate::refprep`); 0 turns it off. At most `refprep::MAX_AHEAD` (what a worker keeps).
+    /// The CPU side (making inputs into the store, no lease held) is not bound by it: it runs ahead
+    /// for every problem queued, a few at once (`refprep::cpu_ahead`).
     #[serde(default = "default_prepare_ahead")]
     pub prepare_ahead: u32,
+    /// Size bound of the on-disk store of reference inputs (`eval.reference_cache`), in GB (1e9
+    /// bytes); least recently used entries go first. 0 turns the store off.
+    #[serde(
+        default = "default_reference_cache_gb",
+        skip_serializing_if = "is_default_reference_cache_gb"
+    )]
+    pub reference_cache_gb: f64,
+}
+
+fn default_reference_cache_gb() -> f64 {
+    40.0
+}
+fn is_default_reference_cache_gb(v: &f64) -> bool {
+    *v == default_reference_cache_gb()
 }
 
 fn default_loss_retries() -> u32 {
@@ -84,6 +100,7 @@ impl Default for ResourcesSection {
             loss_retries: default_loss_retries(),
             drain_after: default_drain_after(),
             prepare_ahead: default_prepare_ahead(),
+            reference_cache_gb: default_reference_cache_gb(),
         }
     }
 }

@@ -5,7 +5,7 @@ use crate::state::RunState;
 use crate::types::{LogRecord, MethodKind};
 
 pub use crate::spend::Spend;
-pub use crate::state::ledger::{DeviceUse, Ledger};
+pub use crate::state::ledger::{DeviceUse, Ledger, measured_work_ms};
 
 use super::attempt_position;
 

@@ -84,6 +84,9 @@ pub struct EvalInfo {
     pub reference_timing: Vec<String>,
     /// `kept` or `cast` (KernelBench's cast of integer inputs).
     pub integer_inputs: Option<String>,
+    /// `kernelbench` (made on the CPU, KernelBench's bits) or `device` (drawn on the GPU).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<String>,
     pub tf32_matmul: Option<bool>,
     pub tf32_cudnn: Option<bool>,
     pub correct_trials: Option<u32>,
@@ -164,6 +167,7 @@ pub fn provenance<'a>(
                     }
                 })
             }),
+            inputs: joined(&seen.inputs).or_else(|| config.map(|c| c.eval.inputs.as_str().into())),
             tf32_matmul: single_bool(&seen.tf32_matmul),
             tf32_cudnn: single_bool(&seen.tf32_cudnn),
             correct_trials: config.map(|c| c.eval.correct_trials),
@@ -184,6 +188,7 @@ struct Seen {
     timing: BTreeSet<String>,
     reference: BTreeSet<String>,
     integer_inputs: BTreeSet<String>,
+    inputs: BTreeSet<String>,
     tf32_matmul: BTreeSet<bool>,
     tf32_cudnn: BTreeSet<bool>,
 }
@@ -207,6 +212,7 @@ impl Seen {
         put(&mut self.precision, &env.precision);
         put(&mut self.timing, &env.timing_method);
         put(&mut self.integer_inputs, &env.integer_inputs);
+        put(&mut self.inputs, &env.inputs);
         // Cached means "measured earlier in this run"; the distinction is the worker's, not the
         // run's.
         if let Some(s) = &e.ref_source {
@@ -347,7 +353,7 @@ pub fn lines(p: &Provenance) -> Vec<(&'static str, String)> {
     out.push((
         "evaluation",
         format!(
-            "{} mode, {}, {} timing, reference {}, integer inputs {}",
+            "{} mode, {}, {} timing, reference {}, integer inputs {}, inputs {}",
             or_dash(e.mode.clone()),
             or_dash(e.precision.clone()),
             or_dash(e.timing_method.clone()),
@@ -357,6 +363,7 @@ pub fn lines(p: &Provenance) -> Vec<(&'static str, String)> {
                 e.reference_timing.join(" + ")
             },
             or_dash(e.integer_inputs.clone()),
+            or_dash(e.inputs.clone()),
         ),
     ));
     out
@@ -367,7 +374,7 @@ pub fn lines(p: &Provenance) -> Vec<(&'static str, String)> {
 /// field, naming each run's value; empty when the runs agree (or there are fewer than two).
 pub fn mismatches(runs: &[(&str, &Provenance)]) -> Vec<String> {
     type Field = (&'static str, fn(&Provenance) -> String);
-    let fields: [Field; 6] = [
+    let fields: [Field; 7] = [
         ("level", |p| format!("{:?}", p.levels)),
         ("hardware", |p| p.hardware.measured_on.join(", ")),
         ("baseline", |p| {
@@ -384,6 +391,13 @@ pub fn mismatches(runs: &[(&str, &Provenance)]) -> Vec<String> {
             p.eval.precision.clone().unwrap_or_default()
         }),
         ("eval mode", |p| p.eval.mode.clone().unwrap_or_default()),
+        // Device-drawn inputs are other bits than KernelBench's: scores are not comparable as-is.
+        ("inputs", |p| {
+            p.eval
+                .inputs
+                .clone()
+                .unwrap_or_else(|| "kernelbench".into())
+        }),
     ];
     let mut out = Vec::new();
     for (name, value) in fields {
@@ -551,6 +565,7 @@ precision = "bf16"
                     "timing_method": "cuda_event",
                     "reference_timing": ["baseline:H100/baseline_time_torch.json"],
                     "integer_inputs": "kept",
+                    "inputs": "kernelbench",
                     "tf32_matmul": false,
                     "tf32_cudnn": true,
                     "correct_trials": 5,
@@ -573,7 +588,7 @@ precision = "bf16"
                 "method: refine, 5 turn(s), 1 sample(s) per task, feedback GE",
                 "dataset: /data/KernelBench (kernelbench_checkout, commit fedcba987654, blake3:0011223344556677), problems 1-3",
                 "baseline: /data/baselines/H100/baseline_time_torch.json (blake3:ffeeddccbbaa9988)",
-                "evaluation: faithful mode, bf16, cuda_event timing, reference baseline:H100/baseline_time_torch.json, integer inputs kept",
+                "evaluation: faithful mode, bf16, cuda_event timing, reference baseline:H100/baseline_time_torch.json, integer inputs kept, inputs kernelbench",
             ]
         );
         let json = serde_json::to_string(&p).unwrap();
@@ -614,6 +629,15 @@ precision = "bf16"
                 "the runs differ in level (a: []; d: [4])",
                 "the runs differ in baseline (a: timed live; d: blake3:0123456789abcdef)"
             ]
+        );
+        // Inputs drawn on the device (eval.inputs, recorded in every result's env).
+        let on_gpu = json!({"device_name": "H100", "precision": "fp32", "mode": "faithful",
+            "inputs": "device"});
+        let e = run(&on_gpu);
+        assert_eq!(e.eval.inputs.as_deref(), Some("device"));
+        assert_eq!(
+            mismatches(&[("a", &a), ("e", &e)]),
+            ["the runs differ in inputs (a: kernelbench; e: device)"]
         );
     }
 

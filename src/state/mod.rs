@@ -355,6 +355,8 @@ impl RunState {
             } => {
                 self.devices.entry(device.clone()).or_default().prepare_ms += held_ms;
             }
+            // Made on the CPU with no lease held: no device's time.
+            Event::InputsPrepared { .. } => {}
             Event::LlmAnswered { .. }
             | Event::LlmFailed { .. }
             | Event::Compiled { .. }

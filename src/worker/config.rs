@@ -137,6 +137,15 @@ pub struct EvalSection {
     /// Where compiled extensions are cached (content-addressed); default `<output.dir>/.build-cache`.
     #[serde(default)]
     pub build_cache: Option<PathBuf>,
+    /// Where problems' CPU-made inputs are stored (`worker::input_store`); default
+    /// `<output.dir>/.reference-cache`, next to the build cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_cache: Option<PathBuf>,
+    /// `kernelbench`: inputs made by `get_inputs()` on the CPU, bit for bit KernelBench's (stored
+    /// on disk, see `reference_cache`); `device`: the same distributions drawn on the GPU (other
+    /// bits, no CPU work). Recorded in every result's env as `inputs`.
+    #[serde(default, skip_serializing_if = "InputsMode::is_default")]
+    pub inputs: InputsMode,
     /// `fast` (krefine's faster build of `load_inline`, falling back to the plain one) or `plain`
     /// (torch's own build, nothing changed).
     #[serde(default)]
@@ -214,6 +223,8 @@ impl Default for EvalSection {
             ncu: false,
             recycle_after: default_recycle(),
             build_cache: None,
+            reference_cache: None,
+            inputs: InputsMode::default(),
             build: BuildMode::default(),
             timeouts: Timeouts::default(),
             simulated: SimulatedSection::default(),
@@ -223,6 +234,28 @@ impl Default for EvalSection {
             hf: crate::hf::HfSection::default(),
             sandbox: None,
         }
+    }
+}
+
+/// Where a problem's inputs are drawn (`eval.inputs`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum InputsMode {
+    #[default]
+    Kernelbench,
+    Device,
+}
+
+impl InputsMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InputsMode::Kernelbench => "kernelbench",
+            InputsMode::Device => "device",
+        }
+    }
+
+    pub fn is_default(&self) -> bool {
+        *self == InputsMode::Kernelbench
     }
 }
 

@@ -20,7 +20,8 @@ use super::protocol::{
 use super::slot::Slot;
 use crate::services::{DeviceId, ExecJob, Executor, Unavailable};
 use crate::types::{
-    EvalEnv, ExecOutcome, Precision, PrepareOutcome, Problem, ProfileOutcome, Verdict,
+    EvalEnv, ExecOutcome, InputsOutcome, Precision, PrepareOutcome, Problem, ProfileOutcome,
+    Verdict,
 };
 
 impl WorkerPool {
@@ -257,6 +258,13 @@ impl Executor for WorkerPool {
 
     fn prepares_reference(&self) -> bool {
         true
+    }
+
+    async fn make_inputs(
+        &self,
+        problem: Arc<Problem>,
+    ) -> Result<Option<InputsOutcome>, Unavailable> {
+        self.make_inputs_now(&problem).await
     }
 
     async fn prepare_reference(

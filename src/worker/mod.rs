@@ -18,6 +18,7 @@
 //! - `loss`: lost workers (remote launchers), when to give up retrying.
 //! - `outcome`: [`pool`]'s call failures and the one mapping from a failure to a verdict's words.
 //! - `reference`: outcomes of preparing a problem's reference data ahead of its candidates.
+//! - [`input_store`]: the on-disk store of reference inputs made on the CPU, off the device lease.
 //! - `build_store`: publishing builds into the shared cache, sealing them, the copy-on-write taint
 //!   check.
 //! - [`pause`]: stopping the compile pool while the CPU device times a candidate.
@@ -38,6 +39,7 @@ pub mod config;
 mod execute;
 pub mod failure;
 pub mod harness;
+pub mod input_store;
 mod loss;
 mod outcome;
 pub mod pause;

@@ -22,6 +22,8 @@ use std::time::Duration;
 use tokio::sync::{Mutex, Semaphore};
 
 use super::WorkerError;
+use super::config::InputsMode;
+use super::input_store::InputStore;
 use super::loss::toolchain_mismatch;
 use super::pause::Pauser;
 use super::process::WorkerProcess;
@@ -31,7 +33,7 @@ use super::sandbox_spec::{resolve_sandbox, visible_dirs, worker_sandbox};
 use super::session::kill_group;
 use super::settings::{Deadlines, WorkerSettings};
 use super::slot::{Slot, SlotState};
-use super::spawn_spec::{Remote, SpawnSpec};
+use super::spawn_spec::{Remote, SpawnSpec, worker_env};
 use crate::services::DeviceId;
 use crate::types::Problem;
 
@@ -58,6 +60,9 @@ pub struct WorkerPool {
     pub(super) pauser: Arc<Pauser>,
     /// What the workers run in (recorded in every result's `env.sandbox`).
     pub(super) sandbox_level: SandboxLevel,
+    /// The on-disk store of CPU-made inputs, when it is on (`eval.inputs = "kernelbench"`, a size
+    /// above 0, a local launcher: remote workers would not see it).
+    pub(super) input_store: Option<InputStore>,
 }
 
 impl std::fmt::Debug for WorkerPool {
@@ -102,6 +107,12 @@ impl WorkerPool {
                 .await
                 .map_err(|e| WorkerError::io(what, dir, e))?;
         }
+        if let Some(dir) = &settings.reference_cache {
+            // Before the sandboxes are made: they show it to the workers (read-only).
+            tokio::fs::create_dir_all(dir)
+                .await
+                .map_err(|e| WorkerError::io("create reference input store", dir, e))?;
+        }
 
         let sandbox_level = resolve_sandbox(&settings).await?;
         let confine = sandbox_level.is_confined();
@@ -124,6 +135,35 @@ impl WorkerPool {
             arch_list: arch,
             load_timeout: deadlines.load,
             extra_env: settings.extra_env.clone(),
+        };
+        let input_store = match &settings.reference_cache {
+            Some(root)
+                if !remote
+                    && settings.reference_cache_bytes > 0
+                    && settings.inputs == InputsMode::Kernelbench =>
+            {
+                // The generator runs the problem's (trusted) code on the CPU with every GPU hidden,
+                // outside the sandbox: it is the only writer of the store.
+                let gen_spec = spec(
+                    "inputs".into(),
+                    WorkerRole::Compile,
+                    Some(String::new()),
+                    None,
+                    launcher.compile_placement(0),
+                );
+                tokio::fs::create_dir_all(&gen_spec.scratch)
+                    .await
+                    .map_err(|e| WorkerError::io("create scratch", &gen_spec.scratch, e))?;
+                Some(InputStore::new(
+                    root.clone(),
+                    settings.reference_cache_bytes,
+                    settings.python.clone(),
+                    settings.harness_dir.clone(),
+                    worker_env(&gen_spec),
+                    deadlines.reference,
+                ))
+            }
+            _ => None,
         };
         let physical = |i: u32| {
             crate::gpu::worker_visible_device(i, settings.visible_devices.as_deref())
@@ -278,6 +318,7 @@ impl WorkerPool {
             closed: AtomicBool::new(false),
             settings,
             sandbox_level,
+            input_store,
         }))
     }
 

@@ -6,12 +6,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::config::InputsMode;
+use super::input_store::entry_key;
 use super::loss::Fault;
 use super::outcome::{CallError, elapsed_ms, secs};
 use super::pool::WorkerPool;
 use super::protocol::{PrepareRequest, RequestBody, ResponseBody, TimingSpec};
 use crate::services::{DeviceId, Unavailable};
-use crate::types::{ExecOutcome, PrepareOutcome, Problem, Verdict};
+use crate::types::{ExecOutcome, InputsOutcome, PrepareOutcome, Problem, Verdict};
 
 impl WorkerPool {
     /// Build all of `problem`'s reference data on `device` in one request, as every evaluation did
@@ -73,9 +75,73 @@ impl WorkerPool {
                 .as_ref()
                 .and_then(|b| b.reference_runtime(problem)),
             cast_integer_inputs: self.settings.cast_integer_inputs,
+            inputs: (self.settings.inputs == InputsMode::Device)
+                .then(|| InputsMode::Device.as_str().into()),
+            stored_inputs: self.stored_inputs(problem),
             steps: None,
             quiet: None,
         }
+    }
+
+    /// The store key of `problem`'s inputs under this pool's settings.
+    fn inputs_key(&self, problem: &Problem) -> String {
+        entry_key(
+            &problem.code,
+            self.settings.seed,
+            self.settings.correct_trials,
+            self.settings.timing_trials > 0,
+            &self.torch,
+        )
+    }
+
+    /// The store entry of `problem`'s inputs when it is whole (made by this run or any other).
+    fn stored_inputs(&self, problem: &Problem) -> Option<String> {
+        let store = self.input_store.as_ref()?;
+        let dir = store.usable(&self.inputs_key(problem))?;
+        Some(dir.to_string_lossy().into_owned())
+    }
+
+    /// The CPU stage of `problem` (see `crate::refprep`): its inputs made into the store by a
+    /// process of their own, while no device lease is held. `None` without a store.
+    pub(super) async fn make_inputs_now(
+        &self,
+        problem: &Problem,
+    ) -> Result<Option<InputsOutcome>, Unavailable> {
+        let Some(store) = &self.input_store else {
+            return Ok(None);
+        };
+        let started = Instant::now();
+        let key = self.inputs_key(problem);
+        let answer = store
+            .ensure(
+                &key,
+                &problem.code,
+                self.settings.seed,
+                self.settings.correct_trials,
+                self.settings.timing_trials > 0,
+                &self.torch,
+            )
+            .await;
+        let duration_ms = elapsed_ms(started);
+        Ok(Some(match answer {
+            Ok(a) => InputsOutcome {
+                status: serde_json::to_value(a.status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+                bytes: a.bytes,
+                duration_ms,
+                parallel: a.parallel,
+                detail: (!a.detail.is_empty()).then_some(a.detail),
+            },
+            Err(e) => InputsOutcome {
+                status: "failed".into(),
+                bytes: 0,
+                duration_ms,
+                parallel: 0,
+                detail: Some(e),
+            },
+        }))
     }
 
     /// Preparing the reference ran out of time: not the candidate's fault, and no candidate code ran.

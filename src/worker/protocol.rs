@@ -108,6 +108,12 @@ pub struct EvaluateRequest {
     /// Left off the wire when false (the harness's default: they keep their dtype).
     #[serde(default, skip_serializing_if = "is_false")]
     pub cast_integer_inputs: bool,
+    /// `eval.inputs`: `device` draws the inputs on the device; absent: KernelBench's CPU generation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<String>,
+    /// The store entry holding the problem's CPU-made inputs (`worker::input_store`), when whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_inputs: Option<String>,
 }
 
 /// What the harness needs to bound a plausible speedup: `eval.max_speedup`, or the device's peak
@@ -137,6 +143,12 @@ pub struct PrepareRequest {
     /// Left off the wire when false (the harness's default: they keep their dtype).
     #[serde(default, skip_serializing_if = "is_false")]
     pub cast_integer_inputs: bool,
+    /// `eval.inputs`: `device` draws the inputs on the device; absent: KernelBench's CPU generation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<String>,
+    /// The store entry holding the problem's CPU-made inputs (`worker::input_store`), when whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_inputs: Option<String>,
     /// Build at most this many steps (a trial, the timing inputs, the reference timing); absent: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steps: Option<u32>,
@@ -165,6 +177,8 @@ impl PrepareRequest {
             reference_runtime: self.reference_runtime.clone(),
             integrity,
             cast_integer_inputs: self.cast_integer_inputs,
+            inputs: self.inputs.clone(),
+            stored_inputs: self.stored_inputs.clone(),
         }
     }
 }
@@ -397,6 +411,9 @@ pub struct WireEnv {
     /// `kept` (integer and bool inputs keep their dtype) or `cast` (KernelBench's cast).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub integer_inputs: Option<String>,
+    /// `eval.inputs`: `kernelbench` or `device`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<String>,
     /// The installed `transformers` version, null when it is not installed.
     #[serde(default)]
     pub transformers: Option<String>,
@@ -422,6 +439,7 @@ impl WireEnv {
             candidate_sandbox: self.sandbox.clone(),
             isolation: self.isolation.clone(),
             integer_inputs: self.integer_inputs.clone(),
+            inputs: self.inputs.clone(),
             transformers: self.transformers.clone(),
             python: self.python.clone(),
             sandbox: None,

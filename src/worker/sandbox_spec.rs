@@ -76,6 +76,10 @@ pub(super) async fn resolve_sandbox(
 pub(super) fn visible_dirs(settings: &WorkerSettings) -> Vec<PathBuf> {
     let mut dirs = sandbox::python_dirs(&settings.python);
     dirs.push(settings.harness_dir.clone());
+    // The store of CPU-made inputs, read (never written) by the evaluation workers.
+    if let Some(store) = &settings.reference_cache {
+        dirs.push(store.clone());
+    }
     // The Hugging Face cache level-4 models load from (often under the hidden home).
     for (name, value) in &settings.extra_env {
         if name == "HF_HUB_CACHE" || name == "HF_HOME" {

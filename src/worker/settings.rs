@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::WorkerError;
 use super::baseline::BaselineTable;
-use super::config::{BuildMode, EvalSection, Timeouts};
+use super::config::{BuildMode, EvalSection, InputsMode, Timeouts};
 use super::sandbox::SandboxMode;
 use crate::launcher::Launcher;
 use crate::services::DeviceId;
@@ -53,6 +53,12 @@ pub struct WorkerSettings {
     pub max_speedup: Option<f64>,
     /// `eval.cast_integer_inputs`: KernelBench's cast of integer and bool inputs.
     pub cast_integer_inputs: bool,
+    /// `eval.inputs`: where the inputs are drawn (KernelBench's CPU generation, or the device).
+    pub inputs: InputsMode,
+    /// The on-disk store of CPU-made inputs (`eval.reference_cache`); `None`: no store.
+    pub reference_cache: Option<PathBuf>,
+    /// `resources.reference_cache_gb` in bytes; 0 turns the store off.
+    pub reference_cache_bytes: u64,
     /// Extra worker environment (the Hugging Face cache and offline mode, see `crate::hf`).
     pub extra_env: Vec<(String, std::ffi::OsString)>,
     /// The orchestrator's own `CUDA_VISIBLE_DEVICES` (set by the user or a scheduler), against which
@@ -93,6 +99,9 @@ impl WorkerSettings {
             driver: None,
             max_speedup: None,
             cast_integer_inputs: false,
+            inputs: InputsMode::default(),
+            reference_cache: None,
+            reference_cache_bytes: 0,
             extra_env: Vec::new(),
             visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
             sandbox: SandboxMode::default(),
@@ -119,6 +128,10 @@ impl WorkerSettings {
         self.build = eval.build;
         self.max_speedup = eval.max_speedup;
         self.cast_integer_inputs = eval.cast_integer_inputs;
+        self.inputs = eval.inputs;
+        if let Some(dir) = &eval.reference_cache {
+            self.reference_cache = Some(dir.clone());
+        }
         self.sandbox = eval.sandbox_mode();
         if let Some(dir) = &eval.build_cache {
             self.build_cache = dir.clone();

@@ -96,6 +96,7 @@ def test_correct_candidate(harness: Harness) -> None:
         "sandbox": None,
         "isolation": "in_worker",
         "integer_inputs": "kept",
+        "inputs": "kernelbench",
         "transformers": kb_eval.package_version("transformers"),
         "python": platform.python_version(),
     }

@@ -1,0 +1,371 @@
+//! `krefine bench throughput SRC --dataset D`: evaluate a runs folder or submission twice, as
+//! `krefine eval` does, and say how fast the candidates went through the GPU.
+//!
+//! - **cold**: fresh build cache and fresh reference-input store (`<work>/refs`), nothing cached;
+//! - **warm**: the reference inputs the cold pass stored, a fresh build cache again (unless
+//!   `--warm-builds`), so the difference is the reference data's.
+//!
+//! Each pass's numbers are a pure function of its event log, the wall time and the device count
+//! ([`throughput`]): candidates per GPU-hour (candidates / (wall hours x devices)), time to the first
+//! result, totals per stage (build, CPU preparation of inputs, reference work on the device, load,
+//! check, timing, isolation, lease waits), the lease-held time, and the GPU's measured work: the
+//! candidates' and references' timed trials as their CUDA events measured them (mean x trials) — a
+//! lower bound of the time the GPU ran work (correctness forwards are not timed), shown next to the
+//! lease-held time so that "busy" means work, not a lease.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+
+use crate::types::{Event, ExecOutcome, LogRecord};
+
+pub struct ThroughputBench {
+    pub src: PathBuf,
+    pub dataset: PathBuf,
+    pub level: Option<u32>,
+    /// `--set` overrides for both passes (e.g. `resources.compile_workers=16`).
+    pub sets: Vec<String>,
+    /// Keep the cold pass's builds for the warm pass.
+    pub warm_builds: bool,
+    /// Skip the warm pass.
+    pub cold_only: bool,
+    /// Where the passes' run directories and caches go (default: a temporary folder, removed).
+    pub work_dir: Option<PathBuf>,
+}
+
+/// One pass's numbers (seconds unless named otherwise).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Throughput {
+    /// Candidates that got a verdict from a device (one `executed` event each).
+    pub candidates: u32,
+    pub wall_s: f64,
+    /// Devices that held a lease in the run (at least 1).
+    pub devices: u32,
+    /// candidates / (wall hours x devices).
+    pub per_gpu_hour: f64,
+    /// From the run's first record to its first `executed` one.
+    pub first_result_s: Option<f64>,
+    /// Compile time of the builds made (cache hits excluded).
+    pub build_s: f64,
+    /// Inputs made on the CPU, no lease held (`inputs_prepared`).
+    pub cpu_prep_s: f64,
+    /// Reference work on the device: ahead of candidates (`reference_prepared`), and inside
+    /// evaluations (`reference_s`, `ref_timing_s`).
+    pub gpu_prep_s: f64,
+    pub load_s: f64,
+    pub check_s: f64,
+    pub timing_s: f64,
+    /// Waiting for and handing work to single-use candidate processes.
+    pub isolation_s: f64,
+    /// Summed over steps: time waited for a device lease.
+    pub lease_wait_s: f64,
+    pub lease_held_s: f64,
+    /// Timed trials as CUDA events (or the CPU timer) measured them: candidates' and references'
+    /// mean x trials, references counted where measured.
+    pub gpu_work_s: f64,
+}
+
+fn phase(o: &ExecOutcome, key: &str) -> f64 {
+    o.phases.get(key).and_then(|v| v.as_f64()).unwrap_or(0.0)
+}
+
+/// A pass's numbers from its log; `wall_s` is the pass's wall time.
+pub fn throughput(records: &[LogRecord], wall_s: f64) -> Throughput {
+    let mut t = Throughput {
+        wall_s,
+        ..Throughput::default()
+    };
+    let start = records.first().map(|r| r.ts_ms);
+    let mut devices = BTreeSet::new();
+    for r in records {
+        match &r.event {
+            Event::Executed { outcome: o, .. } => {
+                t.candidates += 1;
+                if t.first_result_s.is_none() {
+                    t.first_result_s = start.map(|s| r.ts_ms.saturating_sub(s) as f64 / 1000.0);
+                }
+                t.gpu_prep_s += phase(o, "reference_s") + phase(o, "ref_timing_s");
+                t.load_s += phase(o, "load_s");
+                t.check_s += phase(o, "correctness_s");
+                t.timing_s += phase(o, "timing_s");
+                t.isolation_s += phase(o, "isolation_s") + phase(o, "spawn_wait_s");
+                t.gpu_work_s += crate::metrics::ledger::measured_work_ms(o) as f64 / 1000.0;
+            }
+            Event::Compiled { outcome, .. } if !outcome.cached => {
+                t.build_s += outcome.duration_ms as f64 / 1000.0;
+            }
+            Event::InputsPrepared { outcome, .. } => {
+                t.cpu_prep_s += outcome.duration_ms as f64 / 1000.0;
+            }
+            Event::ReferencePrepared {
+                device, held_ms, ..
+            } => {
+                devices.insert(device.clone());
+                t.gpu_prep_s += *held_ms as f64 / 1000.0;
+                t.lease_held_s += *held_ms as f64 / 1000.0;
+            }
+            Event::LeaseGranted {
+                device, wait_ms, ..
+            } => {
+                devices.insert(device.clone());
+                t.lease_wait_s += *wait_ms as f64 / 1000.0;
+            }
+            Event::LeaseReleased { held_ms, .. } => {
+                t.lease_held_s += *held_ms as f64 / 1000.0;
+            }
+            _ => {}
+        }
+    }
+    t.devices = (devices.len() as u32).max(1);
+    let gpu_hours = wall_s * f64::from(t.devices) / 3600.0;
+    t.per_gpu_hour = if gpu_hours > 0.0 {
+        f64::from(t.candidates) / gpu_hours
+    } else {
+        0.0
+    };
+    t
+}
+
+fn pct(part: f64, whole: f64) -> String {
+    if whole > 0.0 {
+        format!("{:.0} %", 100.0 * part / whole)
+    } else {
+        "-".into()
+    }
+}
+
+/// The table: one column per pass.
+pub fn render(passes: &[(&str, &Throughput)]) -> String {
+    let mut out = String::new();
+    let _ = write!(out, "{:<34}", "");
+    for (name, _) in passes {
+        let _ = write!(out, "{name:>14}");
+    }
+    out.push('\n');
+    type Row = (&'static str, fn(&Throughput) -> String);
+    let rows: [Row; 17] = [
+        ("candidates evaluated", |t| t.candidates.to_string()),
+        ("devices", |t| t.devices.to_string()),
+        ("wall (s)", |t| format!("{:.1}", t.wall_s)),
+        ("candidates per GPU-hour", |t| {
+            format!("{:.0}", t.per_gpu_hour)
+        }),
+        ("time to first result (s)", |t| {
+            t.first_result_s.map_or("-".into(), |s| format!("{s:.1}"))
+        }),
+        ("build (s, summed)", |t| format!("{:.1}", t.build_s)),
+        ("CPU preparation, no lease (s)", |t| {
+            format!("{:.1}", t.cpu_prep_s)
+        }),
+        ("GPU preparation, reference (s)", |t| {
+            format!("{:.1}", t.gpu_prep_s)
+        }),
+        ("load (s)", |t| format!("{:.1}", t.load_s)),
+        ("check (s)", |t| format!("{:.1}", t.check_s)),
+        ("timing (s)", |t| format!("{:.1}", t.timing_s)),
+        ("isolation (s)", |t| format!("{:.1}", t.isolation_s)),
+        ("lease waits (s, summed)", |t| {
+            format!("{:.1}", t.lease_wait_s)
+        }),
+        ("lease held (s)", |t| format!("{:.1}", t.lease_held_s)),
+        ("GPU work measured (s)", |t| format!("{:.2}", t.gpu_work_s)),
+        ("lease held / wall x devices", |t| {
+            pct(t.lease_held_s, t.wall_s * f64::from(t.devices))
+        }),
+        ("GPU busy: work / wall x devices", |t| {
+            pct(t.gpu_work_s, t.wall_s * f64::from(t.devices))
+        }),
+    ];
+    for (label, value) in rows {
+        let _ = write!(out, "{label:<34}");
+        for (_, t) in passes {
+            let _ = write!(out, "{:>14}", value(t));
+        }
+        out.push('\n');
+    }
+    out.push_str(
+        "GPU work measured: timed trials only (mean x trials of candidates and references), a lower bound.\n",
+    );
+    out
+}
+
+/// Run the passes and render their table.
+pub fn run(b: ThroughputBench) -> anyhow::Result<String> {
+    let Some((items, level)) = super::eval::generations_of(&b.src, &b.dataset, b.level, false)?
+    else {
+        anyhow::bail!("nothing to evaluate");
+    };
+    let (work, temporary) = match &b.work_dir {
+        Some(dir) => (std::path::absolute(dir)?, false),
+        None => (
+            std::env::temp_dir().join(format!("krefine-bench-throughput-{}", std::process::id())),
+            true,
+        ),
+    };
+    let result = passes(&b, &items, level, &work);
+    if temporary {
+        let _ = std::fs::remove_dir_all(&work);
+    }
+    result
+}
+
+fn passes(
+    b: &ThroughputBench,
+    items: &[crate::interchange::Generation],
+    level: u32,
+    work: &std::path::Path,
+) -> anyhow::Result<String> {
+    let refs = work.join("refs");
+    for pass in ["cold", "warm"] {
+        anyhow::ensure!(
+            !work.join(pass).exists(),
+            "{} already exists: choose an empty --work-dir",
+            work.join(pass).display()
+        );
+    }
+    let mut results: Vec<(&str, Throughput)> = Vec::new();
+    let passes: &[&str] = if b.cold_only {
+        &["cold"]
+    } else {
+        &["cold", "warm"]
+    };
+    for pass in passes {
+        let builds = if *pass == "warm" && b.warm_builds {
+            work.join("cold").join("build-cache")
+        } else {
+            work.join(pass).join("build-cache")
+        };
+        let mut sets = b.sets.clone();
+        sets.push(format!("eval.build_cache=\"{}\"", builds.display()));
+        sets.push(format!("eval.reference_cache=\"{}\"", refs.display()));
+        let out = work.join(pass).join("run");
+        eprintln!("bench throughput: {pass} pass into {}", out.display());
+        let started = Instant::now();
+        super::eval::evaluate(items, &b.dataset, level, &out, &sets, false)
+            .with_context(|| format!("the {pass} pass"))?;
+        let wall_s = started.elapsed().as_secs_f64();
+        let log = crate::store::read_log(&out.join(crate::store::EVENTS_FILE))?;
+        results.push((pass, throughput(&log.records, wall_s)));
+    }
+    let mut text = format!(
+        "{} candidate(s) of level {level} from {}; caches under {}\n",
+        items.len(),
+        b.src.display(),
+        work.display()
+    );
+    let table: Vec<(&str, &Throughput)> = results.iter().map(|(n, t)| (*n, t)).collect();
+    text.push_str(&render(&table));
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rec(ts_ms: u64, event: serde_json::Value) -> LogRecord {
+        serde_json::from_value(json!({"v": 1, "seq": 0, "ts_ms": ts_ms, "event": event})).unwrap()
+    }
+
+    fn executed(ts: u64, ref_source: &str) -> LogRecord {
+        rec(
+            ts,
+            json!({
+                "type": "executed", "turn": 1,
+                "outcome": {
+                    "verdict": "correct", "compiled": true, "correctness": true, "metadata": {},
+                    "runtime_ms": 2.0, "ref_runtime_ms": 4.0,
+                    "runtime_stats": {"mean": 2.0, "median": 2.0, "std": 0.0, "min": 2.0, "max": 2.0, "num_trials": 100},
+                    "ref_runtime_stats": {"mean": 4.0, "median": 4.0, "std": 0.0, "min": 4.0, "max": 4.0, "num_trials": 100},
+                    "ref_source": ref_source, "feedback": "", "env": {}, "device": "cuda:0", "wall_ms": 0,
+                    "phases": {"reference_s": 1.5, "ref_timing_s": 0.5, "load_s": 0.25, "correctness_s": 1.0,
+                               "timing_s": 0.75, "isolation_s": 0.125, "spawn_wait_s": 0.125}
+                }
+            }),
+        )
+    }
+
+    #[test]
+    fn the_arithmetic_of_a_pass() {
+        let log = vec![
+            rec(
+                1_000,
+                json!({"type": "inputs_prepared", "problem": "1/8",
+                "outcome": {"status": "generated", "bytes": 8, "duration_ms": 40_000}}),
+            ),
+            rec(
+                2_000,
+                json!({"type": "compiled", "turn": 1, "outcome": {"status": "ok", "cached": false,
+                "feedback": "", "duration_ms": 80_000}}),
+            ),
+            rec(
+                2_500,
+                json!({"type": "compiled", "turn": 1, "outcome": {"status": "ok", "cached": true,
+                "feedback": "", "duration_ms": 5}}),
+            ),
+            rec(
+                3_000,
+                json!({"type": "reference_prepared", "problem": "1/8",
+                "device": "cuda:0", "held_ms": 3_000, "outcome": {"status": "ready", "done": true}}),
+            ),
+            rec(
+                4_000,
+                json!({"type": "lease_granted", "device": "cuda:0", "wait_ms": 2_000, "turn": 1}),
+            ),
+            executed(11_000, "measured"),
+            rec(
+                11_000,
+                json!({"type": "lease_released", "device": "cuda:0", "held_ms": 7_000, "busy_ms": 6_000, "turn": 1}),
+            ),
+            rec(
+                12_000,
+                json!({"type": "lease_granted", "device": "cuda:0", "wait_ms": 500, "turn": 1}),
+            ),
+            executed(19_000, "cached"),
+            rec(
+                19_000,
+                json!({"type": "lease_released", "device": "cuda:0", "held_ms": 7_000, "busy_ms": 6_000, "turn": 1}),
+            ),
+        ];
+        let t = throughput(&log, 36.0);
+        assert_eq!(t.candidates, 2);
+        assert_eq!(t.devices, 1);
+        // 2 candidates in 36 s on one device: 2 / 0.01 h.
+        assert_eq!(t.per_gpu_hour, 200.0);
+        assert_eq!(t.first_result_s, Some(10.0));
+        assert_eq!(t.build_s, 80.0, "cache hits are not builds");
+        assert_eq!(t.cpu_prep_s, 40.0);
+        assert_eq!(t.gpu_prep_s, 3.0 + 2.0 * 2.0);
+        assert_eq!((t.load_s, t.check_s, t.timing_s), (0.5, 2.0, 1.5));
+        assert_eq!(t.isolation_s, 0.5);
+        assert_eq!(t.lease_wait_s, 2.5);
+        assert_eq!(t.lease_held_s, 3.0 + 14.0);
+        // Candidates 2 x (2 ms x 100); the reference once (measured), 4 ms x 100.
+        assert_eq!(t.gpu_work_s, 0.4 + 0.4);
+        let table = render(&[("cold", &t)]);
+        assert!(table.contains("candidates per GPU-hour"), "{table}");
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with("lease held / wall x devices") && l.ends_with("47 %")),
+            "{table}"
+        );
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with("GPU busy: work / wall x devices") && l.ends_with("2 %")),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn an_empty_log_divides_by_nothing() {
+        let t = throughput(&[], 0.0);
+        assert_eq!((t.candidates, t.devices, t.per_gpu_hour), (0, 1, 0.0));
+        assert_eq!(t.first_result_s, None);
+        assert!(render(&[("cold", &t)]).contains(" -\n"));
+    }
+}

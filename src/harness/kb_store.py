@@ -1,0 +1,395 @@
+"""The on-disk store of a problem's seeded inputs: made on the CPU once, off the GPU lease, read by every
+later evaluation of the problem.
+
+KernelBench makes every input with the CPU's generator after `set_seed(seed)` (multi-GB for some level-1
+problems, 40-100 s of CPU). `generate` does exactly that, for the correctness trials' seeds and the timing
+seed, in a process of its own that the orchestrator starts without holding any device (src/refstore.rs),
+and writes the results into one store entry; the GPU worker's `load` then hands back the same bits, and
+the CPU generator's state right after `get_inputs()`, as if it had called `get_inputs()` itself.
+
+An entry is a folder (the orchestrator names it by a hash of the problem's code, the seeds and the torch
+version, and keeps the store bounded):
+
+    manifest.json      written last: the entry is complete only when it exists
+    seed-<seed>.bin    the raw bytes of that seed's tensors, one after another
+    used               touched by the orchestrator at every use (LRU)
+
+Each seed's file carries CRC-32s in the manifest (one per 64 MB of each tensor, checked on several
+threads); a loader that finds a wrong size or checksum says so and makes the inputs itself (never a wrong
+input), and the next `generate` rebuilds the entry.
+
+Only plain values are stored: a top-level list of contiguous CPU tensors and JSON scalars. A problem
+whose `get_inputs()` makes anything else (a tensor on a device, a view, a nested structure) is
+`unstorable`, and its inputs are made by the worker as before.
+
+    python kb_store.py generate < request.json     # one JSON request in, one JSON response out
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+# torch (and the modules that need it) are imported where used: a `generate` that finds its entry whole
+# answers without importing torch (a second or so per problem, in the orchestrator's critical path).
+if TYPE_CHECKING:
+    import torch
+
+    import kb_problem
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+# Each seed's file is checksummed in chunks of this many bytes (one CRC-32 each, listed in the manifest),
+# so that a loader checks a multi-GB file on several threads at once (zlib releases the GIL).
+_CHUNK = 1 << 26
+_THREADS = 8
+
+
+def _crcs(view: memoryview) -> list[int]:
+    """The CRC-32 of every _CHUNK bytes of `view`, computed on several threads."""
+    chunks = [view[start : start + _CHUNK] for start in range(0, len(view), _CHUNK)]
+    if len(chunks) < 2:
+        return [zlib.crc32(c) for c in chunks]
+    with ThreadPoolExecutor(max_workers=min(_THREADS, len(chunks))) as pool:
+        return list(pool.map(zlib.crc32, chunks))
+
+
+class Unstorable(Exception):
+    """get_inputs() made something the store does not keep; the worker makes these inputs itself."""
+
+
+def code_hash(code: str) -> str:
+    return hashlib.sha256(code.encode("utf-8")).hexdigest()
+
+
+def seeds_of(request: dict[str, Any]) -> list[int]:
+    """The seeds a problem's evaluation makes inputs for: the correctness trials', then the timing seed."""
+    import kb_problem
+
+    seeds = kb_problem.trial_seeds(int(request["seed"]), int(request["trials"]))
+    if request.get("timing", True) and int(request["seed"]) not in seeds:
+        seeds.append(int(request["seed"]))
+    return seeds
+
+
+def seed_file(seed: int) -> str:
+    return f"seed-{seed}.bin"
+
+
+def _byte_view(t: torch.Tensor) -> memoryview:
+    import torch
+
+    flat = t.detach().reshape(-1)
+    if not flat.numel():
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]  # numpy types its buffer for 3.12+
+
+
+def _dtype(name: str) -> torch.dtype:
+    import torch
+
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def describe(raw: Any) -> list[dict[str, Any]]:
+    """The manifest items of one get_inputs() value (shapes, dtypes, scalars); raises Unstorable."""
+    import torch
+
+    if not isinstance(raw, (list, tuple)):
+        raise Unstorable(f"get_inputs() returned a {type(raw).__name__}, not a list")
+    items: list[dict[str, Any]] = []
+    for i, value in enumerate(raw):
+        if isinstance(value, torch.Tensor):
+            if value.device.type != "cpu":
+                raise Unstorable(f"input {i} is made on {value.device}")
+            if not value.is_contiguous() or value.is_sparse or value.is_quantized:
+                raise Unstorable(f"input {i} is not a plain contiguous tensor")
+            items.append(
+                {
+                    "dtype": str(value.dtype),
+                    "shape": list(value.shape),
+                    "nbytes": value.numel() * value.element_size(),
+                    "requires_grad": value.requires_grad,
+                }
+            )
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            items.append({"value": value})
+        else:
+            raise Unstorable(f"input {i} is a {type(value).__name__}")
+    return items
+
+
+def write_seed(problem: kb_problem.ProblemCode, seed: int, folder: str) -> dict[str, Any]:
+    """KernelBench's `set_seed(seed); get_inputs()` on the CPU, written to `folder/seed-<seed>.bin`;
+    returns the seed's manifest part."""
+    import torch
+
+    import kb_problem
+
+    kb_problem.set_seed(seed)
+    raw = problem.get_inputs()
+    rng = torch.get_rng_state()
+    items = describe(raw)
+    crcs: list[int] = []
+    path = os.path.join(folder, seed_file(seed))
+    with open(path, "wb") as f:
+        for t in (v for v in raw if isinstance(v, torch.Tensor)):
+            view = _byte_view(t)
+            crcs.extend(_crcs(view))
+            f.writelines(view[start : start + _CHUNK] for start in range(0, len(view), _CHUNK))
+        f.flush()
+        os.fsync(f.fileno())
+    return {
+        "file": seed_file(seed),
+        "bytes": sum(int(i.get("nbytes", 0)) for i in items),
+        # One CRC-32 per _CHUNK bytes of each tensor, tensor after tensor.
+        "crcs": crcs,
+        "items": items,
+        "rng": base64.b64encode(bytes(rng.numpy())).decode("ascii"),
+    }
+
+
+def _write_one(code: str, seed: int, folder: str) -> dict[str, Any]:
+    """In a spawned child: one seed's inputs, single-threaded as KernelBench's generator is."""
+    import torch
+
+    import kb_problem
+
+    torch.set_num_threads(1)
+    return write_seed(kb_problem.load_problem(code), seed, folder)
+
+
+def _write_all(code: str, seeds: list[int], folder: str) -> tuple[dict[str, Any], int]:
+    """Every seed's file and manifest part; large inputs are made in parallel processes (each seed has
+    its own generator, so the bits are the same). Returns (parts by seed, processes used)."""
+    import torch
+
+    import kb_inputs
+    import kb_problem
+
+    problem = kb_problem.load_problem(code)
+    count = kb_inputs.how_many_in_parallel(kb_inputs.planned_bytes(problem.get_inputs), len(seeds))
+    if count == 0:
+        return {str(s): write_seed(problem, s, folder) for s in seeds}, 0
+    context = torch.multiprocessing.get_context("spawn")
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    with context.Pool(processes=count) as pool:
+        parts = pool.starmap(_write_one, [(code, s, folder) for s in seeds])
+    return {str(s): p for s, p in zip(seeds, parts, strict=True)}, count
+
+
+def read_manifest(entry: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(entry, MANIFEST), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+
+
+def _file_crcs(path: str, part: dict[str, Any]) -> list[int] | None:
+    """The chunk CRCs of a seed's file as its manifest part lays it out (per tensor); None when the
+    file is missing or not the size the manifest says."""
+    try:
+        if os.path.getsize(path) != int(part["bytes"]):
+            return None
+        crcs: list[int] = []
+        with open(path, "rb") as f:
+            for item in part["items"]:
+                if "nbytes" in item:
+                    data = bytearray(int(item["nbytes"]))
+                    if f.readinto(data) != len(data):
+                        return None
+                    crcs.extend(_crcs(memoryview(data)))
+        return crcs
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def verify(entry: str, code: str, seeds: list[int]) -> str | None:
+    """Why the entry cannot serve (missing, another problem, a seed missing, a bad checksum); None when
+    every seed's file is whole."""
+    import torch
+
+    manifest = read_manifest(entry)
+    if manifest is None:
+        return "no complete entry"
+    if manifest.get("code_sha256") != code_hash(code) or manifest.get("torch") != torch.__version__:
+        return "the entry was made for other code or another torch"
+    for seed in seeds:
+        part = manifest.get("seeds", {}).get(str(seed))
+        if part is None:
+            return f"seed {seed} is missing"
+        if _file_crcs(os.path.join(entry, part["file"]), part) != part.get("crcs"):
+            return f"seed {seed}: wrong size or checksum"
+    return None
+
+
+def _whole_for(entry: str, code: str, request: dict[str, Any]) -> list[int] | None:
+    """The entry's seeds when it was made for this very request (code, seed, trials, timing, torch)
+    and every file is whole; None otherwise. Imports torch only when the request does not name its
+    version."""
+    manifest = read_manifest(entry)
+    if manifest is None or manifest.get("code_sha256") != code_hash(code):
+        return None
+    version = request.get("torch")
+    if not isinstance(version, str):
+        import torch
+
+        version = torch.__version__
+    if manifest.get("torch") != version or manifest.get("request") != _request_key(request):
+        return None
+    order = manifest.get("order")
+    parts = manifest.get("seeds", {})
+    if not isinstance(order, list) or sorted(str(s) for s in order) != sorted(parts):
+        return None
+    for part in parts.values():
+        if _file_crcs(os.path.join(entry, part["file"]), part) != part.get("crcs"):
+            return None
+    return [int(s) for s in order]
+
+
+def _request_key(request: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "seed": int(request["seed"]),
+        "trials": int(request["trials"]),
+        "timing": bool(request.get("timing", True)),
+    }
+
+
+def generate(request: dict[str, Any]) -> dict[str, Any]:
+    """Make sure `entry` holds the inputs of every seed of the request: `hit` when it does already,
+    else made in `tmp` and renamed into place (`generated`, or `rebuilt` when a broken entry was
+    there). The caller holds the entry's lock (no two generations of one entry at once)."""
+    started = time.perf_counter()
+    code, entry, tmp = request["code"], request["entry"], request["tmp"]
+    whole = _whole_for(entry, code, request)
+    if whole is not None:
+        manifest = read_manifest(entry) or {}
+        size = sum(int(p["bytes"]) for p in manifest.get("seeds", {}).values())
+        return _answer("hit", started, whole, size)
+    import torch
+
+    seeds = seeds_of(request)
+    why = verify(entry, code, seeds)
+    broken = os.path.exists(entry)
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        parts, parallel = _write_all(code, seeds, tmp)
+    except Unstorable as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return _answer("unstorable", started, seeds, 0, detail=str(exc))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    manifest = {
+        "format": FORMAT,
+        "torch": torch.__version__,
+        "code_sha256": code_hash(code),
+        "request": _request_key(request),
+        "order": seeds,
+        "seeds": parts,
+    }
+    with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f)
+        f.flush()
+        os.fsync(f.fileno())
+    shutil.rmtree(entry, ignore_errors=True)
+    os.rename(tmp, entry)
+    size = sum(int(p["bytes"]) for p in parts.values())
+    status = "rebuilt" if broken else "generated"
+    return _answer(status, started, seeds, size, detail=(why or "") if broken else "", parallel=parallel)
+
+
+def _answer(
+    status: str, started: float, seeds: list[int], size: int, detail: str = "", parallel: int = 0
+) -> dict[str, Any]:
+    return {
+        "status": status,
+        "seconds": round(time.perf_counter() - started, 6),
+        "seeds": seeds,
+        "bytes": size,
+        "parallel": parallel,
+        "detail": detail,
+    }
+
+
+def load(entry: str, code: str, seed: int) -> tuple[list[Any], torch.Tensor] | None:
+    """One seed's inputs and the CPU generator's state right after they were made, as `set_seed(seed);
+    get_inputs()` would leave it; None when the entry cannot serve them (each tensor is checked against
+    the seed's checksum as it is read: a corrupt file is never handed out)."""
+    import torch
+
+    manifest = read_manifest(entry)
+    if manifest is None or manifest.get("code_sha256") != code_hash(code):
+        return None
+    if manifest.get("torch") != torch.__version__:
+        return None
+    part = manifest.get("seeds", {}).get(str(seed))
+    if part is None:
+        return None
+    values: list[Any] = []
+    views: list[memoryview] = []
+    try:
+        with open(os.path.join(entry, part["file"]), "rb") as f:
+            for item in part["items"]:
+                if "value" in item:
+                    values.append(item["value"])
+                    continue
+                t = torch.empty(item["shape"], dtype=_dtype(item["dtype"]))
+                view = _byte_view(t)
+                for start in range(0, len(view), _CHUNK):
+                    part_view = view[start : start + _CHUNK]
+                    if f.readinto(part_view) != len(part_view):
+                        raise ValueError("file shorter than its manifest")
+                views.append(view)
+                if item.get("requires_grad"):
+                    t.requires_grad_(True)
+                values.append(t)
+            if f.read(1):
+                raise ValueError("file longer than its manifest")
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        print(f"krefine harness: stored inputs of seed {seed} unusable ({exc}); making them", file=sys.stderr)
+        return None
+    # The checksums after the reads, on several threads: the read is a copy from the page cache,
+    # the checksum the slow part.
+    crcs = [c for view in views for c in _crcs(view)]
+    if crcs != part.get("crcs"):
+        print(f"krefine harness: stored inputs of seed {seed} fail their checksum; making them", file=sys.stderr)
+        return None
+    rng = torch.frombuffer(bytearray(base64.b64decode(part["rng"])), dtype=torch.uint8)
+    return values, rng
+
+
+def main(argv: list[str]) -> int:
+    if argv[1:] != ["generate"]:
+        print("usage: python kb_store.py generate < request.json", file=sys.stderr)
+        return 2
+    request = json.loads(sys.stdin.read())
+    # Through the module, not __main__: the spawned children then find `_write_one` by its module name.
+    import kb_store
+
+    try:
+        answer = kb_store.generate(request)
+    except Exception as exc:  # noqa: BLE001 - the problem's own errors are reported, not raised
+        answer = {"status": "error", "detail": f"{type(exc).__name__}: {exc}", "seconds": 0.0, "bytes": 0}
+    sys.stdout.write(json.dumps(answer) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
