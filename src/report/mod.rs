@@ -27,7 +27,7 @@ use crate::metrics::{
 use crate::types::{FeedbackMode, MethodKind};
 
 pub use compare::{axis_title, budget_text, render_comparison};
-pub use comparison::{CompareError, compare_runs};
+pub use comparison::{CompareError, compare_runs, run_labels};
 pub use equal::equal_attempts_table;
 pub use kernelbench::{Pick, kernelbench_eval_results, pick};
 pub use load::{
