@@ -114,6 +114,17 @@ fn runs_folder_and_submission_evaluate_on_cpu_workers() {
     assert_eq!(report["method"], "sampling");
     assert_eq!(report["turns"][1]["correct"], 1);
     assert_eq!(report["pass_at_k"]["1"], 0.5);
+    // Served generations are not LLM calls (issue 27, 5): no answers, tokens or USD.
+    let ledger = &report["ledger"];
+    assert_eq!(ledger["llm_answers"], 0, "{ledger}");
+    assert_eq!(ledger["tokens"]["total"], 0, "{ledger}");
+    assert_eq!(ledger["cost_usd"].as_f64().unwrap_or(0.0), 0.0, "{ledger}");
+    let o = krefine(&["report", s(&run_a)]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("none (2 generations served, no model called)"),
+        "{out}"
+    );
 
     // Round trip: its submission (the correct sample) evaluates as correct again.
     let sub = d.path().join("sub.json");
@@ -140,6 +151,15 @@ fn runs_folder_and_submission_evaluate_on_cpu_workers() {
     let o = krefine(&["compare", s(&run_a), s(&run_b), "--resamples", "10"]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("differs: method sampling | one_shot"), "{out}");
+    // The LLM budget axes say why they cannot compare served generations.
+    assert_eq!(
+        out.matches(
+            "not comparable: eval-folder, eval-sub served existing generations (no LLM calls)"
+        )
+        .count(),
+        3,
+        "{out}"
+    );
 }
 
 #[test]

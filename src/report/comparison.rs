@@ -31,6 +31,7 @@ pub fn compare_runs(
         .map(|(r, label)| CompareRun {
             name: label,
             attempts: &r.attempts,
+            served: r.report.served.is_some(),
         })
         .collect();
     let c = compare(&inputs, settings);

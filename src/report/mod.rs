@@ -51,6 +51,9 @@ pub struct RunReport {
     /// What the scores were measured on and how; `None` only for reports built without a run
     /// directory.
     pub provenance: Option<provenance::Provenance>,
+    /// `Some(n)`: the run's answers were `n` generations served as they were (`krefine eval`), not
+    /// LLM calls; its ledger holds no LLM spending.
+    pub served: Option<u64>,
 }
 
 /// Output format of `krefine report` (`--format text|md|json|csv`).
