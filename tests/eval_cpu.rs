@@ -47,6 +47,23 @@ fn read_json(p: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
+/// Builds (folders with `krefine-ok.json`) and lock files (`*.lock`) under the build cache.
+fn walk_cache(dir: &Path) -> (usize, Vec<PathBuf>) {
+    let (mut builds, mut locks) = (0, Vec::new());
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            builds += usize::from(p.join("krefine-ok.json").exists());
+            let (b, l) = walk_cache(&p);
+            builds += b;
+            locks.extend(l);
+        } else if p.extension().is_some_and(|x| x == "lock") {
+            locks.push(p);
+        }
+    }
+    (builds, locks)
+}
+
 #[test]
 fn runs_folder_and_submission_evaluate_on_cpu_workers() {
     let d = tempfile::tempdir().unwrap();
@@ -141,6 +158,11 @@ fn runs_folder_and_submission_evaluate_on_cpu_workers() {
     args.extend(sets);
     krefine(&args);
     let results = read_json(&run_b.join("eval_results.json"));
+    // No lock file outlives its build (issue 27, 6): the builds stay, their locks do not.
+    let cache = d.path().join("runs/.build-cache");
+    let (builds, locks) = walk_cache(&cache);
+    assert!(builds > 0, "no build in {}", cache.display());
+    assert_eq!(locks, Vec::<PathBuf>::new());
     assert_eq!(results["2"][0]["correctness"], true);
     let o = krefine(&["report", s(&run_b), "--format", "json"]);
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();

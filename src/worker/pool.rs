@@ -44,8 +44,7 @@ use crate::types::{
     Problem, ProfileOutcome, RanOn, Verdict, WorkerLoss,
 };
 
-/// Written into a build dir after a good compile; its presence means "this build is usable".
-const SUCCESS_MARKER: &str = "krefine-ok.json";
+use super::build_store::SUCCESS_MARKER;
 /// A copy of the compile log kept with the build, handed to later jobs that hit the cache.
 const CACHED_LOG: &str = "krefine-compile.log";
 /// How long a worker asked to exit (recycling, shutdown) may take before it is killed.
@@ -280,8 +279,16 @@ fn closed() -> Unavailable {
 /// krefine process sharing the build cache takes (`<build dir>.lock`, next to the dir so that the
 /// build itself never touches it). A concurrent run therefore never sees a half-written build.
 struct BuildGuard {
+    dir: PathBuf,
     _local: OwnedMutexGuard<()>,
-    _file: std::fs::File,
+    _file: crate::lock::FileLock,
+}
+
+impl Drop for BuildGuard {
+    fn drop(&mut self) {
+        // Before the locks (fields) are released: see release_build_dir.
+        super::build_store::release_build_dir(&self.dir);
+    }
 }
 
 impl CallError {
@@ -688,6 +695,7 @@ impl WorkerPool {
             .await
             .map_err(|e| Unavailable(format!("cannot lock {}: {e}", path.display())))?;
         Ok(BuildGuard {
+            dir: dir.to_path_buf(),
             _local: local,
             _file: file,
         })
