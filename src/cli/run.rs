@@ -268,8 +268,27 @@ async fn drive(
             }
         });
     }
-    let (compiler, executor, pool, launcher) =
-        build_eval_services(&loaded, &dir, &devices, &discovery).await?;
+    // Ctrl-C while the services start (a Slurm allocation that waits for its grant, workers that
+    // start) stops the run the way SIGTERM does; the run's own Ctrl-C handling starts after.
+    let interrupt = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                eprintln!("\ninterrupted: stopping");
+                cancel.cancel();
+            }
+        })
+    };
+    let services = build_eval_services(&loaded, &dir, &devices, &discovery, &cancel).await;
+    interrupt.abort();
+    let (compiler, executor, pool, launcher) = match services {
+        Ok(s) => s,
+        Err(e) if cancel.is_cancelled() => {
+            eprintln!("{e:#}");
+            return Ok(ExitCode::from(130));
+        }
+        Err(e) => return Err(e),
+    };
     let result = drive_engine(
         args, &loaded, dir, prior, plan, devices, cancel, llm, compiler, executor,
     )
@@ -445,6 +464,7 @@ async fn build_eval_services(
     dir: &RunDir,
     devices: &[DeviceInfo],
     discovery: &gpu::Discovery,
+    cancel: &CancellationToken,
 ) -> anyhow::Result<EvalServices> {
     let cfg = &loaded.config;
     match cfg.eval.executor {
@@ -477,16 +497,20 @@ async fn build_eval_services(
             if let Some(b) = &cfg.eval.baseline {
                 s.baseline = Some(Arc::new(BaselineTable::load(&loaded.resolve(b)).await?));
             }
-            let launcher = Arc::new(Launcher::start(&cfg.resources).await?);
+            let launcher = Arc::new(Launcher::start(&cfg.resources, cancel).await?);
             if launcher.is_remote() {
                 eprintln!("launcher: {}", launcher.describe());
             }
             s.launcher = launcher.clone();
-            let pool = match WorkerPool::start(s).await {
+            let started = tokio::select! {
+                p = WorkerPool::start(s) => p.map_err(anyhow::Error::from),
+                _ = cancel.cancelled() => Err(anyhow::anyhow!("interrupted while the workers started")),
+            };
+            let pool = match started {
                 Ok(p) => p,
                 Err(e) => {
                     launcher.release().await;
-                    return Err(e.into());
+                    return Err(e);
                 }
             };
             eprintln!(
