@@ -11,6 +11,7 @@
 //! - [`refprep`]: preparing problems' reference data while their answers are generated.
 //! - [`store`]: run directories and the append-only event log.
 //! - [`lock`]: advisory file locks between processes (a run directory, a build directory).
+//! - [`scratch`]: a run's scratch folder, removed when the run ends; dead runs' swept.
 //! - [`services`]: the `Llm`, `Compiler` and `Executor` traits.
 //! - [`llm`]: LLM providers (scripted, OpenAI-compatible, replay), the request gate, code extraction.
 //! - [`prompt`]: prompt templates and rendering.
@@ -43,6 +44,7 @@ pub mod prompt;
 pub mod provenance;
 pub mod refprep;
 pub mod report;
+pub mod scratch;
 pub mod services;
 pub mod sim;
 pub mod store;

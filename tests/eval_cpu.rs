@@ -108,7 +108,25 @@ fn runs_folder_and_submission_evaluate_on_cpu_workers() {
         s(&run_a),
     ];
     args.extend(sets);
-    krefine(&args);
+    // Scratch lives in the system temp folder: the run's own goes when it ends, and a dead run's
+    // (SIGKILL leaves it) goes when the next one starts (issue 27, 7).
+    let temp = d.path().join("tmp");
+    let dead = temp.join("krefine-4194304999");
+    std::fs::create_dir_all(dead.join("eval-cpu-0")).unwrap();
+    std::fs::write(dead.join("krefine-owner"), "4194304999 1").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_krefine"))
+        .args(&args)
+        .env("TMPDIR", &temp)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let left: Vec<_> = std::fs::read_dir(&temp)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with("krefine-"))
+        .collect();
+    assert_eq!(left, Vec::<std::ffi::OsString>::new());
 
     let results = read_json(&run_a.join("eval_results.json"));
     let list = results["2"]

@@ -281,7 +281,7 @@ async fn drive(
     };
     let services = build_eval_services(&loaded, &dir, &devices, &discovery, &cancel).await;
     interrupt.abort();
-    let (compiler, executor, pool, launcher) = match services {
+    let (compiler, executor, pool, launcher, scratch) = match services {
         Ok(s) => s,
         Err(e) if cancel.is_cancelled() => {
             eprintln!("{e:#}");
@@ -298,6 +298,11 @@ async fn drive(
     }
     if let Some(l) = launcher {
         l.release().await;
+    }
+    // The workers are gone: their scratch goes too (gigabytes of copy-on-write layers on a GPU
+    // run), off the runtime's threads.
+    if let Some(scratch) = scratch {
+        let _ = tokio::task::spawn_blocking(move || drop(scratch)).await;
     }
     result
 }
@@ -455,6 +460,7 @@ type EvalServices = (
     Arc<dyn Executor>,
     Option<Arc<WorkerPool>>,
     Option<Arc<Launcher>>,
+    Option<crate::scratch::Scratch>,
 );
 
 /// The compile and execute services the config asks for; the worker pool is returned for shutdown,
@@ -470,7 +476,7 @@ async fn build_eval_services(
     match cfg.eval.executor {
         ExecutorKind::Simulated => {
             let sim = Arc::new(SimServices::new(cfg.eval.simulated.clone()));
-            Ok((sim.clone(), sim, None, None))
+            Ok((sim.clone(), sim, None, None, None))
         }
         ExecutorKind::Worker => {
             let configured = cfg.resources.python.as_deref().map(|p| loaded.resolve(p));
@@ -478,8 +484,10 @@ async fn build_eval_services(
             // Workers run in their own scratch folders, so every path they get is absolute.
             let out_dir = std::path::absolute(&cfg.output.dir)?;
             let harness_dir = worker::deploy_harness(&out_dir.join(".harness")).await?;
-            let scratch = std::env::temp_dir().join(format!("krefine-{}", std::process::id()));
-            let mut s = WorkerSettings::new(python, harness_dir, &scratch);
+            // The run's scratch, removed when it ends; dead runs' scratch is swept first.
+            let scratch = crate::scratch::Scratch::claim(&std::env::temp_dir(), "krefine-")
+                .context("cannot create the run's scratch folder")?;
+            let mut s = WorkerSettings::new(python, harness_dir, scratch.path());
             s.log_dir = std::path::absolute(dir.logs_dir().join("workers"))?;
             // Builds are content-addressed, so runs share one cache.
             s.build_cache = out_dir.join(".build-cache");
@@ -520,7 +528,13 @@ async fn build_eval_services(
                 pool.torch_version(),
                 pool.arch_list().unwrap_or("(cpu)")
             );
-            Ok((pool.clone(), pool.clone(), Some(pool), Some(launcher)))
+            Ok((
+                pool.clone(),
+                pool.clone(),
+                Some(pool),
+                Some(launcher),
+                Some(scratch),
+            ))
         }
     }
 }
