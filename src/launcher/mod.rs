@@ -19,6 +19,8 @@
 //! workers is drained (no worker starts there again; recorded with the result, shown in the report).
 
 pub mod config;
+#[cfg(test)]
+mod fuzz;
 mod slurm;
 mod slurm_pending;
 mod ssh;
