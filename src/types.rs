@@ -266,7 +266,7 @@ pub struct Usage {
 
 impl Usage {
     pub fn total(&self) -> u64 {
-        self.prompt_tokens + self.completion_tokens
+        self.prompt_tokens.saturating_add(self.completion_tokens)
     }
 }
 

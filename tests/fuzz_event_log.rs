@@ -206,3 +206,74 @@ proptest! {
         }
     }
 }
+
+/// The records of the corpus with every LLM answer's usage and cost, and every lease's times,
+/// replaced by the given numbers (a provider or a damaged log can carry any).
+fn with_numbers(tokens: &[u64], usd: &[f64], ms: &[u64]) -> Vec<krefine::types::LogRecord> {
+    let mut i = 0usize;
+    corpus()
+        .iter()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let mut pick = |xs: &[u64]| {
+                i += 1;
+                xs[i % xs.len()]
+            };
+            if let Some(a) = v.pointer_mut("/event/answer")
+                && a.is_object()
+            {
+                a["usage"] = serde_json::json!({
+                    "prompt_tokens": pick(tokens),
+                    "completion_tokens": pick(tokens),
+                    "reasoning_tokens": pick(tokens),
+                });
+                let k = pick(&[0, 1, 2, 3]) as usize;
+                a["cost_usd"] = serde_json::json!(usd[k % usd.len()]);
+            }
+            for key in ["wait_ms", "held_ms", "busy_ms", "duration_ms", "ts_ms"] {
+                if let Some(e) = v.pointer_mut("/event")
+                    && e.get(key).is_some_and(serde_json::Value::is_u64)
+                {
+                    e[key] = serde_json::json!(pick(ms));
+                }
+            }
+            serde_json::from_value(v).unwrap()
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(fuzz_support::config())]
+
+    /// Any token counts, costs and lease times (u64::MAX included): the ledger, the attempts'
+    /// costs and the metrics are computed without a panic (sums saturate).
+    #[test]
+    fn extreme_numbers_are_summed_without_overflow(
+        tokens in prop::collection::vec(prop_oneof![any::<u64>(), Just(u64::MAX), 0u64..1000], 1..6),
+        usd in prop::collection::vec(prop_oneof![any::<f64>().prop_filter("finite", |x| x.is_finite()), Just(f64::MAX), 0.0..1.0f64], 1..4),
+        ms in prop::collection::vec(prop_oneof![any::<u64>(), Just(u64::MAX), 0u64..100_000], 1..6),
+    ) {
+        use krefine::metrics::{RunInput, device_ms_per_turn, ledger, run_attempts, run_problems};
+        use krefine::types::MethodKind;
+        let records = with_numbers(&tokens, &usd, &ms);
+        let l = ledger(&records);
+        let _ = l.total.tokens();
+        let device = device_ms_per_turn(&records);
+        let (_, turns) = krefine::engine::fold_records(&records).unwrap();
+        let ids: Vec<_> = turns.keys().copied().collect();
+        let problems = run_problems(&ids);
+        let input = RunInput { method: MethodKind::Refine, axis: 3, problems: &problems, turns: &turns };
+        let _ = run_attempts(&input, &l, &device);
+    }
+}
+
+/// Regression (found by `extreme_numbers_are_summed_without_overflow`): a provider that reports
+/// u64::MAX tokens, and leases of u64::MAX ms, overflowed the ledger's sums (a panic in debug
+/// builds, wrapped numbers in release).
+#[test]
+fn u64_max_usage_and_lease_times_saturate() {
+    let records = with_numbers(&[u64::MAX], &[1.0], &[u64::MAX]);
+    let l = krefine::metrics::ledger(&records);
+    assert_eq!(l.total.tokens(), u64::MAX);
+    assert_eq!(l.device_total.held_ms, u64::MAX);
+}

@@ -65,7 +65,7 @@ pub struct LedgerTotals {
 impl LedgerTotals {
     /// Prompt plus completion tokens (what `budget.tokens` caps).
     pub fn tokens(&self) -> u64 {
-        self.prompt_tokens + self.completion_tokens
+        self.prompt_tokens.saturating_add(self.completion_tokens)
     }
 }
 
@@ -97,9 +97,9 @@ impl Ledger {
         t.answers += 1;
         match &answer.usage {
             Some(u) => {
-                t.prompt_tokens += u.prompt_tokens;
-                t.completion_tokens += u.completion_tokens;
-                t.reasoning_tokens += u.reasoning_tokens;
+                t.prompt_tokens = t.prompt_tokens.saturating_add(u.prompt_tokens);
+                t.completion_tokens = t.completion_tokens.saturating_add(u.completion_tokens);
+                t.reasoning_tokens = t.reasoning_tokens.saturating_add(u.reasoning_tokens);
                 match answer.cost_usd {
                     Some(c) => t.cost_usd += c,
                     None => t.answers_without_cost += 1,

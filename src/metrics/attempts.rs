@@ -67,7 +67,8 @@ pub fn device_ms_per_turn(records: &[LogRecord]) -> BTreeMap<(TaskId, u32), u64>
     let mut out = BTreeMap::new();
     for rec in records {
         if let (Some(task), Event::LeaseReleased { held_ms, turn, .. }) = (rec.task, &rec.event) {
-            *out.entry((task, *turn)).or_insert(0) += held_ms;
+            let e: &mut u64 = out.entry((task, *turn)).or_insert(0);
+            *e = e.saturating_add(*held_ms);
         }
     }
     out

@@ -30,7 +30,7 @@ pub struct Spend {
 impl Spend {
     /// Prompt plus completion tokens.
     pub fn tokens(&self) -> u64 {
-        self.prompt_tokens + self.completion_tokens
+        self.prompt_tokens.saturating_add(self.completion_tokens)
     }
 
     /// True when at least one answer carried a cost (so `cost_usd` means something).
@@ -60,9 +60,11 @@ impl Spend {
 
     pub fn add(&mut self, other: &Spend) {
         self.answers += other.answers;
-        self.prompt_tokens += other.prompt_tokens;
-        self.completion_tokens += other.completion_tokens;
-        self.reasoning_tokens += other.reasoning_tokens;
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.completion_tokens = self
+            .completion_tokens
+            .saturating_add(other.completion_tokens);
+        self.reasoning_tokens = self.reasoning_tokens.saturating_add(other.reasoning_tokens);
         self.cost_usd += other.cost_usd;
         self.answers_without_usage += other.answers_without_usage;
         self.answers_without_cost += other.answers_without_cost;
@@ -85,9 +87,9 @@ pub struct DeviceUse {
 impl DeviceUse {
     fn add(&mut self, other: &DeviceUse) {
         self.leases += other.leases;
-        self.wait_ms += other.wait_ms;
-        self.held_ms += other.held_ms;
-        self.busy_ms += other.busy_ms;
+        self.wait_ms = self.wait_ms.saturating_add(other.wait_ms);
+        self.held_ms = self.held_ms.saturating_add(other.held_ms);
+        self.busy_ms = self.busy_ms.saturating_add(other.busy_ms);
     }
 }
 
@@ -186,7 +188,7 @@ pub fn ledger(records: &[LogRecord]) -> Ledger {
             } => {
                 let d = l.devices.entry(device.clone()).or_default();
                 d.leases += 1;
-                d.wait_ms += wait_ms;
+                d.wait_ms = d.wait_ms.saturating_add(*wait_ms);
             }
             Event::LeaseReleased {
                 device,
@@ -195,14 +197,14 @@ pub fn ledger(records: &[LogRecord]) -> Ledger {
                 ..
             } => {
                 let d = l.devices.entry(device.clone()).or_default();
-                d.held_ms += held_ms;
-                d.busy_ms += busy_ms;
+                d.held_ms = d.held_ms.saturating_add(*held_ms);
+                d.busy_ms = d.busy_ms.saturating_add(*busy_ms);
             }
             // A candidate rejected by static checks was never built.
             Event::Compiled { outcome, .. } if outcome.status != CompileStatus::Rejected => {
                 l.compiles += 1;
                 l.compiles_cached += u64::from(outcome.cached);
-                l.compile_ms += outcome.duration_ms;
+                l.compile_ms = l.compile_ms.saturating_add(outcome.duration_ms);
                 l.note_losses(&outcome.worker_losses);
             }
             Event::Executed { outcome, .. } => l.note_losses(&outcome.worker_losses),
