@@ -155,31 +155,55 @@ pub fn models_of(problems: &[Problem]) -> BTreeMap<String, Vec<String>> {
     out
 }
 
-/// The `model_name = "ORG/NAME"` assignments of a problem (how every KernelBench level-4 problem
-/// names its model), in order, without duplicates.
+/// Calls that fetch from the hub (or its cache): a problem without any builds its model locally
+/// (`from_config`, a config class), whatever names it mentions.
+const HUB_CALLS: &[&str] = &[
+    "from_pretrained(",
+    "hf_hub_download(",
+    "snapshot_download(",
+    "pipeline(",
+];
+
+/// The models a problem loads from the hub, in order, without duplicates: its `model_name =
+/// "ORG/NAME"` assignments (how every KernelBench level-4 problem names its model) when it calls the
+/// hub at all, and the quoted first argument of any `from_pretrained("...")`. A problem that never
+/// calls the hub loads nothing, even if it names a model.
 pub fn model_names(code: &str) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
-    for line in code.lines() {
-        let Some(rest) = line.trim_start().strip_prefix("model_name") else {
-            continue;
-        };
-        let Some(value) = rest.trim_start().strip_prefix('=') else {
-            continue;
-        };
-        let value = value.trim();
-        let quote = match value.chars().next() {
-            Some(q @ ('"' | '\'')) => q,
-            _ => continue,
-        };
-        let Some(end) = value[1..].find(quote) else {
-            continue;
-        };
-        let name = &value[1..1 + end];
+    let mut add = |name: &str| {
         if !name.is_empty() && !names.iter().any(|n| n == name) {
             names.push(name.to_string());
         }
+    };
+    let calls_hub = HUB_CALLS.iter().any(|c| code.contains(c));
+    for line in code.lines() {
+        if calls_hub
+            && let Some(rest) = line.trim_start().strip_prefix("model_name")
+            && let Some(value) = rest.trim_start().strip_prefix('=')
+            && let Some(name) = quoted(value)
+        {
+            add(name);
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find("from_pretrained(") {
+            rest = &rest[at + "from_pretrained(".len()..];
+            if let Some(name) = quoted(rest) {
+                add(name);
+            }
+        }
     }
     names
+}
+
+/// The string literal at the start of `value` (after blanks), if it starts with one.
+fn quoted(value: &str) -> Option<&str> {
+    let value = value.trim_start();
+    let quote = match value.chars().next() {
+        Some(q @ ('"' | '\'')) => q,
+        _ => return None,
+    };
+    let end = value[1..].find(quote)?;
+    Some(&value[1..1 + end])
 }
 
 /// True when `cache` holds a snapshot of `model` with its `config.json` (the hub cache layout:
@@ -221,6 +245,27 @@ mod tests {
         let code = "import torch\nmodel_name = \"EleutherAI/gpt-neo-2.7B\"\nconfig = AutoConfig.from_pretrained(model_name)\n    self.model_name = model_name\nmodel_name='gpt2'\nmodel_name = \"gpt2\"\n";
         assert_eq!(model_names(code), ["EleutherAI/gpt-neo-2.7B", "gpt2"]);
         assert!(model_names("x = 1\nmodel_name = other\n").is_empty());
+    }
+
+    /// Issue 27 (2): a problem that names a model but builds it from a config (never calling the
+    /// hub) needs nothing from the cache.
+    #[test]
+    fn a_model_built_from_a_config_needs_no_cache() {
+        let code = "from transformers import AutoModelForCausalLM, GPT2Config
+model_name = \"org/never-downloaded\"
+config = GPT2Config(n_layer=2)
+class Model:
+    def __init__(self):
+        self.model = AutoModelForCausalLM.from_config(config)
+";
+        assert!(model_names(code).is_empty());
+        let hf = HfSection::default();
+        assert!(hf.check_models(None, &[problem(3, code)]).is_ok());
+        // Loading it from the hub does need it, by variable or by literal.
+        let loads = code.replace("from_config(config)", "from_pretrained(model_name)");
+        assert_eq!(model_names(&loads), ["org/never-downloaded"]);
+        let literal = "m = AutoModel.from_pretrained( 'gpt2', config=c)\n";
+        assert_eq!(model_names(literal), ["gpt2"]);
     }
 
     #[test]
@@ -287,9 +332,18 @@ mod tests {
         // A folder without a snapshot's config.json (an interrupted download) is not a cached model.
         std::fs::create_dir_all(cache.join("models--facebook--opt-1.3b/snapshots/x")).unwrap();
         let problems = [
-            problem(7, "model_name = \"gpt2\"\n"),
-            problem(2, "model_name = \"facebook/opt-1.3b\"\n"),
-            problem(4, "model_name = \"facebook/opt-1.3b\"\n"),
+            problem(
+                7,
+                "model_name = \"gpt2\"\nm = AutoModel.from_pretrained(model_name)\n",
+            ),
+            problem(
+                2,
+                "model_name = \"facebook/opt-1.3b\"\nm = AutoModel.from_pretrained(model_name)\n",
+            ),
+            problem(
+                4,
+                "model_name = \"facebook/opt-1.3b\"\nm = AutoModel.from_pretrained(model_name)\n",
+            ),
         ];
         let hf = HfSection::default();
         assert!(hf.check_models(Some(cache), &problems[..1]).is_ok());

@@ -13,6 +13,7 @@
 //! - [`refprep`]: preparing problems' reference data while their answers are generated.
 //! - [`store`]: run directories and the append-only event log (its one writer and one reader).
 //! - [`lock`]: advisory file locks between processes (a run directory, a build directory).
+//! - [`scratch`]: a run's scratch folder, removed when the run ends; dead runs' swept.
 //! - [`services`]: the `Llm`, `Compiler` and `Executor` traits.
 //! - [`llm`]: LLM providers (scripted, OpenAI-compatible, replay), the request gate, code extraction.
 //! - [`prompt`]: prompt templates and rendering.
@@ -50,6 +51,7 @@ pub mod provenance;
 pub mod refprep;
 pub mod report;
 pub mod run_end;
+pub mod scratch;
 pub mod services;
 pub mod settings;
 pub mod sim;

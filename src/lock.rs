@@ -5,6 +5,11 @@
 //! is what the `fs4` crate would give us on older toolchains; no extra dependency is needed. The
 //! kernel drops such a lock when its holder exits, however it exits, so a lock left by a killed run
 //! never blocks the next one: there is nothing stale to clean up.
+//!
+//! The build cache's lock files do not outlive their builds: [`lock_exclusive`]'s holder removes the
+//! file while it still holds the lock. That is safe because a waiter, once granted the lock, checks
+//! that the path still names the file it locked (same device and inode); a waiter that locked a
+//! removed file lets go and opens the path again, so two holders never hold "the" lock at once.
 
 use std::fs::{File, TryLockError};
 use std::io::Write;
@@ -92,29 +97,66 @@ pub fn lock_run_dir(dir: &Path) -> Result<RunLock, LockError> {
     })
 }
 
+/// An exclusive lock on a lock file that removes the file when released (see the module docs).
+#[derive(Debug)]
+pub struct FileLock {
+    // Held for its lock; closed (releasing it) after `drop` below removed the path.
+    _file: File,
+    path: PathBuf,
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        // Still holding the lock: any waiter that opened this file finds it unlinked once granted,
+        // and opens the path again. Closing `file` afterwards releases the lock.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Whether `path` still names the open `file` (a holder may have removed it since it was opened).
+fn names_file(path: &Path, file: &File) -> std::io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let open = file.metadata()?;
+    match std::fs::metadata(path) {
+        Ok(now) => Ok(now.dev() == open.dev() && now.ino() == open.ino()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Wait (without blocking the runtime) for an exclusive lock on `path`, creating the file. The
-/// lock is held until the returned file is dropped. Dropping the future while it waits is fine.
-pub async fn lock_exclusive(path: &Path) -> std::io::Result<File> {
-    let file = tokio::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .await?
-        .into_std()
-        .await;
+/// lock is held until the returned guard is dropped, which also removes the file. Dropping the
+/// future while it waits is fine.
+pub async fn lock_exclusive(path: &Path) -> std::io::Result<FileLock> {
     // Polling instead of a blocking `lock()` on a blocking thread: a cancelled waiter must not leave
     // a thread behind that takes the lock later. Builds hold it for seconds to minutes, so a wait of
     // up to half a second after release costs nothing.
     let mut wait = Duration::from_millis(10);
     loop {
-        match file.try_lock() {
-            Ok(()) => return Ok(file),
-            Err(TryLockError::WouldBlock) => {
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_millis(500));
+        let file = tokio::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .await?
+            .into_std()
+            .await;
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(TryLockError::WouldBlock) => {
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_millis(500));
+                }
+                Err(TryLockError::Error(e)) => return Err(e),
             }
-            Err(TryLockError::Error(e)) => return Err(e),
+        }
+        // The previous holder removed the file we waited on: ours is no lock any more.
+        if names_file(path, &file)? {
+            return Ok(FileLock {
+                _file: file,
+                path: path.to_path_buf(),
+            });
         }
     }
 }
@@ -160,5 +202,32 @@ mod tests {
         released.store(true, Ordering::SeqCst);
         drop(held);
         assert!(waiter.await.unwrap());
+        // No lock file outlives its holder.
+        assert!(!path.exists());
+    }
+
+    /// Many holders in turn, each removing the file on release while others wait on the file they
+    /// opened before: never two holders at once, and nothing left behind.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn removed_lock_files_never_admit_two_holders() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = Arc::new(tmp.path().join("b.lock"));
+        let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let (path, inside) = (path.clone(), inside.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..10 {
+                    let _held = lock_exclusive(&path).await.unwrap();
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                    tokio::task::yield_now().await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert!(!path.exists());
     }
 }

@@ -28,7 +28,7 @@ pub struct Spend {
 impl Spend {
     /// Prompt plus completion tokens (what `budget.tokens` caps).
     pub fn tokens(&self) -> u64 {
-        self.prompt_tokens + self.completion_tokens
+        self.prompt_tokens.saturating_add(self.completion_tokens)
     }
 
     /// True when at least one answer carried a cost (so `cost_usd` means something).
@@ -58,9 +58,11 @@ impl Spend {
 
     pub fn add(&mut self, other: &Spend) {
         self.answers += other.answers;
-        self.prompt_tokens += other.prompt_tokens;
-        self.completion_tokens += other.completion_tokens;
-        self.reasoning_tokens += other.reasoning_tokens;
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.completion_tokens = self
+            .completion_tokens
+            .saturating_add(other.completion_tokens);
+        self.reasoning_tokens = self.reasoning_tokens.saturating_add(other.reasoning_tokens);
         self.cost_usd += other.cost_usd;
         self.answers_without_usage += other.answers_without_usage;
         self.answers_without_cost += other.answers_without_cost;
@@ -73,9 +75,9 @@ impl Spend {
         self.answers += 1;
         match &answer.usage {
             Some(u) => {
-                self.prompt_tokens += u.prompt_tokens;
-                self.completion_tokens += u.completion_tokens;
-                self.reasoning_tokens += u.reasoning_tokens;
+                self.prompt_tokens = self.prompt_tokens.saturating_add(u.prompt_tokens);
+                self.completion_tokens = self.completion_tokens.saturating_add(u.completion_tokens);
+                self.reasoning_tokens = self.reasoning_tokens.saturating_add(u.reasoning_tokens);
                 match answer.cost_usd {
                     Some(c) => self.cost_usd += c,
                     None => self.answers_without_cost += 1,

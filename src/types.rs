@@ -1,7 +1,8 @@
 //! Types that cross rooms: identities, settings enums, service results, events, commands.
 //!
 //! Everything written to `events.jsonl` is defined here, so the log format has one home. Adding a field
-//! is fine (give it `#[serde(default)]`); renaming or removing one needs a `SCHEMA_VERSION` bump.
+//! is fine (give it `#[serde(default)]`); renaming or removing one, or adding an event kind, needs a
+//! `SCHEMA_VERSION` bump (tests/event_schema.rs pins each version's kinds).
 
 use std::fmt;
 use std::str::FromStr;
@@ -10,8 +11,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 pub use crate::run_end::EndReason;
 
-/// Version of the event-log schema, written into every record.
-pub const SCHEMA_VERSION: u32 = 1;
+/// Version of the event-log schema, written into every record. 2: the kinds `deferred`,
+/// `llm_retry_wait`, `reference_prepared` and `inputs_prepared` (logs of version 1 are read as
+/// they are).
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// A problem's identity: KernelBench level and problem id (`"1/19"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -266,7 +269,7 @@ pub struct Usage {
 
 impl Usage {
     pub fn total(&self) -> u64 {
-        self.prompt_tokens + self.completion_tokens
+        self.prompt_tokens.saturating_add(self.completion_tokens)
     }
 }
 

@@ -357,6 +357,69 @@ fn compare_matches_budgets_from_logs_with_exact_intervals() {
     );
 }
 
+/// Issue 27 (1): two runs made from one config (refinement, and `--set method.kind=sampling`)
+/// carry the config's name; `compare` tells them apart by their directories instead of refusing.
+#[test]
+fn runs_of_one_config_are_told_apart_by_their_directories() {
+    use Verdict::{Correct, Incorrect};
+    let d = tempfile::tempdir().unwrap();
+    let a = d.path().join("refine");
+    write_run(
+        &a,
+        "quickstart",
+        MethodKind::Refine,
+        Some(FeedbackMode::GE),
+        &["1/1/0"],
+        1,
+        1,
+        &[t("1/1/0", 1, Correct, Some(2.0), (80, 20), 0.01, 1000)],
+    );
+    let b = d.path().join("sampling");
+    write_run(
+        &b,
+        "quickstart",
+        MethodKind::Sampling,
+        None,
+        &["1/1/0"],
+        1,
+        1,
+        &[t("1/1/0", 1, Incorrect, None, (80, 20), 0.01, 1000)],
+    );
+    let o = krefine(&["compare", s(&a), s(&b), "--resamples", "0"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        out.contains("compare: refine vs sampling (1 shared problems;"),
+        "{out}"
+    );
+    assert!(out.contains("differs: method refine | sampling"), "{out}");
+
+    // The same directory twice still compares (each copy numbered).
+    let o = krefine(&[
+        "compare",
+        s(&a),
+        s(&a),
+        "--resamples",
+        "0",
+        "--format",
+        "json",
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    // One `runs` key (the run descriptions), not a second one of bare names after it.
+    assert_eq!(out.matches("\"runs\": [\n    {").count(), 1, "{out}");
+    assert_eq!(out.matches("\n  \"runs\":").count(), 1, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let runs: Vec<&str> = v["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run"].as_str().unwrap())
+        .collect();
+    assert_eq!(runs.len(), 2);
+    assert_ne!(runs[0], runs[1]);
+}
+
 #[test]
 fn plots_are_written_as_svg_and_png() {
     let d = tempfile::tempdir().unwrap();

@@ -47,6 +47,23 @@ fn read_json(p: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
+/// Builds (folders with `krefine-ok.json`) and lock files (`*.lock`) under the build cache.
+fn walk_cache(dir: &Path) -> (usize, Vec<PathBuf>) {
+    let (mut builds, mut locks) = (0, Vec::new());
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            builds += usize::from(p.join("krefine-ok.json").exists());
+            let (b, l) = walk_cache(&p);
+            builds += b;
+            locks.extend(l);
+        } else if p.extension().is_some_and(|x| x == "lock") {
+            locks.push(p);
+        }
+    }
+    (builds, locks)
+}
+
 #[test]
 fn runs_folder_and_submission_evaluate_on_cpu_workers() {
     let d = tempfile::tempdir().unwrap();
@@ -91,7 +108,25 @@ fn runs_folder_and_submission_evaluate_on_cpu_workers() {
         s(&run_a),
     ];
     args.extend(sets);
-    krefine(&args);
+    // Scratch lives in the system temp folder: the run's own goes when it ends, and a dead run's
+    // (SIGKILL leaves it) goes when the next one starts (issue 27, 7).
+    let temp = d.path().join("tmp");
+    let dead = temp.join("krefine-4194304999");
+    std::fs::create_dir_all(dead.join("eval-cpu-0")).unwrap();
+    std::fs::write(dead.join("krefine-owner"), "4194304999 1").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_krefine"))
+        .args(&args)
+        .env("TMPDIR", &temp)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let left: Vec<_> = std::fs::read_dir(&temp)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with("krefine-"))
+        .collect();
+    assert_eq!(left, Vec::<std::ffi::OsString>::new());
 
     let results = read_json(&run_a.join("eval_results.json"));
     let list = results["2"]
@@ -114,6 +149,17 @@ fn runs_folder_and_submission_evaluate_on_cpu_workers() {
     assert_eq!(report["method"], "sampling");
     assert_eq!(report["turns"][1]["correct"], 1);
     assert_eq!(report["pass_at_k"]["1"], 0.5);
+    // Served generations are not LLM calls (issue 27, 5): no answers, tokens or USD.
+    let ledger = &report["ledger"];
+    assert_eq!(ledger["llm_answers"], 0, "{ledger}");
+    assert_eq!(ledger["tokens"]["total"], 0, "{ledger}");
+    assert_eq!(ledger["cost_usd"].as_f64().unwrap_or(0.0), 0.0, "{ledger}");
+    let o = krefine(&["report", s(&run_a)]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("none (2 generations served, no model called)"),
+        "{out}"
+    );
 
     // Round trip: its submission (the correct sample) evaluates as correct again.
     let sub = d.path().join("sub.json");
@@ -130,6 +176,11 @@ fn runs_folder_and_submission_evaluate_on_cpu_workers() {
     args.extend(sets);
     krefine(&args);
     let results = read_json(&run_b.join("eval_results.json"));
+    // No lock file outlives its build (issue 27, 6): the builds stay, their locks do not.
+    let cache = d.path().join("runs/.build-cache");
+    let (builds, locks) = walk_cache(&cache);
+    assert!(builds > 0, "no build in {}", cache.display());
+    assert_eq!(locks, Vec::<PathBuf>::new());
     assert_eq!(results["2"][0]["correctness"], true);
     let o = krefine(&["report", s(&run_b), "--format", "json"]);
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -140,6 +191,15 @@ fn runs_folder_and_submission_evaluate_on_cpu_workers() {
     let o = krefine(&["compare", s(&run_a), s(&run_b), "--resamples", "10"]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("differs: method sampling | one_shot"), "{out}");
+    // The LLM budget axes say why they cannot compare served generations.
+    assert_eq!(
+        out.matches(
+            "not comparable: eval-folder, eval-sub served existing generations (no LLM calls)"
+        )
+        .count(),
+        3,
+        "{out}"
+    );
 }
 
 #[test]

@@ -449,7 +449,9 @@ async fn an_ssh_partition_is_a_lost_worker() {
         },
         ..ResourcesSection::default()
     };
-    let launcher = Launcher::start(&r).await.unwrap();
+    let launcher = Launcher::start(&r, &tokio_util::sync::CancellationToken::new())
+        .await
+        .unwrap();
     let at = Placement::Ssh { host: 0, gpu: None };
     let deadline = Instant::now() + Duration::from_secs(30);
     while !launcher.host_answers(&at, "127.0.0.1").await {

@@ -72,10 +72,12 @@ fn matched_llm_calls_with_golden_bootstrap_intervals() {
         CompareRun {
             name: "refine",
             attempts: &r,
+            served: false,
         },
         CompareRun {
             name: "sampling",
             attempts: &s,
+            served: false,
         },
     ];
     // 4 resamples with seed 0 are [P1,P1], [P2,P1], [P2,P1], [P1,P2] (pinned in bootstrap.rs);
@@ -138,10 +140,12 @@ fn cost_axes_use_each_runs_curve_as_budgets_and_name_what_is_missing() {
         CompareRun {
             name: "refine",
             attempts: &r,
+            served: false,
         },
         CompareRun {
             name: "sampling",
             attempts: &s,
+            served: false,
         },
     ];
     let c = compare(&runs, CompareSettings::default());

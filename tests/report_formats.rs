@@ -129,6 +129,7 @@ fn refine_report() -> RunReport {
         ledger,
         complete: true,
         provenance: None,
+        served: None,
     }
 }
 
@@ -176,6 +177,7 @@ fn sampling_report() -> RunReport {
         ledger,
         complete: false,
         provenance: None,
+        served: None,
     }
 }
 

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::bail;
 
 use crate::metrics::compare::CompareSettings;
-use crate::report::{Format, RunInfo, compare_runs, plot, render_comparison};
+use crate::report::{Format, RunInfo, compare_runs, plot, render_comparison, run_labels};
 
 #[derive(clap::Args)]
 pub struct CompareArgs {
@@ -45,8 +45,17 @@ pub fn compare_cmd(args: CompareArgs) -> anyhow::Result<ExitCode> {
         seed: args.seed,
         level: args.level,
     };
-    let c = compare_runs(&runs.iter().collect::<Vec<_>>(), settings)?;
-    let infos: Vec<RunInfo> = runs.iter().map(|r| r.info.clone()).collect();
+    let refs: Vec<_> = runs.iter().collect();
+    let c = compare_runs(&refs, settings)?;
+    // Runs of one config share its name: the comparison's labels tell them apart.
+    let infos: Vec<RunInfo> = runs
+        .iter()
+        .zip(run_labels(&refs))
+        .map(|(r, label)| RunInfo {
+            run: label,
+            ..r.info.clone()
+        })
+        .collect();
     super::print_out(&render_comparison(&c, &infos, args.format))?;
     if let Some(path) = &args.plot {
         let svg = plot::comparison_svg(&c, &runs)?;

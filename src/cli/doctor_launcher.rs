@@ -23,7 +23,7 @@ pub(super) async fn check(loaded: &LoadedConfig, python: Option<&PathBuf>) -> bo
         println!("  workers not checked (no Python with torch)");
         return false;
     };
-    let l = match Launcher::start(r).await {
+    let l = match Launcher::start(r, &tokio_util::sync::CancellationToken::new()).await {
         Ok(l) => Arc::new(l),
         Err(e) => {
             println!("  {e}");

@@ -135,6 +135,7 @@ fn answers_jsonl(items: &[Generation]) -> String {
                 "sample": g.sample,
                 "turn": 1,
                 "content": fenced(&g.code),
+                "served": true,
             })
             .to_string()
                 + "\n"
@@ -207,7 +208,7 @@ pub(super) fn evaluate(
         "model".into(),
         table(vec![
             ("provider", s("scripted")),
-            ("name", s("generations")),
+            ("name", s(crate::llm::scripted::SERVED_MODEL)),
             ("answers", path(&answers)?),
         ]),
     );

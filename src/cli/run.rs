@@ -266,8 +266,27 @@ async fn drive(
             }
         });
     }
-    let (compiler, executor, pool, launcher) =
-        build_eval_services(&loaded, &dir, &devices, &discovery).await?;
+    // Ctrl-C while the services start (a Slurm allocation that waits for its grant, workers that
+    // start) stops the run the way SIGTERM does; the run's own Ctrl-C handling starts after.
+    let interrupt = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                eprintln!("\ninterrupted: stopping");
+                cancel.cancel();
+            }
+        })
+    };
+    let services = build_eval_services(&loaded, &dir, &devices, &discovery, &cancel).await;
+    interrupt.abort();
+    let (compiler, executor, pool, launcher, scratch) = match services {
+        Ok(s) => s,
+        Err(e) if cancel.is_cancelled() => {
+            eprintln!("{e:#}");
+            return Ok(ExitCode::from(130));
+        }
+        Err(e) => return Err(e),
+    };
     let result = drive_engine(
         args, &loaded, dir, prior, prior_view, plan, devices, cancel, llm, compiler, executor,
     )
@@ -277,6 +296,11 @@ async fn drive(
     }
     if let Some(l) = launcher {
         l.release().await;
+    }
+    // The workers are gone: their scratch goes too (gigabytes of copy-on-write layers on a GPU
+    // run), off the runtime's threads.
+    if let Some(scratch) = scratch {
+        let _ = tokio::task::spawn_blocking(move || drop(scratch)).await;
     }
     result
 }
@@ -433,6 +457,7 @@ type EvalServices = (
     Arc<dyn Executor>,
     Option<Arc<WorkerPool>>,
     Option<Arc<Launcher>>,
+    Option<crate::scratch::Scratch>,
 );
 
 /// The compile and execute services the config asks for; the worker pool is returned for shutdown,
@@ -442,12 +467,13 @@ async fn build_eval_services(
     dir: &RunDir,
     devices: &[DeviceInfo],
     discovery: &gpu::Discovery,
+    cancel: &CancellationToken,
 ) -> anyhow::Result<EvalServices> {
     let cfg = &loaded.config;
     match cfg.eval.executor {
         ExecutorKind::Simulated => {
             let sim = Arc::new(SimServices::new(cfg.eval.simulated.clone()));
-            Ok((sim.clone(), sim, None, None))
+            Ok((sim.clone(), sim, None, None, None))
         }
         ExecutorKind::Worker => {
             let configured = cfg.resources.python.as_deref().map(|p| loaded.resolve(p));
@@ -455,8 +481,10 @@ async fn build_eval_services(
             // Workers run in their own scratch folders, so every path they get is absolute.
             let out_dir = std::path::absolute(&cfg.output.dir)?;
             let harness_dir = worker::deploy_harness(&out_dir.join(".harness")).await?;
-            let scratch = std::env::temp_dir().join(format!("krefine-{}", std::process::id()));
-            let mut s = WorkerSettings::new(python, harness_dir, &scratch);
+            // The run's scratch, removed when it ends; dead runs' scratch is swept first.
+            let scratch = crate::scratch::Scratch::claim(&std::env::temp_dir(), "krefine-")
+                .context("cannot create the run's scratch folder")?;
+            let mut s = WorkerSettings::new(python, harness_dir, scratch.path());
             s.log_dir = std::path::absolute(dir.logs_dir().join("workers"))?;
             // Builds are content-addressed, so runs share one cache.
             s.build_cache = out_dir.join(".build-cache");
@@ -485,16 +513,20 @@ async fn build_eval_services(
             if let Some(b) = &cfg.eval.baseline {
                 s.baseline = Some(Arc::new(BaselineTable::load(&loaded.resolve(b)).await?));
             }
-            let launcher = Arc::new(Launcher::start(&cfg.resources).await?);
+            let launcher = Arc::new(Launcher::start(&cfg.resources, cancel).await?);
             if launcher.is_remote() {
                 eprintln!("launcher: {}", launcher.describe());
             }
             s.launcher = launcher.clone();
-            let pool = match WorkerPool::start(s).await {
+            let started = tokio::select! {
+                p = WorkerPool::start(s) => p.map_err(anyhow::Error::from),
+                _ = cancel.cancelled() => Err(anyhow::anyhow!("interrupted while the workers started")),
+            };
+            let pool = match started {
                 Ok(p) => p,
                 Err(e) => {
                     launcher.release().await;
-                    return Err(e.into());
+                    return Err(e);
                 }
             };
             eprintln!(
@@ -504,7 +536,13 @@ async fn build_eval_services(
                 pool.torch_version(),
                 pool.arch_list().unwrap_or("(cpu)")
             );
-            Ok((pool.clone(), pool.clone(), Some(pool), Some(launcher)))
+            Ok((
+                pool.clone(),
+                pool.clone(),
+                Some(pool),
+                Some(launcher),
+                Some(scratch),
+            ))
         }
     }
 }

@@ -19,7 +19,10 @@
 //! workers is drained (no worker starts there again; recorded with the result, shown in the report).
 
 pub mod config;
+#[cfg(test)]
+mod fuzz;
 mod slurm;
+mod slurm_pending;
 mod ssh;
 
 use std::collections::BTreeMap;
@@ -90,9 +93,12 @@ impl Launcher {
     }
 
     /// Get the launcher of `resources` going: for `slurm`, find or request the allocation (waits
-    /// until it is granted); for `ssh`, parse the hosts. `srun`, `salloc` and `ssh` are found on
-    /// `PATH`.
-    pub async fn start(r: &ResourcesSection) -> Result<Launcher, LauncherError> {
+    /// until it is granted, `cancel` is cancelled, or Slurm says it can never be); for `ssh`, parse
+    /// the hosts. `srun`, `salloc` and `ssh` are found on `PATH`.
+    pub async fn start(
+        r: &ResourcesSection,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Result<Launcher, LauncherError> {
         let mut l = Launcher::local();
         l.kind = r.launcher;
         l.drain_after = r.drain_after.max(1);
@@ -100,7 +106,7 @@ impl Launcher {
         match r.launcher {
             LauncherKind::Local => {}
             LauncherKind::Slurm => {
-                l.slurm = Some(slurm::Slurm::start(r).await?);
+                l.slurm = Some(slurm::Slurm::start(r, cancel).await?);
             }
             LauncherKind::Ssh => {
                 l.ssh = Some(ssh::Ssh::new(&r.ssh).map_err(LauncherError::Ssh)?);

@@ -15,10 +15,12 @@ use std::process::Stdio;
 use std::sync::Mutex as StdMutex;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio_util::sync::CancellationToken;
 
 use super::LauncherError;
 use super::config::{ResourcesSection, SlurmSection};
+use super::slurm_pending::{Asked, hopeless, job_id_of, parse_squeue};
 use crate::settings::DeviceSelection;
 
 /// Lines a Slurm step's stderr carries when the step (not its program) was ended: cancelled (by
@@ -36,6 +38,8 @@ const LOSS_MARKERS: [&str; 6] = [
 const GONE_WAIT: Duration = Duration::from_secs(30);
 /// How long one `scancel`/`squeue`/`scontrol` call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a pending request's reason is read from `squeue`.
+const PENDING_POLL: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 pub(super) struct Slurm {
@@ -49,7 +53,10 @@ pub(super) struct Slurm {
 }
 
 impl Slurm {
-    pub(super) async fn start(r: &ResourcesSection) -> Result<Slurm, LauncherError> {
+    pub(super) async fn start(
+        r: &ResourcesSection,
+        cancel: &CancellationToken,
+    ) -> Result<Slurm, LauncherError> {
         let cfg = r.slurm.clone();
         let gpus = if r.devices == DeviceSelection::Cpu {
             0
@@ -60,7 +67,7 @@ impl Slurm {
         let (job_id, owned) = match std::env::var("SLURM_JOB_ID") {
             Ok(id) if !id.trim().is_empty() => (id.trim().to_string(), None),
             _ => {
-                let (id, child) = request(&cfg, gpus, r.compile_workers).await?;
+                let (id, child) = request(&cfg, gpus, r.compile_workers, cancel).await?;
                 (id, Some(child))
             }
         };
@@ -202,14 +209,30 @@ fn hangup(pid: u32) {
 }
 
 /// Ask for an allocation with `salloc` and wait until it is granted; returns the job id and the
-/// `salloc` process that holds it.
+/// `salloc` process that holds it. While it waits, `squeue`'s pending reason is read every second:
+/// a reason that waiting can never resolve (see [`hopeless`]) ends the wait with Slurm's reason and
+/// what to change, and so does `cancel` (Ctrl-C, SIGTERM), both withdrawing the request.
 async fn request(
     cfg: &SlurmSection,
     gpus: u32,
     compile_workers: u32,
+    cancel: &CancellationToken,
 ) -> Result<(String, tokio::process::Child), LauncherError> {
     let eval_steps = gpus.max(1);
     let cpus = eval_steps * cfg.gpu_cpus + compile_workers * cfg.compile_cpus;
+    let asked = Asked {
+        cpus,
+        eval_steps,
+        gpu_cpus: cfg.gpu_cpus,
+        compile_workers,
+        compile_cpus: cfg.compile_cpus,
+        gpus: if gpus > 0 && !cfg.gres.is_empty() {
+            gpus
+        } else {
+            0
+        },
+        nodes: cfg.nodes,
+    };
     let mut cmd = tokio::process::Command::new("salloc");
     cmd.arg("--job-name=krefine")
         .arg(format!("--ntasks={cpus}"))
@@ -254,55 +277,93 @@ async fn request(
             "cannot run salloc (is Slurm installed and on PATH?): {e}"
         ))
     })?;
-    let (Some(stdout), Some(mut stderr)) = (child.stdout.take(), child.stderr.take()) else {
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
         return Err(LauncherError::Slurm(
             "salloc's pipes were not created".into(),
         ));
     };
     let mut lines = BufReader::new(stdout).lines();
+    let mut errs = BufReader::new(stderr).lines();
+    let mut said: Vec<String> = Vec::new();
+    let mut errs_open = true;
+    let mut pending: Option<String> = None;
     let wait = Duration::try_from_secs_f64(cfg.grant_timeout_s).unwrap_or(Duration::from_secs(600));
-    let granted = tokio::time::timeout(wait, async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Some(id) = line.trim().strip_prefix("krefine-job ") {
-                return Some(id.trim().to_string());
-            }
-        }
-        None
-    })
-    .await;
-    match granted {
-        Ok(Some(id)) if !id.is_empty() => {
-            // salloc keeps writing to stderr (e.g. "Job allocation N has been revoked"): drain it.
-            tokio::spawn(async move {
-                let mut sink = Vec::new();
-                let _ = stderr.read_to_end(&mut sink).await;
-            });
-            tracing::info!("slurm allocation {id} granted");
-            Ok((id, child))
-        }
-        other => {
-            // Pending or failed: SIGHUP withdraws a pending request.
-            if let Some(pid) = child.id() {
-                hangup(pid);
-            }
-            let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
-            let _ = child.start_kill();
-            let mut err = String::new();
-            let _ =
-                tokio::time::timeout(Duration::from_secs(2), stderr.read_to_string(&mut err)).await;
-            let why = match other {
-                Err(_) => format!(
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut poll = tokio::time::interval(PENDING_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let why: String = loop {
+        tokio::select! {
+            line = lines.next_line() => match line {
+                Ok(Some(line)) => {
+                    if let Some(id) = line.trim().strip_prefix("krefine-job ")
+                        && !id.trim().is_empty()
+                    {
+                        let id = id.trim().to_string();
+                        // salloc keeps writing to stderr (e.g. "Job allocation N has been
+                        // revoked"): drain it.
+                        tokio::spawn(async move {
+                            while let Ok(Some(_)) = errs.next_line().await {}
+                        });
+                        tracing::info!("slurm allocation {id} granted");
+                        return Ok((id, child));
+                    }
+                }
+                _ => break "salloc ended without an allocation".to_string(),
+            },
+            line = errs.next_line(), if errs_open => match line {
+                Ok(Some(line)) => {
+                    if pending.is_none() {
+                        pending = job_id_of(&line);
+                    }
+                    said.push(line);
+                }
+                _ => errs_open = false,
+            },
+            _ = poll.tick(), if pending.is_some() => {
+                let id = pending.as_deref().unwrap_or_default();
+                if let Ok(out) = run(&["squeue", "-h", "-j", id, "-o", "%T|%r"]).await
+                    && let Some((state, reason)) = parse_squeue(&out)
+                    && state == "PENDING"
+                    && let Some(advice) = hopeless(&reason, &asked)
+                {
+                    break format!(
+                        "slurm job {id} can never be granted: pending with reason {reason}; {advice}"
+                    );
+                }
+            },
+            _ = tokio::time::sleep_until(deadline) => {
+                break format!(
                     "the allocation was not granted within resources.slurm.grant_timeout_s = {} s",
                     cfg.grant_timeout_s
-                ),
-                _ => "salloc ended without an allocation".into(),
-            };
-            Err(LauncherError::Slurm(format!(
-                "{why}; salloc said: {}",
-                err.trim()
-            )))
+                );
+            },
+            _ = cancel.cancelled() => {
+                break "interrupted while waiting for the allocation; the request was withdrawn".to_string();
+            },
         }
+    };
+    // Pending or failed: SIGHUP withdraws a pending request; scancel makes sure.
+    if let Some(pid) = child.id() {
+        hangup(pid);
     }
+    if let Some(id) = &pending {
+        let _ = run(&["scancel", "--quiet", id]).await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+    let _ = child.start_kill();
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while errs_open {
+            match errs.next_line().await {
+                Ok(Some(line)) => said.push(line),
+                _ => errs_open = false,
+            }
+        }
+    })
+    .await;
+    Err(LauncherError::Slurm(format!(
+        "{why}; salloc said: {}",
+        said.join("\n").trim()
+    )))
 }
 
 /// The line of a step's stderr that says the step or its node died, if any.

@@ -40,11 +40,20 @@ struct ScriptLine {
     sample: u32,
     turn: u32,
     content: String,
+    /// A generation made elsewhere and served as is (`krefine eval`): no LLM was called, so the
+    /// answer carries no usage and no cost.
+    #[serde(default)]
+    served: bool,
 }
+
+/// `model.name` of the runs `krefine eval` makes: their answers are served generations, not LLM
+/// calls, and reports show no LLM spending for them.
+pub const SERVED_MODEL: &str = "served-generations";
 
 pub struct ScriptedLlm {
     path: PathBuf,
-    answers: HashMap<(ProblemKey, u32, u32), String>,
+    /// Content, and whether it is a served generation.
+    answers: HashMap<(ProblemKey, u32, u32), (String, bool)>,
     /// Price of the estimated usage; `None`: answers cost 0.
     price: Option<Price>,
 }
@@ -81,7 +90,10 @@ impl ScriptedLlm {
             if l.turn == 0 {
                 return Err(err("field `turn`: turns count from 1".into()));
             }
-            if answers.insert((key, l.sample, l.turn), l.content).is_some() {
+            if answers
+                .insert((key, l.sample, l.turn), (l.content, l.served))
+                .is_some()
+            {
                 return Err(err(format!(
                     "duplicate answer for problem {key}, sample {}, turn {}",
                     l.sample, l.turn
@@ -116,11 +128,22 @@ impl Llm for ScriptedLlm {
     }
 
     async fn complete(&self, req: LlmRequest, _sink: &EventSink) -> Result<LlmAnswer, LlmError> {
-        let content = self
+        let (content, served) = self
             .answers
             .get(&(req.task.problem, req.task.sample, req.turn))
             .cloned()
             .unwrap_or_default();
+        if served {
+            return Ok(LlmAnswer {
+                content,
+                usage: None,
+                cost_usd: None,
+                model: SERVED_MODEL.into(),
+                finish_reason: Some("stop".into()),
+                latency_ms: 0,
+                attempts: 1,
+            });
+        }
         let prompt_tokens = req.messages.iter().map(|m| approx_tokens(&m.content)).sum();
         let usage = Usage {
             prompt_tokens,
@@ -169,6 +192,29 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(a.content, "");
+    }
+
+    #[tokio::test]
+    async fn served_generations_carry_no_usage_or_cost() {
+        let text = r#"{"problem": "1/2", "turn": 1, "content": "12345678", "served": true}"#;
+        let llm = ScriptedLlm::parse(text, Path::new("a.jsonl"))
+            .unwrap()
+            .with_price(Some(Price {
+                prompt: 1.0,
+                completion: 2.0,
+            }));
+        let req = LlmRequest {
+            task: TaskId {
+                problem: "1/2".parse().unwrap(),
+                sample: 0,
+            },
+            turn: 1,
+            messages: vec![],
+        };
+        let a = llm.complete(req, &EventSink::discard()).await.unwrap();
+        assert_eq!(a.content, "12345678");
+        assert_eq!((a.usage, a.cost_usd), (None, None));
+        assert_eq!(a.model, SERVED_MODEL);
     }
 
     #[tokio::test]

@@ -109,10 +109,10 @@ pub fn cumulative_tokens_per_problem(run: &RunInput<'_>, ledger: &Ledger) -> Vec
     let problems = run.sorted_problems();
     let mut sums = vec![0u64; run.axis as usize];
     for &p in &problems {
-        let mut running = 0;
+        let mut running = 0u64;
         for (sum, t) in sums.iter_mut().zip(attempt_tokens(run, ledger, p)) {
-            running += t;
-            *sum += running;
+            running = running.saturating_add(t);
+            *sum = sum.saturating_add(running);
         }
     }
     let count = problems.len().max(1) as f64;
@@ -132,7 +132,7 @@ fn within_budget(run: &RunInput<'_>, ledger: &Ledger, budget: u64) -> (Summary, 
             .into_iter()
             .zip(attempt_tokens(run, ledger, p))
         {
-            spent += tokens;
+            spent = spent.saturating_add(tokens);
             // Attempts are spent in order, so the first one over budget ends the problem's run.
             if spent > budget {
                 break;

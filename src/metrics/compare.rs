@@ -161,6 +161,9 @@ pub struct Comparison {
 pub struct CompareRun<'a> {
     pub name: &'a str,
     pub attempts: &'a RunAttempts,
+    /// Its answers were generations served as they were (`krefine eval`), not LLM calls: the LLM
+    /// axes cannot compare it.
+    pub served: bool,
 }
 
 /// A cost at most `budget`, up to rounding (budgets are means of sums).
@@ -237,7 +240,26 @@ fn budget_grid(runs: &[Vec<&[Attempt]>], axis: BudgetAxis) -> Vec<f64> {
 }
 
 /// Why `axis` cannot compare these runs, if it cannot.
-fn unavailable(names: &[&str], runs: &[Vec<&[Attempt]>], axis: BudgetAxis) -> Option<String> {
+fn unavailable(
+    names: &[&str],
+    served: &[bool],
+    runs: &[Vec<&[Attempt]>],
+    axis: BudgetAxis,
+) -> Option<String> {
+    if axis != BudgetAxis::GpuS {
+        let serving: Vec<&str> = names
+            .iter()
+            .zip(served)
+            .filter(|(_, s)| **s)
+            .map(|(n, _)| *n)
+            .collect();
+        if !serving.is_empty() {
+            return Some(format!(
+                "{} served existing generations (no LLM calls)",
+                serving.join(", ")
+            ));
+        }
+    }
     let what = match axis {
         BudgetAxis::LlmCalls => return None,
         BudgetAxis::Tokens => "no token usage (its provider sent none)",
@@ -270,6 +292,7 @@ fn interval(values: impl Iterator<Item = f64>, level: f64) -> Option<Interval> {
 /// Compare `runs` at matched budgets along every axis.
 pub fn compare(runs: &[CompareRun<'_>], settings: CompareSettings) -> Comparison {
     let names: Vec<&str> = runs.iter().map(|r| r.name).collect();
+    let served: Vec<bool> = runs.iter().map(|r| r.served).collect();
     let mut shared: Vec<ProblemKey> = runs
         .first()
         .map(|r| r.attempts.keys().copied().collect())
@@ -292,7 +315,7 @@ pub fn compare(runs: &[CompareRun<'_>], settings: CompareSettings) -> Comparison
     let axes = BudgetAxis::ALL
         .iter()
         .map(|&axis| {
-            if let Some(why) = unavailable(&names, &per_run, axis) {
+            if let Some(why) = unavailable(&names, &served, &per_run, axis) {
                 return AxisComparison {
                     axis,
                     unavailable: Some(why),

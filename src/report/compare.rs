@@ -219,8 +219,12 @@ fn text(c: &Comparison, infos: &[RunInfo], md: bool) -> String {
 struct JsonOut<'a> {
     runs: &'a [RunInfo],
     differs: Vec<Differs>,
-    #[serde(flatten)]
-    comparison: &'a Comparison,
+    // The comparison's fields but its run names (`runs` above describes the runs, names included;
+    // flattening the whole comparison wrote a second `runs` key).
+    shared_problems: &'a [crate::types::ProblemKey],
+    dropped: &'a [usize],
+    settings: &'a crate::metrics::compare::CompareSettings,
+    axes: &'a [crate::metrics::compare::AxisComparison],
 }
 
 #[derive(Serialize)]
@@ -237,7 +241,10 @@ fn json(c: &Comparison, infos: &[RunInfo]) -> String {
             .into_iter()
             .map(|(field, values)| Differs { field, values })
             .collect(),
-        comparison: c,
+        shared_problems: &c.shared_problems,
+        dropped: &c.dropped,
+        settings: &c.settings,
+        axes: &c.axes,
     };
     // Serialising plain structs of numbers and strings cannot fail.
     serde_json::to_string_pretty(&out).unwrap_or_default()

@@ -97,6 +97,10 @@ impl Serialize for PassAt<'_> {
 
 #[derive(Serialize)]
 struct LedgerTotals<'a> {
+    /// Generations served as they were (`krefine eval`; no LLM was called), when the run's
+    /// answers were such.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    served_generations: Option<u64>,
     tokens: Tokens,
     cost_usd: Option<f64>,
     llm_answers: u64,
@@ -135,8 +139,9 @@ fn turn<'a>(row: &Row<'a>) -> Turn<'a> {
     }
 }
 
-fn totals(l: &Ledger) -> LedgerTotals<'_> {
+fn totals(l: &Ledger, served: Option<u64>) -> LedgerTotals<'_> {
     LedgerTotals {
+        served_generations: served,
         tokens: Tokens::of(&l.total),
         cost_usd: cost(&l.total),
         llm_answers: l.total.answers,
@@ -167,7 +172,7 @@ fn run(r: &RunReport) -> Run<'_> {
         turns: rows(r).iter().map(turn).collect(),
         pass_at_k: PassAt(&r.metrics.pass_at_k),
         integrity: r.metrics.integrity(),
-        ledger: totals(&r.ledger),
+        ledger: totals(&r.ledger, r.served),
         provenance: r.provenance.as_ref(),
     }
 }

@@ -205,7 +205,21 @@ pub fn load_run_with_log(dir: &Path) -> Result<(LoadedRun, ReadLog), LoadError> 
         turns: &turns,
     };
     let metrics = run_metrics(&input);
-    let ledger = state.ledger();
+    let mut ledger = state.ledger();
+    // `krefine eval` serves generations made elsewhere through the scripted provider: they are no
+    // LLM calls, so the run spent no answers, tokens or USD.
+    let served = config.as_ref().is_some_and(|c| {
+        c.model.provider == crate::config::Provider::Scripted
+            && c.model.name == crate::llm::scripted::SERVED_MODEL
+    });
+    let served = served.then(|| {
+        let n = ledger.total.answers;
+        ledger.total = Default::default();
+        ledger.per_turn.clear();
+        ledger.per_task.clear();
+        ledger.per_task_turn.clear();
+        n
+    });
     let device_ms = state.device_ms().clone();
     let attempts = run_attempts(&input, &ledger, &device_ms);
     let complete = state.complete;
@@ -247,6 +261,7 @@ pub fn load_run_with_log(dir: &Path) -> Result<(LoadedRun, ReadLog), LoadError> 
             ledger,
             complete,
             provenance: Some(provenance),
+            served,
         },
         info,
         attempts,

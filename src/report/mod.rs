@@ -28,7 +28,7 @@ use crate::metrics::{
 use crate::types::{FeedbackMode, MethodKind};
 
 pub use compare::{axis_title, budget_text, render_comparison};
-pub use comparison::{CompareError, compare_runs};
+pub use comparison::{CompareError, compare_runs, run_labels};
 pub use equal::equal_attempts_table;
 pub use kernelbench::{Pick, kernelbench_eval_results, pick};
 pub use load::{
@@ -52,6 +52,9 @@ pub struct RunReport {
     /// What the scores were measured on and how; `None` only for reports built without a run
     /// directory.
     pub provenance: Option<provenance::Provenance>,
+    /// `Some(n)`: the run's answers were `n` generations served as they were (`krefine eval`), not
+    /// LLM calls; its ledger holds no LLM spending.
+    pub served: Option<u64>,
 }
 
 /// Output format of `krefine report` (`--format text|md|json|csv`).

@@ -489,7 +489,7 @@ pub fn comparison_svg(c: &Comparison, runs: &[LoadedRun]) -> Result<String, Plot
                     })
                     .collect();
                 v.sort_by(|a, b| b.total_cmp(a));
-                (r.report.run.clone(), v, i)
+                (c.runs[i].clone(), v, i)
             })
             .collect();
         distribution_panel(

@@ -240,10 +240,8 @@ mod tests {
             compare_runs(&[&run], level).unwrap_err(),
             CompareError::Level(1.5)
         );
-        assert_eq!(
-            compare_runs(&[&run, &run], CompareSettings::default()).unwrap_err(),
-            CompareError::DuplicateName("quickstart".into())
-        );
+        let c = compare_runs(&[&run, &run], CompareSettings::default()).unwrap();
+        assert_eq!(c.runs, ["quickstart", "quickstart#2"]);
         let c = compare_runs(&[&run], CompareSettings::default()).unwrap();
         assert_eq!(c.shared_problems.len(), 4);
     }

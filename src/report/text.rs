@@ -90,7 +90,7 @@ fn pass_at_k_line(r: &RunReport) -> Option<String> {
 }
 
 /// The ledger totals as (label, value) lines.
-fn totals(l: &Ledger) -> Vec<(&'static str, String)> {
+fn totals(l: &Ledger, served: Option<u64>) -> Vec<(&'static str, String)> {
     let t = &l.total;
     let mut tokens = format!(
         "{} (prompt {}, completion {}, reasoning {})",
@@ -122,6 +122,18 @@ fn totals(l: &Ledger) -> Vec<(&'static str, String)> {
         l.llm_failed_attempts,
         plural(l.llm_failures, "request given up", "requests given up"),
     );
+    // Served generations (`krefine eval`) called no model: say so rather than print zeros.
+    let (tokens, cost, llm) = match served {
+        Some(n) => (
+            "none (no model called)".to_string(),
+            "none (no model called)".to_string(),
+            format!(
+                "none ({} served, no model called)",
+                plural(n, "generation", "generations")
+            ),
+        ),
+        None => (tokens, cost, llm),
+    };
     let d = &l.device_total;
     let mut devices = format!(
         "{}, held {}, busy {}",
@@ -233,7 +245,7 @@ fn render_one(r: &RunReport, md: bool) -> String {
         out.push('\n');
         for (label, value) in integrity_lines(&r.metrics.integrity())
             .into_iter()
-            .chain(totals(&r.ledger))
+            .chain(totals(&r.ledger, r.served))
         {
             let _ = writeln!(out, "- {label}: {value}");
         }
@@ -251,7 +263,7 @@ fn render_one(r: &RunReport, md: bool) -> String {
         }
         for (label, value) in integrity_lines(&r.metrics.integrity())
             .into_iter()
-            .chain(totals(&r.ledger))
+            .chain(totals(&r.ledger, r.served))
         {
             let _ = writeln!(out, "{label:<9}{value}");
         }

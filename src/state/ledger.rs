@@ -26,9 +26,9 @@ pub struct DeviceUse {
 impl DeviceUse {
     fn add(&mut self, other: &DeviceUse) {
         self.leases += other.leases;
-        self.wait_ms += other.wait_ms;
-        self.held_ms += other.held_ms;
-        self.busy_ms += other.busy_ms;
+        self.wait_ms = self.wait_ms.saturating_add(other.wait_ms);
+        self.held_ms = self.held_ms.saturating_add(other.held_ms);
+        self.busy_ms = self.busy_ms.saturating_add(other.busy_ms);
     }
 }
 
@@ -155,7 +155,7 @@ impl LedgerTally {
             } => {
                 let d = l.devices.entry(device.clone()).or_default();
                 d.leases += 1;
-                d.wait_ms += wait_ms;
+                d.wait_ms = d.wait_ms.saturating_add(*wait_ms);
             }
             Event::LeaseReleased {
                 device,
@@ -164,22 +164,23 @@ impl LedgerTally {
                 turn,
             } => {
                 let d = l.devices.entry(device.clone()).or_default();
-                d.held_ms += held_ms;
-                d.busy_ms += busy_ms;
+                d.held_ms = d.held_ms.saturating_add(*held_ms);
+                d.busy_ms = d.busy_ms.saturating_add(*busy_ms);
                 if let Some(task) = rec.task {
-                    *self.device_ms.entry((task, *turn)).or_insert(0) += held_ms;
+                    let e = self.device_ms.entry((task, *turn)).or_insert(0);
+                    *e = e.saturating_add(*held_ms);
                 }
             }
             // A candidate rejected by static checks was never built.
             Event::Compiled { outcome, .. } if outcome.status != CompileStatus::Rejected => {
                 l.compiles += 1;
                 l.compiles_cached += u64::from(outcome.cached);
-                l.compile_ms += outcome.duration_ms;
+                l.compile_ms = l.compile_ms.saturating_add(outcome.duration_ms);
                 l.note_losses(&outcome.worker_losses);
             }
             Event::Executed { outcome, .. } => {
                 l.note_losses(&outcome.worker_losses);
-                l.gpu_work_ms += measured_work_ms(outcome);
+                l.gpu_work_ms = l.gpu_work_ms.saturating_add(measured_work_ms(outcome));
             }
             Event::Profiled { outcome, .. } => l.note_losses(&outcome.worker_losses),
             _ => {}

@@ -17,8 +17,7 @@ use super::pool::WorkerPool;
 use crate::services::{CompileJob, Unavailable};
 use crate::types::{CompileOutcome, CompileStatus};
 
-/// Written into a build dir after a good compile; its presence means "this build is usable".
-pub(super) const SUCCESS_MARKER: &str = "krefine-ok.json";
+pub(super) use super::build_store::SUCCESS_MARKER;
 /// A copy of the compile log kept with the build, handed to later jobs that hit the cache.
 pub(super) const CACHED_LOG: &str = "krefine-compile.log";
 
@@ -26,8 +25,16 @@ pub(super) const CACHED_LOG: &str = "krefine-compile.log";
 /// krefine process sharing the build cache takes (`<build dir>.lock`, next to the dir so that the
 /// build itself never touches it). A concurrent run therefore never sees a half-written build.
 pub(super) struct BuildGuard {
+    pub(super) dir: PathBuf,
     pub(super) _local: OwnedMutexGuard<()>,
-    pub(super) _file: std::fs::File,
+    pub(super) _file: crate::lock::FileLock,
+}
+
+impl Drop for BuildGuard {
+    fn drop(&mut self) {
+        // Before the locks (fields) are released: see release_build_dir.
+        super::build_store::release_build_dir(&self.dir);
+    }
 }
 
 /// The success marker's content.
@@ -100,6 +107,7 @@ impl WorkerPool {
             .await
             .map_err(|e| Unavailable(format!("cannot lock {}: {e}", path.display())))?;
         Ok(BuildGuard {
+            dir: dir.to_path_buf(),
             _local: local,
             _file: file,
         })

@@ -6,6 +6,23 @@ use std::path::{Path, PathBuf};
 
 use super::sandbox::SandboxSpec;
 
+/// The harness's lock file at the top of a build dir (`BUILD_LOCK_FILE` in kb_compile.py): held by
+/// the worker building or loading there, so that a live build's torch batons are never removed. A
+/// finished build needs no such lock, so it is neither published nor left behind.
+pub(crate) const HARNESS_LOCK_FILE: &str = "krefine-build.lock";
+/// Written into a build dir after a good compile; its presence means "this build is usable".
+pub(crate) const SUCCESS_MARKER: &str = "krefine-ok.json";
+
+/// Called while the orchestrator still holds a build dir's lock, when it is done with it: remove
+/// the harness's lock file of a finished build (nobody builds there any more; a worker that loads it
+/// later takes a new one). An unfinished build keeps it, because a worker left over from a killed
+/// run may still be building there.
+pub(crate) fn release_build_dir(dir: &Path) {
+    if dir.join(SUCCESS_MARKER).exists() {
+        let _ = std::fs::remove_file(dir.join(HARNESS_LOCK_FILE));
+    }
+}
+
 /// Copy a finished build from the compile worker's copy-on-write layer into the shared cache (write
 /// to a temporary name, then rename) and make its files read-only. Only the orchestrator writes the
 /// cache, so no candidate can change another's build.
@@ -29,6 +46,11 @@ pub(crate) async fn publish_build(
         let tmp = PathBuf::from(tmp);
         remove_tree(&tmp)?;
         copy_tree(&src, &tmp)?;
+        // The compile worker's lock, not part of the build.
+        match std::fs::remove_file(tmp.join(HARNESS_LOCK_FILE)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         // A folder without a success marker is a leftover: replace it.
         remove_tree(&dst)?;
         std::fs::rename(&tmp, &dst)?;
@@ -93,7 +115,7 @@ pub(crate) fn make_files_read_only(dir: &Path) -> std::io::Result<()> {
 
 /// What an evaluation legitimately leaves in its worker's copy-on-write layer of the build cache:
 /// folders copied up on the way to a file it wrote (torch's transient `lock` in the extension's
-/// folder) and each build's `load.log`. Anything else — a changed `.so`, a planted file, a deleted
+/// folder), each build's `load.log` and the harness's lock file there (taken to load the build). Anything else — a changed `.so`, a planted file, a deleted
 /// one (an overlayfs whiteout) or an emptied folder (an opaque one) — would change what later
 /// candidates in this worker load, so the worker is replaced; the path found is returned.
 pub(crate) fn cow_tainted(upper: &Path) -> Option<PathBuf> {
@@ -111,7 +133,10 @@ pub(crate) fn cow_tainted(upper: &Path) -> Option<PathBuf> {
                 if let Some(p) = walk(&path, depth + 1) {
                     return Some(p);
                 }
-            } else if !(kind.is_file() && depth == 1 && e.file_name() == "load.log") {
+            } else if !(kind.is_file()
+                && depth == 1
+                && (e.file_name() == "load.log" || e.file_name() == HARNESS_LOCK_FILE))
+            {
                 return Some(path);
             }
         }
@@ -150,7 +175,12 @@ mod tests {
         assert_eq!(cow_tainted(upper), None);
         std::fs::create_dir_all(upper.join("k1/ext")).unwrap();
         std::fs::write(upper.join("k1/load.log"), "x").unwrap();
-        assert_eq!(cow_tainted(upper), None, "copied-up folders and load.log");
+        std::fs::write(upper.join("k1").join(HARNESS_LOCK_FILE), "").unwrap();
+        assert_eq!(
+            cow_tainted(upper),
+            None,
+            "copied-up folders, load.log and the load's lock"
+        );
         std::fs::write(upper.join("k1/ext/model.so"), "forged").unwrap();
         assert_eq!(cow_tainted(upper), Some(upper.join("k1/ext/model.so")));
         std::fs::remove_file(upper.join("k1/ext/model.so")).unwrap();

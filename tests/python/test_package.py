@@ -322,8 +322,9 @@ def test_bad_paths_raise_errors_that_name_them(runs: dict[str, Path], tmp_path: 
 
     with pytest.raises(ValueError, match="unknown axis 'dollars'"):
         krefine.compare([runs["quickstart"], runs["sampling"]], "dollars")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match='both named "quickstart"'):
-        krefine.compare([runs["quickstart"], runs["quickstart"]])
+    # Runs sharing a name are told apart, never refused (issue 27).
+    same = krefine.compare([runs["quickstart"], runs["quickstart"]])
+    assert same.attrs["runs"] == ["quickstart", "quickstart#2"]
     with pytest.raises(ValueError, match="coverage level 1.5"):
         krefine.compare([runs["quickstart"], runs["sampling"]], level=1.5)
     with pytest.raises(krefine.LoadError, match="no such directory"):
