@@ -308,8 +308,7 @@ def check_and_time(
         verdict.correctness = False
         return
     verdict.correctness = outcome.passed == trials
-    tol = kb_reference.TOLERANCES[ref.precision]
-    verdict.feedback.append(kb_feedback.correctness_summary(outcome.passed, trials, ref.precision, tol))
+    verdict.feedback.append(kb_feedback.correctness_summary(outcome.passed, trials, ref.precision, ref.atol, ref.rtol))
     if not verdict.correctness:
         verdict.status = "incorrect"
         return
@@ -331,7 +330,7 @@ def time_candidate(
 ) -> None:
     timing = job["timing"]
     started = _perf_counter()
-    tol = kb_reference.TOLERANCES[ref.precision]
+    tol, rtol = ref.atol, ref.rtol
 
     def check(output: Any, expected: Any) -> str | None:
         problem = dense_output_problem(output, ref.device)
@@ -339,7 +338,7 @@ def time_candidate(
             return f"the output is {problem}"
         if output.shape != expected.shape:
             return f"output shape {tuple(output.shape)}, expected {tuple(expected.shape)}"
-        if not kb_correctness.allclose(expected, output, tol):
+        if not kb_correctness.allclose(expected, output, tol, rtol):
             return "the output does not match the reference for this call's inputs"
         return None
 
@@ -398,6 +397,7 @@ class RemoteReference:
         self.dtype = kb_reference.DTYPES[self.precision]
         self.mode = job["mode"]
         self.seed = job["seed"]
+        self.atol, self.rtol = kb_reference.tolerance(self.precision, job.get("tolerance"))
 
     def _ask(self, *message: Any) -> Any:
         self.conn.send(message)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import Any, Literal, TypedDict, Union
+from typing import Any, Literal, NotRequired, TypedDict, Union
 
 Precision = Literal["fp32", "fp16", "bf16"]
 Mode = Literal["faithful", "strict"]
@@ -48,6 +48,16 @@ class TimingSpec(TypedDict):
     trials: int
     discard_first: int
     l2_flush: bool
+    # `eval.timing_method` (kb_timing.TIMING_METHODS); absent: cuda_event.
+    method: NotRequired[Literal["cuda_event", "do_bench", "do_bench_impl", "host_time"]]
+
+
+class ToleranceSpec(TypedDict):
+    """`eval.tolerance` resolved to numbers by the orchestrator; absent: KernelBench's per precision."""
+
+    name: str
+    atol: float
+    rtol: float
 
 
 class RuntimeStats(TypedDict):
@@ -101,6 +111,7 @@ class EvaluateRequest(EvalOptions):
     timing: TimingSpec
     reference_runtime: BaselineRuntime | None
     integrity: IntegritySpec | None
+    tolerance: NotRequired[ToleranceSpec]
 
 
 class ProfileRequest(TypedDict):
@@ -210,7 +221,8 @@ class EvalEnv(TypedDict):
     cuda: str | None
     precision: Precision
     mode: Mode
-    timing_method: Literal["cuda_event", "cpu_perf_counter"]
+    timing_method: Literal["cuda_event", "cpu_perf_counter", "do_bench", "do_bench_impl", "host_time"]
+    tolerance: ToleranceSpec
     grad_mode: Literal["no_grad"]
     tf32_matmul: bool
     tf32_cudnn: bool

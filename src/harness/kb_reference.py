@@ -42,6 +42,21 @@ from kb_inputs import tensors as tensors_in
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOLERANCES: dict[str, float] = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 1e-2}
+
+
+def tolerance(precision: str, spec: dict[str, Any] | None) -> tuple[float, float]:
+    """(atol, rtol) of a request's `tolerance` (`eval.tolerance`, resolved by the orchestrator to
+    numbers); absent: KernelBench's current per-precision value for both."""
+    if not spec:
+        tol = TOLERANCES[precision]
+        return tol, tol
+    return float(spec["atol"]), float(spec["rtol"])
+
+
+def tolerance_name(request: dict[str, Any] | None) -> str:
+    """The preset a request's tolerance came from (`kernelbench`, `kernelbench-v0`, `explicit`)."""
+    spec = request.get("tolerance") if request is not None else None
+    return str(spec.get("name", "explicit")) if spec else "kernelbench"
 # Share of memory the reference cache may hold: on the GPU for a CUDA device, in RAM otherwise. Half
 # the GPU keeps every trial input of KernelBench's largest level-1 problems (6-9 GB each) on an 80 GB
 # device; a candidate that then runs out of memory is retried with the cache off the device.
@@ -347,6 +362,8 @@ class ProblemContext:
         self.device = device
         self.precision = precision
         self.dtype = DTYPES[precision]
+        # The worker's own view checks with KernelBench's tolerance; a candidate process's with the job's.
+        self.atol, self.rtol = tolerance(precision, None)
         self.mode = mode
         self.cast_integers = cast_integers
         self.seed = seed

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::sandbox::SandboxMode;
 use crate::checks::ChecksSection;
 use crate::sim::SimulatedSection;
-use crate::types::{EvalMode, Precision};
+use crate::types::{EvalMode, Precision, TimingMethod, Tolerance, TolerancePreset};
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
@@ -150,6 +150,20 @@ pub struct EvalSection {
     /// allow at the GPU's peak (its roofline), or 50 where that is unknown.
     #[serde(default)]
     pub max_speedup: Option<f64>,
+    /// `cuda_event` | `do_bench` | `do_bench_impl` | `host_time` (KernelBench's timers). Recorded in
+    /// every result's env; left out of the frozen config at its default.
+    #[serde(default, skip_serializing_if = "TimingMethod::is_default")]
+    pub timing_method: TimingMethod,
+    /// `kernelbench` (fp32 1e-4, fp16/bf16 1e-2) or `kernelbench-v0` (1e-2 everywhere, as in v0/v0.1
+    /// and most published numbers). Unset: `kernelbench`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<TolerancePreset>,
+    /// Explicit absolute tolerance; overrides the preset's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub atol: Option<f64>,
+    /// Explicit relative tolerance; overrides the preset's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtol: Option<f64>,
     /// Static checks on candidates' sources: a level per category (`checks::ChecksSection`).
     /// Left out of the frozen config while empty, so older runs still resume.
     #[serde(default, skip_serializing_if = "ChecksSection::is_default")]
@@ -176,6 +190,32 @@ impl EvalSection {
             EvalMode::Strict => SandboxMode::Required,
             EvalMode::Faithful => SandboxMode::Auto,
         })
+    }
+}
+
+impl EvalSection {
+    /// The tolerance in effect: the preset's value at the run's precision, with `atol`/`rtol`
+    /// overriding (the name is then `explicit`).
+    pub fn tolerance_in_effect(&self) -> Tolerance {
+        let preset = self.tolerance.unwrap_or_default();
+        let value = preset.value(self.precision);
+        let explicit = self.atol.is_some() || self.rtol.is_some();
+        Tolerance {
+            name: if explicit {
+                "explicit".into()
+            } else {
+                preset.as_str().into()
+            },
+            atol: self.atol.unwrap_or(value),
+            rtol: self.rtol.unwrap_or(value),
+        }
+    }
+
+    /// What goes on the wire: nothing while every tolerance key is unset (the harness then uses
+    /// KernelBench's table, the same numbers), so requests stay as they were.
+    pub fn tolerance_request(&self) -> Option<Tolerance> {
+        (self.tolerance.is_some() || self.atol.is_some() || self.rtol.is_some())
+            .then(|| self.tolerance_in_effect())
     }
 }
 
@@ -218,6 +258,10 @@ impl Default for EvalSection {
             timeouts: Timeouts::default(),
             simulated: SimulatedSection::default(),
             max_speedup: None,
+            timing_method: TimingMethod::default(),
+            tolerance: None,
+            atol: None,
+            rtol: None,
             checks: ChecksSection::default(),
             cast_integer_inputs: false,
             hf: crate::hf::HfSection::default(),

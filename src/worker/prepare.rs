@@ -66,6 +66,7 @@ impl WorkerPool {
                 // KernelBench's cuda_event defaults: drop the first timed call, flush L2 each time.
                 discard_first: 1,
                 l2_flush: true,
+                method: self.settings.timing_method,
             },
             reference_runtime: self
                 .settings
@@ -75,6 +76,7 @@ impl WorkerPool {
             cast_integer_inputs: self.settings.cast_integer_inputs,
             steps: None,
             quiet: None,
+            tolerance: self.settings.tolerance.clone(),
         }
     }
 

@@ -11,7 +11,7 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use crate::types::PrepareStep;
+use crate::types::{PrepareStep, TimingMethod, Tolerance};
 
 // ------------------------------------------------------------------------------------------- requests
 
@@ -39,6 +39,9 @@ pub struct TimingSpec {
     pub trials: u32,
     pub discard_first: u32,
     pub l2_flush: bool,
+    /// `eval.timing_method`; left off the wire at its default (`cuda_event`).
+    #[serde(default, skip_serializing_if = "TimingMethod::is_default")]
+    pub method: TimingMethod,
 }
 
 /// Timing statistics in milliseconds, as the harness reports them.
@@ -108,6 +111,9 @@ pub struct EvaluateRequest {
     /// Left off the wire when false (the harness's default: they keep their dtype).
     #[serde(default, skip_serializing_if = "is_false")]
     pub cast_integer_inputs: bool,
+    /// `eval.tolerance` resolved to numbers; absent: KernelBench's per-precision table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<Tolerance>,
 }
 
 /// What the harness needs to bound a plausible speedup: `eval.max_speedup`, or the device's peak
@@ -143,6 +149,9 @@ pub struct PrepareRequest {
     /// `false`: do not time the reference (the CPU's builds are not paused); absent: true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quiet: Option<bool>,
+    /// `eval.tolerance` resolved to numbers (carried into the evaluate request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<Tolerance>,
 }
 
 impl PrepareRequest {
@@ -165,6 +174,7 @@ impl PrepareRequest {
             reference_runtime: self.reference_runtime.clone(),
             integrity,
             cast_integer_inputs: self.cast_integer_inputs,
+            tolerance: self.tolerance.clone(),
         }
     }
 }
@@ -380,8 +390,12 @@ pub struct WireEnv {
     pub cuda: Option<String>,
     pub precision: String,
     pub mode: String,
-    /// `cuda_event` or `cpu_perf_counter`.
+    /// `cuda_event`, `do_bench`, `do_bench_impl`, `host_time`, or `cpu_perf_counter` (`cuda_event`
+    /// on a CPU).
     pub timing_method: String,
+    /// The correctness tolerance the check used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<Tolerance>,
     pub grad_mode: String,
     pub tf32_matmul: bool,
     pub tf32_cudnn: bool,
@@ -415,6 +429,7 @@ impl WireEnv {
             precision: Some(self.precision.clone()),
             mode: Some(self.mode.clone()),
             timing_method: Some(self.timing_method.clone()),
+            tolerance: self.tolerance.clone(),
             grad_mode: Some(self.grad_mode.clone()),
             tf32_matmul: Some(self.tf32_matmul),
             tf32_cudnn: Some(self.tf32_cudnn),

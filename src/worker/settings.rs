@@ -10,7 +10,7 @@ use super::config::{BuildMode, EvalSection, Timeouts};
 use super::sandbox::SandboxMode;
 use crate::launcher::Launcher;
 use crate::services::DeviceId;
-use crate::types::{EvalMode, Precision};
+use crate::types::{EvalMode, Precision, TimingMethod, Tolerance};
 
 /// Everything the pool needs. Paths should be absolute (the harness gets them verbatim).
 #[derive(Debug, Clone)]
@@ -40,6 +40,10 @@ pub struct WorkerSettings {
     pub warmup: u32,
     /// Timed trials; 0 turns timing off.
     pub timing_trials: u32,
+    /// `eval.timing_method`.
+    pub timing_method: TimingMethod,
+    /// `eval.tolerance` resolved (`None`: every tolerance key unset, KernelBench's table).
+    pub tolerance: Option<Tolerance>,
     pub timeouts: Timeouts,
     /// Replace a worker after this many requests (0: never).
     pub recycle_after: u32,
@@ -85,6 +89,8 @@ impl WorkerSettings {
             correct_trials: 0,
             warmup: 0,
             timing_trials: 0,
+            timing_method: TimingMethod::default(),
+            tolerance: None,
             timeouts: Timeouts::default(),
             recycle_after: 0,
             profile_rows: 0,
@@ -111,6 +117,8 @@ impl WorkerSettings {
         self.correct_trials = eval.correct_trials;
         self.warmup = eval.warmup;
         self.timing_trials = eval.timing_trials;
+        self.timing_method = eval.timing_method;
+        self.tolerance = eval.tolerance_request();
         self.arch_list = eval.arch_list.clone();
         self.timeouts = eval.timeouts.clone();
         self.recycle_after = eval.recycle_after;
