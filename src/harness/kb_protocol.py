@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import Any, Literal, NotRequired, TypedDict, Union
+from typing import Any, Literal, TypedDict, Union
 
 Precision = Literal["fp32", "fp16", "bf16"]
 Mode = Literal["faithful", "strict"]
@@ -42,14 +42,17 @@ class CandidateSpec(TypedDict):
     build_dir: str
 
 
-class TimingSpec(TypedDict):
+class TimingOptions(TypedDict, total=False):
+    # eval.timing_method (kb_timing.TIMING_METHODS); absent: cuda_event.
+    method: Literal["cuda_event", "do_bench", "do_bench_impl", "host_time"]
+
+
+class TimingSpec(TimingOptions):
     measure: bool
     warmup: int
     trials: int
     discard_first: int
     l2_flush: bool
-    # `eval.timing_method` (kb_timing.TIMING_METHODS); absent: cuda_event.
-    method: NotRequired[Literal["cuda_event", "do_bench", "do_bench_impl", "host_time"]]
 
 
 class ToleranceSpec(TypedDict):
@@ -79,6 +82,8 @@ class EvalOptions(TypedDict, total=False):
     # eval.cast_integer_inputs: cast integer and bool inputs to the precision as KernelBench does;
     # absent or false, they keep their dtype.
     cast_integer_inputs: bool
+    # eval.tolerance resolved to numbers; absent: KernelBench's per-precision table.
+    tolerance: ToleranceSpec
 
 
 class CompileRequest(TypedDict):
@@ -111,7 +116,6 @@ class EvaluateRequest(EvalOptions):
     timing: TimingSpec
     reference_runtime: BaselineRuntime | None
     integrity: IntegritySpec | None
-    tolerance: NotRequired[ToleranceSpec]
 
 
 class ProfileRequest(TypedDict):
@@ -215,14 +219,18 @@ class CompileResponse(TypedDict):
     build_path: str | None
 
 
-class EvalEnv(TypedDict):
+class EvalEnvOptions(TypedDict, total=False):
+    # The correctness tolerance the check used (absent in responses of older harnesses).
+    tolerance: ToleranceSpec
+
+
+class EvalEnv(EvalEnvOptions):
     device_name: str
     torch: str
     cuda: str | None
     precision: Precision
     mode: Mode
     timing_method: Literal["cuda_event", "cpu_perf_counter", "do_bench", "do_bench_impl", "host_time"]
-    tolerance: ToleranceSpec
     grad_mode: Literal["no_grad"]
     tf32_matmul: bool
     tf32_cudnn: bool

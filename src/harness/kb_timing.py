@@ -15,6 +15,7 @@ checked against the reference's, so an output memoised across calls fails.
 
 from __future__ import annotations
 
+import importlib
 import math
 import statistics
 import time
@@ -273,15 +274,16 @@ def recorded_method(device: torch.device, timing: dict[str, Any]) -> str:
 
 
 def _triton() -> Any:
+    """triton, with its runtime and testing modules loaded. Imported here: triton is optional, needed
+    only by the do_bench methods."""
     try:
-        # Imported here: triton is optional, needed only by the do_bench methods.
-        import triton.runtime
-        import triton.testing
+        importlib.import_module("triton.runtime")
+        importlib.import_module("triton.testing")
+        return importlib.import_module("triton")
     except ImportError as exc:
         raise TimingMethodUnavailable(
             f"timing method needs triton (triton.testing.do_bench), which does not import here: {exc}"
         ) from exc
-    return triton
 
 
 def _needs_cuda(method: str, device: torch.device) -> None:

@@ -78,8 +78,12 @@ pub struct EvalInfo {
     /// `faithful` or `strict`.
     pub mode: Option<String>,
     pub precision: Option<String>,
-    /// `cuda_event` or `cpu_perf_counter`.
+    /// `cuda_event`, `do_bench`, `do_bench_impl`, `host_time` or `cpu_perf_counter`.
     pub timing_method: Option<String>,
+    /// The correctness tolerance (`kernelbench (atol = rtol = 1e-4)`); absent where the results
+    /// did not record one and the config set none (KernelBench's per-precision table).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<String>,
     /// Where reference times came from: `measured`, `cached`, `baseline:<file>`.
     pub reference_timing: Vec<String>,
     /// `kept` or `cast` (KernelBench's cast of integer inputs).
@@ -154,6 +158,11 @@ pub fn provenance<'a>(
             precision: joined(&seen.precision)
                 .or_else(|| config.map(|c| c.eval.precision.as_str().into())),
             timing_method: joined(&seen.timing),
+            tolerance: joined(&seen.tolerance).or_else(|| {
+                config
+                    .and_then(|c| c.eval.tolerance_request())
+                    .map(|t| t.to_string())
+            }),
             reference_timing: seen.reference.iter().cloned().collect(),
             integer_inputs: joined(&seen.integer_inputs).or_else(|| {
                 config.map(|c| {
@@ -182,6 +191,7 @@ struct Seen {
     mode: BTreeSet<String>,
     precision: BTreeSet<String>,
     timing: BTreeSet<String>,
+    tolerance: BTreeSet<String>,
     reference: BTreeSet<String>,
     integer_inputs: BTreeSet<String>,
     tf32_matmul: BTreeSet<bool>,
@@ -206,6 +216,9 @@ impl Seen {
         put(&mut self.mode, &env.mode);
         put(&mut self.precision, &env.precision);
         put(&mut self.timing, &env.timing_method);
+        if let Some(t) = &env.tolerance {
+            self.tolerance.insert(t.to_string());
+        }
         put(&mut self.integer_inputs, &env.integer_inputs);
         // Cached means "measured earlier in this run"; the distinction is the worker's, not the
         // run's.
@@ -357,17 +370,38 @@ pub fn lines(p: &Provenance) -> Vec<(&'static str, String)> {
                 e.reference_timing.join(" + ")
             },
             or_dash(e.integer_inputs.clone()),
-        ),
+        ) + &e
+            .tolerance
+            .as_ref()
+            .map_or(String::new(), |t| format!(", tolerance {t}")),
     ));
     out
 }
 
+/// A tolerance as compared across runs: a preset by its name (its numbers follow from the precision,
+/// compared separately), where unrecorded KernelBench's table; an explicit one in full.
+fn tolerance_key(p: &Provenance) -> String {
+    tolerance_label(p.eval.tolerance.as_deref())
+}
+
+/// [`tolerance_key`] of a recorded tolerance text.
+pub fn tolerance_label(recorded: Option<&str>) -> String {
+    match recorded {
+        None => "kernelbench".into(),
+        Some(t) => ["kernelbench-v0", "kernelbench"]
+            .into_iter()
+            .find(|name| t.starts_with(&format!("{name} (")))
+            .map_or(t.to_string(), str::to_string),
+    }
+}
+
 /// What makes runs' scores incomparable: a different level, hardware, baseline file (or one timed
-/// live and one against a file), problem set, precision or evaluation mode. One line per differing
+/// live and one against a file), problem set, precision, evaluation mode, timing method or
+/// correctness tolerance. One line per differing
 /// field, naming each run's value; empty when the runs agree (or there are fewer than two).
 pub fn mismatches(runs: &[(&str, &Provenance)]) -> Vec<String> {
     type Field = (&'static str, fn(&Provenance) -> String);
-    let fields: [Field; 6] = [
+    let fields: [Field; 8] = [
         ("level", |p| format!("{:?}", p.levels)),
         ("hardware", |p| p.hardware.measured_on.join(", ")),
         ("baseline", |p| {
@@ -384,6 +418,10 @@ pub fn mismatches(runs: &[(&str, &Provenance)]) -> Vec<String> {
             p.eval.precision.clone().unwrap_or_default()
         }),
         ("eval mode", |p| p.eval.mode.clone().unwrap_or_default()),
+        ("timing method", |p| {
+            p.eval.timing_method.clone().unwrap_or_default()
+        }),
+        ("tolerance", tolerance_key),
     ];
     let mut out = Vec::new();
     for (name, value) in fields {
@@ -613,6 +651,48 @@ precision = "bf16"
             [
                 "the runs differ in level (a: []; d: [4])",
                 "the runs differ in baseline (a: timed live; d: blake3:0123456789abcdef)"
+            ]
+        );
+    }
+
+    #[test]
+    fn timing_method_and_tolerance_are_recorded_and_compared() {
+        let started = Started {
+            method: MethodKind::Refine,
+            turns: 1,
+            samples: 1,
+            feedback: None,
+        };
+        let run = |method: &str, tolerance: Option<serde_json::Value>| {
+            let mut env =
+                json!({"device_name": "H100", "precision": "fp32", "timing_method": method});
+            if let Some(t) = tolerance {
+                env["tolerance"] = t;
+            }
+            let e = exec(
+                json!({"verdict": "correct", "compiled": true, "correctness": true, "env": env}),
+            );
+            provenance(&started, None, None, std::iter::once(&e))
+        };
+        let kb = json!({"name": "kernelbench", "atol": 1e-4, "rtol": 1e-4});
+        let v0 = json!({"name": "kernelbench-v0", "atol": 1e-2, "rtol": 1e-2});
+        let old = run("cuda_event", None);
+        let new = run("cuda_event", Some(kb));
+        let loose = run("do_bench", Some(v0));
+        assert_eq!(
+            new.eval.tolerance.as_deref(),
+            Some("kernelbench (atol = rtol = 1e-4)")
+        );
+        assert!(lines(&loose).iter().any(|(k, v)| *k == "evaluation"
+            && v.contains("do_bench timing")
+            && v.ends_with("tolerance kernelbench-v0 (atol = rtol = 1e-2)")));
+        // A log from before tolerances were recorded used KernelBench's table.
+        assert!(mismatches(&[("old", &old), ("new", &new)]).is_empty());
+        assert_eq!(
+            mismatches(&[("new", &new), ("loose", &loose)]),
+            [
+                "the runs differ in timing method (new: cuda_event; loose: do_bench)",
+                "the runs differ in tolerance (new: kernelbench; loose: kernelbench-v0)"
             ]
         );
     }
