@@ -457,6 +457,25 @@ fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
             ),
         ));
     }
+    if let Some(m) = &c.eval.compile_mode
+        && !crate::worker::config::COMPILE_MODES.contains(&m.as_str())
+    {
+        return Err(invalid(
+            "eval.compile_mode",
+            &format!(
+                "expected one of {}, got {m:?}",
+                crate::worker::config::COMPILE_MODES.join(", ")
+            ),
+        ));
+    }
+    if c.eval.reference != crate::worker::config::ReferenceMode::Compile
+        && (c.eval.compile_backend.is_some() || c.eval.compile_mode.is_some())
+    {
+        return Err(invalid(
+            "eval.compile_backend",
+            "compile_backend and compile_mode apply with eval.reference = \"compile\" only",
+        ));
+    }
     for (key, value) in [("eval.atol", c.eval.atol), ("eval.rtol", c.eval.rtol)] {
         if let Some(v) = value
             && !(v.is_finite() && v >= 0.0)
@@ -804,6 +823,32 @@ answers = "answers.jsonl"
             assert!(e.contains(key) && e.contains(says), "{sets:?}: {e}");
         }
         assert!(p(MIN, &["eval.tolerance=\"v0\""]).is_err());
+        let c = p(
+            MIN,
+            &[
+                "eval.reference=\"compile\"",
+                "eval.compile_mode=\"max-autotune\"",
+            ],
+        );
+        let rc = c.unwrap().config.eval.reference_compile().unwrap();
+        assert_eq!(
+            (rc.backend.as_str(), rc.mode.as_str()),
+            ("inductor", "max-autotune")
+        );
+        assert_eq!(p(MIN, &[]).unwrap().config.eval.reference_compile(), None);
+        let e = p(MIN, &["eval.compile_mode=\"default\""])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("eval.reference = \"compile\" only"), "{e}");
+        let e = p(
+            MIN,
+            &["eval.reference=\"compile\"", "eval.compile_mode=\"fast\""],
+        );
+        assert!(
+            e.unwrap_err()
+                .to_string()
+                .contains("max-autotune-no-cudagraphs")
+        );
         // host_time runs on a CPU (perf_counter, nothing to synchronise).
         assert!(
             p(

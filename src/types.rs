@@ -519,6 +519,9 @@ pub struct EvalEnv {
     /// before it was recorded (they used KernelBench's per-precision table).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerance: Option<Tolerance>,
+    /// `eager` or `compile (backend, mode)` (`eval.reference`): how the reference was timed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_mode: Option<String>,
     #[serde(default)]
     pub grad_mode: Option<String>,
     #[serde(default)]

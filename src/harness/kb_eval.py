@@ -58,6 +58,7 @@ from kb_reference import (
     set_seed,
     synchronize,
     tensor_checksum,
+    reference_mode,
     time_reference,
     tolerance,
     tolerance_name,
@@ -207,6 +208,7 @@ def environment(
         "mode": mode,
         "timing_method": kb_timing.recorded_method(device, timing),
         "tolerance": {"name": tolerance_name(request), "atol": atol, "rtol": rtol},
+        "reference_mode": reference_mode(timing),
         "grad_mode": "no_grad",
         "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
         "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
@@ -385,6 +387,7 @@ def reference_timing_key(request: dict[str, Any], ctx: ProblemContext) -> tuple[
         timing["discard_first"],
         timing["l2_flush"],
         timing.get("method", "cuda_event"),
+        reference_mode(timing),
     )
 
 

@@ -42,9 +42,16 @@ class CandidateSpec(TypedDict):
     build_dir: str
 
 
+class ReferenceCompile(TypedDict):
+    backend: str
+    mode: str
+
+
 class TimingOptions(TypedDict, total=False):
     # eval.timing_method (kb_timing.TIMING_METHODS); absent: cuda_event.
     method: Literal["cuda_event", "do_bench", "do_bench_impl", "host_time"]
+    # eval.reference = "compile": torch.compile's backend and mode for timing the reference.
+    reference_compile: ReferenceCompile
 
 
 class TimingSpec(TimingOptions):
@@ -222,6 +229,8 @@ class CompileResponse(TypedDict):
 class EvalEnvOptions(TypedDict, total=False):
     # The correctness tolerance the check used (absent in responses of older harnesses).
     tolerance: ToleranceSpec
+    # `eager` or `compile (backend, mode)`: how the reference was timed.
+    reference_mode: str
 
 
 class EvalEnv(EvalEnvOptions):

@@ -768,8 +768,26 @@ def time_reference(
     mode, strict mode's loop (fresh clones of `strict_sets` input sets from `first_seed`, device-wide
     fence) in strict mode. kb_eval's one call into the reference's timing."""
     assert ctx.ref_model is not None
+    model = compiled_reference(ctx.ref_model, timing.get("reference_compile"))
     with ctx.cache.reference_work():
         if ctx.mode == "strict":
             sets = ctx.timing_sets(strict_sets, first_seed)
-            return kb_timing.time_strict(ctx.ref_model, sets, ctx.device, timing, flusher, None)
-        return kb_timing.time_callable(ctx.ref_model, ctx.timing_inputs(), ctx.device, timing, flusher)
+            return kb_timing.time_strict(model, sets, ctx.device, timing, flusher, None)
+        return kb_timing.time_callable(model, ctx.timing_inputs(), ctx.device, timing, flusher)
+
+
+def compiled_reference(model: torch.nn.Module, spec: dict[str, Any] | None) -> Any:
+    """`eval.reference = "compile"`: the reference under torch.compile, as KernelBench's
+    measure_ref_program_time(use_torch_compile=True) makes it (dynamo reset first; compiling happens
+    lazily in the timer's warm-up calls). Only timing uses it: correctness compares with the eager
+    reference's outputs. Absent spec: the eager model."""
+    if not spec:
+        return model
+    torch._dynamo.reset()
+    return torch.compile(model, backend=spec["backend"], mode=spec["mode"])
+
+
+def reference_mode(timing: dict[str, Any]) -> str:
+    """What a result records as its reference timing mode: `eager` or `compile (backend, mode)`."""
+    spec = timing.get("reference_compile")
+    return f"compile ({spec['backend']}, {spec['mode']})" if spec else "eager"

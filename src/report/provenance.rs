@@ -84,6 +84,9 @@ pub struct EvalInfo {
     /// did not record one and the config set none (KernelBench's per-precision table).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tolerance: Option<String>,
+    /// `eager` or `compile (backend, mode)` (`eval.reference`); absent where unrecorded (eager).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference_mode: Option<String>,
     /// Where reference times came from: `measured`, `cached`, `baseline:<file>`.
     pub reference_timing: Vec<String>,
     /// `kept` or `cast` (KernelBench's cast of integer inputs).
@@ -164,6 +167,7 @@ pub fn provenance<'a>(
                     .map(|t| t.to_string())
             }),
             reference_timing: seen.reference.iter().cloned().collect(),
+            reference_mode: joined(&seen.reference_mode),
             integer_inputs: joined(&seen.integer_inputs).or_else(|| {
                 config.map(|c| {
                     if c.eval.cast_integer_inputs {
@@ -192,6 +196,7 @@ struct Seen {
     precision: BTreeSet<String>,
     timing: BTreeSet<String>,
     tolerance: BTreeSet<String>,
+    reference_mode: BTreeSet<String>,
     reference: BTreeSet<String>,
     integer_inputs: BTreeSet<String>,
     tf32_matmul: BTreeSet<bool>,
@@ -216,6 +221,7 @@ impl Seen {
         put(&mut self.mode, &env.mode);
         put(&mut self.precision, &env.precision);
         put(&mut self.timing, &env.timing_method);
+        put(&mut self.reference_mode, &env.reference_mode);
         if let Some(t) = &env.tolerance {
             self.tolerance.insert(t.to_string());
         }
@@ -368,7 +374,11 @@ pub fn lines(p: &Provenance) -> Vec<(&'static str, String)> {
                 "-".to_string()
             } else {
                 e.reference_timing.join(" + ")
-            },
+            } + &e
+                .reference_mode
+                .as_ref()
+                .filter(|m| m.as_str() != "eager")
+                .map_or(String::new(), |m| format!(" {m}")),
             or_dash(e.integer_inputs.clone()),
         ) + &e
             .tolerance
@@ -401,7 +411,7 @@ pub fn tolerance_label(recorded: Option<&str>) -> String {
 /// field, naming each run's value; empty when the runs agree (or there are fewer than two).
 pub fn mismatches(runs: &[(&str, &Provenance)]) -> Vec<String> {
     type Field = (&'static str, fn(&Provenance) -> String);
-    let fields: [Field; 8] = [
+    let fields: [Field; 9] = [
         ("level", |p| format!("{:?}", p.levels)),
         ("hardware", |p| p.hardware.measured_on.join(", ")),
         ("baseline", |p| {
@@ -422,6 +432,12 @@ pub fn mismatches(runs: &[(&str, &Provenance)]) -> Vec<String> {
             p.eval.timing_method.clone().unwrap_or_default()
         }),
         ("tolerance", tolerance_key),
+        ("reference timing", |p| {
+            p.eval
+                .reference_mode
+                .clone()
+                .unwrap_or_else(|| "eager".into())
+        }),
     ];
     let mut out = Vec::new();
     for (name, value) in fields {

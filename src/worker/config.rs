@@ -158,6 +158,19 @@ pub struct EvalSection {
     /// and most published numbers). Unset: `kernelbench`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerance: Option<TolerancePreset>,
+    /// `eager` (default) or `compile`: how the evaluation times the reference. `compile` runs it
+    /// under `torch.compile(backend = compile_backend, mode = compile_mode)` after
+    /// `torch._dynamo.reset()`, as KernelBench's `measure_ref_program_time(use_torch_compile=True)`;
+    /// speedups are then against the compiled reference. Recorded in every result's env.
+    #[serde(default, skip_serializing_if = "ReferenceMode::is_default")]
+    pub reference: ReferenceMode,
+    /// torch.compile backend for `reference = "compile"` (KernelBench's default: `inductor`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile_backend: Option<String>,
+    /// torch.compile mode for `reference = "compile"`: `default`, `reduce-overhead`,
+    /// `max-autotune` or `max-autotune-no-cudagraphs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile_mode: Option<String>,
     /// Explicit absolute tolerance; overrides the preset's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub atol: Option<f64>,
@@ -193,7 +206,44 @@ impl EvalSection {
     }
 }
 
+/// `eval.reference`: the reference timed eagerly or under `torch.compile`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ReferenceMode {
+    #[default]
+    Eager,
+    Compile,
+}
+
+impl ReferenceMode {
+    pub fn is_default(&self) -> bool {
+        *self == ReferenceMode::Eager
+    }
+}
+
+/// torch.compile's modes, as KernelBench's `torch_compile_options` takes them.
+pub const COMPILE_MODES: [&str; 4] = [
+    "default",
+    "reduce-overhead",
+    "max-autotune",
+    "max-autotune-no-cudagraphs",
+];
+
 impl EvalSection {
+    /// The compiled reference's backend and mode, with `eval.reference = "compile"`.
+    pub fn reference_compile(&self) -> Option<super::protocol::ReferenceCompile> {
+        (self.reference == ReferenceMode::Compile).then(|| super::protocol::ReferenceCompile {
+            backend: self
+                .compile_backend
+                .clone()
+                .unwrap_or_else(|| "inductor".into()),
+            mode: self
+                .compile_mode
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+        })
+    }
+
     /// The tolerance in effect: the preset's value at the run's precision, with `atol`/`rtol`
     /// overriding (the name is then `explicit`).
     pub fn tolerance_in_effect(&self) -> Tolerance {
@@ -259,6 +309,9 @@ impl Default for EvalSection {
             simulated: SimulatedSection::default(),
             max_speedup: None,
             timing_method: TimingMethod::default(),
+            reference: ReferenceMode::default(),
+            compile_backend: None,
+            compile_mode: None,
             tolerance: None,
             atol: None,
             rtol: None,

@@ -67,6 +67,7 @@ impl WorkerPool {
                 discard_first: 1,
                 l2_flush: true,
                 method: self.settings.timing_method,
+                reference_compile: self.settings.reference_compile.clone(),
             },
             reference_runtime: self
                 .settings

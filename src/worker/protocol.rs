@@ -32,7 +32,7 @@ pub struct CandidateSpec {
     pub build_dir: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TimingSpec {
     pub measure: bool,
     pub warmup: u32,
@@ -42,6 +42,17 @@ pub struct TimingSpec {
     /// `eval.timing_method`; left off the wire at its default (`cuda_event`).
     #[serde(default, skip_serializing_if = "TimingMethod::is_default")]
     pub method: TimingMethod,
+    /// `eval.reference = "compile"`: time the reference under `torch.compile` with this backend and
+    /// mode (KernelBench's `use_torch_compile`); absent: eagerly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_compile: Option<ReferenceCompile>,
+}
+
+/// `torch.compile(model, backend=..., mode=...)` for the reference's timing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReferenceCompile {
+    pub backend: String,
+    pub mode: String,
 }
 
 /// Timing statistics in milliseconds, as the harness reports them.
@@ -170,7 +181,7 @@ impl PrepareRequest {
             mode: self.mode.clone(),
             seed: self.seed,
             correct_trials: self.correct_trials,
-            timing: self.timing,
+            timing: self.timing.clone(),
             reference_runtime: self.reference_runtime.clone(),
             integrity,
             cast_integer_inputs: self.cast_integer_inputs,
@@ -396,6 +407,9 @@ pub struct WireEnv {
     /// The correctness tolerance the check used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerance: Option<Tolerance>,
+    /// `eager` or `compile (backend, mode)`: how the reference was timed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_mode: Option<String>,
     pub grad_mode: String,
     pub tf32_matmul: bool,
     pub tf32_cudnn: bool,
@@ -430,6 +444,7 @@ impl WireEnv {
             mode: Some(self.mode.clone()),
             timing_method: Some(self.timing_method.clone()),
             tolerance: self.tolerance.clone(),
+            reference_mode: self.reference_mode.clone(),
             grad_mode: Some(self.grad_mode.clone()),
             tf32_matmul: Some(self.tf32_matmul),
             tf32_cudnn: Some(self.tf32_cudnn),

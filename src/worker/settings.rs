@@ -44,6 +44,8 @@ pub struct WorkerSettings {
     pub timing_method: TimingMethod,
     /// `eval.tolerance` resolved (`None`: every tolerance key unset, KernelBench's table).
     pub tolerance: Option<Tolerance>,
+    /// `eval.reference = "compile"`: the reference's torch.compile backend and mode.
+    pub reference_compile: Option<super::protocol::ReferenceCompile>,
     pub timeouts: Timeouts,
     /// Replace a worker after this many requests (0: never).
     pub recycle_after: u32,
@@ -91,6 +93,7 @@ impl WorkerSettings {
             timing_trials: 0,
             timing_method: TimingMethod::default(),
             tolerance: None,
+            reference_compile: None,
             timeouts: Timeouts::default(),
             recycle_after: 0,
             profile_rows: 0,
@@ -119,6 +122,7 @@ impl WorkerSettings {
         self.timing_trials = eval.timing_trials;
         self.timing_method = eval.timing_method;
         self.tolerance = eval.tolerance_request();
+        self.reference_compile = eval.reference_compile();
         self.arch_list = eval.arch_list.clone();
         self.timeouts = eval.timeouts.clone();
         self.recycle_after = eval.recycle_after;

@@ -136,6 +136,7 @@ def evaluate_request(
     cast_integer_inputs: bool | None = None,
     timing_method: str | None = None,
     tolerance: dict[str, Any] | None = None,
+    reference_compile: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     request: dict[str, Any] = {
         "id": rid,
@@ -163,6 +164,8 @@ def evaluate_request(
         request["timing"]["method"] = timing_method
     if tolerance is not None:
         request["tolerance"] = tolerance
+    if reference_compile is not None:
+        request["timing"]["reference_compile"] = reference_compile
     return request
 
 

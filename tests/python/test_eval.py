@@ -79,6 +79,7 @@ def test_correct_candidate(harness: Harness) -> None:
         "mode": "faithful",
         "timing_method": "cpu_perf_counter",
         "tolerance": {"name": "kernelbench", "atol": 1e-4, "rtol": 1e-4},
+        "reference_mode": "eager",
         "grad_mode": "no_grad",
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "tf32_cudnn": torch.backends.cudnn.allow_tf32,

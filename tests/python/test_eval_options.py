@@ -121,3 +121,17 @@ def test_host_time_loop_on_cpu_discards_like_kernelbench() -> None:
     timing = {"warmup": 2, "trials": 3, "discard_first": 1, "l2_flush": True, "method": "host_time"}
     times = kb_timing.time_callable(fn, [torch.ones(2)], torch.device("cpu"), timing, kb_timing.L2Flusher())
     assert len(times) == 3 and len(calls) == 2 + 3 + 1
+
+
+def test_compiled_reference_timing_is_recorded(isolated: Isolated) -> None:
+    # dynamo's `eager` backend: the torch.compile path without a C++ toolchain (inductor on the GPU
+    # machine, see bench/gpu/options.sh).
+    spec = {"backend": "eager", "mode": "default"}
+    r = isolated.evaluate(BORDERLINE, timing_trials=3, tolerance=KERNELBENCH_V0, reference_compile=spec)
+    assert r["status"] == "correct"
+    assert r["env"]["reference_mode"] == "compile (eager, default)"
+    assert r["ref_runtime_source"] == "measured" and r["ref_runtime_stats"]["num_trials"] == 3
+    eager = isolated.evaluate(BORDERLINE, timing_trials=3, tolerance=KERNELBENCH_V0)
+    # A different reference timing key: timed again, not served from the compiled one's cache.
+    assert eager["env"]["reference_mode"] == "eager"
+    assert eager["ref_runtime_source"] == "measured"
