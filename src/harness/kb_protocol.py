@@ -125,7 +125,14 @@ class EvaluateRequest(EvalOptions):
     integrity: IntegritySpec | None
 
 
-class ProfileRequest(TypedDict):
+class ProfileOptions(TypedDict, total=False):
+    # eval.profiler: torch | ncu | both; absent: both where ncu, else torch.
+    profiler: Literal["torch", "ncu", "both"]
+    # The GPU's peaks for the roofline lines.
+    peaks: IntegritySpec
+
+
+class ProfileRequest(ProfileOptions):
     id: int
     op: Literal["profile"]
     problem: ProblemSpec

@@ -131,6 +131,11 @@ pub struct EvalSection {
     /// Also collect Nsight Compute metrics when `ncu` exists.
     #[serde(default)]
     pub ncu: bool,
+    /// What the P feedback shows: `torch` (the torch.profiler table), `ncu` (Nsight Compute:
+    /// KernelBench's profile.py metrics, a roofline line and the top kernels by time) or `both`.
+    /// Unset: `torch`, or `both` where `ncu = true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profiler: Option<ProfilerKind>,
     /// Recycle a GPU worker after this many candidates.
     #[serde(default = "default_recycle")]
     pub recycle_after: u32,
@@ -221,6 +226,29 @@ impl ReferenceMode {
     }
 }
 
+/// `eval.profiler`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ProfilerKind {
+    Torch,
+    Ncu,
+    Both,
+}
+
+impl ProfilerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProfilerKind::Torch => "torch",
+            ProfilerKind::Ncu => "ncu",
+            ProfilerKind::Both => "both",
+        }
+    }
+
+    pub fn wants_ncu(self) -> bool {
+        self != ProfilerKind::Torch
+    }
+}
+
 /// torch.compile's modes, as KernelBench's `torch_compile_options` takes them.
 pub const COMPILE_MODES: [&str; 4] = [
     "default",
@@ -302,6 +330,7 @@ impl Default for EvalSection {
             baseline: None,
             profile_rows: default_profile_rows(),
             ncu: false,
+            profiler: None,
             recycle_after: default_recycle(),
             build_cache: None,
             build: BuildMode::default(),

@@ -202,6 +202,12 @@ pub struct ProfileRequest {
     pub precision: String,
     pub row_limit: u32,
     pub ncu: bool,
+    /// `eval.profiler`: `torch`, `ncu` or `both`; absent: the torch table, plus ncu where `ncu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profiler: Option<String>,
+    /// The GPU's peaks for the roofline line of each kernel (`prompt::gpu_specs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peaks: Option<IntegritySpec>,
 }
 
 /// What a request asks for; the `op` field on the wire.

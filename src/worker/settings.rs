@@ -51,6 +51,8 @@ pub struct WorkerSettings {
     pub recycle_after: u32,
     pub profile_rows: u32,
     pub ncu: bool,
+    /// `eval.profiler` (`None`: unset, the torch table plus ncu where `ncu`).
+    pub profiler: Option<super::config::ProfilerKind>,
     /// Reference runtimes from a KernelBench baseline file instead of timing the reference.
     pub baseline: Option<Arc<BaselineTable>>,
     /// GPU driver version, recorded in every result's `env`.
@@ -98,6 +100,7 @@ impl WorkerSettings {
             recycle_after: 0,
             profile_rows: 0,
             ncu: false,
+            profiler: None,
             baseline: None,
             driver: None,
             max_speedup: None,
@@ -127,7 +130,8 @@ impl WorkerSettings {
         self.timeouts = eval.timeouts.clone();
         self.recycle_after = eval.recycle_after;
         self.profile_rows = eval.profile_rows;
-        self.ncu = eval.ncu;
+        self.ncu = eval.ncu || eval.profiler.is_some_and(|p| p.wants_ncu());
+        self.profiler = eval.profiler;
         self.build = eval.build;
         self.max_speedup = eval.max_speedup;
         self.cast_integer_inputs = eval.cast_integer_inputs;
