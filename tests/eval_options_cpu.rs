@@ -102,7 +102,7 @@ fn tolerance_presets_decide_a_borderline_candidate_and_are_recorded() {
     let first = |run: &Path| read_json(&run.join("eval_results.json"))["2"][0].clone();
     let (a, b) = (first(&current), first(&v0));
     assert_eq!(a["correctness"], false, "{a}");
-    assert_eq!(a["metadata"]["correctness_issue"], "Output mismatch");
+    assert_eq!(a["metadata"]["correctness_issue"], "Output mismatch", "{a}");
     assert_eq!(b["correctness"], true, "{b}");
 
     // Recorded in the provenance of each run.
@@ -146,6 +146,19 @@ fn tolerance_presets_decide_a_borderline_candidate_and_are_recorded() {
             ),
         "{err}"
     );
+
+    // fast_p beyond KernelBench's thresholds (Fast@1.2 by default; here 0, which is exact: a correct
+    // candidate has a positive speedup, an incorrect one none).
+    let o = krefine(&["report", s(&current), s(&v0), "--fast-p", "0,1.2"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("current: fast_0 0.0%, fast_1.2 0.0% (all candidates"),
+        "{out}"
+    );
+    assert!(out.contains("v0: fast_0 100.0%, fast_1.2 "), "{out}");
+    let o = krefine(&["compare", s(&current), s(&v0), "--fast-p", "0"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("v0: fast_0 100.0% (all candidates"), "{out}");
 
     // The leaderboard export carries them.
     let sub = d.path().join("sub.json");
