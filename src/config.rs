@@ -849,6 +849,12 @@ answers = "answers.jsonl"
                 .to_string()
                 .contains("max-autotune-no-cudagraphs")
         );
+        let c = p(MIN, &["eval.profiler=\"ncu\""]).unwrap().config;
+        assert_eq!(
+            c.eval.profiler,
+            Some(crate::worker::config::ProfilerKind::Ncu)
+        );
+        assert!(p(MIN, &["eval.profiler=\"nsight\""]).is_err());
         // host_time runs on a CPU (perf_counter, nothing to synchronise).
         assert!(
             p(
