@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{FeedbackMode, MethodKind};
+use crate::types::{EvalMode, FeedbackMode, MethodKind};
 
 // Each room owns its section; this module assembles them (and re-exports them where callers have
 // always found them).
@@ -445,6 +445,56 @@ fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
     if c.eval.correct_trials == 0 {
         return Err(invalid("eval.correct_trials", "expected at least 1"));
     }
+    let method = c.eval.timing_method;
+    if method.needs_gpu() && r.devices == DeviceSelection::Cpu {
+        return Err(invalid(
+            "eval.timing_method",
+            &format!(
+                "\"{}\" times with Triton on a CUDA device, but resources.devices = \"cpu\" \
+                 (on a CPU use \"cuda_event\" or \"host_time\", which time with perf_counter)",
+                method.as_str()
+            ),
+        ));
+    }
+    if !method.is_default() && c.eval.mode == EvalMode::Strict {
+        return Err(invalid(
+            "eval.timing_method",
+            &format!(
+                "\"{}\" is a faithful-mode timer; strict mode times with its own loop (fresh \
+                 inputs per call, device-wide fence), so leave timing_method unset there",
+                method.as_str()
+            ),
+        ));
+    }
+    if let Some(m) = &c.eval.compile_mode
+        && !crate::worker::config::COMPILE_MODES.contains(&m.as_str())
+    {
+        return Err(invalid(
+            "eval.compile_mode",
+            &format!(
+                "expected one of {}, got {m:?}",
+                crate::worker::config::COMPILE_MODES.join(", ")
+            ),
+        ));
+    }
+    if c.eval.reference != crate::worker::config::ReferenceMode::Compile
+        && (c.eval.compile_backend.is_some() || c.eval.compile_mode.is_some())
+    {
+        return Err(invalid(
+            "eval.compile_backend",
+            "compile_backend and compile_mode apply with eval.reference = \"compile\" only",
+        ));
+    }
+    for (key, value) in [("eval.atol", c.eval.atol), ("eval.rtol", c.eval.rtol)] {
+        if let Some(v) = value
+            && !(v.is_finite() && v >= 0.0)
+        {
+            return Err(invalid(
+                key,
+                &format!("expected a finite number >= 0, got {v}"),
+            ));
+        }
+    }
     if c.eval.timing_trials == 0 {
         return Err(invalid("eval.timing_trials", "expected at least 1"));
     }
@@ -769,5 +819,94 @@ answers = "answers.jsonl"
         let l = p(MIN, &["method.turns=3", "eval.checks.timing_patch=off"]).unwrap();
         let again: Config = toml::from_str(&l.effective_toml).unwrap();
         assert_eq!(again, l.config);
+    }
+    #[test]
+    fn timing_method_and_tolerance_keys() {
+        use crate::types::{TimingMethod, TolerancePreset};
+        let c = p(
+            MIN,
+            &[
+                "eval.timing_method=\"do_bench\"",
+                "eval.tolerance=\"kernelbench-v0\"",
+            ],
+        );
+        let c = c.unwrap().config;
+        assert_eq!(c.eval.timing_method, TimingMethod::DoBench);
+        assert_eq!(c.eval.tolerance, Some(TolerancePreset::KernelBenchV0));
+        let t = c.eval.tolerance_in_effect();
+        assert_eq!(
+            (t.name.as_str(), t.atol, t.rtol),
+            ("kernelbench-v0", 1e-2, 1e-2)
+        );
+        let t = p(MIN, &["eval.rtol=0.5"])
+            .unwrap()
+            .config
+            .eval
+            .tolerance_in_effect();
+        assert_eq!((t.name.as_str(), t.atol, t.rtol), ("explicit", 1e-4, 0.5));
+        assert_eq!(p(MIN, &[]).unwrap().config.eval.tolerance_request(), None);
+        for (sets, key, says) in [
+            (
+                &[
+                    "eval.timing_method=\"do_bench_impl\"",
+                    "resources.devices=\"cpu\"",
+                ][..],
+                "eval.timing_method",
+                "CUDA",
+            ),
+            (
+                &["eval.timing_method=\"host_time\"", "eval.mode=\"strict\""][..],
+                "eval.timing_method",
+                "strict",
+            ),
+            (&["eval.atol=-1.0"][..], "eval.atol", ">= 0"),
+        ] {
+            let e = p(MIN, sets).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(says), "{sets:?}: {e}");
+        }
+        assert!(p(MIN, &["eval.tolerance=\"v0\""]).is_err());
+        let c = p(
+            MIN,
+            &[
+                "eval.reference=\"compile\"",
+                "eval.compile_mode=\"max-autotune\"",
+            ],
+        );
+        let rc = c.unwrap().config.eval.reference_compile().unwrap();
+        assert_eq!(
+            (rc.backend.as_str(), rc.mode.as_str()),
+            ("inductor", "max-autotune")
+        );
+        assert_eq!(p(MIN, &[]).unwrap().config.eval.reference_compile(), None);
+        let e = p(MIN, &["eval.compile_mode=\"default\""])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("eval.reference = \"compile\" only"), "{e}");
+        let e = p(
+            MIN,
+            &["eval.reference=\"compile\"", "eval.compile_mode=\"fast\""],
+        );
+        assert!(
+            e.unwrap_err()
+                .to_string()
+                .contains("max-autotune-no-cudagraphs")
+        );
+        let c = p(MIN, &["eval.profiler=\"ncu\""]).unwrap().config;
+        assert_eq!(
+            c.eval.profiler,
+            Some(crate::worker::config::ProfilerKind::Ncu)
+        );
+        assert!(p(MIN, &["eval.profiler=\"nsight\""]).is_err());
+        // host_time runs on a CPU (perf_counter, nothing to synchronise).
+        assert!(
+            p(
+                MIN,
+                &[
+                    "eval.timing_method=\"host_time\"",
+                    "resources.devices=\"cpu\""
+                ]
+            )
+            .is_ok()
+        );
     }
 }

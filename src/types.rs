@@ -194,6 +194,92 @@ impl EvalMode {
     }
 }
 
+/// `eval.timing_method`: KernelBench's four timers (`src/kernelbench/timing.py`). `cuda_event` (the
+/// default) flushes L2 with a 256 MiB buffer before each call and drops the first; `do_bench` is
+/// Triton's adaptive `triton.testing.do_bench`; `do_bench_impl` is Triton's loop with explicit counts;
+/// `host_time` is the wall clock around a device-wide synchronize.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TimingMethod {
+    #[default]
+    CudaEvent,
+    DoBench,
+    DoBenchImpl,
+    HostTime,
+}
+
+impl TimingMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TimingMethod::CudaEvent => "cuda_event",
+            TimingMethod::DoBench => "do_bench",
+            TimingMethod::DoBenchImpl => "do_bench_impl",
+            TimingMethod::HostTime => "host_time",
+        }
+    }
+
+    /// Methods that cannot run without a CUDA device (`cuda_event` and `host_time` have CPU loops).
+    pub fn needs_gpu(self) -> bool {
+        matches!(self, TimingMethod::DoBench | TimingMethod::DoBenchImpl)
+    }
+
+    pub fn is_default(&self) -> bool {
+        *self == TimingMethod::CudaEvent
+    }
+}
+
+/// `eval.tolerance`: whose correctness tolerance. `kernelbench` is KernelBench's current table
+/// (fp32 1e-4, fp16/bf16 1e-2); `kernelbench-v0` is what v0/v0.1 and most published numbers used
+/// (1e-2 at every precision).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum TolerancePreset {
+    #[default]
+    #[serde(rename = "kernelbench")]
+    KernelBench,
+    #[serde(rename = "kernelbench-v0")]
+    KernelBenchV0,
+}
+
+impl TolerancePreset {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TolerancePreset::KernelBench => "kernelbench",
+            TolerancePreset::KernelBenchV0 => "kernelbench-v0",
+        }
+    }
+
+    /// atol = rtol of this preset at `precision`.
+    pub fn value(self, precision: Precision) -> f64 {
+        match (self, precision) {
+            (TolerancePreset::KernelBench, Precision::Fp32) => 1e-4,
+            _ => 1e-2,
+        }
+    }
+}
+
+/// The correctness tolerance in effect: on the wire to the harness, and recorded in every result's
+/// env. `name` is the preset, or `explicit` where `eval.atol`/`eval.rtol` set a bound.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tolerance {
+    pub name: String,
+    pub atol: f64,
+    pub rtol: f64,
+}
+
+impl fmt::Display for Tolerance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.atol == self.rtol {
+            write!(f, "{} (atol = rtol = {:e})", self.name, self.atol)
+        } else {
+            write!(
+                f,
+                "{} (atol {:e}, rtol {:e})",
+                self.name, self.atol, self.rtol
+            )
+        }
+    }
+}
+
 /// How a turn ended. Only `Correct` turns have a speedup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -432,6 +518,13 @@ pub struct EvalEnv {
     pub mode: Option<String>,
     #[serde(default)]
     pub timing_method: Option<String>,
+    /// The correctness tolerance (`eval.tolerance`, `eval.atol`/`eval.rtol`); absent in logs written
+    /// before it was recorded (they used KernelBench's per-precision table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<Tolerance>,
+    /// `eager` or `compile (backend, mode)` (`eval.reference`): how the reference was timed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_mode: Option<String>,
     #[serde(default)]
     pub grad_mode: Option<String>,
     #[serde(default)]

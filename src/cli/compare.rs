@@ -17,6 +17,15 @@ pub struct CompareArgs {
     /// text, md, json or csv.
     #[arg(long, default_value = "text")]
     format: Format,
+    /// fast_p thresholds shown besides KernelBench's, per run over all its candidates (text and md):
+    /// a comma-separated list; empty for none.
+    #[arg(
+        long,
+        value_name = "P,...",
+        default_value = "1.2",
+        value_delimiter = ','
+    )]
+    fast_p: Vec<String>,
     /// Also draw the comparison (fast_1 against every budget axis, speedup distributions) into this
     /// file: `.svg` or `.png`.
     #[arg(long, value_name = "FILE")]
@@ -39,6 +48,7 @@ pub fn compare_cmd(args: CompareArgs) -> anyhow::Result<ExitCode> {
             args.level
         );
     }
+    let thresholds = super::report::parse_thresholds(&args.fast_p)?;
     let runs = super::report::load_runs(&args.runs)?;
     let settings = CompareSettings {
         resamples: args.resamples,
@@ -56,7 +66,11 @@ pub fn compare_cmd(args: CompareArgs) -> anyhow::Result<ExitCode> {
             ..r.info.clone()
         })
         .collect();
-    super::print_out(&render_comparison(&c, &infos, args.format))?;
+    let mut out = render_comparison(&c, &infos, args.format);
+    if matches!(args.format, Format::Text | Format::Md) {
+        out.push_str(&super::report::extra_fast_p(&runs, &thresholds));
+    }
+    super::print_out(&out)?;
     if let Some(path) = &args.plot {
         let svg = plot::comparison_svg(&c, &runs)?;
         plot::write_plot(path, &svg)?;

@@ -17,6 +17,15 @@ pub struct ReportArgs {
     /// text, md, json or csv.
     #[arg(long, default_value = "text")]
     format: Format,
+    /// fast_p thresholds shown besides KernelBench's (0, 0.5, 0.8, 1, 1.5, 2), over all of a run's
+    /// candidates (text and md): a comma-separated list; empty for none.
+    #[arg(
+        long,
+        value_name = "P,...",
+        default_value = "1.2",
+        value_delimiter = ','
+    )]
+    fast_p: Vec<String>,
     /// Draw fast_p@N curves and the speedup distribution into this file (`.svg` or `.png`; one run).
     #[arg(long, value_name = "FILE")]
     plot: Option<PathBuf>,
@@ -43,9 +52,14 @@ pub fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
             "--plot and --submission take one run directory; use `krefine compare --plot` for several"
         );
     }
+    let thresholds = parse_thresholds(&args.fast_p)?;
     let runs = load_runs(&args.runs)?;
     let reports: Vec<RunReport> = runs.iter().map(|r| r.report.clone()).collect();
-    super::print_out(&render_reports(&reports, args.format))?;
+    let mut out = render_reports(&reports, args.format);
+    if matches!(args.format, Format::Text | Format::Md) {
+        out.push_str(&extra_fast_p(&runs, &thresholds));
+    }
+    super::print_out(&out)?;
     if let (Some(path), Some(run)) = (&args.plot, runs.first()) {
         plot::write_plot(path, &plot::run_svg(run)?)?;
         eprintln!("plot written to {}", path.display());
@@ -75,6 +89,48 @@ pub fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--fast-p` values: finite numbers, empty entries ignored.
+pub fn parse_thresholds(given: &[String]) -> anyhow::Result<Vec<f64>> {
+    given
+        .iter()
+        .map(|t| t.trim())
+        .filter(|t| !t.is_empty())
+        .map(|t| match t.parse::<f64>() {
+            Ok(p) if p.is_finite() && p >= 0.0 => Ok(p),
+            _ => bail!("--fast-p {t:?}: expected speedup thresholds like 1.2 or 3 (>= 0)"),
+        })
+        .collect()
+}
+
+/// One line per run: fast_p at the extra thresholds over all its candidates (empty for none).
+pub fn extra_fast_p(runs: &[LoadedRun], thresholds: &[f64]) -> String {
+    if thresholds.is_empty() {
+        return String::new();
+    }
+    let mut out = String::new();
+    for run in runs {
+        let r = &run.report;
+        let input = crate::metrics::RunInput {
+            method: r.method,
+            axis: r.metrics.axis,
+            problems: &r.metrics.problems,
+            turns: &run.turns,
+        };
+        let values = crate::metrics::fast_p_at(&input, thresholds);
+        let parts: Vec<String> = thresholds
+            .iter()
+            .zip(values)
+            .map(|(p, v)| format!("fast_{p} {:.1}%", 100.0 * v))
+            .collect();
+        out.push_str(&format!(
+            "{}: {} (all candidates, beyond KernelBench's thresholds)\n",
+            r.run,
+            parts.join(", ")
+        ));
+    }
+    out
 }
 
 /// Read and fold run directories, warning about torn log tails.

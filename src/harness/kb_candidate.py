@@ -291,8 +291,7 @@ def check_and_time(
         verdict.correctness = False
         return
     verdict.correctness = outcome.passed == trials
-    tol = kb_reference.TOLERANCES[ref.precision]
-    verdict.feedback.append(kb_feedback.correctness_summary(outcome.passed, trials, ref.precision, tol))
+    verdict.feedback.append(kb_feedback.correctness_summary(outcome.passed, trials, ref.precision, ref.atol, ref.rtol))
     if not verdict.correctness:
         verdict.status = "incorrect"
         return
@@ -441,6 +440,7 @@ class RemoteReference:
         self.dtype = kb_reference.DTYPES[self.precision]
         self.mode = job["mode"]
         self.seed = job["seed"]
+        self.atol, self.rtol = kb_reference.tolerance(self.precision, job.get("tolerance"))
 
     def _ask(self, *message: Any) -> Any:
         self.conn.send(message)

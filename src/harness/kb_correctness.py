@@ -17,7 +17,6 @@ import torch
 import kb_feedback
 from kb_feedback import CANDIDATE_ERRORS, get_error_name
 from kb_reference import (
-    TOLERANCES,
     TrialData,
     clone_tensors,
     poison_free_memory,
@@ -48,6 +47,8 @@ class ReferenceSource(Protocol):
     precision: str
     mode: str
     seed: int
+    atol: float
+    rtol: float
 
     def trial_seeds(self, trials: int) -> list[int]: ...
     def trial(self, trials: int, index: int, seed: int) -> TrialData: ...
@@ -207,17 +208,17 @@ def other_error_metadata(exc: BaseException, hardware: str, device: torch.device
 
 
 def mismatch_detail(
-    trial: int, expected: torch.Tensor, got: torch.Tensor, tol: float, diff: torch.Tensor
+    trial: int, expected: torch.Tensor, got: torch.Tensor, atol: float, rtol: float, diff: torch.Tensor
 ) -> kb_feedback.Mismatch | None:
     """Numbers for the E text beyond KernelBench's max/avg: how many elements fail and where first.
     `diff` is `|expected - got|`, computed once for KernelBench's max/avg too. Best effort only: it
     never changes the verdict. Kept to a few passes over the output (a 200 MB output on a CPU costs
     seconds per pass)."""
     try:
-        # torch.isclose(expected, got, rtol=tol, atol=tol) with equal_nan=False, from the difference:
+        # torch.isclose(expected, got, rtol=rtol, atol=atol) with equal_nan=False, from the difference:
         # equal values are close (infinities too), NaN never, other non-finite pairs never.
         finite = torch.isfinite(diff)
-        bad_mask = ~((diff <= got.abs().mul_(tol).add_(tol)) & finite) & (expected != got)
+        bad_mask = ~((diff <= got.abs().mul_(rtol).add_(atol)) & finite) & (expected != got)
         bad = int(bad_mask.sum().item())
         first_index: tuple[int, ...] | None = None
         expected_value = got_value = None
@@ -260,7 +261,7 @@ def run_trials(
     guard: OutputGuard | None = None,
 ) -> LoopOutcome:
     """KernelBench's run_and_check_correctness with the reference served from the cache."""
-    tol = TOLERANCES[ctx.precision]
+    atol, rtol = ctx.atol, ctx.rtol
     metadata = verdict.metadata
     passed = 0
     mismatches: list[kb_feedback.Mismatch] = []
@@ -296,7 +297,7 @@ def run_trials(
                     )
                     ctx.verify_trial(trials, index)
                     return LoopOutcome(passed, stop=True)
-                if not _ALLCLOSE(output, output_new, atol=tol, rtol=tol):
+                if not _ALLCLOSE(output, output_new, atol=atol, rtol=rtol):
                     # KernelBench's torch.max/torch.mean(torch.abs(output - output_new)), computed once.
                     diff = torch.abs(output - output_new)
                     max_diff = torch.max(diff).item()
@@ -304,7 +305,7 @@ def run_trials(
                     metadata.setdefault("max_difference", []).append(f"{max_diff:.6f}")
                     metadata.setdefault("avg_difference", []).append(f"{avg_diff:.6f}")
                     metadata["correctness_issue"] = "Output mismatch"
-                    detail = mismatch_detail(index + 1, output, output_new, tol, diff)
+                    detail = mismatch_detail(index + 1, output, output_new, atol, rtol, diff)
                     if detail is not None:
                         mismatches.append(detail)
                 else:
@@ -343,9 +344,10 @@ def _inputs_modified(verdict: Verdict, pristine: list[Any], used: list[Any], lab
 
 
 
-def allclose(expected: Any, got: Any, tol: float) -> bool:
-    """KernelBench's comparison, through the function captured before any candidate was imported."""
-    return bool(_ALLCLOSE(expected, got, atol=tol, rtol=tol))
+def allclose(expected: Any, got: Any, tol: float, rtol: float | None = None) -> bool:
+    """KernelBench's comparison, through the function captured before any candidate was imported
+    (`tol` is atol, and rtol too unless given)."""
+    return bool(_ALLCLOSE(expected, got, atol=tol, rtol=tol if rtol is None else rtol))
 
 
 def compile_failed(verdict: Verdict, loaded: Any) -> None:

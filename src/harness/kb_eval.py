@@ -54,6 +54,7 @@ from kb_reference import (
     nbytes,
     poison_free_memory,
     prepare_value,
+    reference_mode,
     release_memory,
     same_bytes,
     select_device,
@@ -62,6 +63,8 @@ from kb_reference import (
     synchronize,
     tensor_checksum,
     time_reference,
+    tolerance,
+    tolerance_name,
     trial_seeds,
 )
 
@@ -197,14 +200,19 @@ def environment(
     mode: str,
     cast_integers: bool = False,
     inputs: str = "kernelbench",
+    request: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    timing = request["timing"] if request is not None else {}
+    atol, rtol = tolerance(precision, request.get("tolerance") if request is not None else None)
     return {
         "device_name": hardware,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "precision": precision,
         "mode": mode,
-        "timing_method": kb_timing.timing_method(device),
+        "timing_method": kb_timing.recorded_method(device, timing),
+        "tolerance": {"name": tolerance_name(request), "atol": atol, "rtol": rtol},
+        "reference_mode": reference_mode(timing),
         "grad_mode": "no_grad",
         "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
         "tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
@@ -236,7 +244,9 @@ def evaluate(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     torch.set_printoptions(precision=4, threshold=10, edgeitems=3, linewidth=80)
     verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
     with precision_policy(mode, precision):
-        env = environment(device, hardware, precision, mode, cast_integers_of(request), inputs_of(request))
+        env = environment(
+            device, hardware, precision, mode, cast_integers_of(request), inputs_of(request), request
+        )
         verdict = _evaluate_into(verdict, request, worker, device, hardware)
         cache = worker.references
         if cache_could_have_caused(verdict, cache.device_bytes(device), device):
@@ -276,6 +286,7 @@ def _job(request: dict[str, Any], hardware: str, kind: str) -> dict[str, Any]:
         "seed": request["seed"],
         "trials": request["correct_trials"],
         "timing": request["timing"],
+        "tolerance": request.get("tolerance"),
         "hardware": hardware,
         # The settings the reference ran with; the candidate process sets them before the import.
         "settings": kb_candidate.settings_snapshot(),
@@ -408,6 +419,8 @@ def reference_timing_key(request: dict[str, Any], ctx: ProblemContext) -> tuple[
         timing["trials"],
         timing["discard_first"],
         timing["l2_flush"],
+        timing.get("method", "cuda_event"),
+        reference_mode(timing),
     )
 
 

@@ -299,11 +299,11 @@ def inputs_written_note(trials: list[int]) -> str:
     )
 
 
-def correctness_summary(passed: int, trials: int, precision: str, tol: float) -> str:
-    return (
-        f"Correctness: {passed} / {trials} trials passed "
-        f"({precision}, torch.allclose with atol = rtol = {tol:g})."
-    )
+def correctness_summary(passed: int, trials: int, precision: str, tol: float, rtol: float | None = None) -> str:
+    """`tol` is atol, and rtol too unless `rtol` is given."""
+    rtol = tol if rtol is None else rtol
+    bounds = f"atol = rtol = {tol:g}" if rtol == tol else f"atol = {tol:g}, rtol = {rtol:g}"
+    return f"Correctness: {passed} / {trials} trials passed ({precision}, torch.allclose with {bounds})."
 
 
 def ms(x: float) -> str:

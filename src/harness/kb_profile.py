@@ -18,6 +18,7 @@ import torch
 
 import kb_compile
 import kb_feedback
+import kb_ncu
 from kb_candidate import construct_candidate
 from kb_correctness import is_out_of_memory, sticky_error
 from kb_feedback import CANDIDATE_ERRORS
@@ -125,8 +126,12 @@ def _profile_into(
         except CANDIDATE_ERRORS as exc:
             _classify(result, exc, device, loaded.candidate_path)
             return
-        if request["ncu"]:
-            result["ncu"], result["note"] = run_ncu(request, device, scratch)
+        profiler = profiler_of(request)
+        if profiler == "ncu":
+            result["table"] = ""
+        if profiler != "torch":
+            result["ncu"], result["note"], section = ncu_feedback(request, device, scratch)
+            result["table"] = "\n\n".join(part for part in (result["table"], section) if part)
     finally:
         kb_compile.unload_candidate(loaded)
         if not result["sticky"]:
@@ -147,21 +152,38 @@ def _classify(result: dict[str, Any], exc: BaseException, device: torch.device, 
 # ------------------------------------------------------------------------------------------------- ncu
 
 
+def profiler_of(request: dict[str, Any]) -> str:
+    """`eval.profiler`: `torch`, `ncu` or `both`; absent: `both` where `ncu`, else `torch`."""
+    return str(request.get("profiler") or ("both" if request["ncu"] else "torch"))
+
+
 def run_ncu(
     request: dict[str, Any], device: torch.device, scratch: str
 ) -> tuple[dict[str, Any] | None, str | None]:
     """Profile one candidate forward under ncu in a child process. Any failure: (None, why)."""
+    raw, why = run_ncu_raw(request, device, scratch)
+    if raw is None:
+        return None, why
+    try:
+        return parse_ncu_csv(raw), None
+    except ValueError as exc:
+        return None, f"could not read ncu output: {exc}"
+
+
+def run_ncu_raw(request: dict[str, Any], device: torch.device, scratch: str) -> tuple[str | None, str | None]:
+    """ncu's raw CSV page for one candidate forward (metrics: ours and kb_ncu's), or (None, why)."""
     if device.type != "cuda":
         return None, "ncu needs a CUDA device"
     exe = shutil.which("ncu")
     if exe is None:
         return None, "ncu was requested but is not on PATH"
     _, script_path = _write_ncu_job(request, device, scratch)
+    metrics = list(dict.fromkeys([*NCU_METRICS, *kb_ncu.METRICS]))
     command = [
         exe,
         "--profile-from-start", "off",
         "--clock-control", "none",
-        "--metrics", ",".join(NCU_METRICS),
+        "--metrics", ",".join(metrics),
         "--csv", "--page", "raw", "--print-units", "base",
         sys.executable, script_path,
     ]  # fmt: skip
@@ -172,10 +194,27 @@ def run_ncu(
     if done.returncode != 0:
         tail = kb_feedback.clip((done.stdout + done.stderr).strip()[-1500:], 1500)
         return None, f"ncu exited with status {done.returncode}: {tail}"
+    return done.stdout, None
+
+
+def ncu_feedback(
+    request: dict[str, Any], device: torch.device, scratch: str
+) -> tuple[dict[str, Any] | None, str | None, str]:
+    """(metrics, note, the P feedback's Nsight Compute section). Where counters cannot be read the
+    section is a one-line reason and the profile still succeeds. The section ends with what ncu cost
+    (its replay passes make it the expensive part of a profile; bounded by NCU_TIMEOUT_S)."""
+    started = time.perf_counter()
+    raw, why = run_ncu_raw(request, device, scratch)
+    cost = f"(ncu took {time.perf_counter() - started:.1f} s of at most {NCU_TIMEOUT_S} s)"
+    if raw is None:
+        reason = why or "no output"
+        return None, reason, kb_ncu.unavailable(reason)
+    peaks = request.get("peaks") or {}
+    section = kb_ncu.section(raw, peaks.get("peak_tflops"), peaks.get("peak_bandwidth_gbs")) + " " + cost
     try:
-        return parse_ncu_csv(done.stdout), None
+        return parse_ncu_csv(raw), None, section
     except ValueError as exc:
-        return None, f"could not read ncu output: {exc}"
+        return None, f"could not read ncu output: {exc}", section
 
 
 def _write_ncu_job(request: dict[str, Any], device: torch.device, scratch: str) -> tuple[str, str]:

@@ -42,12 +42,32 @@ class CandidateSpec(TypedDict):
     build_dir: str
 
 
-class TimingSpec(TypedDict):
+class ReferenceCompile(TypedDict):
+    backend: str
+    mode: str
+
+
+class TimingOptions(TypedDict, total=False):
+    # eval.timing_method (kb_timing.TIMING_METHODS); absent: cuda_event.
+    method: Literal["cuda_event", "do_bench", "do_bench_impl", "host_time"]
+    # eval.reference = "compile": torch.compile's backend and mode for timing the reference.
+    reference_compile: ReferenceCompile
+
+
+class TimingSpec(TimingOptions):
     measure: bool
     warmup: int
     trials: int
     discard_first: int
     l2_flush: bool
+
+
+class ToleranceSpec(TypedDict):
+    """`eval.tolerance` resolved to numbers by the orchestrator; absent: KernelBench's per precision."""
+
+    name: str
+    atol: float
+    rtol: float
 
 
 class RuntimeStats(TypedDict):
@@ -73,6 +93,8 @@ class EvalOptions(TypedDict, total=False):
     inputs: Literal["kernelbench", "device"]
     # The store entry of the problem's CPU-made inputs (src/worker/input_store.rs), when there is one.
     stored_inputs: str
+    # eval.tolerance resolved to numbers; absent: KernelBench's per-precision table.
+    tolerance: ToleranceSpec
 
 
 class CompileRequest(TypedDict):
@@ -107,7 +129,14 @@ class EvaluateRequest(EvalOptions):
     integrity: IntegritySpec | None
 
 
-class ProfileRequest(TypedDict):
+class ProfileOptions(TypedDict, total=False):
+    # eval.profiler: torch | ncu | both; absent: both where ncu, else torch.
+    profiler: Literal["torch", "ncu", "both"]
+    # The GPU's peaks for the roofline lines.
+    peaks: IntegritySpec
+
+
+class ProfileRequest(ProfileOptions):
     id: int
     op: Literal["profile"]
     problem: ProblemSpec
@@ -208,13 +237,20 @@ class CompileResponse(TypedDict):
     build_path: str | None
 
 
-class EvalEnv(TypedDict):
+class EvalEnvOptions(TypedDict, total=False):
+    # The correctness tolerance the check used (absent in responses of older harnesses).
+    tolerance: ToleranceSpec
+    # `eager` or `compile (backend, mode)`: how the reference was timed.
+    reference_mode: str
+
+
+class EvalEnv(EvalEnvOptions):
     device_name: str
     torch: str
     cuda: str | None
     precision: Precision
     mode: Mode
-    timing_method: Literal["cuda_event", "cpu_perf_counter"]
+    timing_method: Literal["cuda_event", "cpu_perf_counter", "do_bench", "do_bench_impl", "host_time"]
     grad_mode: Literal["no_grad"]
     tf32_matmul: bool
     tf32_cudnn: bool

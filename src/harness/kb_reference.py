@@ -44,6 +44,21 @@ from kb_problem import tensors as tensors_in
 
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOLERANCES: dict[str, float] = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 1e-2}
+
+
+def tolerance(precision: str, spec: dict[str, Any] | None) -> tuple[float, float]:
+    """(atol, rtol) of a request's `tolerance` (`eval.tolerance`, resolved by the orchestrator to
+    numbers); absent: KernelBench's current per-precision value for both."""
+    if not spec:
+        tol = TOLERANCES[precision]
+        return tol, tol
+    return float(spec["atol"]), float(spec["rtol"])
+
+
+def tolerance_name(request: dict[str, Any] | None) -> str:
+    """The preset a request's tolerance came from (`kernelbench`, `kernelbench-v0`, `explicit`)."""
+    spec = request.get("tolerance") if request is not None else None
+    return str(spec.get("name", "explicit")) if spec else "kernelbench"
 # Share of memory the reference cache may hold: on the GPU for a CUDA device, in RAM otherwise. Half
 # the GPU keeps every trial input of KernelBench's largest level-1 problems (6-9 GB each) on an 80 GB
 # device; a candidate that then runs out of memory is retried with the cache off the device.
@@ -341,6 +356,8 @@ class ProblemContext:
         self.device = device
         self.precision = precision
         self.dtype = DTYPES[precision]
+        # The worker's own view checks with KernelBench's tolerance; a candidate process's with the job's.
+        self.atol, self.rtol = tolerance(precision, None)
         self.mode = mode
         self.cast_integers = cast_integers
         self.inputs: InputsMode = inputs
@@ -796,12 +813,13 @@ def time_reference(
     mode, strict mode's loop (inputs no call has seen, from `key` or a secret when None, device-wide
     fence) in strict mode. kb_eval's one call into the reference's timing."""
     assert ctx.ref_model is not None
+    model = compiled_reference(ctx.ref_model, timing.get("reference_compile"))
     with ctx.cache.reference_work():
         if ctx.mode == "strict":
             fresh = kb_inputs.FreshInputs(ctx, key)
             try:
                 return kb_timing.time_strict(
-                    ctx.ref_model,
+                    model,
                     lambda: fresh.hand_over(fresh.make(-1)),
                     lambda call: fresh.hand_over(fresh.make(call)),
                     ctx.device,
@@ -811,4 +829,21 @@ def time_reference(
                 )
             finally:
                 fresh.close()
-        return kb_timing.time_callable(ctx.ref_model, ctx.timing_inputs(), ctx.device, timing, flusher)
+        return kb_timing.time_callable(model, ctx.timing_inputs(), ctx.device, timing, flusher)
+
+
+def compiled_reference(model: torch.nn.Module, spec: dict[str, Any] | None) -> Any:
+    """`eval.reference = "compile"`: the reference under torch.compile, as KernelBench's
+    measure_ref_program_time(use_torch_compile=True) makes it (dynamo reset first; compiling happens
+    lazily in the timer's warm-up calls). Only timing uses it: correctness compares with the eager
+    reference's outputs. Absent spec: the eager model."""
+    if not spec:
+        return model
+    torch._dynamo.reset()
+    return torch.compile(model, backend=spec["backend"], mode=spec["mode"])
+
+
+def reference_mode(timing: dict[str, Any]) -> str:
+    """What a result records as its reference timing mode: `eager` or `compile (backend, mode)`."""
+    spec = timing.get("reference_compile")
+    return f"compile ({spec['backend']}, {spec['mode']})" if spec else "eager"

@@ -16,6 +16,7 @@ the reference's, so neither a memo nor skipping work on unchecked calls can pass
 
 from __future__ import annotations
 
+import importlib
 import math
 import statistics
 import time
@@ -272,6 +273,8 @@ def time_callable(
     timing: dict[str, Any],
     flusher: L2Flusher,
 ) -> list[float]:
+    if timing.get("method", "cuda_event") != "cuda_event":
+        return time_by_method(fn, args, device, timing, flusher)
     if device.type == "cuda":
         return time_cuda_events(
             fn,
@@ -304,3 +307,154 @@ def runtime_stats(times: Sequence[float]) -> dict[str, Any]:
 def kernelbench_rounded(stats: dict[str, Any]) -> dict[str, Any]:
     """KernelBench's persisted form: every float rounded to 3 significant digits (`%.3g`)."""
     return {k: (float(f"{v:.3g}") if isinstance(v, float) else v) for k, v in stats.items()}
+
+
+# ------------------------------------------------------------------------------- timing methods
+# `eval.timing_method`: KernelBench's four timers (src/kernelbench/timing.py, get_timing_function).
+# `cuda_event` is the loop above; the other three are below, each with KernelBench's trial counts,
+# warm-up, cache clearing and synchronisation. Every method but `cuda_event` and `host_time` needs a
+# CUDA device; `host_time` on a CPU is the perf_counter loop (there is no device to synchronise).
+
+TIMING_METHODS = ("cuda_event", "do_bench", "do_bench_impl", "host_time")
+# triton.testing.do_bench's time budgets as KernelBench calls it (warmup=25 ms, rep=100 ms).
+DO_BENCH_WARMUP_MS = 25
+DO_BENCH_REP_MS = 100
+
+
+class TimingMethodUnavailable(RuntimeError):
+    """The configured timing method cannot run here (no CUDA device, or no triton for do_bench)."""
+
+
+def method_of(timing: dict[str, Any]) -> str:
+    """The request's timing method; absent means KernelBench's default, `cuda_event`."""
+    method = str(timing.get("method") or "cuda_event")
+    if method not in TIMING_METHODS:
+        raise TimingMethodUnavailable(f"unknown timing method {method!r} (expected one of {', '.join(TIMING_METHODS)})")
+    return method
+
+
+def recorded_method(device: torch.device, timing: dict[str, Any]) -> str:
+    """What a result records as its timing method: the configured one on a GPU; on a CPU `cuda_event`
+    is the perf_counter loop, recorded as `cpu_perf_counter`."""
+    method = method_of(timing)
+    if device.type != "cuda" and method == "cuda_event":
+        return "cpu_perf_counter"
+    return method
+
+
+def _triton() -> Any:
+    """triton, with its runtime and testing modules loaded. Imported here: triton is optional, needed
+    only by the do_bench methods."""
+    try:
+        importlib.import_module("triton.runtime")
+        importlib.import_module("triton.testing")
+        return importlib.import_module("triton")
+    except ImportError as exc:
+        raise TimingMethodUnavailable(
+            f"timing method needs triton (triton.testing.do_bench), which does not import here: {exc}"
+        ) from exc
+
+
+def _needs_cuda(method: str, device: torch.device) -> None:
+    if device.type != "cuda":
+        raise TimingMethodUnavailable(
+            f"timing method {method!r} needs a CUDA device; this worker's device is {device} "
+            "(use eval.timing_method = \"cuda_event\" or \"host_time\" on a CPU)"
+        )
+
+
+def time_do_bench(fn: Callable[..., Any], args: Sequence[Any], device: torch.device) -> list[float]:
+    """KernelBench's `do_bench`: triton.testing.do_bench(warmup=25, rep=100, return_mode="all"). Triton
+    picks the number of calls from its own estimate and clears L2 before each; the warm-up, trial and
+    discard settings are not used (as in KernelBench)."""
+    _needs_cuda("do_bench", device)
+    triton = _triton()
+    with _no_grad(), torch.cuda.device(device):
+        times = triton.testing.do_bench(
+            fn=lambda: fn(*args),
+            warmup=DO_BENCH_WARMUP_MS,
+            rep=DO_BENCH_REP_MS,
+            grad_to_none=None,
+            quantiles=None,
+            return_mode="all",
+        )
+    return [float(t) for t in times]
+
+
+def time_do_bench_impl(
+    fn: Callable[..., Any], args: Sequence[Any], device: torch.device, warmup: int, trials: int
+) -> list[float]:
+    """KernelBench's `do_bench_impl`: Triton's do_bench loop with explicit counts. One call and a
+    sync, `warmup` calls and one sync, then per trial Triton's cache clear, start event, fn, end
+    event with no sync in between; one sync at the end. Nothing is discarded."""
+    _needs_cuda("do_bench_impl", device)
+    triton = _triton()
+    driver = triton.runtime.driver.active
+    with _no_grad(), torch.cuda.device(device):
+        fn(*args)
+        _cuda_synchronize(device=device)
+        cache = driver.get_empty_cache_for_benchmark()
+        starts = [_Event(enable_timing=True) for _ in range(trials)]
+        ends = [_Event(enable_timing=True) for _ in range(trials)]
+        for _ in range(warmup):
+            fn(*args)
+        _cuda_synchronize(device=device)
+        for index in range(trials):
+            driver.clear_cache(cache)
+            _event_record(starts[index])
+            fn(*args)
+            _event_record(ends[index])
+        _cuda_synchronize(device=device)
+        return [float(_event_elapsed(s, e)) for s, e in zip(starts, ends, strict=True)]
+
+
+def time_host(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    device: torch.device,
+    warmup: int,
+    trials: int,
+    discard_first: int,
+    flusher: L2Flusher | None,
+) -> list[float]:
+    """KernelBench's `host_time`: warm-ups each followed by a device sync, empty_cache, then per call
+    device sync -> L2 flush -> perf_counter -> fn -> device-wide sync -> perf_counter. The wall clock
+    sees work on every stream and the launch overhead. On a CPU: the perf_counter loop."""
+    if device.type != "cuda":
+        return time_cpu(fn, args, warmup, trials, discard_first)
+    with _no_grad(), torch.cuda.device(device):
+        for _ in range(warmup):
+            fn(*args)
+            _cuda_synchronize(device=device)
+        torch.cuda.empty_cache()
+        times: list[float] = []
+        for index in range(trials + discard_first):
+            _cuda_synchronize(device=device)
+            if flusher is not None:
+                flusher.flush(device)
+            started = _perf_counter()
+            fn(*args)
+            _cuda_synchronize(device=device)
+            elapsed_ms = (_perf_counter() - started) * 1000.0
+            if index >= discard_first:
+                times.append(elapsed_ms)
+    return times
+
+
+def time_by_method(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    device: torch.device,
+    timing: dict[str, Any],
+    flusher: L2Flusher,
+) -> list[float]:
+    """Faithful mode's timer for `timing["method"]` (time_callable for `cuda_event`)."""
+    method = method_of(timing)
+    flush = flusher if timing["l2_flush"] else None
+    if method == "do_bench":
+        return time_do_bench(fn, args, device)
+    if method == "do_bench_impl":
+        return time_do_bench_impl(fn, args, device, timing["warmup"], timing["trials"])
+    if method == "host_time":
+        return time_host(fn, args, device, timing["warmup"], timing["trials"], timing["discard_first"], flush)
+    return time_callable(fn, args, device, timing, flusher)

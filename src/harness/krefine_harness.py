@@ -19,7 +19,7 @@ the floors or along one, never up, and never in a circle. From the top:
                kb_bench (`krefine bench compile`'s driver, a script)
     eval       kb_prepare (`op: prepare`) > kb_eval (`op: evaluate`, the worker's candidate processes)
     process    kb_process (the single-use candidate process: warm-up, one job, exit)
-    profile    kb_profile (`op: profile`: torch.profiler table, ncu)
+    profile    kb_profile (`op: profile`: torch.profiler table, ncu run)
     candidate  kb_candidate (load, check and time one candidate; the reference over a pipe)
                > kb_correctness (KernelBench's correctness loop, the verdict)
                > kb_strict (strict timing's secret inputs and checks, held by the worker)
@@ -30,7 +30,8 @@ the floors or along one, never up, and never in a circle. From the top:
                input store, a script the orchestrator runs off the lease) > kb_inputs (parallel input
                generation) > kb_problem (KernelBench's basics: seeds, loading, tensors)
     leaves     kb_feedback (feedback text, what a candidate's error is), kb_timing (timers, L2 flush),
-               kb_sandbox (confinement); none imports a harness module
+               kb_sandbox (confinement), kb_ncu (Nsight Compute's CSV and its P feedback text); none
+               imports a harness module
 
 Read the table top to bottom, left to right: a module may import only modules named after it (`a > b`:
 a imports b). tests/python/test_floors.py reads the table and checks every import against it.

@@ -118,6 +118,12 @@ pub fn export(
             "method": r.method.to_string(),
             "model": r.model,
             "pick": match pick { SubmissionPick::Best => "best", SubmissionPick::Last => "last" },
+            // How the scores were measured, where a reader of the leaderboard looks first: the
+            // correctness tolerance (published KernelBench numbers mostly used v0's 1e-2) and the timer.
+            // A run that recorded no tolerance used KernelBench's per-precision table.
+            "tolerance": r.provenance.as_ref().and_then(|p| p.eval.tolerance.clone())
+                .unwrap_or_else(|| "kernelbench (KernelBench's per-precision table)".into()),
+            "timing_method": r.provenance.as_ref().and_then(|p| p.eval.timing_method.clone()),
             // What every score must carry (KernelBench's run guide): hardware, software, model and
             // sampling, method, dataset revision, baseline file, evaluation mode.
             "provenance": r.provenance.as_ref().map(|p| serde_json::to_value(p).unwrap_or(Value::Null)),

@@ -288,6 +288,37 @@ pub(crate) fn summarize(bests: &[Best]) -> Summary {
     }
 }
 
+/// fast_p of the whole run (every finished candidate) at any `thresholds`, as shares in `0..=1`, with
+/// the same rules as [`FastP`] (strict `>`, unverified strict-mode speedups left out). For thresholds
+/// beyond KernelBench's fixed set, such as Fast@1.2.
+pub fn fast_p_at(run: &RunInput<'_>, thresholds: &[f64]) -> Vec<f64> {
+    let problems = run.sorted_problems();
+    let mut fast = vec![0usize; thresholds.len()];
+    for &problem in &problems {
+        let mut best = Best::default();
+        for r in run.attempts(problem).into_iter().flatten() {
+            best.add(r);
+        }
+        if let Some(s) = best.speedup {
+            for (count, p) in fast.iter_mut().zip(thresholds) {
+                if s > *p {
+                    *count += 1;
+                }
+            }
+        }
+    }
+    let total = problems.len();
+    fast.into_iter()
+        .map(|c| {
+            if total == 0 {
+                0.0
+            } else {
+                c as f64 / total as f64
+            }
+        })
+        .collect()
+}
+
 /// The metrics of a run: one [`StepMetrics`] per step `1..=axis`, and pass@k where it applies.
 pub fn run_metrics(run: &RunInput<'_>) -> RunMetrics {
     let problems = run.sorted_problems();

@@ -77,6 +77,10 @@ pub struct RunInfo {
     pub precision: Option<String>,
     pub eval_mode: Option<String>,
     pub timing_method: Option<String>,
+    /// The correctness tolerance (`kernelbench (atol = rtol = 1e-4)`); `None` where the results
+    /// recorded none (KernelBench's per-precision table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<String>,
     /// Where reference timings came from (`measured`, `cached`, `baseline:<file>`).
     pub reference: Vec<String>,
     pub dataset: Option<String>,
@@ -114,6 +118,10 @@ impl RunInfo {
             ("precision", opt(&self.precision)),
             ("eval_mode", opt(&self.eval_mode)),
             ("timing", opt(&self.timing_method)),
+            (
+                "tolerance",
+                super::provenance::tolerance_label(self.tolerance.as_deref()),
+            ),
             ("reference", list(&self.reference)),
             ("dataset", opt(&self.dataset)),
             (
@@ -294,6 +302,7 @@ fn describe(
     let mut precision = None;
     let mut mode = None;
     let mut timing = None;
+    let mut tolerance = None;
     for e in turns.values().flatten().filter_map(|r| r.exec.as_ref()) {
         if !e.env.device_name.is_empty() {
             hardware.insert(e.env.device_name.clone());
@@ -306,6 +315,7 @@ fn describe(
         precision = precision.or(e.env.precision.clone());
         mode = mode.or(e.env.mode.clone());
         timing = timing.or(e.env.timing_method.clone());
+        tolerance = tolerance.or(e.env.tolerance.as_ref().map(|t| t.to_string()));
     }
     let dataset = config.map(|c| {
         let file = c
@@ -325,6 +335,7 @@ fn describe(
         precision: precision.or_else(|| config.map(|c| c.eval.precision.as_str().to_string())),
         eval_mode: mode.or_else(|| config.map(|c| c.eval.mode.as_str().to_string())),
         timing_method: timing,
+        tolerance,
         reference: reference.into_iter().collect(),
         dataset,
         axis,
@@ -370,6 +381,7 @@ mod tests {
             precision: Some("fp32".into()),
             eval_mode: Some("faithful".into()),
             timing_method: None,
+            tolerance: None,
             reference: vec![],
             dataset: None,
             axis: 3,
@@ -410,6 +422,7 @@ mod tests {
                 "precision",
                 "eval_mode",
                 "timing",
+                "tolerance",
                 "reference",
                 "dataset",
                 "simulated"

@@ -78,8 +78,15 @@ pub struct EvalInfo {
     /// `faithful` or `strict`.
     pub mode: Option<String>,
     pub precision: Option<String>,
-    /// `cuda_event` or `cpu_perf_counter`.
+    /// `cuda_event`, `do_bench`, `do_bench_impl`, `host_time` or `cpu_perf_counter`.
     pub timing_method: Option<String>,
+    /// The correctness tolerance (`kernelbench (atol = rtol = 1e-4)`); absent where the results
+    /// did not record one and the config set none (KernelBench's per-precision table).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<String>,
+    /// `eager` or `compile (backend, mode)` (`eval.reference`); absent where unrecorded (eager).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference_mode: Option<String>,
     /// Where reference times came from: `measured`, `cached`, `baseline:<file>`.
     pub reference_timing: Vec<String>,
     /// `kept` or `cast` (KernelBench's cast of integer inputs).
@@ -157,7 +164,13 @@ pub fn provenance<'a>(
             precision: joined(&seen.precision)
                 .or_else(|| config.map(|c| c.eval.precision.as_str().into())),
             timing_method: joined(&seen.timing),
+            tolerance: joined(&seen.tolerance).or_else(|| {
+                config
+                    .and_then(|c| c.eval.tolerance_request())
+                    .map(|t| t.to_string())
+            }),
             reference_timing: seen.reference.iter().cloned().collect(),
+            reference_mode: joined(&seen.reference_mode),
             integer_inputs: joined(&seen.integer_inputs).or_else(|| {
                 config.map(|c| {
                     if c.eval.cast_integer_inputs {
@@ -186,6 +199,8 @@ struct Seen {
     mode: BTreeSet<String>,
     precision: BTreeSet<String>,
     timing: BTreeSet<String>,
+    tolerance: BTreeSet<String>,
+    reference_mode: BTreeSet<String>,
     reference: BTreeSet<String>,
     integer_inputs: BTreeSet<String>,
     inputs: BTreeSet<String>,
@@ -211,6 +226,10 @@ impl Seen {
         put(&mut self.mode, &env.mode);
         put(&mut self.precision, &env.precision);
         put(&mut self.timing, &env.timing_method);
+        put(&mut self.reference_mode, &env.reference_mode);
+        if let Some(t) = &env.tolerance {
+            self.tolerance.insert(t.to_string());
+        }
         put(&mut self.integer_inputs, &env.integer_inputs);
         put(&mut self.inputs, &env.inputs);
         // Cached means "measured earlier in this run"; the distinction is the worker's, not the
@@ -361,20 +380,45 @@ pub fn lines(p: &Provenance) -> Vec<(&'static str, String)> {
                 "-".to_string()
             } else {
                 e.reference_timing.join(" + ")
-            },
+            } + &e
+                .reference_mode
+                .as_ref()
+                .filter(|m| m.as_str() != "eager")
+                .map_or(String::new(), |m| format!(" {m}")),
             or_dash(e.integer_inputs.clone()),
             or_dash(e.inputs.clone()),
-        ),
+        ) + &e
+            .tolerance
+            .as_ref()
+            .map_or(String::new(), |t| format!(", tolerance {t}")),
     ));
     out
 }
 
+/// A tolerance as compared across runs: a preset by its name (its numbers follow from the precision,
+/// compared separately), where unrecorded KernelBench's table; an explicit one in full.
+fn tolerance_key(p: &Provenance) -> String {
+    tolerance_label(p.eval.tolerance.as_deref())
+}
+
+/// [`tolerance_key`] of a recorded tolerance text.
+pub fn tolerance_label(recorded: Option<&str>) -> String {
+    match recorded {
+        None => "kernelbench".into(),
+        Some(t) => ["kernelbench-v0", "kernelbench"]
+            .into_iter()
+            .find(|name| t.starts_with(&format!("{name} (")))
+            .map_or(t.to_string(), str::to_string),
+    }
+}
+
 /// What makes runs' scores incomparable: a different level, hardware, baseline file (or one timed
-/// live and one against a file), problem set, precision or evaluation mode. One line per differing
+/// live and one against a file), problem set, precision, evaluation mode, timing method or
+/// correctness tolerance. One line per differing
 /// field, naming each run's value; empty when the runs agree (or there are fewer than two).
 pub fn mismatches(runs: &[(&str, &Provenance)]) -> Vec<String> {
     type Field = (&'static str, fn(&Provenance) -> String);
-    let fields: [Field; 7] = [
+    let fields: [Field; 10] = [
         ("level", |p| format!("{:?}", p.levels)),
         ("hardware", |p| p.hardware.measured_on.join(", ")),
         ("baseline", |p| {
@@ -397,6 +441,16 @@ pub fn mismatches(runs: &[(&str, &Provenance)]) -> Vec<String> {
                 .inputs
                 .clone()
                 .unwrap_or_else(|| "kernelbench".into())
+        }),
+        ("timing method", |p| {
+            p.eval.timing_method.clone().unwrap_or_default()
+        }),
+        ("tolerance", tolerance_key),
+        ("reference timing", |p| {
+            p.eval
+                .reference_mode
+                .clone()
+                .unwrap_or_else(|| "eager".into())
         }),
     ];
     let mut out = Vec::new();
@@ -638,6 +692,48 @@ precision = "bf16"
         assert_eq!(
             mismatches(&[("a", &a), ("e", &e)]),
             ["the runs differ in inputs (a: kernelbench; e: device)"]
+        );
+    }
+
+    #[test]
+    fn timing_method_and_tolerance_are_recorded_and_compared() {
+        let started = Started {
+            method: MethodKind::Refine,
+            turns: 1,
+            samples: 1,
+            feedback: None,
+        };
+        let run = |method: &str, tolerance: Option<serde_json::Value>| {
+            let mut env =
+                json!({"device_name": "H100", "precision": "fp32", "timing_method": method});
+            if let Some(t) = tolerance {
+                env["tolerance"] = t;
+            }
+            let e = exec(
+                json!({"verdict": "correct", "compiled": true, "correctness": true, "env": env}),
+            );
+            provenance(&started, None, None, std::iter::once(&e))
+        };
+        let kb = json!({"name": "kernelbench", "atol": 1e-4, "rtol": 1e-4});
+        let v0 = json!({"name": "kernelbench-v0", "atol": 1e-2, "rtol": 1e-2});
+        let old = run("cuda_event", None);
+        let new = run("cuda_event", Some(kb));
+        let loose = run("do_bench", Some(v0));
+        assert_eq!(
+            new.eval.tolerance.as_deref(),
+            Some("kernelbench (atol = rtol = 1e-4)")
+        );
+        assert!(lines(&loose).iter().any(|(k, v)| *k == "evaluation"
+            && v.contains("do_bench timing")
+            && v.ends_with("tolerance kernelbench-v0 (atol = rtol = 1e-2)")));
+        // A log from before tolerances were recorded used KernelBench's table.
+        assert!(mismatches(&[("old", &old), ("new", &new)]).is_empty());
+        assert_eq!(
+            mismatches(&[("new", &new), ("loose", &loose)]),
+            [
+                "the runs differ in timing method (new: cuda_event; loose: do_bench)",
+                "the runs differ in tolerance (new: kernelbench; loose: kernelbench-v0)"
+            ]
         );
     }
 

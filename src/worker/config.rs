@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::sandbox::SandboxMode;
 use crate::checks::ChecksSection;
 use crate::sim::SimulatedSection;
-use crate::types::{EvalMode, Precision};
+use crate::types::{EvalMode, Precision, TimingMethod, Tolerance, TolerancePreset};
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
@@ -131,6 +131,11 @@ pub struct EvalSection {
     /// Also collect Nsight Compute metrics when `ncu` exists.
     #[serde(default)]
     pub ncu: bool,
+    /// What the P feedback shows: `torch` (the torch.profiler table), `ncu` (Nsight Compute:
+    /// KernelBench's profile.py metrics, a roofline line and the top kernels by time) or `both`.
+    /// Unset: `torch`, or `both` where `ncu = true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profiler: Option<ProfilerKind>,
     /// Recycle a GPU worker after this many candidates.
     #[serde(default = "default_recycle")]
     pub recycle_after: u32,
@@ -159,6 +164,33 @@ pub struct EvalSection {
     /// allow at the GPU's peak (its roofline), or 50 where that is unknown.
     #[serde(default)]
     pub max_speedup: Option<f64>,
+    /// `cuda_event` | `do_bench` | `do_bench_impl` | `host_time` (KernelBench's timers). Recorded in
+    /// every result's env; left out of the frozen config at its default.
+    #[serde(default, skip_serializing_if = "TimingMethod::is_default")]
+    pub timing_method: TimingMethod,
+    /// `kernelbench` (fp32 1e-4, fp16/bf16 1e-2) or `kernelbench-v0` (1e-2 everywhere, as in v0/v0.1
+    /// and most published numbers). Unset: `kernelbench`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<TolerancePreset>,
+    /// `eager` (default) or `compile`: how the evaluation times the reference. `compile` runs it
+    /// under `torch.compile(backend = compile_backend, mode = compile_mode)` after
+    /// `torch._dynamo.reset()`, as KernelBench's `measure_ref_program_time(use_torch_compile=True)`;
+    /// speedups are then against the compiled reference. Recorded in every result's env.
+    #[serde(default, skip_serializing_if = "ReferenceMode::is_default")]
+    pub reference: ReferenceMode,
+    /// torch.compile backend for `reference = "compile"` (KernelBench's default: `inductor`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile_backend: Option<String>,
+    /// torch.compile mode for `reference = "compile"`: `default`, `reduce-overhead`,
+    /// `max-autotune` or `max-autotune-no-cudagraphs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile_mode: Option<String>,
+    /// Explicit absolute tolerance; overrides the preset's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub atol: Option<f64>,
+    /// Explicit relative tolerance; overrides the preset's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtol: Option<f64>,
     /// Static checks on candidates' sources: a level per category (`checks::ChecksSection`).
     /// Left out of the frozen config while empty, so older runs still resume.
     #[serde(default, skip_serializing_if = "ChecksSection::is_default")]
@@ -185,6 +217,92 @@ impl EvalSection {
             EvalMode::Strict => SandboxMode::Required,
             EvalMode::Faithful => SandboxMode::Auto,
         })
+    }
+}
+
+/// `eval.reference`: the reference timed eagerly or under `torch.compile`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ReferenceMode {
+    #[default]
+    Eager,
+    Compile,
+}
+
+impl ReferenceMode {
+    pub fn is_default(&self) -> bool {
+        *self == ReferenceMode::Eager
+    }
+}
+
+/// `eval.profiler`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ProfilerKind {
+    Torch,
+    Ncu,
+    Both,
+}
+
+impl ProfilerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProfilerKind::Torch => "torch",
+            ProfilerKind::Ncu => "ncu",
+            ProfilerKind::Both => "both",
+        }
+    }
+
+    pub fn wants_ncu(self) -> bool {
+        self != ProfilerKind::Torch
+    }
+}
+
+/// torch.compile's modes, as KernelBench's `torch_compile_options` takes them.
+pub const COMPILE_MODES: [&str; 4] = [
+    "default",
+    "reduce-overhead",
+    "max-autotune",
+    "max-autotune-no-cudagraphs",
+];
+
+impl EvalSection {
+    /// The compiled reference's backend and mode, with `eval.reference = "compile"`.
+    pub fn reference_compile(&self) -> Option<super::protocol::ReferenceCompile> {
+        (self.reference == ReferenceMode::Compile).then(|| super::protocol::ReferenceCompile {
+            backend: self
+                .compile_backend
+                .clone()
+                .unwrap_or_else(|| "inductor".into()),
+            mode: self
+                .compile_mode
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+        })
+    }
+
+    /// The tolerance in effect: the preset's value at the run's precision, with `atol`/`rtol`
+    /// overriding (the name is then `explicit`).
+    pub fn tolerance_in_effect(&self) -> Tolerance {
+        let preset = self.tolerance.unwrap_or_default();
+        let value = preset.value(self.precision);
+        let explicit = self.atol.is_some() || self.rtol.is_some();
+        Tolerance {
+            name: if explicit {
+                "explicit".into()
+            } else {
+                preset.as_str().into()
+            },
+            atol: self.atol.unwrap_or(value),
+            rtol: self.rtol.unwrap_or(value),
+        }
+    }
+
+    /// What goes on the wire: nothing while every tolerance key is unset (the harness then uses
+    /// KernelBench's table, the same numbers), so requests stay as they were.
+    pub fn tolerance_request(&self) -> Option<Tolerance> {
+        (self.tolerance.is_some() || self.atol.is_some() || self.rtol.is_some())
+            .then(|| self.tolerance_in_effect())
     }
 }
 
@@ -221,6 +339,7 @@ impl Default for EvalSection {
             baseline: None,
             profile_rows: default_profile_rows(),
             ncu: false,
+            profiler: None,
             recycle_after: default_recycle(),
             build_cache: None,
             reference_cache: None,
@@ -229,6 +348,13 @@ impl Default for EvalSection {
             timeouts: Timeouts::default(),
             simulated: SimulatedSection::default(),
             max_speedup: None,
+            timing_method: TimingMethod::default(),
+            reference: ReferenceMode::default(),
+            compile_backend: None,
+            compile_mode: None,
+            tolerance: None,
+            atol: None,
+            rtol: None,
             checks: ChecksSection::default(),
             cast_integer_inputs: false,
             hf: crate::hf::HfSection::default(),

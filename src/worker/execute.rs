@@ -359,6 +359,11 @@ impl WorkerPool {
             precision: self.settings.precision.as_str().into(),
             row_limit: self.settings.profile_rows,
             ncu: self.settings.ncu,
+            profiler: self.settings.profiler.map(|p| p.as_str().to_string()),
+            peaks: self
+                .settings
+                .ncu
+                .then(|| self.integrity_spec(slot.hardware().as_deref())),
         });
         let result = self.call(slot, request, self.deadlines.profile, true).await;
         self.check_cow(slot).await;

@@ -68,6 +68,8 @@ impl WorkerPool {
                 // KernelBench's cuda_event defaults: drop the first timed call, flush L2 each time.
                 discard_first: 1,
                 l2_flush: true,
+                method: self.settings.timing_method,
+                reference_compile: self.settings.reference_compile.clone(),
             },
             reference_runtime: self
                 .settings
@@ -80,6 +82,7 @@ impl WorkerPool {
             stored_inputs: self.stored_inputs(problem),
             steps: None,
             quiet: None,
+            tolerance: self.settings.tolerance.clone(),
         }
     }
 

@@ -11,7 +11,7 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use crate::types::PrepareStep;
+use crate::types::{PrepareStep, TimingMethod, Tolerance};
 
 // ------------------------------------------------------------------------------------------- requests
 
@@ -32,13 +32,27 @@ pub struct CandidateSpec {
     pub build_dir: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TimingSpec {
     pub measure: bool,
     pub warmup: u32,
     pub trials: u32,
     pub discard_first: u32,
     pub l2_flush: bool,
+    /// `eval.timing_method`; left off the wire at its default (`cuda_event`).
+    #[serde(default, skip_serializing_if = "TimingMethod::is_default")]
+    pub method: TimingMethod,
+    /// `eval.reference = "compile"`: time the reference under `torch.compile` with this backend and
+    /// mode (KernelBench's `use_torch_compile`); absent: eagerly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_compile: Option<ReferenceCompile>,
+}
+
+/// `torch.compile(model, backend=..., mode=...)` for the reference's timing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReferenceCompile {
+    pub backend: String,
+    pub mode: String,
 }
 
 /// Timing statistics in milliseconds, as the harness reports them.
@@ -114,6 +128,9 @@ pub struct EvaluateRequest {
     /// The store entry holding the problem's CPU-made inputs (`worker::input_store`), when whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stored_inputs: Option<String>,
+    /// `eval.tolerance` resolved to numbers; absent: KernelBench's per-precision table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<Tolerance>,
 }
 
 /// What the harness needs to bound a plausible speedup: `eval.max_speedup`, or the device's peak
@@ -155,6 +172,9 @@ pub struct PrepareRequest {
     /// `false`: do not time the reference (the CPU's builds are not paused); absent: true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quiet: Option<bool>,
+    /// `eval.tolerance` resolved to numbers (carried into the evaluate request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<Tolerance>,
 }
 
 impl PrepareRequest {
@@ -173,12 +193,13 @@ impl PrepareRequest {
             mode: self.mode.clone(),
             seed: self.seed,
             correct_trials: self.correct_trials,
-            timing: self.timing,
+            timing: self.timing.clone(),
             reference_runtime: self.reference_runtime.clone(),
             integrity,
             cast_integer_inputs: self.cast_integer_inputs,
             inputs: self.inputs.clone(),
             stored_inputs: self.stored_inputs.clone(),
+            tolerance: self.tolerance.clone(),
         }
     }
 }
@@ -195,6 +216,12 @@ pub struct ProfileRequest {
     pub precision: String,
     pub row_limit: u32,
     pub ncu: bool,
+    /// `eval.profiler`: `torch`, `ncu` or `both`; absent: the torch table, plus ncu where `ncu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profiler: Option<String>,
+    /// The GPU's peaks for the roofline line of each kernel (`prompt::gpu_specs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peaks: Option<IntegritySpec>,
 }
 
 /// What a request asks for; the `op` field on the wire.
@@ -394,8 +421,15 @@ pub struct WireEnv {
     pub cuda: Option<String>,
     pub precision: String,
     pub mode: String,
-    /// `cuda_event` or `cpu_perf_counter`.
+    /// `cuda_event`, `do_bench`, `do_bench_impl`, `host_time`, or `cpu_perf_counter` (`cuda_event`
+    /// on a CPU).
     pub timing_method: String,
+    /// The correctness tolerance the check used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<Tolerance>,
+    /// `eager` or `compile (backend, mode)`: how the reference was timed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_mode: Option<String>,
     pub grad_mode: String,
     pub tf32_matmul: bool,
     pub tf32_cudnn: bool,
@@ -432,6 +466,8 @@ impl WireEnv {
             precision: Some(self.precision.clone()),
             mode: Some(self.mode.clone()),
             timing_method: Some(self.timing_method.clone()),
+            tolerance: self.tolerance.clone(),
+            reference_mode: self.reference_mode.clone(),
             grad_mode: Some(self.grad_mode.clone()),
             tf32_matmul: Some(self.tf32_matmul),
             tf32_cudnn: Some(self.tf32_cudnn),

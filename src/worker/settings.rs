@@ -10,7 +10,7 @@ use super::config::{BuildMode, EvalSection, InputsMode, Timeouts};
 use super::sandbox::SandboxMode;
 use crate::launcher::Launcher;
 use crate::services::DeviceId;
-use crate::types::{EvalMode, Precision};
+use crate::types::{EvalMode, Precision, TimingMethod, Tolerance};
 
 /// Everything the pool needs. Paths should be absolute (the harness gets them verbatim).
 #[derive(Debug, Clone)]
@@ -40,11 +40,19 @@ pub struct WorkerSettings {
     pub warmup: u32,
     /// Timed trials; 0 turns timing off.
     pub timing_trials: u32,
+    /// `eval.timing_method`.
+    pub timing_method: TimingMethod,
+    /// `eval.tolerance` resolved (`None`: every tolerance key unset, KernelBench's table).
+    pub tolerance: Option<Tolerance>,
+    /// `eval.reference = "compile"`: the reference's torch.compile backend and mode.
+    pub reference_compile: Option<super::protocol::ReferenceCompile>,
     pub timeouts: Timeouts,
     /// Replace a worker after this many requests (0: never).
     pub recycle_after: u32,
     pub profile_rows: u32,
     pub ncu: bool,
+    /// `eval.profiler` (`None`: unset, the torch table plus ncu where `ncu`).
+    pub profiler: Option<super::config::ProfilerKind>,
     /// Reference runtimes from a KernelBench baseline file instead of timing the reference.
     pub baseline: Option<Arc<BaselineTable>>,
     /// GPU driver version, recorded in every result's `env`.
@@ -91,10 +99,14 @@ impl WorkerSettings {
             correct_trials: 0,
             warmup: 0,
             timing_trials: 0,
+            timing_method: TimingMethod::default(),
+            tolerance: None,
+            reference_compile: None,
             timeouts: Timeouts::default(),
             recycle_after: 0,
             profile_rows: 0,
             ncu: false,
+            profiler: None,
             baseline: None,
             driver: None,
             max_speedup: None,
@@ -120,11 +132,15 @@ impl WorkerSettings {
         self.correct_trials = eval.correct_trials;
         self.warmup = eval.warmup;
         self.timing_trials = eval.timing_trials;
+        self.timing_method = eval.timing_method;
+        self.tolerance = eval.tolerance_request();
+        self.reference_compile = eval.reference_compile();
         self.arch_list = eval.arch_list.clone();
         self.timeouts = eval.timeouts.clone();
         self.recycle_after = eval.recycle_after;
         self.profile_rows = eval.profile_rows;
-        self.ncu = eval.ncu;
+        self.ncu = eval.ncu || eval.profiler.is_some_and(|p| p.wants_ncu());
+        self.profiler = eval.profiler;
         self.build = eval.build;
         self.max_speedup = eval.max_speedup;
         self.cast_integer_inputs = eval.cast_integer_inputs;

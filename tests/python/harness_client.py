@@ -134,6 +134,9 @@ def evaluate_request(
     timing_trials: int = 100,
     max_speedup: float | None = None,
     cast_integer_inputs: bool | None = None,
+    timing_method: str | None = None,
+    tolerance: dict[str, Any] | None = None,
+    reference_compile: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     request: dict[str, Any] = {
         "id": rid,
@@ -157,6 +160,12 @@ def evaluate_request(
     }
     if cast_integer_inputs is not None:
         request["cast_integer_inputs"] = cast_integer_inputs
+    if timing_method is not None:
+        request["timing"]["method"] = timing_method
+    if tolerance is not None:
+        request["tolerance"] = tolerance
+    if reference_compile is not None:
+        request["timing"]["reference_compile"] = reference_compile
     return request
 
 

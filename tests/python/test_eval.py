@@ -79,6 +79,8 @@ def test_correct_candidate(harness: Harness) -> None:
         "precision": "fp32",
         "mode": "faithful",
         "timing_method": "cpu_perf_counter",
+        "tolerance": {"name": "kernelbench", "atol": 1e-4, "rtol": 1e-4},
+        "reference_mode": "eager",
         "grad_mode": "no_grad",
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "tf32_cudnn": torch.backends.cudnn.allow_tf32,
@@ -790,7 +792,7 @@ def test_mismatch_detail_counts_as_isclose_does() -> None:
     expected = torch.tensor([[1.0, nan, inf, -inf], [2.0, inf, 0.5, 3.0]])
     got = torch.tensor([[1.00001, nan, inf, inf], [3.0, 5.0, 0.5, nan]])
     diff = torch.abs(expected - got)
-    detail = kb_correctness.mismatch_detail(1, expected, got, 1e-4, diff)
+    detail = kb_correctness.mismatch_detail(1, expected, got, 1e-4, 1e-4, diff)
     assert detail is not None
     assert detail.bad == int((~torch.isclose(expected, got, rtol=1e-4, atol=1e-4)).sum())
     assert detail.first_index == (0, 1) and detail.total == 8

@@ -134,6 +134,21 @@ def test_profile_through_serve(
     assert r["ncu"] is None and r["note"] == "ncu needs a CUDA device"
 
 
+def test_profiler_choice_through_serve(
+    cpu_worker: WorkerProcess, compiled: dict[str, dict[str, Any]], problem_add: str
+) -> None:
+    build = compiled["ok_cpp.py"]["build_dir"]
+    only_ncu = profile_request(501, problem_add, hostile("ok_cpp.py"), build) | {"profiler": "ncu"}
+    r = cpu_worker.request(only_ncu)
+    # Counters that cannot be read are one line of feedback, never a failed profile.
+    assert r["status"] == "ok" and r["note"] == "ncu needs a CUDA device"
+    assert r["table"] == "Nsight Compute: counters unavailable (ncu needs a CUDA device)."
+    only_torch = profile_request(502, problem_add, hostile("ok_cpp.py"), build, ncu=True) | {"profiler": "torch"}
+    r = cpu_worker.request(only_torch)
+    assert r["status"] == "ok" and r["note"] is None and r["ncu"] is None
+    assert "Self CPU time total" in r["table"] and "Nsight" not in r["table"]
+
+
 def test_malformed_requests_get_ok_false(cpu_worker: WorkerProcess, problem_add: str, work: Path) -> None:
     cpu_worker.send({"id": 600, "op": "evaluate"})
     bad = cpu_worker.read()
