@@ -31,6 +31,7 @@ import kb_feedback
 import kb_reference
 import kb_strict
 import kb_timing
+import kb_wire
 from kb_correctness import LoopOutcome, ReferenceSource, Verdict
 from kb_feedback import CANDIDATE_ERRORS, get_error_name
 from kb_reference import ReferenceFailure, RngState, TrialData
@@ -480,11 +481,16 @@ class RemoteReference:
 
 def serve_reference(conn: Any, ctx: kb_reference.ProblemContext) -> dict[str, Any]:
     """In the worker: answer the candidate process's requests for reference data until it sends its
-    result. Raises EOFError when the process died."""
+    result. Raises EOFError when the process died, kb_wire.ForbiddenMessage when it wrote anything
+    but a harness message (messages are read with kb_wire's unpickler, never `conn.recv`)."""
     while True:
-        message = conn.recv()
+        message = kb_wire.recv(conn)
+        if type(message) is not tuple or not message or type(message[0]) is not str:
+            raise kb_wire.ForbiddenMessage(f"a {type(message).__name__} instead of a request")
         op = message[0]
         if op == "result":
+            if len(message) != 2 or type(message[1]) is not dict:
+                raise kb_wire.ForbiddenMessage("a result that is not a verdict")
             result: dict[str, Any] = message[1]
             return result
         try:

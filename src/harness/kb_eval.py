@@ -29,6 +29,7 @@ import kb_feedback
 import kb_profile
 import kb_strict
 import kb_timing
+import kb_wire
 from kb_candidate import construct_candidate
 from kb_correctness import (
     Verdict,
@@ -278,12 +279,33 @@ def _run_in_process_or_here(worker: Worker, job: dict[str, Any], ctx: ProblemCon
     if job["device"].startswith("cuda"):
         worker.warm_spares(job["device"])  # GPU timing does not compete with a warming process
     try:
-        return kb_candidate.verdict_from_wire(process.run(job, ctx)), waited
+        wire = process.run(job, ctx)
+        try:
+            return kb_candidate.verdict_from_wire(wire), waited
+        except (KeyError, TypeError, ValueError) as exc:
+            raise kb_wire.ForbiddenMessage(f"a result that is not a verdict ({exc})") from None
+    except kb_wire.ForbiddenMessage as exc:
+        return forbidden_message_verdict(exc), waited
     except ChildDied as died:
         print(f"krefine harness: {died}; ending the worker the same way", file=sys.stderr)
         worker.close()
         worker.on_child_death(died)
         raise
+
+
+def forbidden_message_verdict(exc: kb_wire.ForbiddenMessage) -> Verdict:
+    """The candidate's process wrote something to the worker's pipe that the harness never sends (a
+    crafted pickle, a forged result): nothing of it ran here (kb_wire), the process is gone, and the
+    candidate fails, in either mode (KernelBench's harness has no such pipe to abuse)."""
+    message = f"the candidate's process sent the worker a message the harness never sends: {exc}"
+    verdict = Verdict(status="runtime_error", compiled=True, correctness=False)
+    verdict.metadata["runtime_error"] = message
+    verdict.metadata["runtime_error_name"] = "forbidden_message"
+    verdict.findings.append({"category": "forbidden_message", "severity": "error", "message": message})
+    verdict.feedback.append(
+        f"Integrity check failed: {message}. Candidates must not touch the harness's pipe to the worker."
+    )
+    return verdict
 
 
 def _run_candidate(worker: Worker, job: dict[str, Any], ctx: ProblemContext) -> Verdict:

@@ -59,21 +59,33 @@ def dense_output_problem(output: Any, device: torch.device) -> str | None:
 class HostTensor:
     """A CPU output on its way to the worker as plain bytes. Sending a CPU tensor itself would pass a
     file descriptor, which starts multiprocessing's fd-serving thread in the candidate's process (a
-    thread the integrity check would rightly report); CUDA tensors cross by CUDA IPC and need no thread."""
+    thread the integrity check would rightly report); CUDA tensors cross by CUDA IPC and need no thread.
+    It pickles as a call of the class on three plain values, the one harness global the worker's
+    unpickler resolves for CPU outputs (kb_wire)."""
 
-    def __init__(self, tensor: torch.Tensor) -> None:
+    __slots__ = ("dtype", "raw", "shape")
+
+    def __init__(self, dtype: str, shape: tuple[int, ...], raw: bytes) -> None:
+        self.dtype = dtype
+        self.shape = shape
+        self.raw = raw
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> HostTensor:
         flat = tensor.detach().contiguous().reshape(-1)
-        self.dtype = str(flat.dtype).removeprefix("torch.")
-        self.shape = tuple(tensor.shape)
-        self.raw = flat.view(torch.uint8).numpy().tobytes()
+        return cls(str(flat.dtype).removeprefix("torch."), tuple(tensor.shape), flat.view(torch.uint8).numpy().tobytes())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (HostTensor, (self.dtype, self.shape, self.raw))
 
     def tensor(self) -> torch.Tensor:
-        dtype = getattr(torch, self.dtype)
+        dtype = getattr(torch, str(self.dtype), None)
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"not a dtype: {self.dtype}")
+        shape = tuple(int(n) for n in self.shape)
         if not self.raw:
-            return torch.empty(self.shape, dtype=dtype)
-        return torch.frombuffer(bytearray(self.raw), dtype=torch.uint8).view(dtype).reshape(self.shape)
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(bytearray(self.raw), dtype=torch.uint8).view(dtype).reshape(shape)
 
 
 def to_wire(output: Any) -> Any:
@@ -81,7 +93,7 @@ def to_wire(output: Any) -> Any:
     if type(output) in (list, tuple):
         return type(output)(to_wire(item) for item in output)
     if type(output) is torch.Tensor and output.device.type == "cpu":
-        return HostTensor(output)
+        return HostTensor.of(output)
     return output
 
 
