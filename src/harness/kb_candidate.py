@@ -478,6 +478,14 @@ class RemoteReference:
         problem: str | None = self._ask("strict_check", call, kb_strict.to_wire(output), calls)
         return problem
 
+    def strict_trial(self, trials: int, index: int, seed: int) -> TrialData:
+        inputs, shapes, cpu, cuda = self._ask("strict_trial", trials, index, seed)
+        return TrialData(list(inputs), shapes, RngState(cpu, cuda))
+
+    def strict_compare(self, index: int, output: Any) -> kb_correctness.TrialComparison:
+        result: kb_correctness.TrialComparison = self._ask("strict_compare", index, kb_strict.to_wire(output))
+        return result
+
 
 def serve_reference(conn: Any, ctx: kb_reference.ProblemContext) -> dict[str, Any]:
     """In the worker: answer the candidate process's requests for reference data until it sends its
@@ -498,6 +506,12 @@ def serve_reference(conn: Any, ctx: kb_reference.ProblemContext) -> dict[str, An
                 _, trials, index, seed = message
                 data = ctx.trial(trials, index, seed)
                 reply: tuple[str, Any] = ("ok", (data.inputs, data.output, data.rng.cpu, data.rng.cuda))
+            elif op == "strict_trial":
+                _, trials, index, seed = message
+                data = ctx.strict_trial(trials, index, seed)
+                reply = ("ok", (data.inputs, data.output, data.rng.cpu, data.rng.cuda))
+            elif op == "strict_compare":
+                reply = ("ok", ctx.strict_compare(message[1], kb_strict.from_wire(message[2])))
             elif op == "verify":
                 reply = ("ok", ctx.verify_trial(message[1], message[2]))
             elif op == "init_inputs":

@@ -308,6 +308,20 @@ def forbidden_message_verdict(exc: kb_wire.ForbiddenMessage) -> Verdict:
     return verdict
 
 
+def _hold_to_compared_trials(verdict: Verdict, passed: int, trials: int) -> None:
+    """Strict mode: the worker compared the correctness trials itself; a result from the candidate's
+    process that claims correct with fewer trials passed here is forged (the process wrote its own)."""
+    if passed == trials:
+        return
+    message = f"the candidate's process reported it correct, but {passed} of {trials} trials passed the worker's comparison"
+    verdict.status, verdict.correctness = "incorrect", False
+    verdict.runtime_stats = {}
+    verdict.metadata["correctness_issue"] = message
+    verdict.metadata["correctness_issue_name"] = "forged_result"
+    verdict.findings.append({"category": "forged_result", "severity": "error", "message": message})
+    verdict.feedback.append(f"Integrity check failed (strict mode): {message}.")
+
+
 def _run_candidate(worker: Worker, job: dict[str, Any], ctx: ProblemContext) -> Verdict:
     """Run a job in a fresh candidate process (or, for unit tests, here), with the reference served
     from `ctx`. Time the worker spends on the reference meanwhile is booked as reference time."""
@@ -316,9 +330,11 @@ def _run_candidate(worker: Worker, job: dict[str, Any], ctx: ProblemContext) -> 
     # Strict timing's secrets and checks live here, in the worker, for this one run (kb_strict); in
     # faithful mode they serve the fresh-input probe after KernelBench's loop, every output checked.
     every = job["kind"] == "retime" or ctx.mode != "strict"
-    ctx.strict_session = kb_strict.StrictSession(ctx, every=every)
+    session = ctx.strict_session = kb_strict.StrictSession(ctx, every=every)
     try:
         verdict, waited = _run_in_process_or_here(worker, job, ctx)
+        if ctx.mode == "strict" and job["kind"] == "evaluate" and verdict.status == "correct":
+            _hold_to_compared_trials(verdict, session.trials_passed, job["trials"])
     finally:
         if ctx.strict_session is not None:
             ctx.strict_session.close()

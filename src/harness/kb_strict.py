@@ -17,8 +17,13 @@ checked, and if so runs the reference on the pristine inputs and compares, here,
   back first), so a candidate that asks the worker for later calls' inputs ahead of time, to compute their
   outputs outside the timed region, breaks its own loop instead.
 
-What this does not cover (README, threat model): the correctness trials still compare in the candidate's
-process, and the timing loop itself (its locals, its clock) still runs there.
+The correctness trials follow the same rule in strict mode: the candidate gets a trial's inputs and only
+the shapes and dtypes of its expected output (`trial`), returns its output here, and the comparison
+(KernelBench's, kb_correctness.compare_trial) runs here (`compare_trial`), which also counts the trials
+that passed, so a result claiming more is refused (kb_eval).
+
+What this does not cover (README, threat model): the timing loop itself (its locals, its clock) still
+runs in the candidate's process.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 
 import torch
 
+import kb_correctness
 import kb_inputs
 import kb_reference
 
@@ -105,6 +111,15 @@ def from_wire(value: Any) -> Any:
     return value
 
 
+def shapes_only(output: Any) -> Any:
+    """`output` with every tensor replaced by a meta tensor of its shape and dtype (no data)."""
+    if type(output) in (list, tuple):
+        return type(output)(shapes_only(item) for item in output)
+    if isinstance(output, torch.Tensor):
+        return torch.empty(output.shape, dtype=output.dtype, device="meta")
+    return None
+
+
 def check_probability(calls: int, every: bool) -> float:
     if every or calls <= 0:
         return 1.0
@@ -126,10 +141,13 @@ class StrictSession:
         self._fresh = kb_inputs.FreshInputs(ctx, key)
         self._decide = random.Random(secrets.randbits(128))
         self._pending: dict[int, list[Any]] = {}
+        self._expected: dict[int, Any] = {}
         self._next = 0
         # Counts for tests and logs: calls handed inputs, calls checked.
         self.calls = 0
         self.checked = 0
+        # Correctness trials the worker compared and found correct (kb_eval holds a result to it).
+        self.trials_passed = 0
 
     def warmup_inputs(self) -> list[Any]:
         """One input set for the warm-up calls (untimed, unchecked)."""
@@ -164,7 +182,27 @@ class StrictSession:
         expected = self.ctx.reference_output(pristine)
         return compare(output, expected, kb_reference.TOLERANCES[self.ctx.precision])
 
+    def trial(self, trials: int, index: int, seed: int) -> kb_reference.TrialData:
+        """Correctness trial `index` as the candidate gets it in strict mode: the inputs and RNG state,
+        and in place of the expected output meta tensors of its shapes and dtypes (enough to poison
+        freed memory); the expected output stays here for `compare_trial`."""
+        data = self.ctx.trial(trials, index, seed)
+        self._expected[index] = data.output
+        return kb_reference.TrialData(data.inputs, shapes_only(data.output), data.rng)
+
+    def compare_trial(self, index: int, output: Any) -> kb_correctness.TrialComparison:
+        """KernelBench's comparison of trial `index`, here, with the expected output only this process
+        holds; each trial's output is compared once."""
+        expected = self._expected.pop(index, None)
+        if expected is None:
+            raise StrictOrderError(f"correctness trial {index + 1} was not handed out, or was compared already")
+        result = kb_correctness.compare_trial(expected, output, kb_reference.TOLERANCES[self.ctx.precision], index)
+        if result.passed:
+            self.trials_passed += 1
+        return result
+
     def close(self) -> None:
+        self._expected.clear()
         self._pending.clear()
         self._fresh.close()
 
