@@ -122,3 +122,35 @@ def test_a_candidate_that_writes_a_crafted_pickle_fails_and_runs_nothing_in_the_
     honest = evaluate(worker, tmp_path, HONEST, mode, 3)
     assert honest["status"] == "correct", honest
     assert not marker.exists()
+
+
+def test_a_cuda_ipc_tensor_names_only_allowed_globals() -> None:
+    """The shape of torch.multiprocessing's reduction of a CUDA tensor (reduce_tensor's CUDA branch),
+    built on the CPU with stand-in handles: every global it names resolves; loading then stops where
+    it would open the IPC handle (no GPU here), as a ForbiddenMessage, never as a call of anything else."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    t = torch.ones(2, 3)
+    storage = t._typed_storage()
+
+    class CudaLike:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (rebuild_cuda_tensor, (type(t), t.size(), t.stride(), 0, type(storage), t.dtype, 0, b"h", 24, 0,
+                                          False, b"r", 0, b"e", True))
+
+    named: list[tuple[str, str]] = []
+
+    class Probe(kb_wire.SafeUnpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            named.append((module, name))
+            return super().find_class(module, name)
+
+    import io
+
+    data = pickle.dumps(("strict_compare", 0, CudaLike()))
+    with pytest.raises(Exception):  # noqa: B017 - the stand-in handle cannot open; what matters is before
+        Probe(io.BytesIO(data)).load()
+    assert ("torch.multiprocessing.reductions", "rebuild_cuda_tensor") in named
+    assert ("torch.storage", "TypedStorage") in named
+    for module, name in named:
+        kb_wire.SafeUnpickler.find_class(Probe(io.BytesIO(b"")), module, name)  # raises if not allowed
