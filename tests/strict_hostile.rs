@@ -3,8 +3,9 @@
 //! reader (frames), a content memoiser, an output stealer (gc), a comparison patcher (sys.modules) and
 //! a spelled-out import (a side thread). The static layer reads each of them in both modes (errors in
 //! strict, warnings in faithful); at run time strict mode credits none of them (the content memo never
-//! hits, so it is only as fast as its matmul: tests/python/test_strict.py counts its hits), and the
-//! honest control is unaffected in every position. Verdicts and findings only, never durations.
+//! hits, so it is only as fast as its matmul: tests/python/test_strict.py counts its hits; the trials
+//! compare in the worker, so the stealer and the patcher fail them), and the honest control is
+//! unaffected in every position. Verdicts and findings only, never durations.
 
 mod worker_support;
 
@@ -175,11 +176,24 @@ fn strict_credits_no_hack_and_the_honest_control_is_unaffected() {
                         // Correct because it computes: its memo never hits on inputs no call has seen.
                         assert_eq!(o.verdict, Verdict::Correct, "{name}: {o:#?}");
                     }
-                    (EvalMode::Strict, "frame_reader.py" | "compare_patcher.py") => {
-                        // Correct in the trials (it computes there, or the comparison it patched passes
-                        // it); the worker's check of a timed call it skipped or zeroed fails it.
+                    (EvalMode::Strict, "frame_reader.py") => {
+                        // Correct in the trials (it computes there); the worker's check of a timed call
+                        // it skipped fails it.
                         assert_eq!(o.verdict, Verdict::Incorrect, "{name}: {o:#?}");
                         assert_eq!(issue(o), Some("timed_output_mismatch"), "{name}: {o:#?}");
+                        assert_eq!(o.speedup, None, "{name}");
+                    }
+                    (EvalMode::Strict, "compare_patcher.py") => {
+                        // The trials compare in the worker, where its patch does not reach: its zeros
+                        // fail them.
+                        assert_eq!(o.verdict, Verdict::Incorrect, "{name}: {o:#?}");
+                        assert_eq!(
+                            o.metadata
+                                .get("correctness_trials")
+                                .and_then(|v| v.as_str()),
+                            Some("(0 / 5)"),
+                            "{name}: {o:#?}"
+                        );
                         assert_eq!(o.speedup, None, "{name}");
                     }
                     (EvalMode::Strict, _) => {

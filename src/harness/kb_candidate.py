@@ -31,6 +31,7 @@ import kb_feedback
 import kb_reference
 import kb_strict
 import kb_timing
+import kb_wire
 from kb_correctness import LoopOutcome, ReferenceSource, Verdict
 from kb_feedback import CANDIDATE_ERRORS, get_error_name
 from kb_reference import ReferenceFailure, RngState, TrialData
@@ -477,14 +478,27 @@ class RemoteReference:
         problem: str | None = self._ask("strict_check", call, kb_strict.to_wire(output), calls)
         return problem
 
+    def strict_trial(self, trials: int, index: int, seed: int) -> TrialData:
+        inputs, shapes, cpu, cuda = self._ask("strict_trial", trials, index, seed)
+        return TrialData(list(inputs), shapes, RngState(cpu, cuda))
+
+    def strict_compare(self, index: int, output: Any) -> kb_correctness.TrialComparison:
+        result: kb_correctness.TrialComparison = self._ask("strict_compare", index, kb_strict.to_wire(output))
+        return result
+
 
 def serve_reference(conn: Any, ctx: kb_reference.ProblemContext) -> dict[str, Any]:
     """In the worker: answer the candidate process's requests for reference data until it sends its
-    result. Raises EOFError when the process died."""
+    result. Raises EOFError when the process died, kb_wire.ForbiddenMessage when it wrote anything
+    but a harness message (messages are read with kb_wire's unpickler, never `conn.recv`)."""
     while True:
-        message = conn.recv()
+        message = kb_wire.recv(conn)
+        if type(message) is not tuple or not message or type(message[0]) is not str:
+            raise kb_wire.ForbiddenMessage(f"a {type(message).__name__} instead of a request")
         op = message[0]
         if op == "result":
+            if len(message) != 2 or type(message[1]) is not dict:
+                raise kb_wire.ForbiddenMessage("a result that is not a verdict")
             result: dict[str, Any] = message[1]
             return result
         try:
@@ -492,6 +506,12 @@ def serve_reference(conn: Any, ctx: kb_reference.ProblemContext) -> dict[str, An
                 _, trials, index, seed = message
                 data = ctx.trial(trials, index, seed)
                 reply: tuple[str, Any] = ("ok", (data.inputs, data.output, data.rng.cpu, data.rng.cuda))
+            elif op == "strict_trial":
+                _, trials, index, seed = message
+                data = ctx.strict_trial(trials, index, seed)
+                reply = ("ok", (data.inputs, data.output, data.rng.cpu, data.rng.cuda))
+            elif op == "strict_compare":
+                reply = ("ok", ctx.strict_compare(message[1], kb_strict.from_wire(message[2])))
             elif op == "verify":
                 reply = ("ok", ctx.verify_trial(message[1], message[2]))
             elif op == "init_inputs":

@@ -60,6 +60,10 @@ class ReferenceSource(Protocol):
     def strict_warmup(self) -> list[Any]: ...
     def strict_inputs(self, call: int) -> list[Any]: ...
     def strict_check(self, call: int, output: Any, calls: int) -> str | None: ...
+    # Strict mode's correctness trials: the inputs and the expected output's shapes and dtypes (meta
+    # tensors), then the comparison, done where the expected output is (kb_strict.StrictSession).
+    def strict_trial(self, trials: int, index: int, seed: int) -> TrialData: ...
+    def strict_compare(self, index: int, output: Any) -> TrialComparison: ...
 
 
 class OutputGuard(Protocol):
@@ -246,6 +250,36 @@ def mismatch_detail(
 
 
 @dataclass
+class TrialComparison:
+    """One correctness trial's comparison: `shapes` (expected, got, as text) on a shape mismatch, else
+    whether it passed and, when not, KernelBench's max/avg difference and our detail."""
+
+    shapes: tuple[str, str] | None = None
+    passed: bool = False
+    max_diff: float = 0.0
+    avg_diff: float = 0.0
+    detail: kb_feedback.Mismatch | None = None
+
+
+def compare_trial(output: Any, output_new: Any, atol: float, rtol: float, index: int) -> TrialComparison:
+    """KernelBench's comparison of trial `index`'s output (`output` expected, `output_new` the
+    candidate's): the shape, then torch.allclose (captured at import), then the differences. Where it
+    runs: in the candidate's process in faithful mode, as KernelBench does; in the worker in strict mode
+    (kb_strict.StrictSession.compare_trial), where the expected output never leaves."""
+    if output.shape != output_new.shape:
+        return TrialComparison(shapes=(str(output.shape), str(output_new.shape)))
+    if _ALLCLOSE(output, output_new, atol=atol, rtol=rtol):
+        return TrialComparison(passed=True)
+    # KernelBench's torch.max/torch.mean(torch.abs(output - output_new)), computed once.
+    diff = torch.abs(output - output_new)
+    max_diff = torch.max(diff).item()
+    avg_diff = torch.mean(diff).item()
+    return TrialComparison(
+        max_diff=max_diff, avg_diff=avg_diff, detail=mismatch_detail(index + 1, output, output_new, atol, rtol, diff)
+    )
+
+
+@dataclass
 class LoopOutcome:
     passed: int
     stop: bool  # the loop returned early (shape mismatch, exception, modified input, reference failure)
@@ -270,12 +304,15 @@ def run_trials(
     with torch.no_grad():
         for index, seed in enumerate(seeds):
             label = f"in correctness trial {index + 1} of {trials}"
-            data = ctx.trial(trials, index, seed)  # ReferenceFailure escapes, as in KernelBench
+            # ReferenceFailure escapes, as in KernelBench. In strict mode the expected output stays with
+            # the worker (its shapes and dtypes come as meta tensors) and the worker compares.
+            strict = ctx.mode == "strict"
+            data = ctx.strict_trial(trials, index, seed) if strict else ctx.trial(trials, index, seed)
             set_seed(seed)
             model_new = model_new.to(device=ctx.device, dtype=ctx.dtype)
             restore_rng(data.rng, ctx.device)
             inputs = data.inputs if ctx.mode == "faithful" else clone_tensors(data.inputs)
-            if ctx.mode == "strict":
+            if strict:
                 poison_free_memory(data.output, ctx.device)
             output = data.output
             try:
@@ -284,30 +321,27 @@ def run_trials(
                 if guard is not None and not guard.after_forward(verdict, output_new, label):
                     ctx.verify_trial(trials, index)
                     return LoopOutcome(passed, stop=True)
-                if ctx.mode == "strict" and _inputs_modified(verdict, data.inputs, inputs, label):
+                if strict and _inputs_modified(verdict, data.inputs, inputs, label):
                     ctx.verify_trial(trials, index)
                     return LoopOutcome(passed, stop=True)
-                if output.shape != output_new.shape:
-                    message = f"Output shape mismatch: Expected {output.shape}, got {output_new.shape}"
+                compared = ctx.strict_compare(index, output_new) if strict else compare_trial(output, output_new, atol, rtol, index)
+                if compared.shapes is not None:
+                    expected_shape, got_shape = compared.shapes
+                    message = f"Output shape mismatch: Expected {expected_shape}, got {got_shape}"
                     metadata["correctness_issue"] = message
                     metadata["correctness_issue_name"] = "correctness_issue"
                     verdict.status = "incorrect"
                     verdict.feedback.append(
-                        f"Output shape mismatch {label}: expected {output.shape}, got {output_new.shape}."
+                        f"Output shape mismatch {label}: expected {expected_shape}, got {got_shape}."
                     )
                     ctx.verify_trial(trials, index)
                     return LoopOutcome(passed, stop=True)
-                if not _ALLCLOSE(output, output_new, atol=atol, rtol=rtol):
-                    # KernelBench's torch.max/torch.mean(torch.abs(output - output_new)), computed once.
-                    diff = torch.abs(output - output_new)
-                    max_diff = torch.max(diff).item()
-                    avg_diff = torch.mean(diff).item()
-                    metadata.setdefault("max_difference", []).append(f"{max_diff:.6f}")
-                    metadata.setdefault("avg_difference", []).append(f"{avg_diff:.6f}")
+                if not compared.passed:
+                    metadata.setdefault("max_difference", []).append(f"{compared.max_diff:.6f}")
+                    metadata.setdefault("avg_difference", []).append(f"{compared.avg_diff:.6f}")
                     metadata["correctness_issue"] = "Output mismatch"
-                    detail = mismatch_detail(index + 1, output, output_new, atol, rtol, diff)
-                    if detail is not None:
-                        mismatches.append(detail)
+                    if compared.detail is not None:
+                        mismatches.append(compared.detail)
                 else:
                     passed += 1
             except CANDIDATE_ERRORS as exc:

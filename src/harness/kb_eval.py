@@ -29,6 +29,7 @@ import kb_feedback
 import kb_profile
 import kb_strict
 import kb_timing
+import kb_wire
 from kb_candidate import construct_candidate
 from kb_correctness import (
     Verdict,
@@ -304,12 +305,47 @@ def _run_in_process_or_here(worker: Worker, job: dict[str, Any], ctx: ProblemCon
     if job["device"].startswith("cuda"):
         worker.warm_spares(job["device"])  # GPU timing does not compete with a warming process
     try:
-        return kb_candidate.verdict_from_wire(process.run(job, ctx)), waited
+        wire = process.run(job, ctx)
+        try:
+            return kb_candidate.verdict_from_wire(wire), waited
+        except (KeyError, TypeError, ValueError) as exc:
+            raise kb_wire.ForbiddenMessage(f"a result that is not a verdict ({exc})") from None
+    except kb_wire.ForbiddenMessage as exc:
+        return forbidden_message_verdict(exc), waited
     except ChildDied as died:
         print(f"krefine harness: {died}; ending the worker the same way", file=sys.stderr)
         worker.close()
         worker.on_child_death(died)
         raise
+
+
+def forbidden_message_verdict(exc: kb_wire.ForbiddenMessage) -> Verdict:
+    """The candidate's process wrote something to the worker's pipe that the harness never sends (a
+    crafted pickle, a forged result): nothing of it ran here (kb_wire), the process is gone, and the
+    candidate fails, in either mode (KernelBench's harness has no such pipe to abuse)."""
+    message = f"the candidate's process sent the worker a message the harness never sends: {exc}"
+    verdict = Verdict(status="runtime_error", compiled=True, correctness=False)
+    verdict.metadata["runtime_error"] = message
+    verdict.metadata["runtime_error_name"] = "forbidden_message"
+    verdict.findings.append({"category": "forbidden_message", "severity": "error", "message": message})
+    verdict.feedback.append(
+        f"Integrity check failed: {message}. Candidates must not touch the harness's pipe to the worker."
+    )
+    return verdict
+
+
+def _hold_to_compared_trials(verdict: Verdict, passed: int, trials: int) -> None:
+    """Strict mode: the worker compared the correctness trials itself; a result from the candidate's
+    process that claims correct with fewer trials passed here is forged (the process wrote its own)."""
+    if passed == trials:
+        return
+    message = f"the candidate's process reported it correct, but {passed} of {trials} trials passed the worker's comparison"
+    verdict.status, verdict.correctness = "incorrect", False
+    verdict.runtime_stats = {}
+    verdict.metadata["correctness_issue"] = message
+    verdict.metadata["correctness_issue_name"] = "forged_result"
+    verdict.findings.append({"category": "forged_result", "severity": "error", "message": message})
+    verdict.feedback.append(f"Integrity check failed (strict mode): {message}.")
 
 
 def _run_candidate(worker: Worker, job: dict[str, Any], ctx: ProblemContext) -> Verdict:
@@ -320,9 +356,13 @@ def _run_candidate(worker: Worker, job: dict[str, Any], ctx: ProblemContext) -> 
     # Strict timing's secrets and checks live here, in the worker, for this one run (kb_strict); in
     # faithful mode they serve the fresh-input probe after KernelBench's loop, every output checked.
     every = job["kind"] == "retime" or ctx.mode != "strict"
-    ctx.strict_session = kb_strict.StrictSession(ctx, every=every)
+    session = ctx.strict_session = kb_strict.StrictSession(
+        ctx, every=every, tolerance=tolerance(ctx.precision, job.get("tolerance"))
+    )
     try:
         verdict, waited = _run_in_process_or_here(worker, job, ctx)
+        if ctx.mode == "strict" and job["kind"] == "evaluate" and verdict.status == "correct":
+            _hold_to_compared_trials(verdict, session.trials_passed, job["trials"])
     finally:
         if ctx.strict_session is not None:
             ctx.strict_session.close()

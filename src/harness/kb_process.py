@@ -24,6 +24,7 @@ import kb_candidate
 import kb_profile
 import kb_reference
 import kb_timing
+import kb_wire
 
 HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -137,10 +138,12 @@ class CandidateProcess:
         if self.ready:
             return
         try:
-            message = self.conn.recv()
+            message = kb_wire.recv(self.conn)
         except (EOFError, OSError) as exc:
             self.process.join(5)
             raise ChildDied(self.process.exitcode) from exc
+        if type(message) is not tuple or not message:
+            raise RuntimeError(f"candidate process sent {message!r} instead of ready")
         if message[0] == "bad_fork":
             self.process.join(5)
             raise BadFork()
@@ -149,13 +152,18 @@ class CandidateProcess:
         self.ready = True
 
     def run(self, job: dict[str, Any], ctx: kb_reference.ProblemContext) -> dict[str, Any]:
-        """Send the job, serve the reference until the result comes, let the process go."""
+        """Send the job, serve the reference until the result comes, let the process go. A message
+        the harness does not send (kb_wire) ends the process at once and raises ForbiddenMessage."""
         self.conn.send(job)
         try:
             result = kb_candidate.serve_reference(self.conn, ctx)
         except (EOFError, OSError) as exc:
             self.process.join(10)
             raise ChildDied(self.process.exitcode) from exc
+        except kb_wire.ForbiddenMessage:
+            self.finished = time.perf_counter()
+            self.kill()
+            raise
         with contextlib.suppress(Exception):
             self.conn.send(("exit",))
         # It exits by itself now; the worker reaps it later (see Worker.reap), not on this path.

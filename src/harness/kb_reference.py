@@ -661,6 +661,13 @@ class ProblemContext:
         result: str | None = self.strict_session.check(call, output, calls)
         return result
 
+    def strict_trial(self, trials: int, index: int, seed: int) -> TrialData:
+        data: TrialData = self.strict_session.trial(trials, index, seed)
+        return data
+
+    def strict_compare(self, index: int, output: Any) -> Any:
+        return self.strict_session.compare_trial(index, output)
+
 
 class ReferenceCache:
     """Per-worker cache of ProblemContexts (LRU) plus reference timings (kept across eviction)."""

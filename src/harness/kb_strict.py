@@ -17,8 +17,13 @@ checked, and if so runs the reference on the pristine inputs and compares, here,
   back first), so a candidate that asks the worker for later calls' inputs ahead of time, to compute their
   outputs outside the timed region, breaks its own loop instead.
 
-What this does not cover (README, threat model): the correctness trials still compare in the candidate's
-process, and the timing loop itself (its locals, its clock) still runs there.
+The correctness trials follow the same rule in strict mode: the candidate gets a trial's inputs and only
+the shapes and dtypes of its expected output (`trial`), returns its output here, and the comparison
+(KernelBench's, kb_correctness.compare_trial) runs here (`compare_trial`), which also counts the trials
+that passed, so a result claiming more is refused (kb_eval).
+
+What this does not cover (README, threat model): the timing loop itself (its locals, its clock) still
+runs in the candidate's process.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 
 import torch
 
+import kb_correctness
 import kb_inputs
 import kb_reference
 
@@ -59,21 +65,33 @@ def dense_output_problem(output: Any, device: torch.device) -> str | None:
 class HostTensor:
     """A CPU output on its way to the worker as plain bytes. Sending a CPU tensor itself would pass a
     file descriptor, which starts multiprocessing's fd-serving thread in the candidate's process (a
-    thread the integrity check would rightly report); CUDA tensors cross by CUDA IPC and need no thread."""
+    thread the integrity check would rightly report); CUDA tensors cross by CUDA IPC and need no thread.
+    It pickles as a call of the class on three plain values, the one harness global the worker's
+    unpickler resolves for CPU outputs (kb_wire)."""
 
-    def __init__(self, tensor: torch.Tensor) -> None:
+    __slots__ = ("dtype", "raw", "shape")
+
+    def __init__(self, dtype: str, shape: tuple[int, ...], raw: bytes) -> None:
+        self.dtype = dtype
+        self.shape = shape
+        self.raw = raw
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> HostTensor:
         flat = tensor.detach().contiguous().reshape(-1)
-        self.dtype = str(flat.dtype).removeprefix("torch.")
-        self.shape = tuple(tensor.shape)
-        self.raw = flat.view(torch.uint8).numpy().tobytes()
+        return cls(str(flat.dtype).removeprefix("torch."), tuple(tensor.shape), flat.view(torch.uint8).numpy().tobytes())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (HostTensor, (self.dtype, self.shape, self.raw))
 
     def tensor(self) -> torch.Tensor:
-        dtype = getattr(torch, self.dtype)
+        dtype = getattr(torch, str(self.dtype), None)
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"not a dtype: {self.dtype}")
+        shape = tuple(int(n) for n in self.shape)
         if not self.raw:
-            return torch.empty(self.shape, dtype=dtype)
-        return torch.frombuffer(bytearray(self.raw), dtype=torch.uint8).view(dtype).reshape(self.shape)
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(bytearray(self.raw), dtype=torch.uint8).view(dtype).reshape(shape)
 
 
 def to_wire(output: Any) -> Any:
@@ -81,7 +99,7 @@ def to_wire(output: Any) -> Any:
     if type(output) in (list, tuple):
         return type(output)(to_wire(item) for item in output)
     if type(output) is torch.Tensor and output.device.type == "cpu":
-        return HostTensor(output)
+        return HostTensor.of(output)
     return output
 
 
@@ -91,6 +109,15 @@ def from_wire(value: Any) -> Any:
     if type(value) is HostTensor:
         return value.tensor()
     return value
+
+
+def shapes_only(output: Any) -> Any:
+    """`output` with every tensor replaced by a meta tensor of its shape and dtype (no data)."""
+    if type(output) in (list, tuple):
+        return type(output)(shapes_only(item) for item in output)
+    if isinstance(output, torch.Tensor):
+        return torch.empty(output.shape, dtype=output.dtype, device="meta")
+    return None
 
 
 def check_probability(calls: int, every: bool) -> float:
@@ -108,16 +135,28 @@ class StrictSession:
     own timing uses a key derived from the problem's seed, so its cached time is reproducible); None
     draws a secret one. The check decisions always come from a secret."""
 
-    def __init__(self, ctx: kb_reference.ProblemContext, every: bool = False, key: int | None = None) -> None:
+    def __init__(
+        self,
+        ctx: kb_reference.ProblemContext,
+        every: bool = False,
+        key: int | None = None,
+        tolerance: tuple[float, float] | None = None,
+    ) -> None:
         self.ctx = ctx
+        # (atol, rtol): eval.tolerance as resolved for the run; KernelBench's per-precision table if None.
+        tol = kb_reference.TOLERANCES[ctx.precision]
+        self.atol, self.rtol = tolerance if tolerance is not None else (tol, tol)
         self.every = every
         self._fresh = kb_inputs.FreshInputs(ctx, key)
         self._decide = random.Random(secrets.randbits(128))
         self._pending: dict[int, list[Any]] = {}
+        self._expected: dict[int, Any] = {}
         self._next = 0
         # Counts for tests and logs: calls handed inputs, calls checked.
         self.calls = 0
         self.checked = 0
+        # Correctness trials the worker compared and found correct (kb_eval holds a result to it).
+        self.trials_passed = 0
 
     def warmup_inputs(self) -> list[Any]:
         """One input set for the warm-up calls (untimed, unchecked)."""
@@ -150,19 +189,39 @@ class StrictSession:
             return None
         self.checked += 1
         expected = self.ctx.reference_output(pristine)
-        return compare(output, expected, kb_reference.TOLERANCES[self.ctx.precision])
+        return compare(output, expected, self.atol, self.rtol)
+
+    def trial(self, trials: int, index: int, seed: int) -> kb_reference.TrialData:
+        """Correctness trial `index` as the candidate gets it in strict mode: the inputs and RNG state,
+        and in place of the expected output meta tensors of its shapes and dtypes (enough to poison
+        freed memory); the expected output stays here for `compare_trial`."""
+        data = self.ctx.trial(trials, index, seed)
+        self._expected[index] = data.output
+        return kb_reference.TrialData(data.inputs, shapes_only(data.output), data.rng)
+
+    def compare_trial(self, index: int, output: Any) -> kb_correctness.TrialComparison:
+        """KernelBench's comparison of trial `index`, here, with the expected output only this process
+        holds; each trial's output is compared once."""
+        expected = self._expected.pop(index, None)
+        if expected is None:
+            raise StrictOrderError(f"correctness trial {index + 1} was not handed out, or was compared already")
+        result = kb_correctness.compare_trial(expected, output, self.atol, self.rtol, index)
+        if result.passed:
+            self.trials_passed += 1
+        return result
 
     def close(self) -> None:
+        self._expected.clear()
         self._pending.clear()
         self._fresh.close()
 
 
-def compare(output: Any, expected: Any, tol: float) -> str | None:
+def compare(output: Any, expected: Any, atol: float, rtol: float) -> str | None:
     if isinstance(expected, (list, tuple)):
         if not isinstance(output, (list, tuple)) or len(output) != len(expected):
             return "the output's structure differs from the reference's"
         for got, want in zip(output, expected, strict=True):
-            problem = compare(got, want, tol)
+            problem = compare(got, want, atol, rtol)
             if problem is not None:
                 return problem
         return None
@@ -170,7 +229,7 @@ def compare(output: Any, expected: Any, tol: float) -> str | None:
         return "the output is not a tensor"
     if output.shape != expected.shape:
         return f"output shape {tuple(output.shape)}, expected {tuple(expected.shape)}"
-    if not bool(_ALLCLOSE(expected, output, atol=tol, rtol=tol)):
+    if not bool(_ALLCLOSE(expected, output, atol=atol, rtol=rtol)):
         return "the output does not match the reference for this call's inputs"
     return None
 

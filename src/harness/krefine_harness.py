@@ -30,7 +30,8 @@ the floors or along one, never up, and never in a circle. From the top:
                input store, a script the orchestrator runs off the lease) > kb_inputs (parallel input
                generation) > kb_problem (KernelBench's basics: seeds, loading, tensors)
     leaves     kb_feedback (feedback text, what a candidate's error is), kb_timing (timers, L2 flush),
-               kb_sandbox (confinement), kb_ncu (Nsight Compute's CSV and its P feedback text); none
+               kb_sandbox (confinement), kb_ncu (Nsight Compute's CSV and its P feedback text),
+               kb_wire (the worker's restricted unpickler for candidate processes' messages); none
                imports a harness module
 
 Read the table top to bottom, left to right: a module may import only modules named after it (`a > b`:

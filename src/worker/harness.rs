@@ -13,7 +13,7 @@ use super::WorkerError;
 pub const HARNESS_ENTRY: &str = "krefine_harness.py";
 
 /// Every harness file: (file name, content).
-pub const HARNESS_FILES: [(&str, &str); 23] = [
+pub const HARNESS_FILES: [(&str, &str); 24] = [
     (
         "krefine_harness.py",
         include_str!("../harness/krefine_harness.py"),
@@ -37,6 +37,7 @@ pub const HARNESS_FILES: [(&str, &str); 23] = [
     ("kb_prepare.py", include_str!("../harness/kb_prepare.py")),
     ("kb_timing.py", include_str!("../harness/kb_timing.py")),
     ("kb_strict.py", include_str!("../harness/kb_strict.py")),
+    ("kb_wire.py", include_str!("../harness/kb_wire.py")),
     ("kb_profile.py", include_str!("../harness/kb_profile.py")),
     ("kb_ncu.py", include_str!("../harness/kb_ncu.py")),
     ("kb_process.py", include_str!("../harness/kb_process.py")),

@@ -6,14 +6,20 @@ and the check decision is independent of the call. Counts and verdicts only, nev
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+import kb_eval
+import kb_prepare
+import kb_protocol
 import kb_reference
 import kb_strict
 import kb_timing
+from harness_client import FIXTURES, evaluate_request, prepare_request
 
 PROBLEM = """
 import torch
@@ -207,3 +213,81 @@ def test_inputs_are_handed_out_in_order_one_call_at_a_time(ctx: kb_reference.Pro
         session.inputs(2)
     session.inputs(1)
     assert session.check(0, honest(*args), 3) == "no inputs were handed out for this call"
+
+
+def test_a_strict_trial_hands_out_shapes_only_and_compares_in_the_session(ctx: kb_reference.ProblemContext) -> None:
+    session = kb_strict.StrictSession(ctx)
+    seeds = kb_reference.trial_seeds(ctx.seed, 2)
+    data = session.trial(2, 0, seeds[0])
+    assert data.output.device.type == "meta" and data.output.shape == (64,)
+    assert session.compare_trial(0, honest(*data.inputs)).passed
+    with pytest.raises(kb_strict.StrictOrderError):  # compared once
+        session.compare_trial(0, honest(*data.inputs))
+    data = session.trial(2, 1, seeds[1])
+    wrong = session.compare_trial(1, torch.zeros(64))
+    assert not wrong.passed and wrong.max_diff > 0 and wrong.detail is not None
+    assert session.trials_passed == 1
+    data = session.trial(2, 1, seeds[1])
+    assert session.compare_trial(1, torch.zeros(3)).shapes == ("torch.Size([64])", "torch.Size([3])")
+
+
+# ---------------------------------------------------------------- correctness trials in real processes
+
+MATMUL = (FIXTURES / "integrity" / "problem_matmul.py").read_text()
+HONEST = (FIXTURES / "integrity" / "honest.py").read_text()
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[kb_eval.Worker]:
+    isolated = kb_eval.Worker(isolate=True)
+    assert kb_prepare.prepare(prepare_request(1, MATMUL), isolated)["status"] == "ready"
+    yield isolated
+    isolated.close()
+
+
+def evaluate(worker: kb_eval.Worker, root: Path, name: str, mode: str, measure: bool = True) -> dict[str, Any]:
+    source = HONEST if name == "honest" else (FIXTURES / "strict" / name).read_text()
+    request = evaluate_request(2, MATMUL, source, root / name, mode=mode, measure=measure, timing_trials=10)
+    response = kb_eval.evaluate(request, worker)
+    assert kb_protocol.check_response(response) == []
+    return response
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["strict", "faithful"])
+def test_trials_compare_where_the_expected_outputs_are(worker: kb_eval.Worker, tmp_path: Path, mode: str) -> None:
+    """Strict: the candidate's process never holds a trial's expected output nor runs its comparison, so
+    stealing it (gc_stealer) or patching every comparison there (compare_patcher, trial_patcher) fails
+    the trials themselves. Faithful keeps KernelBench's in-process comparison: all three pass it (the
+    fresh-input probe warns about them, tests/strict_hostile.rs)."""
+    before = evaluate(worker, tmp_path, "honest", mode)
+    verdicts = {name: evaluate(worker, tmp_path, name, mode) for name in ("gc_stealer.py", "compare_patcher.py", "trial_patcher.py")}
+    after = evaluate(worker, tmp_path, "honest", mode)
+    for response in (before, after):
+        assert response["status"] == "correct" and response["correctness"] is True, response
+    for name, response in verdicts.items():
+        if mode == "faithful":
+            assert response["status"] == "correct", (name, response)  # as KernelBench would judge it
+            continue
+        assert response["status"] != "correct" and response["speedup"] is None, (name, response)
+    if mode == "strict":
+        assert verdicts["compare_patcher.py"]["metadata"]["correctness_issue"] == "Output mismatch"
+        assert verdicts["compare_patcher.py"]["metadata"]["correctness_trials"] == "(0 / 5)"
+        # The patched proxy reports 5 / 5; the worker's timed checks fail it, and without timing the
+        # worker's own count of trials passed does.
+        patched = verdicts["trial_patcher.py"]
+        assert patched["metadata"]["correctness_issue_name"] == "timed_output_mismatch", patched
+        untimed = evaluate(worker, tmp_path, "trial_patcher.py", mode, measure=False)
+        assert untimed["status"] == "incorrect", untimed
+        assert untimed["metadata"]["correctness_issue_name"] == "forged_result", untimed
+        # The stealer finds no expected output in its process: it computes, or returns what it found.
+        assert verdicts["gc_stealer.py"]["status"] in ("incorrect", "runtime_error")
+
+
+@pytest.mark.slow
+def test_a_forged_result_is_refused_in_strict_mode(worker: kb_eval.Worker, tmp_path: Path) -> None:
+    response = evaluate(worker, tmp_path, "forged_result.py", "strict")
+    assert response["status"] == "incorrect" and response["speedup"] is None, response
+    assert response["metadata"]["correctness_issue_name"] == "forged_result"
+    assert [f["category"] for f in response["findings"]] == ["forged_result"]
+    assert evaluate(worker, tmp_path, "honest", "strict")["status"] == "correct"
