@@ -21,8 +21,8 @@ the floors or along one, never up, and never in a circle. From the top:
     process    kb_process (the single-use candidate process: warm-up, one job, exit)
     profile    kb_profile (`op: profile`: torch.profiler table, ncu run)
     candidate  kb_candidate (load, check and time one candidate; the reference over a pipe)
-               > kb_correctness (KernelBench's correctness loop, the verdict)
-               > kb_strict (strict timing's secret inputs and checks, held by the worker)
+               > kb_strict (strict mode's secret inputs and checks, held by the worker)
+               > kb_correctness (KernelBench's correctness loop and comparison, the verdict)
     build      kb_compile (`op: compile`, import a candidate) > kb_build (the fast load_inline)
                > kb_pch (shared precompiled headers) > kb_split (a C++ extension in two units);
                kb_nvcc (the overlapped nvcc, a script the build runs)
