@@ -25,6 +25,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "python"))
+sys.path.insert(0, str(REPO / "src" / "harness"))
 
 import torch  # noqa: E402
 
