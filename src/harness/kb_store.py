@@ -22,6 +22,11 @@ Only plain values are stored: a top-level list of contiguous CPU tensors and JSO
 whose `get_inputs()` makes anything else (a tensor on a device, a view, a nested structure) is
 `unstorable`, and its inputs are made by the worker as before.
 
+Admission: a request with `admit` set reports the entry's planned bytes (`{"planned": n}`, one line on
+stdout; null when get_inputs() cannot run on the meta device) before writing anything, and reads the
+orchestrator's answer (`{"admit": bool, "detail": str}`, one line on stdin). Refused: `over_budget`,
+nothing written, and the worker makes the inputs.
+
     python kb_store.py generate < request.json     # one JSON request in, one JSON response out
 """
 

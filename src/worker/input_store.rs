@@ -13,9 +13,15 @@
 //!   manifest last, so a reader sees a whole entry or none.
 //! - Every seed's file has a CRC-32; the GPU worker checks it as it reads, and a bad entry is never
 //!   used: that worker makes the inputs itself, and the next generation rebuilds the entry.
-//! - Bounded: after each generation, entries are removed oldest last use first (the `used` file's
-//!   mtime, touched at every use) until the store fits `resources.reference_cache_gb`. An entry being
-//!   made (its lock held) is never removed; a reader whose entry vanishes makes its inputs itself.
+//! - Bounded before anything is written ([`InputStore::admit`]): the generator reports the entry's
+//!   planned bytes first; under the store's admission lock (`.admission.lock`, across processes) the
+//!   finished entries, the reservations of entries being made (`.<key>.reserve`, counted while the
+//!   entry's lock is held, removed when it is free) and this entry must fit [`effective_cap`]
+//!   (`resources.reference_cache_gb`, and never past the file system's free space less a margin);
+//!   least recently used entries (the `used` file's mtime, touched at every use) are removed to make
+//!   room. An entry that cannot fit is not made (`over_budget`), and the worker makes those inputs.
+//!   After each generation the same LRU order trims the store to its limit. An entry being made (its
+//!   lock held) is never removed; a reader whose entry vanishes makes its inputs itself.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
