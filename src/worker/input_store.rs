@@ -406,10 +406,9 @@ impl InputStore {
         };
         let victims =
             plan_admission(&entries, reserved, planned, cap, key, &busy).ok_or_else(refused)?;
-        let all_removed = victims
-            .iter()
-            .fold(true, |ok, v| self.remove_unlocked(v) && ok);
-        if !all_removed {
+        // Every victim is tried (no short circuit): one in use since the plan just stays.
+        let failed = victims.iter().filter(|v| !self.remove_unlocked(v)).count();
+        if failed > 0 {
             let left: u64 = self.scan().iter().map(|e| e.bytes).sum();
             if left.saturating_add(reserved).saturating_add(planned) > cap {
                 return Err(refused());
