@@ -254,8 +254,8 @@ impl InputStore {
         let _ = tokio::fs::remove_dir_all(&tmp).await;
         // Made (or not): the entry now counts as itself, no longer as a reservation.
         let _ = tokio::fs::remove_file(self.reservation(key)).await;
-        if matches!(&answer, Ok(a) if a.status != GenerateStatus::Unstorable
-            && a.status != GenerateStatus::Error)
+        if matches!(&answer, Ok(a) if matches!(a.status,
+            GenerateStatus::Hit | GenerateStatus::Generated | GenerateStatus::Rebuilt))
         {
             touch(&entry.join(USED));
         }
