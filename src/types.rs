@@ -753,7 +753,8 @@ pub struct PrepareOutcome {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InputsOutcome {
     /// `hit` (stored already), `generated`, `rebuilt` (a corrupt entry replaced), `unstorable` (the
-    /// worker makes them), `error` (the problem's own code failed), `failed` (the machinery).
+    /// worker makes them), `over_budget` (the entry does not fit the store's cap: the worker makes
+    /// them), `error` (the problem's own code failed), `failed` (the machinery).
     pub status: String,
     /// Bytes of inputs in the store entry.
     #[serde(default)]

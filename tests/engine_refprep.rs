@@ -310,3 +310,61 @@ async fn stored_inputs_are_made_once_off_the_lease_and_change_no_result() {
         assert_eq!(a.env.inputs.as_deref(), Some("kernelbench"));
     }
 }
+
+/// An entry that does not fit the store's cap (1 byte here) is not stored: its CPU stage ends
+/// `over_budget` (not an error), the worker makes the inputs itself as before the store existed,
+/// and the verdicts are those of a run that never used the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inputs_over_the_store_cap_are_made_by_the_worker_and_change_no_result() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path().join("work");
+    let harness = deployed_harness(tmp.path()).await;
+    let mut settings = cpu_settings(
+        test_python().await,
+        harness,
+        &work,
+        &work.join("build-cache"),
+    );
+    let store = tmp.path().join("reference-cache");
+    settings.reference_cache = Some(store.clone());
+    settings.reference_cache_bytes = 1;
+    let pool = WorkerPool::start(settings).await.expect("pool starts");
+
+    let base = problem_add();
+    let over = run(&pool, &tmp.path().join("over"), (*base).clone(), 2).await;
+    let cold = Problem {
+        key: ProblemKey {
+            level: 1,
+            problem_id: 902,
+        },
+        name: "902_add.py".into(),
+        code: format!("{}\n# another store entry, never made\n", base.code),
+    };
+    let lazy = run(&pool, &tmp.path().join("lazy"), cold, 0).await;
+    pool.shutdown().await;
+
+    assert_eq!(
+        inputs_statuses(&over),
+        ["over_budget"],
+        "{:?}",
+        kinds(&over)
+    );
+    assert!(inputs_statuses(&lazy).is_empty());
+    let stored = std::fs::read_dir(&store)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.path().join("manifest.json").is_file())
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(stored, 0, "nothing was stored");
+    for sample in [0, 1] {
+        let (a, b) = (executed(&over, sample), executed(&lazy, sample));
+        assert_eq!(
+            (a.verdict, a.compiled, a.correctness, &a.metadata),
+            (b.verdict, b.compiled, b.correctness, &b.metadata),
+            "sample {sample}"
+        );
+        assert_eq!(a.env.inputs.as_deref(), Some("kernelbench"));
+    }
+}

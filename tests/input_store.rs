@@ -145,3 +145,91 @@ async fn the_store_keeps_to_its_size_least_recently_used_first() {
     let total: u64 = s.scan().iter().map(|e| e.bytes).sum();
     assert!(total <= limit, "{total} > {limit}");
 }
+
+/// An entry larger than the store's cap is not made (nothing written, nothing evicted), and says so
+/// with a status that is not an error.
+#[tokio::test]
+async fn an_entry_larger_than_the_cap_is_not_stored() {
+    let work = tempfile::tempdir().unwrap();
+    let torch = torch_version().await;
+    let small = format!("{}\n# small\n", problem(8));
+    let big = problem(64);
+    let s = store(work.path(), u64::MAX).await;
+    let skey = entry_key(&small, 42, 5, true, &torch);
+    s.ensure(&skey, &small, 42, 5, true, &torch).await.unwrap();
+    let one = s.scan()[0].bytes;
+    // Room for the small entry and a little more, far less than the big one (64x the floats).
+    let s = store(work.path(), one * 3).await;
+    let key = entry_key(&big, 42, 5, true, &torch);
+    let answer = s.ensure(&key, &big, 42, 5, true, &torch).await.unwrap();
+    assert_eq!(answer.status, GenerateStatus::OverBudget, "{answer:?}");
+    assert!(answer.detail.contains("do not fit"), "{answer:?}");
+    assert!(s.usable(&key).is_none());
+    assert!(s.usable(&skey).is_some(), "nothing was evicted for it");
+    assert!(
+        !std::fs::read_dir(s.root())
+            .unwrap()
+            .filter_map(Result::ok)
+            .any(|e| e.file_name().to_string_lossy().contains("reserve")),
+        "no reservation is left behind"
+    );
+}
+
+/// Two entries made at once see each other's reservation: together they never exceed the cap, so
+/// the second does not fit while the first is being made (slowly: its get_inputs() sleeps).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_entries_made_at_once_never_exceed_the_cap_together() {
+    let work = tempfile::tempdir().unwrap();
+    let torch = torch_version().await;
+    let slow = problem(64).replace(
+        "def get_inputs():\n",
+        "def get_inputs():\n    import time\n    time.sleep(0.5)\n",
+    );
+    assert_ne!(slow, problem(64));
+    let codes = [slow, format!("{}\n# another\n", problem(64))];
+    let keys: Vec<String> = codes
+        .iter()
+        .map(|c| entry_key(c, 42, 5, true, &torch))
+        .collect();
+    // One entry's bytes, measured on a scratch store.
+    let scratch = tempfile::tempdir().unwrap();
+    let probe = store(scratch.path(), u64::MAX).await;
+    probe
+        .ensure(&keys[1], &codes[1], 42, 5, true, &torch)
+        .await
+        .unwrap();
+    let one = probe.scan()[0].bytes;
+    let limit = one * 3 / 2;
+    // Two stores over one folder, as two runs would have.
+    let (s1, s2) = (
+        store(work.path(), limit).await,
+        store(work.path(), limit).await,
+    );
+    let root = s1.root().to_path_buf();
+    let first = tokio::spawn({
+        let (key, code, torch) = (keys[0].clone(), codes[0].clone(), torch.clone());
+        async move { s1.ensure(&key, &code, 42, 5, true, &torch).await }
+    });
+    // The second starts once the first is admitted and making its seeds (six sleeps long).
+    let marker = root.join(format!(".{}.reserve", keys[0]));
+    let mut admitted = false;
+    for _ in 0..600 {
+        if marker.is_file() {
+            admitted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(admitted, "the first entry was never admitted");
+    let second = s2
+        .ensure(&keys[1], &codes[1], 42, 5, true, &torch)
+        .await
+        .unwrap();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status, GenerateStatus::Generated, "{first:?}");
+    assert_eq!(second.status, GenerateStatus::OverBudget, "{second:?}");
+    assert!(second.detail.contains("being made by others"), "{second:?}");
+    let total: u64 = s2.scan().iter().map(|e| e.bytes).sum();
+    assert!(total <= limit, "{total} > {limit}");
+    assert!(!marker.exists(), "the reservation goes with the made entry");
+}

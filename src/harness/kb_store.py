@@ -22,6 +22,11 @@ Only plain values are stored: a top-level list of contiguous CPU tensors and JSO
 whose `get_inputs()` makes anything else (a tensor on a device, a view, a nested structure) is
 `unstorable`, and its inputs are made by the worker as before.
 
+Admission: a request with `admit` set reports the entry's planned bytes (`{"planned": n}`, one line on
+stdout; null when get_inputs() cannot run on the meta device) before writing anything, and reads the
+orchestrator's answer (`{"admit": bool, "detail": str}`, one line on stdin). Refused: `over_budget`,
+nothing written, and the worker makes the inputs.
+
     python kb_store.py generate < request.json     # one JSON request in, one JSON response out
 """
 
@@ -284,6 +289,10 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     seeds = seeds_of(request)
+    if request.get("admit"):
+        refusal = _ask_admission(code, len(seeds))
+        if refusal is not None:
+            return _answer("over_budget", started, seeds, 0, detail=refusal)
     why = verify(entry, code, seeds)
     broken = os.path.exists(entry)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -313,6 +322,34 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
     size = sum(int(p["bytes"]) for p in parts.values())
     status = "rebuilt" if broken else "generated"
     return _answer(status, started, seeds, size, detail=(why or "") if broken else "", parallel=parallel)
+
+
+def planned_entry_bytes(code: str, seeds: int) -> int | None:
+    """The bytes an entry of `seeds` seeds will hold (found on the meta device, nothing made); None when
+    the problem's get_inputs() cannot say without running."""
+    import kb_inputs
+    import kb_problem
+
+    per_seed = kb_inputs.planned_bytes(kb_problem.load_problem(code).get_inputs)
+    return None if per_seed is None else per_seed * seeds
+
+
+def _ask_admission(code: str, seeds: int) -> str | None:
+    """Admission before anything is written: the entry's planned bytes go to the orchestrator (one JSON
+    line on stdout, `{"planned": bytes or null}`), which reserves them against the store's cap and
+    answers one line on stdin (`{"admit": bool, "detail": str}`). None when admitted, else why not."""
+    planned = planned_entry_bytes(code, seeds)
+    sys.stdout.write(json.dumps({"planned": planned}) + "\n")
+    sys.stdout.flush()
+    line = sys.stdin.readline()
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        return "no admission answer from the orchestrator"
+    if isinstance(reply, dict) and reply.get("admit") is True:
+        return None
+    detail = reply.get("detail") if isinstance(reply, dict) else None
+    return str(detail or "the store has no room for this entry")
 
 
 def _answer(
@@ -379,7 +416,8 @@ def main(argv: list[str]) -> int:
     if argv[1:] != ["generate"]:
         print("usage: python kb_store.py generate < request.json", file=sys.stderr)
         return 2
-    request = json.loads(sys.stdin.read())
+    # One line: with `admit`, the orchestrator answers the admission question on the same stdin.
+    request = json.loads(sys.stdin.readline())
     # Through the module, not __main__: the spawned children then find `_write_one` by its module name.
     import kb_store
 

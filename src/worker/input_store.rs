@@ -13,9 +13,15 @@
 //!   manifest last, so a reader sees a whole entry or none.
 //! - Every seed's file has a CRC-32; the GPU worker checks it as it reads, and a bad entry is never
 //!   used: that worker makes the inputs itself, and the next generation rebuilds the entry.
-//! - Bounded: after each generation, entries are removed oldest last use first (the `used` file's
-//!   mtime, touched at every use) until the store fits `resources.reference_cache_gb`. An entry being
-//!   made (its lock held) is never removed; a reader whose entry vanishes makes its inputs itself.
+//! - Bounded before anything is written ([`InputStore::admit`]): the generator reports the entry's
+//!   planned bytes first; under the store's admission lock (`.admission.lock`, across processes) the
+//!   finished entries, the reservations of entries being made (`.<key>.reserve`, counted while the
+//!   entry's lock is held, removed when it is free) and this entry must fit [`effective_cap`]
+//!   (`resources.reference_cache_gb`, and never past the file system's free space less a margin);
+//!   least recently used entries (the `used` file's mtime, touched at every use) are removed to make
+//!   room. An entry that cannot fit is not made (`over_budget`), and the worker makes those inputs.
+//!   After each generation the same LRU order trims the store to its limit. An entry being made (its
+//!   lock held) is never removed; a reader whose entry vanishes makes its inputs itself.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -31,6 +37,10 @@ pub const STORE_SCRIPT: &str = "kb_store.py";
 pub const MANIFEST: &str = "manifest.json";
 /// Inside an entry: touched at every use; its mtime orders eviction.
 pub const USED: &str = "used";
+/// In the store's folder: held while one admission decides (across processes).
+const ADMISSION_LOCK: &str = ".admission.lock";
+/// `.<key><RESERVATION>`: the planned bytes of an entry being made.
+const RESERVATION: &str = ".reserve";
 /// Bumped when the entry layout changes (part of every key).
 const FORMAT: &str = "kb_store/1";
 
@@ -81,6 +91,9 @@ pub enum GenerateStatus {
     Unstorable,
     /// The problem's own code failed; the worker's preparation reports it as the reference's error.
     Error,
+    /// The entry does not fit the store's cap (see [`plan_admission`]): nothing was written, and the
+    /// worker makes these inputs as it did before the store existed.
+    OverBudget,
 }
 
 /// One entry found on disk.
@@ -106,6 +119,51 @@ pub fn plan_eviction(entries: &[EntryInfo], limit: u64, keep: &str) -> Vec<Strin
         victims.push(e.key.clone());
     }
     victims
+}
+
+/// Space kept free on the store's file system: 10% of it or 5 GB, whichever is larger.
+pub const MIN_FREE_BYTES: u64 = 5_000_000_000;
+
+/// The bytes the store may hold: `resources.reference_cache_gb` (`limit`), and never more than its
+/// finished entries (`stored`, which eviction can give back) plus the file system's free space less
+/// the margin it keeps free (max(10% of `fs_total`, [`MIN_FREE_BYTES`])): the store never fills the
+/// disk.
+pub fn effective_cap(limit: u64, stored: u64, free: u64, fs_total: u64) -> u64 {
+    let margin = (fs_total / 10).max(MIN_FREE_BYTES);
+    limit.min(stored.saturating_add(free.saturating_sub(margin)))
+}
+
+/// Admission of a new entry of `planned` bytes: the finished entries to remove (oldest use first;
+/// `keep` and those in `busy` are never chosen) so that the finished entries, the other entries being
+/// made (`reserved`) and this one fit `cap` together. `None` when it cannot fit even then: nothing is
+/// removed for an entry that will not be stored.
+pub fn plan_admission(
+    entries: &[EntryInfo],
+    reserved: u64,
+    planned: u64,
+    cap: u64,
+    keep: &str,
+    busy: &[String],
+) -> Option<Vec<String>> {
+    let need = reserved.saturating_add(planned);
+    if need > cap {
+        return None;
+    }
+    let mut total: u64 = entries.iter().map(|e| e.bytes).sum();
+    let mut order: Vec<&EntryInfo> = entries
+        .iter()
+        .filter(|e| e.key != keep && !busy.contains(&e.key))
+        .collect();
+    order.sort_by(|a, b| a.last_used.cmp(&b.last_used).then(a.key.cmp(&b.key)));
+    let mut victims = Vec::new();
+    for e in order {
+        if total.saturating_add(need) <= cap {
+            break;
+        }
+        total -= e.bytes;
+        victims.push(e.key.clone());
+    }
+    (total.saturating_add(need) <= cap).then_some(victims)
 }
 
 /// The store: where it is, how large it may grow, and how to start the harness that fills it.
@@ -189,11 +247,15 @@ impl InputStore {
             "torch": torch,
             "entry": entry,
             "tmp": tmp,
+            // Ask before making anything: the generator reports the entry's planned bytes first.
+            "admit": true,
         });
-        let answer = self.run_generator(&request.to_string()).await;
+        let answer = self.run_generator(key, &request.to_string()).await;
         let _ = tokio::fs::remove_dir_all(&tmp).await;
-        if matches!(&answer, Ok(a) if a.status != GenerateStatus::Unstorable
-            && a.status != GenerateStatus::Error)
+        // Made (or not): the entry now counts as itself, no longer as a reservation.
+        let _ = tokio::fs::remove_file(self.reservation(key)).await;
+        if matches!(&answer, Ok(a) if matches!(a.status,
+            GenerateStatus::Hit | GenerateStatus::Generated | GenerateStatus::Rebuilt))
         {
             touch(&entry.join(USED));
         }
@@ -203,7 +265,12 @@ impl InputStore {
         Ok(answer)
     }
 
-    async fn run_generator(&self, request: &str) -> Result<GenerateAnswer, String> {
+    /// Run `kb_store.py generate`: the request goes in on stdin; a generator that has to make the
+    /// entry first reports its planned bytes (`{"planned": n}`) and waits for [`Self::admit`]'s answer
+    /// on the same stdin; its last JSON line is the answer.
+    async fn run_generator(&self, key: &str, request: &str) -> Result<GenerateAnswer, String> {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+
         let mut child = tokio::process::Command::new(&self.python)
             .arg(self.harness_dir.join(STORE_SCRIPT))
             .arg("generate")
@@ -216,38 +283,183 @@ impl InputStore {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", self.python.display()))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(request.as_bytes())
+        let mut stdin = child.stdin.take();
+        let stdout = child.stdout.take();
+        let stderr_task = child.stderr.take().map(|mut err| {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let _ = err.read_to_end(&mut buf).await;
+                buf
+            })
+        });
+        let dialogue = async {
+            if let Some(stdin) = stdin.as_mut() {
+                stdin
+                    .write_all(format!("{request}\n").as_bytes())
+                    .await
+                    .map_err(|e| format!("cannot send the generation request: {e}"))?;
+                let _ = stdin.flush().await;
+            }
+            let mut last = None;
+            if let Some(stdout) = stdout {
+                let mut lines = BufReader::new(stdout).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if !line.trim_start().starts_with('{') {
+                        continue;
+                    }
+                    match serde_json::from_str::<PlannedLine>(&line) {
+                        Ok(PlannedLine { planned }) => {
+                            let reply = self.admit_blocking(key, planned).await;
+                            let reply = serde_json::json!({
+                                "admit": reply.is_ok(),
+                                "detail": reply.err().unwrap_or_default(),
+                            });
+                            if let Some(stdin) = stdin.as_mut() {
+                                let _ = stdin.write_all(format!("{reply}\n").as_bytes()).await;
+                                let _ = stdin.flush().await;
+                            }
+                        }
+                        Err(_) => last = Some(line),
+                    }
+                }
+            }
+            drop(stdin.take());
+            let status = child
+                .wait()
                 .await
-                .map_err(|e| format!("cannot send the generation request: {e}"))?;
-        }
-        let out = tokio::time::timeout(self.timeout, child.wait_with_output())
+                .map_err(|e| format!("the input generator failed: {e}"))?;
+            Ok::<_, String>((status, last))
+        };
+        let (status, last) = tokio::time::timeout(self.timeout, dialogue)
             .await
             .map_err(|_| {
                 format!(
                     "making the inputs took longer than {} s (eval.timeouts.reference_s)",
                     self.timeout.as_secs()
                 )
-            })?
-            .map_err(|e| format!("the input generator failed: {e}"))?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let line = stdout
-            .lines()
-            .rev()
-            .find(|l| l.trim_start().starts_with('{'));
-        match line.map(serde_json::from_str::<GenerateAnswer>) {
+            })??;
+        match last.as_deref().map(serde_json::from_str::<GenerateAnswer>) {
             Some(Ok(a)) => Ok(a),
             _ => {
-                let stderr = String::from_utf8_lossy(&out.stderr);
+                let stderr = match stderr_task {
+                    Some(t) => t.await.unwrap_or_default(),
+                    None => Vec::new(),
+                };
+                let stderr = String::from_utf8_lossy(&stderr);
                 let tail: Vec<&str> = stderr.lines().rev().take(10).collect();
                 Err(format!(
-                    "the input generator ended ({}) without an answer: {}",
-                    out.status,
+                    "the input generator ended ({status}) without an answer: {}",
                     tail.into_iter().rev().collect::<Vec<_>>().join("\n")
                 ))
             }
         }
+    }
+
+    /// The reservation file of an entry being made: its planned bytes, counted against the cap by
+    /// every process's admission while the entry's lock is held (a stale one, its lock free, is
+    /// removed by the next admission).
+    fn reservation(&self, key: &str) -> PathBuf {
+        self.root.join(format!(".{key}{RESERVATION}"))
+    }
+
+    async fn admit_blocking(&self, key: &str, planned: Option<u64>) -> Result<(), String> {
+        let store = self.clone();
+        let key = key.to_string();
+        tokio::task::spawn_blocking(move || store.admit(&key, planned))
+            .await
+            .unwrap_or_else(|e| Err(format!("admission failed: {e}")))
+    }
+
+    /// Admission of the entry `key` (its lock held by the caller) of `planned` bytes, under the
+    /// store's admission lock (one admission at a time across processes): the finished entries, the
+    /// others being made and this one must fit [`effective_cap`]; least recently used entries are
+    /// removed to make room. Admitted: its reservation is written. Refused (`Err`, why): nothing
+    /// is removed or written, and the worker makes the inputs itself.
+    pub fn admit(&self, key: &str, planned: Option<u64>) -> Result<(), String> {
+        let Some(planned) = planned else {
+            return Err(
+                "the entry's size is unknown before making it (get_inputs() does not \
+                        run on the meta device)"
+                    .into(),
+            );
+        };
+        let lock_path = self.root.join(ADMISSION_LOCK);
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?;
+        lock.lock()
+            .map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?;
+        let (reserved, busy) = self.reservations(key);
+        let entries = self.scan();
+        let stored: u64 = entries.iter().map(|e| e.bytes).sum();
+        let (free, fs_total) = fs_space(&self.root).unwrap_or((u64::MAX, 0));
+        let cap = effective_cap(self.limit, stored, free, fs_total);
+        let refused = || {
+            format!(
+                "{planned} bytes do not fit the store: cap {cap} bytes (resources.reference_cache_gb \
+                 {}, free space {free} bytes), {reserved} bytes being made by others",
+                self.limit
+            )
+        };
+        let victims =
+            plan_admission(&entries, reserved, planned, cap, key, &busy).ok_or_else(refused)?;
+        // Every victim is tried (no short circuit): one in use since the plan just stays.
+        let failed = victims.iter().filter(|v| !self.remove_unlocked(v)).count();
+        if failed > 0 {
+            let left: u64 = self.scan().iter().map(|e| e.bytes).sum();
+            if left.saturating_add(reserved).saturating_add(planned) > cap {
+                return Err(refused());
+            }
+        }
+        std::fs::write(self.reservation(key), planned.to_string())
+            .map_err(|e| format!("cannot write the reservation of {key}: {e}"))?;
+        drop(lock);
+        Ok(())
+    }
+
+    /// The bytes reserved by other entries being made (their lock held), and their keys; stale
+    /// reservations (lock free: the maker is gone) are removed.
+    fn reservations(&self, key: &str) -> (u64, Vec<String>) {
+        let mut total = 0u64;
+        let mut busy = Vec::new();
+        let Ok(dir) = std::fs::read_dir(&self.root) else {
+            return (0, busy);
+        };
+        for e in dir.filter_map(Result::ok) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(other) = name
+                .strip_prefix('.')
+                .and_then(|n| n.strip_suffix(RESERVATION))
+            else {
+                continue;
+            };
+            if other == key {
+                continue;
+            }
+            if self.lock_is_free(other) {
+                let _ = std::fs::remove_file(e.path());
+                continue;
+            }
+            let bytes = std::fs::read_to_string(e.path())
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            total = total.saturating_add(bytes);
+            busy.push(other.to_string());
+        }
+        (total, busy)
+    }
+
+    fn lock_is_free(&self, key: &str) -> bool {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.root.join(format!("{key}.lock")))
+            .is_ok_and(|f| f.try_lock().is_ok())
     }
 
     /// The complete entries on disk.
@@ -308,6 +520,23 @@ impl InputStore {
     }
 }
 
+/// The generator's first line when it must make the entry: its planned bytes (null: unknown).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlannedLine {
+    planned: Option<u64>,
+}
+
+/// (free bytes for an unprivileged writer, total bytes) of the file system holding `path`.
+fn fs_space(path: &Path) -> Option<(u64, u64)> {
+    let st = nix::sys::statvfs::statvfs(path).ok()?;
+    let unit = st.fragment_size() as u64;
+    Some((
+        (st.blocks_available() as u64).saturating_mul(unit),
+        (st.blocks() as u64).saturating_mul(unit),
+    ))
+}
+
 fn touch(path: &Path) {
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -357,6 +586,52 @@ mod tests {
         assert_eq!(plan_eviction(&entries, 45, "d"), vec!["b", "c", "a"]);
         // The kept entry stays even when it alone is over the limit.
         assert_eq!(plan_eviction(&entries, 5, "a"), vec!["b", "c", "d"]);
+    }
+
+    #[test]
+    fn the_cap_keeps_a_tenth_of_the_file_system_or_5_gb_free() {
+        const GB: u64 = 1_000_000_000;
+        // 252 GB file system, 37 GB free: 25.2 GB kept free, so 11.8 GB more than the 3 GB stored.
+        assert_eq!(
+            effective_cap(30 * GB, 3 * GB, 37 * GB, 252 * GB),
+            14_800_000_000
+        );
+        // Plenty of room: the configured limit.
+        assert_eq!(effective_cap(30 * GB, 0, 900 * GB, 1000 * GB), 30 * GB);
+        // A small file system keeps 5 GB free (more than its tenth).
+        assert_eq!(effective_cap(30 * GB, GB, 8 * GB, 20 * GB), 4 * GB);
+        // Less free than the margin: only what is stored already (eviction can give it back).
+        assert_eq!(effective_cap(30 * GB, 2 * GB, 4 * GB, 20 * GB), 2 * GB);
+        assert_eq!(effective_cap(30 * GB, 0, 0, 0), 0);
+    }
+
+    #[test]
+    fn admission_counts_entries_being_made_and_evicts_only_when_it_helps() {
+        let entries = [at("a", 40, 3), at("b", 30, 1), at("c", 20, 2)];
+        let none: Vec<String> = Vec::new();
+        // 90 stored + 10 planned fit 100.
+        assert_eq!(
+            plan_admission(&entries, 0, 10, 100, "n", &none),
+            Some(vec![])
+        );
+        // 90 + 25 reserved by another + 10: b (oldest) goes.
+        assert_eq!(
+            plan_admission(&entries, 25, 10, 100, "n", &none),
+            Some(vec!["b".to_string()])
+        );
+        // b is in use: c then a go instead.
+        assert_eq!(
+            plan_admission(&entries, 25, 10, 100, "n", &["b".to_string()]),
+            Some(vec!["c".to_string(), "a".to_string()])
+        );
+        // Larger than the cap alone, or with what others are making: refused, nothing removed.
+        assert_eq!(plan_admission(&entries, 0, 101, 100, "n", &none), None);
+        assert_eq!(plan_admission(&entries, 60, 50, 100, "n", &none), None);
+        // Even removing every entry not in use is not enough.
+        assert_eq!(
+            plan_admission(&entries, 0, 80, 100, "n", &["a".to_string()]),
+            None
+        );
     }
 
     #[test]

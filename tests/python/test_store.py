@@ -146,6 +146,28 @@ def test_the_command_line_answers_one_json_line(tmp_path: Path) -> None:
     assert json.loads(done.stdout)["status"] == "error"
 
 
+def test_admission_reports_the_planned_bytes_first_and_a_refusal_writes_nothing(tmp_path: Path) -> None:
+    req = dict(request(MIXED, tmp_path), admit=True)
+    seeds = len(kb_store.seeds_of(req))
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    for reply, status in (({"admit": False, "detail": "no room"}, "over_budget"), ({"admit": True}, "generated")):
+        done = subprocess.run(
+            [sys.executable, str(HARNESS_DIR / "kb_store.py"), "generate"],
+            input=json.dumps(req) + "\n" + json.dumps(reply) + "\n",
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+        )
+        lines = [json.loads(line) for line in done.stdout.splitlines()]
+        # randn(7, 5) float32 + randint(3) int64 + rand(4) > 0.5 bool, per seed.
+        assert lines[0] == {"planned": (7 * 5 * 4 + 3 * 8 + 4) * seeds}, done.stderr
+        assert lines[-1]["status"] == status, done.stderr
+        assert (tmp_path / "entry").exists() == (status == "generated")
+    assert lines[-1]["bytes"] == (7 * 5 * 4 + 3 * 8 + 4) * seeds
+
+
 def test_large_inputs_are_made_in_parallel_processes_with_the_same_bits(tmp_path: Path, monkeypatch: Any) -> None:
     import kb_inputs
 
