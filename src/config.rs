@@ -363,9 +363,14 @@ pub struct ResourcesSection {
     /// Tokens per minute (0 = no limit).
     #[serde(default)]
     pub tokens_per_minute: u64,
-    /// CPU compile worker processes.
-    #[serde(default = "default_compile_workers")]
-    pub compile_workers: u32,
+    /// CPU compile worker processes; default: derived from the CPU budget
+    /// ([`ResourcesSection::compile_workers`]). How many build at once is the budget's to say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile_workers: Option<u32>,
+    /// Cores that builds, the CPU stage of reference preparation and CPU-device timing share
+    /// (`crate::cpu_budget`); default: the cores available.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_budget: Option<u32>,
     #[serde(default)]
     pub devices: DeviceSelection,
     /// Python interpreter for the workers; default: the first `python3` that imports torch.
@@ -422,11 +427,20 @@ fn default_llm_concurrency() -> u32 {
 fn default_prepare_ahead() -> u32 {
     2
 }
-fn default_compile_workers() -> u32 {
-    std::thread::available_parallelism()
-        .map(|n| n.get() as u32)
-        .unwrap_or(2)
-        .clamp(1, 16)
+impl ResourcesSection {
+    /// `cpu_budget`, or the cores available.
+    pub fn cpu_cores(&self) -> u32 {
+        self.cpu_budget
+            .unwrap_or_else(crate::cpu_budget::available_cores)
+            .max(1)
+    }
+
+    /// `compile_workers`, or one per core of the budget (at most 16): the budget, not the worker
+    /// count, bounds how many build at once, by what builds are measured to use.
+    pub fn compile_workers(&self) -> u32 {
+        self.compile_workers
+            .unwrap_or_else(|| self.cpu_cores().clamp(1, 16))
+    }
 }
 
 impl Default for ResourcesSection {
@@ -435,7 +449,8 @@ impl Default for ResourcesSection {
             llm_concurrency: default_llm_concurrency(),
             requests_per_minute: 0,
             tokens_per_minute: 0,
-            compile_workers: default_compile_workers(),
+            compile_workers: None,
+            cpu_budget: None,
             devices: DeviceSelection::Auto,
             python: None,
             launcher: LauncherKind::default(),
@@ -1038,8 +1053,14 @@ fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
             ),
         ));
     }
-    if c.resources.compile_workers == 0 {
+    if c.resources.compile_workers == Some(0) {
         return Err(invalid("resources.compile_workers", "expected at least 1"));
+    }
+    if c.resources.cpu_budget == Some(0) {
+        return Err(invalid(
+            "resources.cpu_budget",
+            "expected at least 1 (cores shared by builds, input preparation and CPU timing)",
+        ));
     }
     if c.resources.drain_after == 0 {
         return Err(invalid("resources.drain_after", "expected at least 1"));
@@ -1334,6 +1355,22 @@ answers = "answers.jsonl"
         );
         let c = p(MIN, &[]).unwrap().config;
         assert_eq!(c.resources.prepare_ahead, 2);
+        // Compile workers follow the CPU budget unless set.
+        let r = p(MIN, &["resources.cpu_budget=6"])
+            .unwrap()
+            .config
+            .resources;
+        assert_eq!((r.cpu_cores(), r.compile_workers()), (6, 6));
+        let r = p(
+            MIN,
+            &["resources.cpu_budget=64", "resources.compile_workers=3"],
+        )
+        .unwrap()
+        .config
+        .resources;
+        assert_eq!((r.cpu_cores(), r.compile_workers()), (64, 3));
+        let e = p(MIN, &["resources.cpu_budget=0"]).unwrap_err().to_string();
+        assert!(e.contains("resources.cpu_budget"), "{e}");
         assert_eq!(
             p(MIN, &["resources.prepare_ahead=0"])
                 .unwrap()

@@ -351,6 +351,18 @@ pub struct CompileOutcome {
     /// Workers lost while this build was in flight (each retried elsewhere).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub worker_losses: Vec<WorkerLoss>,
+    /// The cores the build used, as its worker measured them (absent for cached builds, simulated
+    /// ones and logs written before it was recorded): the CPU budget's estimate of a build.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<BuildCpu>,
+}
+
+/// CPU time a build used (the compile worker and its build children, from `getrusage`) over the
+/// wall time it took in the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuildCpu {
+    pub cpu_ms: u64,
+    pub wall_ms: u64,
 }
 
 /// How serious an integrity finding is: a warning is recorded and shown; an error fails the

@@ -90,6 +90,7 @@ async fn run(
         prompt_settings: krefine::prompt::PromptSettings::default(),
         llm_concurrency: 2,
         compile_workers: 1,
+        cpu_budget: None,
         prepare_ahead,
     };
     let dir = RunDir::create(&root.join(format!("run-{prepare_ahead}")), "").unwrap();

@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use super::{EngineError, Shared, Step};
+use crate::cpu_budget::Claim;
 use crate::llm::extract::extract_code;
 use crate::refprep::Preparer;
 use crate::services::{BuildPause, CompileJob, DeviceId, ExecJob, LlmError, Unavailable};
@@ -146,7 +147,18 @@ pub(super) async fn compile(shared: &Shared, task: TaskId, turn: u32, code: Stri
     };
     let result = cancellable(&shared.cancel, async {
         let _permit = shared.compile_gate.acquire().await;
-        shared.compiler.compile(job).await
+        // The build's share of the CPU budget: what builds were measured to use.
+        let _cores = match &shared.cpu {
+            Some(cpu) => Some(cpu.build().await),
+            None => None,
+        };
+        let outcome = shared.compiler.compile(job).await;
+        if let (Some(cpu), Ok(o)) = (&shared.cpu, &outcome)
+            && let Some(used) = o.cpu
+        {
+            cpu.measured_build(used.cpu_ms, used.wall_ms);
+        }
+        outcome
     })
     .await;
     match result {
@@ -245,11 +257,20 @@ async fn leased(
                     .map(Quiet::Drained),
             }
         };
-        match cancellable(&shared.cancel, quiet).await {
-            Some(Ok(q)) => Some(q),
+        let quiet = match cancellable(&shared.cancel, quiet).await {
+            Some(Ok(q)) => q,
             // Cancelled, or the gate closed (it never is).
             Some(Err(_)) | None => return Ok((Step::Halt, false)),
-        }
+        };
+        // Nothing else of the CPU budget starts, and the input makers (which cannot pause) end.
+        let cores = match &shared.cpu {
+            Some(cpu) => match cancellable(&shared.cancel, cpu.claim(Claim::Quiet, 0)).await {
+                Some(g) => Some(g),
+                None => return Ok((Step::Halt, false)),
+            },
+            None => None,
+        };
+        Some((quiet, cores))
     } else {
         None
     };

@@ -59,7 +59,7 @@ impl Slurm {
         let (job_id, owned) = match std::env::var("SLURM_JOB_ID") {
             Ok(id) if !id.trim().is_empty() => (id.trim().to_string(), None),
             _ => {
-                let (id, child) = request(&cfg, gpus, r.compile_workers).await?;
+                let (id, child) = request(&cfg, gpus, r.compile_workers()).await?;
                 (id, Some(child))
             }
         };

@@ -170,6 +170,21 @@ impl InputStore {
         trials: u32,
         timing: bool,
     ) -> Result<GenerateAnswer, String> {
+        self.ensure_with(None, key, code, seed, trials, timing)
+            .await
+    }
+
+    /// [`InputStore::ensure`] with at most `processes` processes drawing the inputs (the CPU
+    /// budget's grant, `crate::cpu_budget`); `None`: as many as the generator sees fit.
+    pub async fn ensure_with(
+        &self,
+        processes: Option<u32>,
+        key: &str,
+        code: &str,
+        seed: u64,
+        trials: u32,
+        timing: bool,
+    ) -> Result<GenerateAnswer, String> {
         tokio::fs::create_dir_all(&self.root)
             .await
             .map_err(|e| format!("cannot create {}: {e}", self.root.display()))?;
@@ -186,6 +201,7 @@ impl InputStore {
             "timing": timing,
             "entry": entry,
             "tmp": tmp,
+            "processes": processes,
         });
         let answer = self.run_generator(&request.to_string()).await;
         let _ = tokio::fs::remove_dir_all(&tmp).await;
