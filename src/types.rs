@@ -806,7 +806,10 @@ pub enum Event {
         wait_ms: u64,
         turn: u32,
     },
-    /// The lease was given back after `held_ms`; `busy_ms` is the worker time spent inside it.
+    /// The lease was given back after `held_ms`; `busy_ms` is the time the device ran work inside
+    /// it, as the worker measured it (its forward phases: reference, correctness, timing, reference
+    /// timing; a profile's duration), not the hold. Logs written before this count the worker's
+    /// whole time (loading and isolation too).
     LeaseReleased {
         device: String,
         held_ms: u64,

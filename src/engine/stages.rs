@@ -314,17 +314,13 @@ async fn leased(
     } else {
         drop(lease);
     }
-    // Busy = the time the worker reports working on the request; the rest of the hold is the
-    // orchestrator's and the protocol's overhead.
+    // Busy = the time the device ran work, as the worker measured it; the rest of the hold is
+    // loading the candidate, isolation, the orchestrator and the protocol.
     let busy_ms = match &step {
-        Step::Event(Event::Executed { outcome, .. }) if !outcome.phases.is_empty() => {
-            let secs: f64 = outcome.phases.values().filter_map(|v| v.as_f64()).sum();
-            ((secs * 1000.0) as u64).min(held_ms)
-        }
-        Step::Event(Event::Profiled { outcome, .. }) if outcome.duration_ms > 0 => {
-            outcome.duration_ms.min(held_ms)
-        }
-        _ => held_ms,
+        Step::Event(Event::Executed { outcome, .. }) => gpu_work_ms(&outcome.phases).min(held_ms),
+        Step::Event(Event::Profiled { outcome, .. }) => outcome.duration_ms.min(held_ms),
+        // Nothing measured: no work is claimed.
+        _ => 0,
     };
     shared
         .append(
@@ -338,6 +334,21 @@ async fn leased(
         )
         .await?;
     Ok((step, retired))
+}
+
+/// The worker's phases in which the device runs work: the reference's forwards, the candidate's
+/// correctness trials and both timings. Loading the candidate (an import, on the CPU), isolation and
+/// waiting for a spare process are not.
+pub const DEVICE_PHASES: [&str; 4] = ["reference_s", "correctness_s", "timing_s", "ref_timing_s"];
+
+/// Milliseconds of device work in an evaluation's `phases` (see [`DEVICE_PHASES`]).
+pub fn gpu_work_ms(phases: &serde_json::Map<String, serde_json::Value>) -> u64 {
+    let secs: f64 = DEVICE_PHASES
+        .iter()
+        .filter_map(|k| phases.get(*k)?.as_f64())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .sum();
+    (secs * 1000.0).round() as u64
 }
 
 /// Run `fut` unless the run is cancelled first.
@@ -357,4 +368,21 @@ pub(super) fn relative_to(dir: &RunDir, p: &str) -> String {
         .strip_prefix(dir.root())
         .map(|r| r.to_string_lossy().into_owned())
         .unwrap_or_else(|_| p.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_work_is_the_forward_phases_only() {
+        let phases = serde_json::json!({
+            "load_s": 2.0, "isolation_s": 0.5, "spawn_wait_s": 1.0,
+            "reference_s": 0.25, "correctness_s": 0.125, "timing_s": 1.5, "ref_timing_s": 0.0625,
+        });
+        assert_eq!(gpu_work_ms(phases.as_object().unwrap()), 1938);
+        let odd = serde_json::json!({"timing_s": -1.0, "correctness_s": "x", "reference_s": 0.001});
+        assert_eq!(gpu_work_ms(odd.as_object().unwrap()), 1);
+        assert_eq!(gpu_work_ms(&serde_json::Map::new()), 0);
+    }
 }
