@@ -296,3 +296,29 @@ fn empty_log_is_an_empty_ledger() {
     assert_eq!(l.wall_ms, 0);
     assert_eq!(l.llm_retries, 0);
 }
+
+/// GPU work is the timed trials as measured (candidate always, reference where this evaluation
+/// measured it), not the lease-held time; the text report shows it next to the leases.
+#[test]
+fn gpu_work_is_the_measured_timed_trials() {
+    let executed = |ref_source: &str| -> Event {
+        serde_json::from_value(serde_json::json!({
+            "type": "executed", "turn": 1,
+            "outcome": {
+                "verdict": "correct", "compiled": true, "correctness": true, "metadata": {},
+                "runtime_ms": 2.0, "ref_runtime_ms": 5.0,
+                "runtime_stats": {"mean": 2.0, "median": 2.0, "std": 0.0, "min": 2.0, "max": 2.0, "num_trials": 100},
+                "ref_runtime_stats": {"mean": 5.0, "median": 5.0, "std": 0.0, "min": 5.0, "max": 5.0, "num_trials": 100},
+                "ref_source": ref_source, "feedback": "", "env": {}, "device": "cuda:0", "wall_ms": 0
+            }
+        }))
+        .unwrap()
+    };
+    let log = vec![
+        rec(0, Some(task(1, 0)), executed("measured")),
+        rec(1, Some(task(1, 1)), executed("cached")),
+    ];
+    let l = ledger(&log);
+    // 2 x (2 ms x 100) for the candidates, 5 ms x 100 for the reference measured once.
+    assert_eq!(l.gpu_work_ms, 900);
+}

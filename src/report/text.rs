@@ -133,6 +133,17 @@ fn totals(l: &Ledger) -> Vec<(&'static str, String)> {
         let _ = write!(devices, " ({})", pct(d.busy_ms as f64 / d.held_ms as f64));
     }
     let _ = write!(devices, ", lease wait {}", secs(d.wait_ms));
+    if l.gpu_work_ms > 0 {
+        // Work, not leases: the timed trials as measured (a lower bound).
+        let _ = write!(devices, ", GPU work {} timed", secs(l.gpu_work_ms));
+        if d.held_ms > 0 {
+            let _ = write!(
+                devices,
+                " ({} of held)",
+                pct(l.gpu_work_ms as f64 / d.held_ms as f64)
+            );
+        }
+    }
     let compile = format!(
         "{} in {} ({} cached)",
         secs(l.compile_ms),

@@ -169,13 +169,15 @@ impl InputStore {
         seed: u64,
         trials: u32,
         timing: bool,
+        torch: &str,
     ) -> Result<GenerateAnswer, String> {
-        self.ensure_with(None, key, code, seed, trials, timing)
+        self.ensure_with(None, key, code, seed, trials, timing, torch)
             .await
     }
 
     /// [`InputStore::ensure`] with at most `processes` processes drawing the inputs (the CPU
     /// budget's grant, `crate::cpu_budget`); `None`: as many as the generator sees fit.
+    #[allow(clippy::too_many_arguments)]
     pub async fn ensure_with(
         &self,
         processes: Option<u32>,
@@ -184,6 +186,7 @@ impl InputStore {
         seed: u64,
         trials: u32,
         timing: bool,
+        torch: &str,
     ) -> Result<GenerateAnswer, String> {
         tokio::fs::create_dir_all(&self.root)
             .await
@@ -199,6 +202,8 @@ impl InputStore {
             "seed": seed,
             "trials": trials,
             "timing": timing,
+            // The workers' torch: an entry made for it is recognised without importing torch.
+            "torch": torch,
             "entry": entry,
             "tmp": tmp,
             "processes": processes,

@@ -121,6 +121,7 @@ impl WorkerPool {
                 self.settings.seed,
                 self.settings.correct_trials,
                 self.settings.timing_trials > 0,
+                &self.torch,
             )
             .await;
         let duration_ms = elapsed_ms(started);
