@@ -60,7 +60,9 @@ def test_compile_error_feedback_is_trimmed(compiled: dict[str, dict[str, Any]]) 
     assert len(feedback.splitlines()) <= 60 and len(feedback) <= 4200
 
 
-def _evaluate(worker: WorkerProcess, problem: str, name: str, build: Path, rid: int, **options: Any) -> dict[str, Any]:
+def _evaluate(
+    worker: WorkerProcess, problem: str, name: str, build: Path, rid: int, **options: Any
+) -> dict[str, Any]:
     return worker.request(evaluate_request(rid, problem, hostile(name), build, **options))
 
 
@@ -91,13 +93,17 @@ EXPECTED = {
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_hostile_candidates(cpu_worker: WorkerProcess, work: Path, problem_add: str, name: str) -> None:
     mode, status, compiled, piece = EXPECTED[name]
-    r = _evaluate(cpu_worker, problem_add, name, work / "build" / name, 200 + sorted(EXPECTED).index(name), mode=mode)
+    r = _evaluate(
+        cpu_worker, problem_add, name, work / "build" / name, 200 + sorted(EXPECTED).index(name), mode=mode
+    )
     assert (r["status"], r["compiled"], r["sticky"]) == (status, compiled, False)
     assert piece in r["feedback"]
 
 
 def test_strict_mode_through_serve(cpu_worker: WorkerProcess, work: Path, problem_add: str) -> None:
-    inplace = _evaluate(cpu_worker, problem_add, "inplace_input.py", work / "build" / "ip", 300, mode="strict")
+    inplace = _evaluate(
+        cpu_worker, problem_add, "inplace_input.py", work / "build" / "ip", 300, mode="strict"
+    )
     assert inplace["status"] == "incorrect"
     assert inplace["metadata"]["correctness_issue"] == "Input modified in place: input 0"
     freed = _evaluate(cpu_worker, problem_add, "reuse_freed.py", work / "build" / "rf", 301, mode="strict")
