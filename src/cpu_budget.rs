@@ -7,10 +7,13 @@
 //! - The **CPU stage** of a problem's reference inputs claims the processes it may use
 //!   ([`inputs_claim`]) and passes that number on, so the processes drawing inputs never exceed it.
 //! - **CPU-device timing** claims quiet cores ([`Claim::Quiet`]): it waits for the input makers to end
-//!   (they cannot be paused), the compiler pauses its builds, and nothing new starts until it ends.
+//!   (they cannot be paused), the compiler pauses its builds, and nothing new starts from the moment
+//!   it asks until it ends.
 //!
-//! Claims are served strictly in arrival order ([`CpuBudget::claim`]): a large claim first in line is
-//! not overtaken by a stream of small ones. A claim larger than the whole budget runs alone.
+//! Builds and input makers are served strictly in arrival order ([`CpuBudget::claim`]): a large claim
+//! first in line is not overtaken by a stream of small ones. A claim larger than the whole budget runs
+//! alone. Quiet cores go ahead of the line: the builds holding cores are paused by then, so a build
+//! first in line could wait for them forever.
 //! [`admit`] is the whole admission rule, a pure function.
 
 use std::collections::VecDeque;
@@ -45,12 +48,14 @@ pub struct Held {
     pub inputs: u64,
     /// A CPU-device timing runs.
     pub quiet: bool,
+    /// CPU-device timings waiting for quiet cores (nothing else starts meanwhile).
+    pub quiet_waiting: u32,
 }
 
 /// May a claim of `want` milli-cores for `kind`, first in line, start with `held` taken out of a
 /// budget of `budget` milli-cores?
 pub fn admit(budget: u64, held: Held, kind: Claim, want: u64) -> bool {
-    if held.quiet {
+    if held.quiet || (kind != Claim::Quiet && held.quiet_waiting > 0) {
         return false;
     }
     match kind {
@@ -161,16 +166,22 @@ impl CpuBudget {
     /// still), in arrival order; held until the grant is dropped. Dropping the future gives up its
     /// place in line.
     pub async fn claim(&self, kind: Claim, want: u64) -> Grant<'_> {
-        let want = if kind == Claim::Quiet { 0 } else { want };
+        let quiet = kind == Claim::Quiet;
+        let want = if quiet { 0 } else { want };
         let ticket = self.with(|s| {
             let t = s.next_ticket;
             s.next_ticket += 1;
-            s.line.push_back(t);
+            if quiet {
+                s.held.quiet_waiting += 1;
+            } else {
+                s.line.push_back(t);
+            }
             t
         });
         let mut place = InLine {
             budget: self,
             ticket,
+            quiet,
             waiting: true,
         };
         loop {
@@ -178,6 +189,17 @@ impl CpuBudget {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let granted = self.with(|s| {
+                if quiet {
+                    // Not in line: it would not count itself as waiting.
+                    let mut others = s.held;
+                    others.quiet_waiting -= 1;
+                    if !admit(self.budget, others, kind, 0) {
+                        return false;
+                    }
+                    s.held.quiet_waiting -= 1;
+                    s.held.quiet = true;
+                    return true;
+                }
                 let first = s.line.front() == Some(&ticket);
                 if !(first && admit(self.budget, s.held, kind, want)) {
                     return false;
@@ -185,8 +207,7 @@ impl CpuBudget {
                 s.line.pop_front();
                 match kind {
                     Claim::Build => s.held.builds += want,
-                    Claim::Inputs => s.held.inputs += want,
-                    Claim::Quiet => s.held.quiet = true,
+                    Claim::Inputs | Claim::Quiet => s.held.inputs += want,
                 }
                 true
             });
@@ -209,14 +230,21 @@ impl CpuBudget {
 struct InLine<'a> {
     budget: &'a CpuBudget,
     ticket: u64,
+    quiet: bool,
     waiting: bool,
 }
 
 impl Drop for InLine<'_> {
     fn drop(&mut self) {
         if self.waiting {
-            let ticket = self.ticket;
-            self.budget.with(|s| s.line.retain(|t| *t != ticket));
+            let (ticket, quiet) = (self.ticket, self.quiet);
+            self.budget.with(|s| {
+                if quiet {
+                    s.held.quiet_waiting -= 1;
+                } else {
+                    s.line.retain(|t| *t != ticket);
+                }
+            });
             self.budget.wake.notify_waiters();
         }
     }
@@ -258,6 +286,7 @@ mod tests {
             builds,
             inputs,
             quiet,
+            quiet_waiting: 0,
         }
     }
 
@@ -294,6 +323,14 @@ mod tests {
         assert!(!admit(b, held(0, 0, true), Claim::Build, 250));
         assert!(!admit(b, held(0, 0, true), Claim::Inputs, 1000));
         assert!(!admit(b, held(0, 0, true), Claim::Quiet, 0));
+        // While a timing waits for quiet cores, nothing else starts.
+        let waiting = Held {
+            quiet_waiting: 1,
+            ..held(1000, 0, false)
+        };
+        assert!(!admit(b, waiting, Claim::Build, 250));
+        assert!(!admit(b, waiting, Claim::Inputs, 1000));
+        assert!(admit(b, waiting, Claim::Quiet, 0));
     }
 
     #[test]
@@ -365,6 +402,53 @@ mod tests {
         assert_eq!(budget.held(), held(2000, 2000, false));
         drop((g_inputs, g2, g3));
         assert_eq!(budget.held(), Held::default());
+    }
+
+    #[tokio::test]
+    async fn quiet_cores_go_ahead_of_a_build_waiting_for_paused_builds() {
+        let budget = CpuBudget::new(2);
+        // Builds hold the whole budget (the compiler pauses them for the timing); another waits.
+        let paused = budget.claim(Claim::Build, 2000).await;
+        let mut waiting = Box::pin(budget.claim(Claim::Build, 1000));
+        assert!(futures::poll!(waiting.as_mut()).is_pending());
+        // In line behind that build, the timing would wait for the paused builds forever.
+        let quiet = budget.claim(Claim::Quiet, 0).await;
+        assert!(futures::poll!(waiting.as_mut()).is_pending(), "held back");
+        drop(quiet);
+        drop(paused);
+        let build = waiting.await;
+        assert_eq!(budget.held(), held(1000, 0, false));
+        drop(build);
+    }
+
+    #[tokio::test]
+    async fn quiet_cores_wait_for_input_makers_and_nothing_starts_meanwhile() {
+        let budget = CpuBudget::new(4);
+        let inputs = budget.claim(Claim::Inputs, 1000).await;
+        let mut quiet = Box::pin(budget.claim(Claim::Quiet, 0));
+        assert!(futures::poll!(quiet.as_mut()).is_pending(), "inputs run");
+        assert_eq!(budget.held().quiet_waiting, 1);
+        let mut late = Box::pin(budget.claim(Claim::Build, 250));
+        assert!(futures::poll!(late.as_mut()).is_pending(), "held back");
+        drop(inputs);
+        let quiet = quiet.await;
+        assert_eq!(
+            budget.held(),
+            Held {
+                quiet: true,
+                ..Held::default()
+            }
+        );
+        drop(quiet);
+        let late = late.await;
+        drop(late);
+        // A timing that gives up waiting holds nothing back.
+        let inputs = budget.claim(Claim::Inputs, 1000).await;
+        let mut quiet = Box::pin(budget.claim(Claim::Quiet, 0));
+        assert!(futures::poll!(quiet.as_mut()).is_pending());
+        drop(quiet);
+        assert_eq!(budget.held(), held(0, 1000, false));
+        drop(inputs);
     }
 
     #[tokio::test]
