@@ -428,8 +428,14 @@ fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
             ),
         ));
     }
-    if c.resources.compile_workers == 0 {
+    if c.resources.compile_workers == Some(0) {
         return Err(invalid("resources.compile_workers", "expected at least 1"));
+    }
+    if c.resources.cpu_budget == Some(0) {
+        return Err(invalid(
+            "resources.cpu_budget",
+            "expected at least 1 (cores shared by builds, input preparation and CPU timing)",
+        ));
     }
     if c.resources.drain_after == 0 {
         return Err(invalid("resources.drain_after", "expected at least 1"));
@@ -775,6 +781,22 @@ answers = "answers.jsonl"
         );
         let c = p(MIN, &[]).unwrap().config;
         assert_eq!(c.resources.prepare_ahead, 2);
+        // Compile workers follow the CPU budget unless set.
+        let r = p(MIN, &["resources.cpu_budget=6"])
+            .unwrap()
+            .config
+            .resources;
+        assert_eq!((r.cpu_cores(), r.compile_workers()), (6, 6));
+        let r = p(
+            MIN,
+            &["resources.cpu_budget=64", "resources.compile_workers=3"],
+        )
+        .unwrap()
+        .config
+        .resources;
+        assert_eq!((r.cpu_cores(), r.compile_workers()), (64, 3));
+        let e = p(MIN, &["resources.cpu_budget=0"]).unwrap_err().to_string();
+        assert!(e.contains("resources.cpu_budget"), "{e}");
         assert_eq!(
             p(MIN, &["resources.prepare_ahead=0"])
                 .unwrap()

@@ -10,6 +10,7 @@
 //! - [`checks`]: static checks on a candidate's source before it is compiled (KernelBench parity).
 //! - [`engine`]: the async shell that runs machines, performs commands through services and gates.
 //! - [`gpu`]: device discovery (cudarc) and FIFO device leases.
+//! - [`cpu_budget`]: one budget of CPU cores for builds, CPU preparation of inputs and CPU timing.
 //! - [`refprep`]: preparing problems' reference data while their answers are generated.
 //! - [`store`]: run directories and the append-only event log (its one writer and one reader).
 //! - [`lock`]: advisory file locks between processes (a run directory, a build directory).
@@ -35,6 +36,7 @@
 pub mod checks;
 pub mod cli;
 pub mod config;
+pub mod cpu_budget;
 pub mod dataset;
 pub mod engine;
 pub mod gpu;

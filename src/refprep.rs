@@ -38,6 +38,7 @@ use futures::stream::FuturesUnordered;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::cpu_budget::{CORE, Claim, CpuBudget, inputs_claim};
 use crate::gpu::DevicePool;
 use crate::services::{Compiler, DeviceId, EventSink, Executor, Unavailable};
 use crate::types::{
@@ -276,6 +277,8 @@ pub struct PrepServices<'a> {
     pub compiler: &'a dyn Compiler,
     pub problems: &'a HashMap<ProblemKey, Arc<Problem>>,
     pub sink: &'a EventSink,
+    /// The CPU budget the CPU stage draws from (`None`: not shared out).
+    pub cpu: Option<&'a CpuBudget>,
 }
 
 /// The background loop: make coming problems' inputs (several at once, no lease) and prepare them
@@ -321,8 +324,21 @@ pub async fn run(prep: &Preparer, services: PrepServices<'_>, cancel: &Cancellat
 /// The CPU stage of one problem: its inputs made into the store, no lease held. Logged when the
 /// executor has a store; a failure is logged and leaves the inputs to the device stage.
 pub async fn make_inputs(services: &PrepServices<'_>, problem: Arc<Problem>) {
+    // The processes drawing inputs are the budget's: claimed first, and the maker kept to them.
+    let grant = match services.cpu {
+        Some(cpu) => {
+            let processes = inputs_claim(cpu.budget());
+            Some(cpu.claim(Claim::Inputs, processes * CORE).await)
+        }
+        None => None,
+    };
+    let processes = grant.as_ref().map(|g| (g.milli() / CORE) as u32);
     let started = Instant::now();
-    let outcome = match services.executor.make_inputs(problem.clone()).await {
+    let outcome = match services
+        .executor
+        .make_inputs(problem.clone(), processes)
+        .await
+    {
         Ok(None) => return,
         Ok(Some(outcome)) => outcome,
         Err(Unavailable(error)) => InputsOutcome {
@@ -386,6 +402,11 @@ pub async fn prepare_problem(
             }
             _ => None,
         };
+        // Quiet cores of the budget too: no input maker runs, nothing new starts.
+        let cores = match (&pause, services.cpu) {
+            (Some(_), Some(cpu)) => Some(cpu.claim(Claim::Quiet, 0).await),
+            _ => None,
+        };
         let quiet = id != DeviceId::Cpu || pause.is_some();
         let started = Instant::now();
         let result = tokio::select! {
@@ -394,6 +415,7 @@ pub async fn prepare_problem(
             r = services.executor.prepare_reference(problem.clone(), &id, quiet) => r,
         };
         let held_ms = started.elapsed().as_millis() as u64;
+        drop(cores);
         drop(pause);
         drop(lease);
         let outcome = result.unwrap_or_else(|Unavailable(error)| PrepareOutcome {
@@ -535,6 +557,7 @@ mod tests {
         async fn make_inputs(
             &self,
             problem: Arc<Problem>,
+            _processes: Option<u32>,
         ) -> Result<Option<InputsOutcome>, Unavailable> {
             let id = problem.key.problem_id;
             if id == 1 {
@@ -614,6 +637,7 @@ mod tests {
             compiler: &compiler,
             problems: &problems,
             sink: &sink,
+            cpu: None,
         };
         let mut events = Vec::new();
         let watch = async {

@@ -164,10 +164,12 @@ pub trait Executor: Send + Sync {
 
     /// Make `problem`'s inputs on the CPU ahead of need (into the on-disk store), in processes of
     /// their own: the caller holds **no** device lease. `None`: this executor has no store (nothing
-    /// was done, nothing is logged).
+    /// was done, nothing is logged). `processes`: the most processes that may draw them at once (the
+    /// CPU budget's grant); `None`: as many as the maker sees fit.
     async fn make_inputs(
         &self,
         _problem: Arc<Problem>,
+        _processes: Option<u32>,
     ) -> Result<Option<InputsOutcome>, Unavailable> {
         Ok(None)
     }

@@ -186,6 +186,7 @@ impl Compiler for SimServices {
             duration_ms: (secs * 1000.0) as u64,
             findings: Vec::new(),
             build_path: None,
+            cpu: None,
         })
     }
 }

@@ -442,6 +442,18 @@ pub struct CompileOutcome {
     /// Workers lost while this build was in flight (each retried elsewhere).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub worker_losses: Vec<WorkerLoss>,
+    /// The cores the build used, as its worker measured them (absent for cached builds, simulated
+    /// ones and logs written before it was recorded): the CPU budget's estimate of a build.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<BuildCpu>,
+}
+
+/// CPU time a build used (the compile worker and its build children, from `getrusage`) over the
+/// wall time it took in the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuildCpu {
+    pub cpu_ms: u64,
+    pub wall_ms: u64,
 }
 
 /// How serious an integrity finding is: a warning is recorded and shown; an error fails the
@@ -893,7 +905,10 @@ pub enum Event {
         wait_ms: u64,
         turn: u32,
     },
-    /// The lease was given back after `held_ms`; `busy_ms` is the worker time spent inside it.
+    /// The lease was given back after `held_ms`; `busy_ms` is the time the device ran work inside
+    /// it, as the worker measured it (its forward phases: reference, correctness, timing, reference
+    /// timing; a profile's duration), not the hold. Logs written before this count the worker's
+    /// whole time (loading and isolation too).
     LeaseReleased {
         device: String,
         held_ms: u64,

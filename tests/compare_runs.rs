@@ -151,6 +151,7 @@ fn write_run(
                     duration_ms: 10,
                     findings: Vec::new(),
                     build_path: None,
+                    cpu: None,
                 },
             },
         );

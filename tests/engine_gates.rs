@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
+use krefine::cpu_budget::{CORE, CpuBudget};
 use krefine::engine::{Engine, EngineParts, RunPlan};
 use krefine::gpu::DeviceInfo;
 use krefine::prompt::{PromptSettings, Prompts};
@@ -16,8 +17,8 @@ use krefine::services::{
 };
 use krefine::store::RunDir;
 use krefine::types::{
-    CompileOutcome, CompileStatus, ExecOutcome, FeedbackMode, LlmAnswer, LlmRequest, MethodKind,
-    Problem, ProblemKey, ProfileOutcome, Verdict,
+    BuildCpu, CompileOutcome, CompileStatus, ExecOutcome, FeedbackMode, LlmAnswer, LlmRequest,
+    MethodKind, Problem, ProblemKey, ProfileOutcome, Verdict,
 };
 
 /// Counts how many calls are inside a section at once, and the most there ever were.
@@ -56,6 +57,10 @@ struct Probe {
     drain_gpu0: std::sync::atomic::AtomicBool,
     gpu0_retired: std::sync::atomic::AtomicBool,
     gpu0_calls: AtomicUsize,
+    /// The CPU budget the engine gets (`None`: none), and the CPU time each build reports using
+    /// per millisecond of wall time, in milli-cores.
+    cpu_budget: Option<Arc<CpuBudget>>,
+    build_milli_cores: u64,
 }
 
 struct Services(Arc<Probe>);
@@ -104,6 +109,11 @@ impl Compiler for Services {
             duration_ms: 15,
             findings: Vec::new(),
             build_path: None,
+            // As if measured over a second of the build.
+            cpu: (self.0.build_milli_cores > 0).then(|| BuildCpu {
+                cpu_ms: self.0.build_milli_cores,
+                wall_ms: 1000,
+            }),
         })
     }
 }
@@ -201,6 +211,7 @@ async fn run_in(
         llm_concurrency,
         compile_workers,
         // These services prepare no reference data (`Executor::prepares_reference` is false).
+        cpu_budget: probe.cpu_budget.clone(),
         prepare_ahead: 2,
     };
     let engine = Engine::prepare(plan, parts, dir, prior, false, CancellationToken::new())
@@ -229,6 +240,32 @@ async fn gates_bound_concurrency_per_resource() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn builds_run_as_many_at_once_as_the_cpu_budget_holds_by_their_measured_cores() {
+    // 4 cores, 8 compile workers; builds were measured at 2 cores each and report 3 from now on.
+    let budget = Arc::new(CpuBudget::new(4));
+    budget.measured_build(30, 15);
+    assert_eq!(budget.next_build_claim(), 2 * CORE);
+    let probe = Arc::new(Probe {
+        cpu_budget: Some(budget.clone()),
+        build_milli_cores: 3 * CORE,
+        ..Probe::default()
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = RunDir::create(&tmp.path().join("run"), "").unwrap();
+    let summary = run_in(&probe, dir, None, vec![gpu(0), gpu(1)], 8, 8).await;
+    assert_eq!((summary.finished, summary.tasks), (12, 12));
+    assert_eq!(
+        probe.compile.max(),
+        2,
+        "two 2-core builds fill 4 cores; 8 workers do not matter"
+    );
+    assert_eq!(probe.compiles.load(Ordering::SeqCst), 36);
+    // Every build reported 3 cores: the estimate is theirs now, and nothing is left held.
+    assert_eq!(budget.next_build_claim(), 3 * CORE);
+    assert_eq!(budget.held(), krefine::cpu_budget::Held::default());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_build_runs_while_the_cpu_device_is_timing() {
     let p = run(vec![DeviceInfo::cpu()], 8, 4).await;
     assert_eq!(p.execute.max(), 1);
@@ -237,6 +274,26 @@ async fn no_build_runs_while_the_cpu_device_is_timing() {
         p.compile.max() > 1,
         "builds still run in parallel between timings"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cpu_device_times_on_quiet_cores_of_the_budget() {
+    let budget = Arc::new(CpuBudget::new(2));
+    let probe = Arc::new(Probe {
+        cpu_budget: Some(budget.clone()),
+        build_milli_cores: CORE / 2,
+        ..Probe::default()
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = RunDir::create(&tmp.path().join("run"), "").unwrap();
+    let summary = run_in(&probe, dir, None, vec![DeviceInfo::cpu()], 8, 8).await;
+    assert_eq!((summary.finished, summary.tasks), (12, 12));
+    assert_eq!(probe.execute.max(), 1);
+    assert_eq!(probe.overlaps.load(Ordering::SeqCst), 0);
+    // Half-core builds: four fit in two cores.
+    assert_eq!(budget.next_build_claim(), CORE / 2);
+    assert!(probe.compile.max() <= 4, "{}", probe.compile.max());
+    assert_eq!(budget.held(), krefine::cpu_budget::Held::default());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use krefine::cpu_budget::{CpuBudget, Held};
 use krefine::engine::{Engine, EngineParts, RunPlan};
 use krefine::services::{EventSink, Llm, LlmError};
 use krefine::store::{RunDir, read_log};
@@ -79,6 +80,7 @@ async fn run(
         simulated: false,
     };
     let (open, gate) = watch::channel(false);
+    let budget = Arc::new(CpuBudget::new(2));
     let parts = EngineParts {
         llm: Arc::new(Answers {
             gate: (prepare_ahead > 0).then_some(gate),
@@ -90,6 +92,8 @@ async fn run(
         prompt_settings: krefine::prompt::PromptSettings::default(),
         llm_concurrency: 2,
         compile_workers: 1,
+        // Builds, the CPU stage and the CPU device's timings share two cores.
+        cpu_budget: Some(budget.clone()),
         prepare_ahead,
     };
     let dir = RunDir::create(&root.join(format!("run-{prepare_ahead}")), "").unwrap();
@@ -107,6 +111,7 @@ async fn run(
     });
     let summary = engine.run().await.unwrap();
     assert_eq!(summary.finished, 2, "{summary:?}");
+    assert_eq!(budget.held(), Held::default(), "every claim was given back");
     read_log(&events).unwrap().records
 }
 

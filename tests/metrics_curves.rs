@@ -61,6 +61,7 @@ fn compile(status: CompileStatus) -> CompileOutcome {
         duration_ms: 0,
         findings: Vec::new(),
         build_path: None,
+        cpu: None,
     }
 }
 

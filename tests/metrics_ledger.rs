@@ -83,6 +83,7 @@ fn compiled(turn: u32, duration_ms: u64, cached: bool) -> Event {
             duration_ms,
             findings: Vec::new(),
             build_path: None,
+            cpu: None,
         },
     }
 }

@@ -71,6 +71,7 @@ fn compile_failed(turn: u32) -> TurnRecord {
             duration_ms: 1000,
             findings: Vec::new(),
             build_path: None,
+            cpu: None,
         }),
         verdict: Some(Verdict::CompileError),
         ..TurnRecord::default()
@@ -192,6 +193,7 @@ fn rejected_and_unverified_strict_speedups() {
             duration_ms: 0,
             findings: Vec::new(),
             build_path: None,
+            cpu: None,
         }),
         verdict: Some(Verdict::Rejected),
         ..TurnRecord::default()

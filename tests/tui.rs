@@ -110,6 +110,7 @@ impl LogBuilder {
                     duration_ms: 4200,
                     findings: Vec::new(),
                     build_path: ok.then(|| "fast".into()),
+                    cpu: None,
                 },
             },
         );

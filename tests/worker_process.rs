@@ -695,6 +695,7 @@ async fn a_hung_build_does_not_hold_cpu_timing_back() {
         prompt_settings: krefine::prompt::PromptSettings::default(),
         llm_concurrency: 2,
         compile_workers: 2,
+        cpu_budget: None,
         prepare_ahead: 0,
     };
     let dir = krefine::store::RunDir::create(&tmp.path().join("run"), "").unwrap();

@@ -83,5 +83,6 @@ fn outcome(status: CompileStatus) -> CompileOutcome {
         duration_ms: 0,
         findings: Vec::new(),
         build_path: None,
+        cpu: None,
     }
 }

@@ -353,6 +353,7 @@ async fn scheduler(
         llm_concurrency: tasks as usize,
         compile_workers: compile_slots as usize,
         // The simulated executor has no reference data to prepare.
+        cpu_budget: None,
         prepare_ahead: 0,
     };
     let (cpu0, _) = proc_usage();

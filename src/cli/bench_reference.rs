@@ -297,6 +297,7 @@ impl Timeline<'_> {
             compiler: &**self.pool,
             problems: &problems,
             sink: &sink,
+            cpu: None,
         };
         let problem = job.problem.clone();
         let preparing = prepare_problem(

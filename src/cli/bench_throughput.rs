@@ -66,6 +66,9 @@ pub struct Throughput {
     /// Timed trials as CUDA events (or the CPU timer) measured them: candidates' and references'
     /// mean x trials, references counted where measured.
     pub gpu_work_s: f64,
+    /// The device's work as the worker measured it: each lease's `busy_ms` (forwards, correctness,
+    /// timing, profiles) and each reference step's worker time ahead of candidates.
+    pub gpu_busy_s: f64,
 }
 
 fn phase(o: &ExecOutcome, key: &str) -> f64 {
@@ -101,11 +104,15 @@ pub fn throughput(records: &[LogRecord], wall_s: f64) -> Throughput {
                 t.cpu_prep_s += outcome.duration_ms as f64 / 1000.0;
             }
             Event::ReferencePrepared {
-                device, held_ms, ..
+                device,
+                held_ms,
+                outcome,
+                ..
             } => {
                 devices.insert(device.clone());
                 t.gpu_prep_s += *held_ms as f64 / 1000.0;
                 t.lease_held_s += *held_ms as f64 / 1000.0;
+                t.gpu_busy_s += outcome.duration_ms.min(*held_ms) as f64 / 1000.0;
             }
             Event::LeaseGranted {
                 device, wait_ms, ..
@@ -113,8 +120,11 @@ pub fn throughput(records: &[LogRecord], wall_s: f64) -> Throughput {
                 devices.insert(device.clone());
                 t.lease_wait_s += *wait_ms as f64 / 1000.0;
             }
-            Event::LeaseReleased { held_ms, .. } => {
+            Event::LeaseReleased {
+                held_ms, busy_ms, ..
+            } => {
                 t.lease_held_s += *held_ms as f64 / 1000.0;
+                t.gpu_busy_s += *busy_ms as f64 / 1000.0;
             }
             _ => {}
         }
@@ -146,7 +156,7 @@ pub fn render(passes: &[(&str, &Throughput)]) -> String {
     }
     out.push('\n');
     type Row = (&'static str, fn(&Throughput) -> String);
-    let rows: [Row; 17] = [
+    let rows: [Row; 19] = [
         ("candidates evaluated", |t| t.candidates.to_string()),
         ("devices", |t| t.devices.to_string()),
         ("wall (s)", |t| format!("{:.1}", t.wall_s)),
@@ -172,11 +182,17 @@ pub fn render(passes: &[(&str, &Throughput)]) -> String {
         }),
         ("lease held (s)", |t| format!("{:.1}", t.lease_held_s)),
         ("GPU work measured (s)", |t| format!("{:.2}", t.gpu_work_s)),
+        ("GPU busy, worker-measured (s)", |t| {
+            format!("{:.1}", t.gpu_busy_s)
+        }),
         ("lease held / wall x devices", |t| {
             pct(t.lease_held_s, t.wall_s * f64::from(t.devices))
         }),
         ("GPU busy: work / wall x devices", |t| {
             pct(t.gpu_work_s, t.wall_s * f64::from(t.devices))
+        }),
+        ("GPU busy: worker / wall x devices", |t| {
+            pct(t.gpu_busy_s, t.wall_s * f64::from(t.devices))
         }),
     ];
     for (label, value) in rows {
@@ -187,7 +203,8 @@ pub fn render(passes: &[(&str, &Throughput)]) -> String {
         out.push('\n');
     }
     out.push_str(
-        "GPU work measured: timed trials only (mean x trials of candidates and references), a lower bound.\n",
+        "GPU work measured: timed trials only (mean x trials of candidates and references), a lower bound.\n\
+         GPU busy, worker-measured: the worker's device phases (forwards, correctness, timing, reference steps).\n",
     );
     out
 }
@@ -309,7 +326,8 @@ mod tests {
             rec(
                 3_000,
                 json!({"type": "reference_prepared", "problem": "1/8",
-                "device": "cuda:0", "held_ms": 3_000, "outcome": {"status": "ready", "done": true}}),
+                "device": "cuda:0", "held_ms": 3_000, "outcome": {"status": "ready", "done": true,
+                "duration_ms": 2_500}}),
             ),
             rec(
                 4_000,
@@ -345,6 +363,8 @@ mod tests {
         assert_eq!(t.lease_held_s, 3.0 + 14.0);
         // Candidates 2 x (2 ms x 100); the reference once (measured), 4 ms x 100.
         assert_eq!(t.gpu_work_s, 0.4 + 0.4);
+        // Worker-measured: 2 x 6 s of leases, 2.5 s of the reference step.
+        assert_eq!(t.gpu_busy_s, 12.0 + 2.5);
         let table = render(&[("cold", &t)]);
         assert!(table.contains("candidates per GPU-hour"), "{table}");
         assert!(
@@ -357,6 +377,12 @@ mod tests {
             table
                 .lines()
                 .any(|l| l.starts_with("GPU busy: work / wall x devices") && l.ends_with("2 %")),
+            "{table}"
+        );
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with("GPU busy: worker / wall x devices") && l.ends_with("40 %")),
             "{table}"
         );
     }

@@ -111,6 +111,7 @@ pub fn synthetic_log(tasks: u32, turns: u32) -> Vec<LogRecord> {
                         duration_ms: 30_000,
                         findings: Vec::new(),
                         build_path: None,
+                        cpu: None,
                     },
                 },
             );

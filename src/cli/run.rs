@@ -363,7 +363,8 @@ async fn drive_engine(
         prompts,
         prompt_settings,
         llm_concurrency: cfg.resources.llm_concurrency as usize,
-        compile_workers: cfg.resources.compile_workers as usize,
+        compile_workers: cfg.resources.compile_workers() as usize,
+        cpu_budget: cpu_budget(cfg),
         prepare_ahead: cfg.resources.prepare_ahead as usize,
     };
     let total_turns = plan.problems.len() as u64 * plan.samples as u64 * plan.turns as u64;
@@ -461,6 +462,15 @@ type EvalServices = (
 );
 
 /// The compile and execute services the config asks for; the worker pool is returned for shutdown,
+/// The CPU budget the engine and the background preparation share: workers on this machine only
+/// (remote builds run on their hosts' cores, which krefine does not share out), and none for the
+/// simulated executor.
+fn cpu_budget(cfg: &Config) -> Option<Arc<crate::cpu_budget::CpuBudget>> {
+    let local = cfg.resources.launcher == crate::launcher::config::LauncherKind::Local;
+    (local && cfg.eval.executor == ExecutorKind::Worker)
+        .then(|| Arc::new(crate::cpu_budget::CpuBudget::new(cfg.resources.cpu_cores())))
+}
+
 /// the launcher for release (an allocation krefine asked for).
 async fn build_eval_services(
     loaded: &LoadedConfig,
@@ -503,7 +513,7 @@ async fn build_eval_services(
             } else {
                 s.reference_cache = None;
             }
-            s.compile_workers = cfg.resources.compile_workers as usize;
+            s.compile_workers = cfg.resources.compile_workers() as usize;
             s.devices = devices.iter().map(|d| d.id.clone()).collect();
             if s.arch_list.is_none() {
                 s.arch_list = gpu::arch_list(devices);
@@ -531,7 +541,7 @@ async fn build_eval_services(
             };
             eprintln!(
                 "workers: {} compile, {} device; torch {}; TORCH_CUDA_ARCH_LIST {}",
-                cfg.resources.compile_workers,
+                cfg.resources.compile_workers(),
                 devices.len(),
                 pool.torch_version(),
                 pool.arch_list().unwrap_or("(cpu)")

@@ -98,7 +98,7 @@ fn meta(run_dir: &Path) -> Meta {
     };
     if let Some(c) = cfg {
         m.model = (!c.model.name.is_empty()).then(|| c.model.name.clone());
-        m.compile_workers = Some(c.resources.compile_workers);
+        m.compile_workers = Some(c.resources.compile_workers());
         m.llm_concurrency = Some(c.resources.llm_concurrency);
     }
     m
@@ -108,7 +108,7 @@ fn meta(run_dir: &Path) -> Meta {
 pub(crate) fn meta_of(cfg: &Config, run_dir: &Path) -> Meta {
     Meta {
         model: (!cfg.model.name.is_empty()).then(|| cfg.model.name.clone()),
-        compile_workers: Some(cfg.resources.compile_workers),
+        compile_workers: Some(cfg.resources.compile_workers()),
         llm_concurrency: Some(cfg.resources.llm_concurrency),
         run_dir: Some(run_dir.to_path_buf()),
     }

@@ -25,6 +25,7 @@ mod stages;
 
 use stages::{Interest, compile, generate, on_device};
 
+use crate::cpu_budget::CpuBudget;
 use crate::gpu::{DeviceInfo, DevicePool};
 use crate::machine::{MachineError, Retention, Stage, TaskRunner, TaskSpec};
 use crate::prompt::{PromptSettings, Prompts};
@@ -94,6 +95,9 @@ pub struct EngineParts {
     pub prompt_settings: PromptSettings,
     pub llm_concurrency: usize,
     pub compile_workers: usize,
+    /// The cores builds, the CPU stage of reference preparation and CPU-device timing share
+    /// (`resources.cpu_budget`); `None`: not shared out (remote or simulated builds).
+    pub cpu_budget: Option<Arc<CpuBudget>>,
     /// Problems whose reference data is prepared ahead of their candidates at once
     /// (`resources.prepare_ahead`; 0: none, candidates build what they need themselves).
     pub prepare_ahead: usize,
@@ -170,6 +174,8 @@ struct Shared {
     llm_gate: Semaphore,
     compile_gate: Semaphore,
     compile_slots: u32,
+    /// See [`EngineParts::cpu_budget`].
+    cpu: Option<Arc<CpuBudget>>,
     devices: DevicePool,
     /// Reference preparation ahead of candidates (`None`: off, or the executor needs none).
     prep: Option<Arc<Preparer>>,
@@ -292,6 +298,7 @@ impl Engine {
             llm_gate: Semaphore::new(parts.llm_concurrency.max(1)),
             compile_gate: Semaphore::new(parts.compile_workers.max(1)),
             compile_slots: parts.compile_workers.max(1) as u32,
+            cpu: parts.cpu_budget,
             devices: DevicePool::new(devices),
             prep,
             cancel,
@@ -396,6 +403,7 @@ impl Engine {
                     compiler: &*shared.compiler,
                     problems: &shared.problems,
                     sink: &shared.sink,
+                    cpu: shared.cpu.as_deref(),
                 };
                 refprep::run(&prep, services, &stop).await;
             })

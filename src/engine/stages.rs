@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use super::{EngineError, Shared, Step};
+use crate::cpu_budget::Claim;
 use crate::llm::extract::extract_code;
 use crate::refprep::Preparer;
 use crate::services::{BuildPause, CompileJob, DeviceId, ExecJob, LlmError, Unavailable};
@@ -146,7 +147,18 @@ pub(super) async fn compile(shared: &Shared, task: TaskId, turn: u32, code: Stri
     };
     let result = cancellable(&shared.cancel, async {
         let _permit = shared.compile_gate.acquire().await;
-        shared.compiler.compile(job).await
+        // The build's share of the CPU budget: what builds were measured to use.
+        let _cores = match &shared.cpu {
+            Some(cpu) => Some(cpu.build().await),
+            None => None,
+        };
+        let outcome = shared.compiler.compile(job).await;
+        if let (Some(cpu), Ok(o)) = (&shared.cpu, &outcome)
+            && let Some(used) = o.cpu
+        {
+            cpu.measured_build(used.cpu_ms, used.wall_ms);
+        }
+        outcome
     })
     .await;
     match result {
@@ -245,11 +257,20 @@ async fn leased(
                     .map(Quiet::Drained),
             }
         };
-        match cancellable(&shared.cancel, quiet).await {
-            Some(Ok(q)) => Some(q),
+        let quiet = match cancellable(&shared.cancel, quiet).await {
+            Some(Ok(q)) => q,
             // Cancelled, or the gate closed (it never is).
             Some(Err(_)) | None => return Ok((Step::Halt, false)),
-        }
+        };
+        // Nothing else of the CPU budget starts, and the input makers (which cannot pause) end.
+        let cores = match &shared.cpu {
+            Some(cpu) => match cancellable(&shared.cancel, cpu.claim(Claim::Quiet, 0)).await {
+                Some(g) => Some(g),
+                None => return Ok((Step::Halt, false)),
+            },
+            None => None,
+        };
+        Some((quiet, cores))
     } else {
         None
     };
@@ -293,17 +314,13 @@ async fn leased(
     } else {
         drop(lease);
     }
-    // Busy = the time the worker reports working on the request; the rest of the hold is the
-    // orchestrator's and the protocol's overhead.
+    // Busy = the time the device ran work, as the worker measured it; the rest of the hold is
+    // loading the candidate, isolation, the orchestrator and the protocol.
     let busy_ms = match &step {
-        Step::Event(Event::Executed { outcome, .. }) if !outcome.phases.is_empty() => {
-            let secs: f64 = outcome.phases.values().filter_map(|v| v.as_f64()).sum();
-            ((secs * 1000.0) as u64).min(held_ms)
-        }
-        Step::Event(Event::Profiled { outcome, .. }) if outcome.duration_ms > 0 => {
-            outcome.duration_ms.min(held_ms)
-        }
-        _ => held_ms,
+        Step::Event(Event::Executed { outcome, .. }) => gpu_work_ms(&outcome.phases).min(held_ms),
+        Step::Event(Event::Profiled { outcome, .. }) => outcome.duration_ms.min(held_ms),
+        // Nothing measured: no work is claimed.
+        _ => 0,
     };
     shared
         .append(
@@ -317,6 +334,21 @@ async fn leased(
         )
         .await?;
     Ok((step, retired))
+}
+
+/// The worker's phases in which the device runs work: the reference's forwards, the candidate's
+/// correctness trials and both timings. Loading the candidate (an import, on the CPU), isolation and
+/// waiting for a spare process are not.
+pub const DEVICE_PHASES: [&str; 4] = ["reference_s", "correctness_s", "timing_s", "ref_timing_s"];
+
+/// Milliseconds of device work in an evaluation's `phases` (see [`DEVICE_PHASES`]).
+pub fn gpu_work_ms(phases: &serde_json::Map<String, serde_json::Value>) -> u64 {
+    let secs: f64 = DEVICE_PHASES
+        .iter()
+        .filter_map(|k| phases.get(*k)?.as_f64())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .sum();
+    (secs * 1000.0).round() as u64
 }
 
 /// Run `fut` unless the run is cancelled first.
@@ -336,4 +368,21 @@ pub(super) fn relative_to(dir: &RunDir, p: &str) -> String {
         .strip_prefix(dir.root())
         .map(|r| r.to_string_lossy().into_owned())
         .unwrap_or_else(|_| p.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_work_is_the_forward_phases_only() {
+        let phases = serde_json::json!({
+            "load_s": 2.0, "isolation_s": 0.5, "spawn_wait_s": 1.0,
+            "reference_s": 0.25, "correctness_s": 0.125, "timing_s": 1.5, "ref_timing_s": 0.0625,
+        });
+        assert_eq!(gpu_work_ms(phases.as_object().unwrap()), 1938);
+        let odd = serde_json::json!({"timing_s": -1.0, "correctness_s": "x", "reference_s": 0.001});
+        assert_eq!(gpu_work_ms(odd.as_object().unwrap()), 1);
+        assert_eq!(gpu_work_ms(&serde_json::Map::new()), 0);
+    }
 }

@@ -250,6 +250,14 @@ def evaluate(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
         )
         verdict = _evaluate_into(verdict, request, worker, device, hardware)
         cache = worker.references
+        if verdict.metadata.get("reference_out_of_memory"):
+            # The reference, not the candidate, ran out of memory. When krefine's cache of other
+            # problems held device memory, that is krefine's doing: free it and evaluate once more.
+            freed = cache.evict_for_retry(device, request["problem"]["code"])
+            if freed > 0:
+                verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
+                verdict = _evaluate_into(verdict, request, worker, device, hardware)
+                verdict.metadata["reference_retried_after_eviction"] = freed
         if cache_could_have_caused(verdict, cache.device_bytes(device), device):
             # KernelBench holds no reference data on the device between trials; a candidate must not
             # fail for memory that our cache took. Free it and evaluate once more.
@@ -436,6 +444,10 @@ def _reference_failed(verdict: Verdict, error: CapturedError, hardware: str, dev
     else:
         verdict.compiled = False
         verdict.metadata = other_error_metadata(error.exc, hardware, device)
+    if is_out_of_memory(error.exc):
+        # Memory is the machine's and krefine's to manage, never the candidate's: evaluate retries once
+        # after freeing krefine's caches, and the verdict stays the reference's.
+        verdict.metadata["reference_out_of_memory"] = True
     verdict.feedback.append(
         "The reference PyTorch Model itself failed on this machine (this is not your code's fault), "
         f"so the candidate cannot be checked.\n{kb_feedback.exception_line(error.exc)}"

@@ -21,6 +21,7 @@ reference too (on the CPU device a 200 MB ReLU takes 20 s of timing; on the H100
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -28,7 +29,7 @@ from typing import Any, Literal
 import torch
 
 import kb_feedback
-from kb_correctness import Verdict
+from kb_correctness import Verdict, is_out_of_memory
 from kb_eval import Worker, precision_policy, reference_timing, reference_timing_needed
 from kb_reference import (
     CapturedError,
@@ -46,6 +47,23 @@ BACKGROUND_TIMING_MAX_S = 2.0
 
 
 def prepare(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
+    """`_prepare_once`, once more when the reference ran out of memory while krefine's cache of other
+    problems held device memory (freed first): krefine's caches never make a reference fail."""
+    answer = _prepare_once(request, worker)
+    if answer.pop("out_of_memory", False):
+        freed = worker.references.evict_for_retry(select_device(request), request["problem"]["code"])
+        if freed > 0:
+            print(
+                f"krefine harness: the reference ran out of memory; freed {freed} bytes of other problems' "
+                "cached reference data and prepared it again",
+                file=sys.stderr,
+            )
+            answer = _prepare_once(request, worker)
+            answer.pop("out_of_memory", None)
+    return answer
+
+
+def _prepare_once(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     """Build at most `steps` steps of the problem's reference data (all when absent). With `quiet`
     false the reference is not timed (the orchestrator has not quieted the CPU yet): the response
     then names `reference_timing` as the next step. Cheap when everything is cached already."""
@@ -108,6 +126,8 @@ def prepare(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
         "host_bytes": host_bytes,
         "parallel_inputs": parallel,
         "feedback": "" if error is None else kb_feedback.exception_line(error.exc),
+        # Popped by `prepare` (not part of the answer).
+        "out_of_memory": error is not None and is_out_of_memory(error.exc),
         "done": step is None,
         "next": step,
         "trials_ready": ready,

@@ -223,7 +223,13 @@ class ErrorResponse(TypedDict):
     error: str
 
 
-class CompileResponse(TypedDict):
+class _CompileMeasures(TypedDict, total=False):
+    # CPU seconds of the worker and its build children (getrusage): the build's cores are cpu_s /
+    # duration_s, what the orchestrator's CPU budget claims for a build (absent from older workers).
+    cpu_s: float
+
+
+class CompileResponse(_CompileMeasures):
     id: int
     ok: Literal[True]
     kind: Literal["compile"]

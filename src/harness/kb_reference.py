@@ -66,6 +66,12 @@ DEVICE_CACHE_FRACTION = 0.5
 HOST_CACHE_FRACTION = 0.35
 CPU_DEVICE_CACHE_FRACTION = 0.25
 MAX_CONTEXTS = 4
+# GPU memory admission (ReferenceCache.make_room): before a problem's reference data or a candidate goes
+# on a CUDA device, the device's free memory (every process on it counts) must hold NEED_FACTOR times
+# the problem's planned input bytes (its inputs, the reference's output, the candidate's output) plus
+# HEADROOM_FRACTION of the device (allocator slack, the CUDA context, kernels' workspaces).
+NEED_FACTOR = 3
+HEADROOM_FRACTION = 0.05
 _CHECKSUM_CHUNK = 1 << 24
 _CHECKSUM_MUL = 0x5851F42D4C957F2D  # odd 63-bit constant (PCG multiplier)
 
@@ -378,6 +384,9 @@ class ProblemContext:
         self.device_bytes = 0
         self.host_bytes = 0
         self.device_cache = True
+        # Bytes one get_inputs() call makes (kb_inputs.planned_bytes; 0: unknown), for memory admission
+        # (ReferenceCache.make_room); found on first need.
+        self.planned_bytes: int | None = None
         self.build_seconds = 0.0
         # The part of build_seconds spent on timing inputs (made when a candidate reaches timing).
         self.timing_build_seconds = 0.0
@@ -669,6 +678,30 @@ class ProblemContext:
         return self.strict_session.compare_trial(index, output)
 
 
+def need_bytes(planned: int, total: int) -> int:
+    """Free device memory a problem of `planned` input bytes needs, on a device of `total` bytes."""
+    return NEED_FACTOR * planned + int(total * HEADROOM_FRACTION)
+
+
+def evictions(free: int, need: int, cached: list[tuple[Any, int]]) -> tuple[list[Any], bool]:
+    """Memory admission, a pure decision: which of the `cached` entries (key, device bytes; least
+    recently used first) to evict so that `need` bytes fit in `free` plus what they release. Returns
+    (keys to evict, whether `need` then fits). Nothing is evicted when it fits already; every entry
+    holding bytes is when even that is not enough (the work then runs with all krefine could free);
+    entries holding nothing are never evicted."""
+    if need <= free:
+        return [], True
+    evict: list[Any] = []
+    for key, held in cached:
+        if held <= 0:
+            continue
+        evict.append(key)
+        free += held
+        if need <= free:
+            return evict, True
+    return evict, False
+
+
 class ReferenceCache:
     """Per-worker cache of ProblemContexts (LRU) plus reference timings (kept across eviction)."""
 
@@ -684,6 +717,8 @@ class ReferenceCache:
         # orchestrator charges that time to eval.timeouts.reference_s, not to the candidate.
         self.on_reference: Callable[[bool], None] | None = None
         self.depth = 0
+        # Problems evicted to make room on a device (memory admission and out-of-memory retries).
+        self.evicted_for_room = 0
 
     @contextlib.contextmanager
     def reference_work(self) -> Iterator[None]:
@@ -722,6 +757,7 @@ class ReferenceCache:
         if ctx is not None:
             self.contexts.move_to_end(key)
             ctx.stored = stored or ctx.stored
+            self.make_room(ctx)
             return ctx
         while len(self.contexts) >= self.max_contexts:
             self._evict_oldest(keep=None)
@@ -729,7 +765,49 @@ class ReferenceCache:
         ctx.stored = stored
         ctx.device_cache = key not in self.off_device
         self.contexts[key] = ctx
+        self.make_room(ctx)
         return ctx
+
+    def make_room(self, ctx: ProblemContext) -> list[tuple[Any, ...]]:
+        """Memory admission before `ctx`'s problem puts data or a candidate on a CUDA device: its
+        planned bytes (need_bytes) against the device's free memory, which counts every process on
+        it. Other problems' cached data gives way first, least recently used first (`evictions`);
+        when even that is not enough, this problem's own reference data stays off the device. Returns
+        the keys evicted."""
+        if ctx.device.type != "cuda" or ctx.problem is None or ctx.error is not None:
+            return []
+        if ctx.planned_bytes is None:
+            ctx.planned_bytes = kb_inputs.planned_bytes(ctx.problem.get_inputs) or 0
+        free, total = torch.cuda.mem_get_info(ctx.device)
+        return self.admit(ctx, free, need_bytes(ctx.planned_bytes, total))
+
+    def admit(self, ctx: ProblemContext, free: int, need: int) -> list[tuple[Any, ...]]:
+        """The bookkeeping of make_room for `free` and `need` bytes: evict what `evictions` says,
+        and keep `ctx`'s own data off the device when even that is not enough."""
+        cached = [(k, c.device_bytes) for k, c in self.contexts.items() if c.device == ctx.device and c is not ctx]
+        evict, fits = evictions(free, need, cached)
+        for key in evict:
+            del self.contexts[key]
+        self.evicted_for_room += len(evict)
+        if evict:
+            release_memory(ctx.device)
+        if not fits:
+            ctx.device_cache = False
+        return evict
+
+    def evict_for_retry(self, device: torch.device, code: str) -> int:
+        """The reference of `code` ran out of memory on `device`: forget every problem cached there
+        (this one too, so that it is built again) and return the device bytes the other problems held:
+        whether krefine's own caches may have caused it (0: they did not, and a retry would not help)."""
+        mine = self.code_key(code)
+        on_device = [k for k, c in self.contexts.items() if c.device == device]
+        others = [k for k in on_device if k[0] != mine]
+        held = sum(self.contexts[k].device_bytes for k in others)
+        for key in on_device:
+            del self.contexts[key]
+        self.evicted_for_room += len(others)
+        release_memory(device)
+        return held
 
     def device_bytes(self, device: torch.device) -> int:
         return self._used(device, "device_bytes")

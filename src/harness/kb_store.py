@@ -175,9 +175,10 @@ def _write_one(code: str, seed: int, folder: str) -> dict[str, Any]:
     return write_seed(kb_problem.load_problem(code), seed, folder)
 
 
-def _write_all(code: str, seeds: list[int], folder: str) -> tuple[dict[str, Any], int]:
+def _write_all(code: str, seeds: list[int], folder: str, processes: int | None = None) -> tuple[dict[str, Any], int]:
     """Every seed's file and manifest part; large inputs are made in parallel processes (each seed has
-    its own generator, so the bits are the same). Returns (parts by seed, processes used)."""
+    its own generator, so the bits are the same), at most `processes` of them (the orchestrator's CPU
+    budget). Returns (parts by seed, processes used)."""
     import torch
 
     import kb_inputs
@@ -185,6 +186,7 @@ def _write_all(code: str, seeds: list[int], folder: str) -> tuple[dict[str, Any]
 
     problem = kb_problem.load_problem(code)
     count = kb_inputs.how_many_in_parallel(kb_inputs.planned_bytes(problem.get_inputs), len(seeds))
+    count = within_processes(count, processes)
     if count == 0:
         return {str(s): write_seed(problem, s, folder) for s in seeds}, 0
     context = torch.multiprocessing.get_context("spawn")
@@ -194,6 +196,14 @@ def _write_all(code: str, seeds: list[int], folder: str) -> tuple[dict[str, Any]
     with context.Pool(processes=count) as pool:
         parts = pool.starmap(_write_one, [(code, s, folder) for s in seeds])
     return {str(s): p for s, p in zip(seeds, parts, strict=True)}, count
+
+
+def within_processes(count: int, processes: int | None) -> int:
+    """`count` parallel processes cut to the `processes` granted (0: the serial path, one process)."""
+    if processes is None:
+        return count
+    count = min(count, max(processes, 1))
+    return count if count >= 2 else 0
 
 
 def read_manifest(entry: str) -> dict[str, Any] | None:
@@ -298,7 +308,8 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        parts, parallel = _write_all(code, seeds, tmp)
+        limit = request.get("processes")
+        parts, parallel = _write_all(code, seeds, tmp, None if limit is None else int(limit))
     except Unstorable as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         return _answer("unstorable", started, seeds, 0, detail=str(exc))

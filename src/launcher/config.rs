@@ -19,9 +19,14 @@ pub struct ResourcesSection {
     /// Tokens per minute (0 = no limit).
     #[serde(default)]
     pub tokens_per_minute: u64,
-    /// CPU compile worker processes.
-    #[serde(default = "default_compile_workers")]
-    pub compile_workers: u32,
+    /// CPU compile worker processes; default: derived from the CPU budget
+    /// ([`ResourcesSection::compile_workers`]). How many build at once is the budget's to say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile_workers: Option<u32>,
+    /// Cores that builds, the CPU stage of reference preparation and CPU-device timing share
+    /// (`crate::cpu_budget`); default: the cores available.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_budget: Option<u32>,
     #[serde(default)]
     pub devices: DeviceSelection,
     /// Python interpreter for the workers; default: the first `python3` that imports torch.
@@ -78,11 +83,20 @@ fn default_llm_concurrency() -> u32 {
 fn default_prepare_ahead() -> u32 {
     2
 }
-fn default_compile_workers() -> u32 {
-    std::thread::available_parallelism()
-        .map(|n| n.get() as u32)
-        .unwrap_or(2)
-        .clamp(1, 16)
+impl ResourcesSection {
+    /// `cpu_budget`, or the cores available.
+    pub fn cpu_cores(&self) -> u32 {
+        self.cpu_budget
+            .unwrap_or_else(crate::cpu_budget::available_cores)
+            .max(1)
+    }
+
+    /// `compile_workers`, or one per core of the budget (at most 16): the budget, not the worker
+    /// count, bounds how many build at once, by what builds are measured to use.
+    pub fn compile_workers(&self) -> u32 {
+        self.compile_workers
+            .unwrap_or_else(|| self.cpu_cores().clamp(1, 16))
+    }
 }
 
 impl Default for ResourcesSection {
@@ -91,7 +105,8 @@ impl Default for ResourcesSection {
             llm_concurrency: default_llm_concurrency(),
             requests_per_minute: 0,
             tokens_per_minute: 0,
-            compile_workers: default_compile_workers(),
+            compile_workers: None,
+            cpu_budget: None,
             devices: DeviceSelection::Auto,
             python: None,
             launcher: LauncherKind::default(),

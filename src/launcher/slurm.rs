@@ -67,7 +67,7 @@ impl Slurm {
         let (job_id, owned) = match std::env::var("SLURM_JOB_ID") {
             Ok(id) if !id.trim().is_empty() => (id.trim().to_string(), None),
             _ => {
-                let (id, child) = request(&cfg, gpus, r.compile_workers, cancel).await?;
+                let (id, child) = request(&cfg, gpus, r.compile_workers(), cancel).await?;
                 (id, Some(child))
             }
         };

@@ -52,6 +52,7 @@ fn compiled(turn: u32, status: CompileStatus) -> Event {
             duration_ms: 5,
             findings: Vec::new(),
             build_path: None,
+            cpu: None,
         },
     }
 }

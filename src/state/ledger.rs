@@ -19,7 +19,8 @@ pub struct DeviceUse {
     pub wait_ms: u64,
     /// Time leases were held.
     pub held_ms: u64,
-    /// Worker time spent inside leases (useful device time).
+    /// Time the device ran work inside leases, as the worker measured it (see
+    /// `Event::LeaseReleased`), next to `held_ms`.
     pub busy_ms: u64,
 }
 

@@ -196,6 +196,7 @@ mod tests {
                 duration_ms: 1,
                 findings: Vec::new(),
                 build_path: None,
+                cpu: None,
             },
         }
     }

@@ -153,6 +153,7 @@ impl WorkerPool {
             duration_ms: elapsed_ms(started),
             findings: Vec::new(),
             build_path: marker.build_path,
+            cpu: None,
         })
     }
 

@@ -16,7 +16,7 @@ use super::protocol::{CompileRequest, CompileStatusWire, RequestBody, ResponseBo
 use super::slot::FreeSlot;
 use super::worker_log::log_tail;
 use crate::services::{BuildPause, CompileJob, Compiler, Unavailable};
-use crate::types::{CompileOutcome, CompileStatus};
+use crate::types::{BuildCpu, CompileOutcome, CompileStatus};
 
 #[async_trait]
 impl Compiler for WorkerPool {
@@ -87,6 +87,7 @@ impl WorkerPool {
             duration_ms: elapsed_ms(started),
             findings: Vec::new(),
             build_path: None,
+            cpu: None,
         }
     }
 
@@ -199,6 +200,10 @@ impl WorkerPool {
                     duration_ms: elapsed_ms(started),
                     findings: Vec::new(),
                     build_path: r.build_path,
+                    cpu: r.cpu_s.map(|cpu_s| BuildCpu {
+                        cpu_ms: (cpu_s * 1000.0) as u64,
+                        wall_ms: (r.duration_s * 1000.0) as u64,
+                    }),
                 })
             }
             // `request` checks that the response kind matches the op, so this cannot happen.

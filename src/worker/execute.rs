@@ -263,8 +263,9 @@ impl Executor for WorkerPool {
     async fn make_inputs(
         &self,
         problem: Arc<Problem>,
+        processes: Option<u32>,
     ) -> Result<Option<InputsOutcome>, Unavailable> {
-        self.make_inputs_now(&problem).await
+        self.make_inputs_now(&problem, processes).await
     }
 
     async fn prepare_reference(

@@ -229,6 +229,23 @@ impl InputStore {
         timing: bool,
         torch: &str,
     ) -> Result<GenerateAnswer, String> {
+        self.ensure_with(None, key, code, seed, trials, timing, torch)
+            .await
+    }
+
+    /// [`InputStore::ensure`] with at most `processes` processes drawing the inputs (the CPU
+    /// budget's grant, `crate::cpu_budget`); `None`: as many as the generator sees fit.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn ensure_with(
+        &self,
+        processes: Option<u32>,
+        key: &str,
+        code: &str,
+        seed: u64,
+        trials: u32,
+        timing: bool,
+        torch: &str,
+    ) -> Result<GenerateAnswer, String> {
         tokio::fs::create_dir_all(&self.root)
             .await
             .map_err(|e| format!("cannot create {}: {e}", self.root.display()))?;
@@ -249,6 +266,7 @@ impl InputStore {
             "tmp": tmp,
             // Ask before making anything: the generator reports the entry's planned bytes first.
             "admit": true,
+            "processes": processes,
         });
         let answer = self.run_generator(key, &request.to_string()).await;
         let _ = tokio::fs::remove_dir_all(&tmp).await;

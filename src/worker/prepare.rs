@@ -109,6 +109,7 @@ impl WorkerPool {
     pub(super) async fn make_inputs_now(
         &self,
         problem: &Problem,
+        processes: Option<u32>,
     ) -> Result<Option<InputsOutcome>, Unavailable> {
         let Some(store) = &self.input_store else {
             return Ok(None);
@@ -116,7 +117,8 @@ impl WorkerPool {
         let started = Instant::now();
         let key = self.inputs_key(problem);
         let answer = store
-            .ensure(
+            .ensure_with(
+                processes,
                 &key,
                 &problem.code,
                 self.settings.seed,

@@ -339,6 +339,10 @@ pub struct CompileResponse {
     /// (absent from workers older than the field).
     #[serde(default)]
     pub build_path: Option<String>,
+    /// CPU seconds the build used: the worker's and its build children's (`getrusage`), so a
+    /// build's real core use is cpu_s / duration_s (absent from workers older than the field).
+    #[serde(default)]
+    pub cpu_s: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -311,3 +311,90 @@ def test_the_kernelbench_order_yardstick_agrees_with_the_harness(
     # A raising trial ends the check; KernelBench times the reference all the same.
     assert (seen["raises"]["status"], seen["raises"]["trials_run"]) == ("runtime_error", 1)
     assert "ref_timing_s" in seen["raises"]["phases"] and "timing_s" not in seen["raises"]["phases"]
+
+
+# ------------------------------------------------------------------------------ GPU memory admission
+
+
+def test_memory_admission_evicts_least_recently_used_until_the_work_fits() -> None:
+    from kb_reference import evictions, need_bytes
+
+    cached = [("a", 40), ("b", 0), ("c", 30), ("d", 20)]
+    assert evictions(100, 100, cached) == ([], True)
+    assert evictions(50, 80, cached) == (["a"], True)
+    assert evictions(50, 120, cached) == (["a", "c"], True)
+    assert evictions(50, 140, cached) == (["a", "c", "d"], True)
+    # Not enough even with everything freed: all of it goes, and the work is told it does not fit.
+    assert evictions(50, 141, cached) == (["a", "c", "d"], False)
+    assert evictions(0, 1, []) == ([], False)
+    # Three times the inputs, and 5 % of an 80 GB device.
+    assert need_bytes(2 * 10**9, 80 * 10**9) == 10 * 10**9
+
+
+def _other(i: int) -> str:
+    """A problem of its own (another code, so another cache entry)."""
+    return ADD.replace("return a + b", f"return a + b + {i} * 0")
+
+
+def test_admission_bookkeeping_gives_way_to_the_problem_at_hand(harness: Harness) -> None:
+    cache = harness.worker.references
+    for i in range(3):
+        harness.prepare(problem=_other(i))
+    keys = list(cache.contexts)
+    for key, held in zip(keys, (300, 200, 100), strict=True):
+        cache.contexts[key].device_bytes = held
+    current = cache.contexts[keys[2]]
+    # 150 free, 500 needed: the oldest two go (300 + 200 > 350), the problem at hand stays.
+    assert cache.admit(current, 150, 500) == keys[:2]
+    assert list(cache.contexts) == keys[2:] and cache.evicted_for_room == 2
+    assert current.device_cache
+    # Nothing left to free and still short: its own data stays off the device.
+    assert cache.admit(current, 150, 500) == []
+    assert not current.device_cache
+
+
+def _oom_once(flag: Path) -> str:
+    """The ADD problem, whose reference runs out of memory once (while `flag` exists)."""
+    return ADD.replace(
+        "        return a + b",
+        f"        import os\n        if os.path.exists({str(flag)!r}):\n            os.remove({str(flag)!r})\n"
+        "            raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
+        "        return a + b",
+    )
+
+
+def test_a_reference_out_of_memory_next_to_cached_problems_is_retried_after_freeing_them(
+    harness: Harness, tmp_path: Path
+) -> None:
+    cache = harness.worker.references
+    harness.prepare(problem=_other(1))
+    (other,) = cache.contexts.values()
+    other.device_bytes = 4096
+    flag = tmp_path / "oom"
+    flag.touch()
+    r = harness.evaluate(CORRECT, problem=_oom_once(flag))
+    # krefine's caches were freed and the reference prepared again: the candidate got its own verdict.
+    assert r["status"] == "correct", r
+    assert r["metadata"]["reference_retried_after_eviction"] == 4096
+    assert other not in cache.contexts.values() and cache.evicted_for_room == 1
+    # With nothing of krefine's to free, the reference's out-of-memory stays the reference's.
+    flag.touch()
+    lone = Harness(tmp_path / "lone")
+    r = lone.evaluate(CORRECT, problem=_oom_once(flag))
+    assert r["status"] == "reference_error" and r["metadata"]["reference_out_of_memory"] is True
+    assert "reference_retried_after_eviction" not in r["metadata"]
+
+
+def test_prepare_retries_a_reference_out_of_memory_after_freeing_other_problems(
+    harness: Harness, tmp_path: Path
+) -> None:
+    cache = harness.worker.references
+    harness.prepare(problem=_other(2))
+    (other,) = cache.contexts.values()
+    other.device_bytes = 1
+    flag = tmp_path / "oom"
+    flag.touch()
+    r = harness.prepare(problem=_oom_once(flag))
+    assert (r["status"], r["done"]) == ("ready", True), r
+    assert "out_of_memory" not in r
+    assert other not in cache.contexts.values()

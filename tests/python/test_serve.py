@@ -36,6 +36,8 @@ def test_compile_ok(compiled: dict[str, dict[str, Any]]) -> None:
         "",
     )
     assert response["duration_s"] > 0
+    # The compiler ran as a child of the worker: its CPU time is counted (the CPU budget's measure).
+    assert response["cpu_s"] > 0
     assert Path(response["log_path"]).exists()
     build = compiled["ok_cpp.py"]["build_dir"]
     assert (build / "candidate.py").read_text() == hostile("ok_cpp.py")

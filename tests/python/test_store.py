@@ -184,6 +184,23 @@ def test_large_inputs_are_made_in_parallel_processes_with_the_same_bits(tmp_path
         assert torch.equal(loaded[1], expected_rng)
 
 
+def test_the_processes_granted_bound_the_parallel_makers(tmp_path: Path, monkeypatch: Any) -> None:
+    import kb_inputs
+
+    assert [kb_store.within_processes(4, p) for p in (None, 6, 3, 2, 1, 0)] == [4, 4, 3, 2, 0, 0]
+    assert kb_store.within_processes(0, 6) == 0
+    monkeypatch.setattr(kb_inputs, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(kb_inputs, "cpu_count", lambda: 2)
+    # One process granted: the seeds are made one after another in the generator itself.
+    req = dict(request(MIXED, tmp_path), trials=1, processes=1)
+    answer = kb_store.generate(req)
+    assert answer["status"] == "generated" and answer["parallel"] == 0, answer
+    loaded = kb_store.load(req["entry"], MIXED, answer["seeds"][0])
+    assert loaded is not None
+    expected, _ = kernelbench_inputs(MIXED, answer["seeds"][0])
+    assert all(same(a, b) for a, b in zip(loaded[0], expected, strict=True))
+
+
 def test_the_reference_cache_reads_stored_inputs_and_matches_making_them(tmp_path: Path) -> None:
     import kb_reference
 

@@ -43,11 +43,13 @@ pub fn draw(frame: &mut Frame, area: Rect, app: &App, now_ms: u64) {
             )));
         }
         if d.held_ms > 0 {
+            // Measured device work next to lease-held time: a held lease is not a busy GPU.
             spans.push(Span::styled(
                 format!(
-                    "  busy {:.0}% of {} lease(s)",
+                    "  held {:.0}s · busy {:.0}s {:.0}%",
+                    d.held_ms as f64 / 1000.0,
+                    d.busy_ms as f64 / 1000.0,
                     100.0 * d.busy_ms as f64 / d.held_ms as f64,
-                    d.leases
                 ),
                 dim,
             ));
