@@ -1,15 +1,16 @@
 //! Types that cross rooms: identities, settings enums, service results, events, commands.
 //!
 //! Everything written to `events.jsonl` is defined here, so the log format has one home. Adding a field
-//! is fine (give it `#[serde(default)]`); renaming or removing one needs a `SCHEMA_VERSION` bump.
+//! is fine (give it `#[serde(default)]`); renaming or removing one, or adding an event kind (which an
+//! older reader cannot parse), needs a `SCHEMA_VERSION` bump.
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Version of the event-log schema, written into every record.
-pub const SCHEMA_VERSION: u32 = 1;
+/// Version of the event-log schema, written into every record. 2: `device_retired`.
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// A problem's identity: KernelBench level and problem id (`"1/19"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -816,6 +817,14 @@ pub enum Event {
         problem: ProblemKey,
         outcome: InputsOutcome,
     },
+    /// `device` is lost (its worker no longer starts on it, or its host was drained) and retired for
+    /// the rest of the run: the step that found it lost, and every later one, runs on the
+    /// `remaining` devices; with none left, steps are deferred (run-level, informational).
+    DeviceRetired {
+        device: String,
+        error: String,
+        remaining: u32,
+    },
 }
 
 impl Event {
@@ -855,6 +864,7 @@ impl Event {
             Event::LeaseReleased { .. } => "lease_released",
             Event::ReferencePrepared { .. } => "reference_prepared",
             Event::InputsPrepared { .. } => "inputs_prepared",
+            Event::DeviceRetired { .. } => "device_retired",
         }
     }
 }

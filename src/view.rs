@@ -172,6 +172,8 @@ pub struct DeviceView {
     pub busy_ms: u64,
     /// Time the device was held to prepare reference data ahead of candidates (not in `held_ms`).
     pub prepare_ms: u64,
+    /// Why the device was retired, once it was (`device_retired`): it takes no more work.
+    pub lost: Option<String>,
 }
 
 /// The state of a run after the records applied so far.
@@ -374,6 +376,11 @@ impl RunView {
             }
             // Made on the CPU with no lease held: no device's time.
             Event::InputsPrepared { .. } => {}
+            Event::DeviceRetired { device, error, .. } => {
+                let d = self.devices.entry(device.clone()).or_default();
+                d.lost = Some(error.clone());
+                d.holder = None;
+            }
             Event::LlmAnswered { .. }
             | Event::LlmFailed { .. }
             | Event::Compiled { .. }
