@@ -125,6 +125,9 @@ pub struct Ledger {
     /// Hosts drained after losing workers, in the order they were drained.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub drained_hosts: Vec<String>,
+    /// Devices lost and retired (`device_retired`), and why, in the order they were.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub devices_lost: Vec<(String, String)>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -197,6 +200,9 @@ pub fn ledger(records: &[LogRecord]) -> Ledger {
                 let d = l.devices.entry(device.clone()).or_default();
                 d.held_ms += held_ms;
                 d.busy_ms += busy_ms;
+            }
+            Event::DeviceRetired { device, error, .. } => {
+                l.devices_lost.push((device.clone(), error.clone()));
             }
             // A candidate rejected by static checks was never built.
             Event::Compiled { outcome, .. } if outcome.status != CompileStatus::Rejected => {
