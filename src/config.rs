@@ -3,15 +3,26 @@
 //! Every section denies unknown keys, so a typo is an error that names the file, the line and the key
 //! instead of a silently ignored setting. A run directory keeps a frozen copy (`config.toml`) of the
 //! effective configuration, overrides applied.
+//!
+//! Each room owns its section (`llm::config`, `prompt::config`, `launcher::config`, `worker::config`,
+//! `sim`, `checks`) and the enums several rooms share live in [`crate::settings`]; this module only
+//! assembles them, and re-exports them where callers have always found them.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::checks::ChecksSection;
-pub use crate::launcher::config::{LauncherKind, SlurmSection, SshSection};
-use crate::types::{EvalMode, FeedbackMode, MethodKind, Precision};
+use crate::types::{FeedbackMode, MethodKind};
+
+// Each room owns its section; this module assembles them (and re-exports them where callers have
+// always found them).
+pub use crate::checks::ChecksSection;
+pub use crate::launcher::config::{LauncherKind, ResourcesSection, SlurmSection, SshSection};
+pub use crate::llm::config::{BudgetSection, ModelSection, Price, Provider};
+pub use crate::prompt::config::{PromptSection, PromptStyle};
+pub use crate::settings::{Backend, DeviceSelection, HistoryPolicy};
+pub use crate::sim::SimulatedSection;
+pub use crate::worker::config::{BuildMode, EvalSection, ExecutorKind, InputsMode, Timeouts};
 pub use crate::worker::sandbox::SandboxMode;
 
 #[derive(Debug, thiserror::Error)]
@@ -120,16 +131,6 @@ fn default_problems() -> String {
     "all".into()
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum HistoryPolicy {
-    /// The paper's: the initial prompt plus the latest generation and its feedback.
-    #[default]
-    Last,
-    /// The whole conversation as chat messages, each feedback a user turn.
-    Full,
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct MethodSection {
@@ -195,617 +196,6 @@ impl MethodSection {
             MethodKind::OneShot => 1,
         }
     }
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Provider {
-    /// Answers from a JSONL file (`model.answers`); deterministic, offline.
-    #[default]
-    Scripted,
-    /// Any OpenAI-compatible chat-completions endpoint.
-    Openai,
-    /// Answers recorded in an earlier run (`model.replay_run`, or `krefine run --replay-llm`).
-    Replay,
-}
-
-/// USD per million tokens.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Price {
-    #[serde(default)]
-    pub prompt: f64,
-    #[serde(default)]
-    pub completion: f64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ModelSection {
-    #[serde(default)]
-    pub provider: Provider,
-    #[serde(default)]
-    pub name: String,
-    /// Scripted provider: JSONL with `problem`, `sample`, `turn`, `content`.
-    #[serde(default)]
-    pub answers: Option<PathBuf>,
-    /// Replay provider: the run directory whose answers are served.
-    #[serde(default)]
-    pub replay_run: Option<PathBuf>,
-    #[serde(default)]
-    pub base_url: Option<String>,
-    /// Name of the environment variable holding the API key (the key itself is never stored).
-    #[serde(default)]
-    pub api_key_env: Option<String>,
-    #[serde(default)]
-    pub temperature: Option<f32>,
-    #[serde(default)]
-    pub top_p: Option<f32>,
-    #[serde(default)]
-    pub max_tokens: Option<u32>,
-    #[serde(default)]
-    pub seed: Option<i64>,
-    #[serde(default = "default_request_timeout")]
-    pub request_timeout_s: f64,
-    #[serde(default)]
-    pub stream: bool,
-    #[serde(default)]
-    pub extra_headers: BTreeMap<String, String>,
-    /// Price table: model name → USD per million tokens.
-    #[serde(default)]
-    pub prices: BTreeMap<String, Price>,
-    #[serde(default = "default_max_retries")]
-    pub max_retries: u32,
-    #[serde(default = "default_backoff_base")]
-    pub backoff_base_s: f64,
-    #[serde(default = "default_backoff_max")]
-    pub backoff_max_s: f64,
-}
-
-fn default_request_timeout() -> f64 {
-    600.0
-}
-fn default_max_retries() -> u32 {
-    6
-}
-fn default_backoff_base() -> f64 {
-    1.0
-}
-fn default_backoff_max() -> f64 {
-    60.0
-}
-
-impl Default for ModelSection {
-    fn default() -> Self {
-        ModelSection {
-            provider: Provider::default(),
-            name: String::new(),
-            answers: None,
-            replay_run: None,
-            base_url: None,
-            api_key_env: None,
-            temperature: None,
-            top_p: None,
-            max_tokens: None,
-            seed: None,
-            request_timeout_s: default_request_timeout(),
-            stream: false,
-            extra_headers: BTreeMap::new(),
-            prices: BTreeMap::new(),
-            max_retries: default_max_retries(),
-            backoff_base_s: default_backoff_base(),
-            backoff_max_s: default_backoff_max(),
-        }
-    }
-}
-
-/// `auto` (every GPU cudarc finds, else the CPU), `cpu`, or a list of GPU indices.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum DeviceSelection {
-    #[default]
-    Auto,
-    Cpu,
-    Gpus(Vec<u32>),
-}
-
-impl Serialize for DeviceSelection {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            DeviceSelection::Auto => s.serialize_str("auto"),
-            DeviceSelection::Cpu => s.serialize_str("cpu"),
-            DeviceSelection::Gpus(v) => v.serialize(s),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for DeviceSelection {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Word(String),
-            One(u32),
-            List(Vec<u32>),
-        }
-        let expected = "expected \"auto\", \"cpu\", a GPU index or a list of GPU indices";
-        match Raw::deserialize(d).map_err(|_| serde::de::Error::custom(expected))? {
-            Raw::Word(w) => match w.as_str() {
-                "auto" => Ok(DeviceSelection::Auto),
-                "cpu" => Ok(DeviceSelection::Cpu),
-                other => {
-                    // `--set resources.devices=0,1` arrives as a string.
-                    let parsed: Result<Vec<u32>, _> =
-                        other.split(',').map(|p| p.trim().parse::<u32>()).collect();
-                    match parsed {
-                        Ok(v) if !v.is_empty() => Ok(DeviceSelection::Gpus(v)),
-                        _ => Err(serde::de::Error::custom(format!(
-                            "{expected}, got {other:?}"
-                        ))),
-                    }
-                }
-            },
-            Raw::One(i) => Ok(DeviceSelection::Gpus(vec![i])),
-            Raw::List(v) if !v.is_empty() => Ok(DeviceSelection::Gpus(v)),
-            Raw::List(_) => Err(serde::de::Error::custom(format!("{expected}, got []"))),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ResourcesSection {
-    /// Maximum LLM requests in flight.
-    #[serde(default = "default_llm_concurrency")]
-    pub llm_concurrency: u32,
-    /// Requests per minute (0 = no limit).
-    #[serde(default)]
-    pub requests_per_minute: u32,
-    /// Tokens per minute (0 = no limit).
-    #[serde(default)]
-    pub tokens_per_minute: u64,
-    /// CPU compile worker processes.
-    #[serde(default = "default_compile_workers")]
-    pub compile_workers: u32,
-    #[serde(default)]
-    pub devices: DeviceSelection,
-    /// Python interpreter for the workers; default: the first `python3` that imports torch.
-    #[serde(default)]
-    pub python: Option<PathBuf>,
-    /// Where workers start: `local`, `slurm` or `ssh` (see `crate::launcher`).
-    #[serde(default)]
-    pub launcher: LauncherKind,
-    #[serde(default)]
-    pub slurm: SlurmSection,
-    #[serde(default)]
-    pub ssh: SshSection,
-    /// A remote worker that is lost (its node, step or connection died) has its request retried on
-    /// another worker, at most this many times per request.
-    #[serde(default = "default_loss_retries")]
-    pub loss_retries: u32,
-    /// A node or SSH host that lost this many workers is drained: no worker starts there again in
-    /// this run.
-    #[serde(default = "default_drain_after")]
-    pub drain_after: u32,
-    /// Problems whose reference data (trial inputs and outputs, timing inputs, reference timing) is
-    /// prepared on the device ahead of their first candidate, while its answer is generated and
-    /// compiled (`crate::refprep`); 0 turns it off. At most `refprep::MAX_AHEAD` (what a worker keeps).
-    /// The CPU side (making inputs into the store, no lease held) is not bound by it: it runs ahead
-    /// for every problem queued, a few at once (`refprep::cpu_ahead`).
-    #[serde(default = "default_prepare_ahead")]
-    pub prepare_ahead: u32,
-    /// Size bound of the on-disk store of reference inputs (`eval.reference_cache`), in GB (1e9
-    /// bytes); least recently used entries go first. 0 turns the store off.
-    #[serde(
-        default = "default_reference_cache_gb",
-        skip_serializing_if = "is_default_reference_cache_gb"
-    )]
-    pub reference_cache_gb: f64,
-}
-
-fn default_reference_cache_gb() -> f64 {
-    40.0
-}
-fn is_default_reference_cache_gb(v: &f64) -> bool {
-    *v == default_reference_cache_gb()
-}
-
-fn default_loss_retries() -> u32 {
-    3
-}
-fn default_drain_after() -> u32 {
-    2
-}
-
-fn default_llm_concurrency() -> u32 {
-    16
-}
-fn default_prepare_ahead() -> u32 {
-    2
-}
-fn default_compile_workers() -> u32 {
-    std::thread::available_parallelism()
-        .map(|n| n.get() as u32)
-        .unwrap_or(2)
-        .clamp(1, 16)
-}
-
-impl Default for ResourcesSection {
-    fn default() -> Self {
-        ResourcesSection {
-            llm_concurrency: default_llm_concurrency(),
-            requests_per_minute: 0,
-            tokens_per_minute: 0,
-            compile_workers: default_compile_workers(),
-            devices: DeviceSelection::Auto,
-            python: None,
-            launcher: LauncherKind::default(),
-            slurm: SlurmSection::default(),
-            ssh: SshSection::default(),
-            loss_retries: default_loss_retries(),
-            drain_after: default_drain_after(),
-            prepare_ahead: default_prepare_ahead(),
-            reference_cache_gb: default_reference_cache_gb(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct BudgetSection {
-    /// Stop new LLM requests once this much has been spent (USD).
-    #[serde(default)]
-    pub usd: Option<f64>,
-    /// Stop new LLM requests once this many tokens (prompt + completion) have been used.
-    #[serde(default)]
-    pub tokens: Option<u64>,
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum ExecutorKind {
-    /// The Python workers (real compile, correctness, timing, profile).
-    #[default]
-    Worker,
-    /// Simulated compile/execute with scripted verdicts and durations (tests, scheduler benchmark).
-    Simulated,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Timeouts {
-    #[serde(default = "t_compile")]
-    pub compile_s: f64,
-    #[serde(default = "t_load")]
-    pub load_s: f64,
-    /// Building a problem's reference data on a worker (inputs, outputs, timing): once per problem
-    /// and worker, never charged to a candidate.
-    #[serde(default = "t_reference")]
-    pub reference_s: f64,
-    /// Correctness and timing of one candidate, the reference data already built.
-    #[serde(default = "t_execute")]
-    pub execute_s: f64,
-    #[serde(default = "t_profile")]
-    pub profile_s: f64,
-}
-
-fn t_compile() -> f64 {
-    600.0
-}
-fn t_load() -> f64 {
-    120.0
-}
-fn t_reference() -> f64 {
-    900.0
-}
-fn t_execute() -> f64 {
-    300.0
-}
-fn t_profile() -> f64 {
-    180.0
-}
-
-impl Timeouts {
-    /// The defaults for a KernelBench level: level 4 builds whole Hugging Face models (seconds to
-    /// load, a forward of a 2.7 B-parameter model per trial), so its reference, execute, load and
-    /// profile stages get more time.
-    pub fn for_level(level: u32) -> Timeouts {
-        let mut t = Timeouts::default();
-        if level >= 4 {
-            t.load_s = 600.0;
-            t.reference_s = 3600.0;
-            t.execute_s = 1800.0;
-            t.profile_s = 900.0;
-        }
-        t
-    }
-
-    /// Level-aware defaults for the keys the config did not set (`given`: the `[eval.timeouts]`
-    /// table as written, with overrides applied).
-    fn fill_level_defaults(&mut self, level: u32, given: Option<&toml::Table>) {
-        let defaults = Timeouts::for_level(level);
-        let set = |key: &str| given.is_some_and(|t| t.contains_key(key));
-        for (key, field, default) in [
-            ("compile_s", &mut self.compile_s, defaults.compile_s),
-            ("load_s", &mut self.load_s, defaults.load_s),
-            ("reference_s", &mut self.reference_s, defaults.reference_s),
-            ("execute_s", &mut self.execute_s, defaults.execute_s),
-            ("profile_s", &mut self.profile_s, defaults.profile_s),
-        ] {
-            if !set(key) {
-                *field = default;
-            }
-        }
-    }
-}
-
-impl Default for Timeouts {
-    fn default() -> Self {
-        Timeouts {
-            compile_s: t_compile(),
-            load_s: t_load(),
-            reference_s: t_reference(),
-            execute_s: t_execute(),
-            profile_s: t_profile(),
-        }
-    }
-}
-
-/// Simulated services: durations in (unscaled) seconds; verdicts come from `# krefine-sim:` markers
-/// in the candidate code (see `sim`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct SimulatedSection {
-    #[serde(default = "sim_compile")]
-    pub compile_s: f64,
-    #[serde(default = "sim_exec_min")]
-    pub execute_min_s: f64,
-    #[serde(default = "sim_exec_max")]
-    pub execute_max_s: f64,
-    #[serde(default = "sim_profile")]
-    pub profile_s: f64,
-    /// Simulated seconds per real second (1 = real time).
-    #[serde(default = "sim_scale")]
-    pub time_scale: f64,
-}
-
-fn sim_compile() -> f64 {
-    0.05
-}
-fn sim_exec_min() -> f64 {
-    0.02
-}
-fn sim_exec_max() -> f64 {
-    0.05
-}
-fn sim_profile() -> f64 {
-    0.02
-}
-fn sim_scale() -> f64 {
-    1.0
-}
-
-impl Default for SimulatedSection {
-    fn default() -> Self {
-        SimulatedSection {
-            compile_s: sim_compile(),
-            execute_min_s: sim_exec_min(),
-            execute_max_s: sim_exec_max(),
-            profile_s: sim_profile(),
-            time_scale: sim_scale(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct EvalSection {
-    #[serde(default)]
-    pub executor: ExecutorKind,
-    #[serde(default)]
-    pub precision: Precision,
-    #[serde(default)]
-    pub mode: EvalMode,
-    #[serde(default = "default_seed")]
-    pub seed: u64,
-    #[serde(default = "default_correct_trials")]
-    pub correct_trials: u32,
-    #[serde(default = "default_timing_trials")]
-    pub timing_trials: u32,
-    #[serde(default = "default_warmup")]
-    pub warmup: u32,
-    /// `TORCH_CUDA_ARCH_LIST` for builds; default: from the target device's compute capability.
-    #[serde(default)]
-    pub arch_list: Option<String>,
-    /// A KernelBench baseline timing JSON (`{levelN: {file.py: stats}}`) used instead of timing the
-    /// reference.
-    #[serde(default)]
-    pub baseline: Option<PathBuf>,
-    /// Rows of the profiler table fed back in G+E+P.
-    #[serde(default = "default_profile_rows")]
-    pub profile_rows: u32,
-    /// Also collect Nsight Compute metrics when `ncu` exists.
-    #[serde(default)]
-    pub ncu: bool,
-    /// Recycle a GPU worker after this many candidates.
-    #[serde(default = "default_recycle")]
-    pub recycle_after: u32,
-    /// Where compiled extensions are cached (content-addressed); default `<output.dir>/.build-cache`.
-    #[serde(default)]
-    pub build_cache: Option<PathBuf>,
-    /// Where problems' CPU-made inputs are stored (`worker::input_store`); default
-    /// `<output.dir>/.reference-cache`, next to the build cache.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reference_cache: Option<PathBuf>,
-    /// `kernelbench`: inputs made by `get_inputs()` on the CPU, bit for bit KernelBench's (stored
-    /// on disk, see `reference_cache`); `device`: the same distributions drawn on the GPU (other
-    /// bits, no CPU work). Recorded in every result's env as `inputs`.
-    #[serde(default, skip_serializing_if = "InputsMode::is_default")]
-    pub inputs: InputsMode,
-    /// `fast` (krefine's faster build of `load_inline`, falling back to the plain one) or `plain`
-    /// (torch's own build, nothing changed).
-    #[serde(default)]
-    pub build: BuildMode,
-    #[serde(default)]
-    pub timeouts: Timeouts,
-    #[serde(default)]
-    pub simulated: SimulatedSection,
-    /// Excessive-speedup bound: a speedup above it is flagged (and re-timed in a fresh process on
-    /// fresh inputs in strict mode before it counts). Default: what the reference's FLOPs and bytes
-    /// allow at the GPU's peak (its roofline), or 50 where that is unknown.
-    #[serde(default)]
-    pub max_speedup: Option<f64>,
-    /// Static checks on candidates' sources: a level per category (`checks::ChecksSection`).
-    /// Left out of the frozen config while empty, so older runs still resume.
-    #[serde(default, skip_serializing_if = "ChecksSection::is_default")]
-    pub checks: ChecksSection,
-    /// Cast integer and bool input tensors to the precision dtype, as KernelBench's
-    /// `_process_input_tensor` does (which breaks references that index with them); false keeps
-    /// their dtype. Recorded in every result's env as `integer_inputs`.
-    #[serde(default)]
-    pub cast_integer_inputs: bool,
-    /// The Hugging Face cache the workers load level-4 models from.
-    #[serde(default)]
-    pub hf: crate::hf::HfSection,
-    /// `auto` | `required` | `off`: confine workers in namespaces (README "Threat model"). Unset:
-    /// `required` in strict mode, else `auto`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<SandboxMode>,
-}
-
-impl EvalSection {
-    /// The sandbox mode in effect: the configured one, else `required` in strict mode and `auto`
-    /// otherwise.
-    pub fn sandbox_mode(&self) -> SandboxMode {
-        self.sandbox.unwrap_or(match self.mode {
-            EvalMode::Strict => SandboxMode::Required,
-            EvalMode::Faithful => SandboxMode::Auto,
-        })
-    }
-}
-
-fn default_seed() -> u64 {
-    42
-}
-fn default_correct_trials() -> u32 {
-    5
-}
-fn default_timing_trials() -> u32 {
-    100
-}
-fn default_warmup() -> u32 {
-    3
-}
-fn default_profile_rows() -> u32 {
-    12
-}
-fn default_recycle() -> u32 {
-    200
-}
-
-impl Default for EvalSection {
-    fn default() -> Self {
-        EvalSection {
-            executor: ExecutorKind::default(),
-            precision: Precision::default(),
-            mode: EvalMode::default(),
-            seed: default_seed(),
-            correct_trials: default_correct_trials(),
-            timing_trials: default_timing_trials(),
-            warmup: default_warmup(),
-            arch_list: None,
-            baseline: None,
-            profile_rows: default_profile_rows(),
-            ncu: false,
-            recycle_after: default_recycle(),
-            build_cache: None,
-            reference_cache: None,
-            inputs: InputsMode::default(),
-            build: BuildMode::default(),
-            timeouts: Timeouts::default(),
-            simulated: SimulatedSection::default(),
-            max_speedup: None,
-            checks: ChecksSection::default(),
-            cast_integer_inputs: false,
-            hf: crate::hf::HfSection::default(),
-            sandbox: None,
-        }
-    }
-}
-
-/// Where a problem's inputs are drawn (`eval.inputs`).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum InputsMode {
-    #[default]
-    Kernelbench,
-    Device,
-}
-
-impl InputsMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            InputsMode::Kernelbench => "kernelbench",
-            InputsMode::Device => "device",
-        }
-    }
-
-    pub fn is_default(&self) -> bool {
-        *self == InputsMode::Kernelbench
-    }
-}
-
-/// How candidates' `load_inline` extensions are built (see `src/harness/kb_build.py`).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum BuildMode {
-    #[default]
-    Fast,
-    Plain,
-}
-
-impl BuildMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BuildMode::Fast => "fast",
-            BuildMode::Plain => "plain",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum PromptStyle {
-    ZeroShot,
-    #[default]
-    OneShot,
-    FewShot,
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Backend {
-    /// Inline CUDA through `load_inline`.
-    #[default]
-    Cuda,
-    Triton,
-    /// C++ extensions for the CPU device.
-    Cpu,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct PromptSection {
-    /// A folder of templates overriding the built-in ones (same file names).
-    #[serde(default)]
-    pub templates: Option<PathBuf>,
-    #[serde(default)]
-    pub style: PromptStyle,
-    /// Kernel language asked for; default: `cuda` on a GPU, `cpu` on the CPU device.
-    #[serde(default)]
-    pub backend: Option<Backend>,
-    /// Add the GPU's specifications to the prompt.
-    #[serde(default)]
-    pub hardware_info: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -1017,6 +407,15 @@ fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
     if c.resources.llm_concurrency == 0 {
         return Err(invalid("resources.llm_concurrency", "expected at least 1"));
     }
+    if !(c.resources.reference_cache_gb.is_finite() && c.resources.reference_cache_gb >= 0.0) {
+        return Err(invalid(
+            "resources.reference_cache_gb",
+            &format!(
+                "expected a size in GB, 0 or more (0 turns the reference input store off), got {}",
+                c.resources.reference_cache_gb
+            ),
+        ));
+    }
     if c.resources.prepare_ahead > crate::refprep::MAX_AHEAD {
         return Err(invalid(
             "resources.prepare_ahead",
@@ -1026,15 +425,6 @@ fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
                 crate::refprep::MAX_AHEAD,
                 crate::refprep::MAX_AHEAD + 1,
                 c.resources.prepare_ahead
-            ),
-        ));
-    }
-    if !(c.resources.reference_cache_gb.is_finite() && c.resources.reference_cache_gb >= 0.0) {
-        return Err(invalid(
-            "resources.reference_cache_gb",
-            &format!(
-                "expected a size in GB, 0 or more (0 turns the reference input store off), got {}",
-                c.resources.reference_cache_gb
             ),
         ));
     }
@@ -1099,6 +489,7 @@ fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::Precision;
 
     const MIN: &str = r#"
 [dataset]

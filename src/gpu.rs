@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::config::DeviceSelection;
 use crate::services::DeviceId;
+use crate::settings::DeviceSelection;
 
 /// A device krefine can lease.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,7 +2,8 @@
 //!
 //! Rooms (one job each):
 //! - [`types`]: everything that crosses rooms (events, commands, verdicts, results).
-//! - [`config`]: the TOML experiment config, overrides and validation.
+//! - [`settings`]: the enums several rooms read from their own config sections (a leaf).
+//! - [`config`]: the TOML experiment config: assembles the rooms' sections, overrides, validation.
 //! - [`dataset`]: loading KernelBench problems (checkout, folder, JSONL) and problem selections.
 //! - [`machine`]: the pure per-task state machine (statig) and folding a log into task states.
 //! - [`checks`]: static checks on a candidate's source before it is compiled (KernelBench parity).
@@ -44,6 +45,7 @@ pub mod provenance;
 pub mod refprep;
 pub mod report;
 pub mod services;
+pub mod settings;
 pub mod sim;
 pub mod store;
 pub mod tui;

@@ -13,8 +13,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
+use serde::{Deserialize, Serialize};
 
-use crate::config::SimulatedSection;
 use crate::services::{
     CompileJob, Compiler, DeviceId, EventSink, ExecJob, Executor, Llm, LlmError, Unavailable,
 };
@@ -22,6 +22,52 @@ use crate::types::{
     CompileOutcome, CompileStatus, ExecOutcome, LlmAnswer, LlmRequest, ProfileOutcome, Usage,
     Verdict,
 };
+
+/// Simulated services: durations in (unscaled) seconds; verdicts come from `# krefine-sim:` markers
+/// in the candidate code (see `sim`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SimulatedSection {
+    #[serde(default = "sim_compile")]
+    pub compile_s: f64,
+    #[serde(default = "sim_exec_min")]
+    pub execute_min_s: f64,
+    #[serde(default = "sim_exec_max")]
+    pub execute_max_s: f64,
+    #[serde(default = "sim_profile")]
+    pub profile_s: f64,
+    /// Simulated seconds per real second (1 = real time).
+    #[serde(default = "sim_scale")]
+    pub time_scale: f64,
+}
+
+fn sim_compile() -> f64 {
+    0.05
+}
+fn sim_exec_min() -> f64 {
+    0.02
+}
+fn sim_exec_max() -> f64 {
+    0.05
+}
+fn sim_profile() -> f64 {
+    0.02
+}
+fn sim_scale() -> f64 {
+    1.0
+}
+
+impl Default for SimulatedSection {
+    fn default() -> Self {
+        SimulatedSection {
+            compile_s: sim_compile(),
+            execute_min_s: sim_exec_min(),
+            execute_max_s: sim_exec_max(),
+            profile_s: sim_profile(),
+            time_scale: sim_scale(),
+        }
+    }
+}
 
 /// What a `# krefine-sim:` marker asks for.
 #[derive(Debug, Clone, PartialEq)]

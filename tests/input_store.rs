@@ -29,6 +29,17 @@ async fn store(work: &Path, limit: u64) -> InputStore {
     )
 }
 
+/// The workers' torch version (as the pool passes it: an entry made for it is recognised without
+/// importing torch).
+async fn torch_version() -> String {
+    let out = tokio::process::Command::new(test_python().await)
+        .args(["-c", "import torch; print(torch.__version__)"])
+        .output()
+        .await
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
 fn problem(n: u32) -> String {
     hostile("problem_add.py").replace("N = 64", &format!("N = {n}"))
 }
@@ -37,14 +48,15 @@ fn problem(n: u32) -> String {
 async fn miss_hit_corrupt_and_two_runs_at_once() {
     let work = tempfile::tempdir().unwrap();
     let s = store(work.path(), u64::MAX).await;
+    let torch = torch_version().await;
     let code = problem(64);
-    let key = entry_key(&code, 42, 5, true, "test");
+    let key = entry_key(&code, 42, 5, true, &torch);
     assert!(s.usable(&key).is_none(), "nothing is stored yet");
 
     // Two runs at once: the entry's lock lets one make it; the other then finds it whole.
     let (a, b) = tokio::join!(
-        s.ensure(&key, &code, 42, 5, true),
-        s.ensure(&key, &code, 42, 5, true)
+        s.ensure(&key, &code, 42, 5, true, &torch),
+        s.ensure(&key, &code, 42, 5, true, &torch)
     );
     let mut got = [a.unwrap().status, b.unwrap().status];
     got.sort_by_key(|s| format!("{s:?}"));
@@ -61,7 +73,7 @@ async fn miss_hit_corrupt_and_two_runs_at_once() {
     );
 
     // A hit makes nothing.
-    let hit = s.ensure(&key, &code, 42, 5, true).await.unwrap();
+    let hit = s.ensure(&key, &code, 42, 5, true, &torch).await.unwrap();
     assert_eq!(hit.status, GenerateStatus::Hit);
     assert_eq!(hit.bytes, 6 * 2 * 64 * 64 * 4);
 
@@ -70,18 +82,21 @@ async fn miss_hit_corrupt_and_two_runs_at_once() {
     let mut bytes = std::fs::read(&file).unwrap();
     bytes[7] ^= 0x40;
     std::fs::write(&file, bytes).unwrap();
-    let rebuilt = s.ensure(&key, &code, 42, 5, true).await.unwrap();
+    let rebuilt = s.ensure(&key, &code, 42, 5, true, &torch).await.unwrap();
     assert_eq!(rebuilt.status, GenerateStatus::Rebuilt, "{rebuilt:?}");
     assert!(rebuilt.detail.contains("checksum"), "{rebuilt:?}");
     assert_eq!(
-        s.ensure(&key, &code, 42, 5, true).await.unwrap().status,
+        s.ensure(&key, &code, 42, 5, true, &torch)
+            .await
+            .unwrap()
+            .status,
         GenerateStatus::Hit
     );
 
     // The problem's own failure is an answer, not the machinery's error; nothing is stored.
     let broken = "raise RuntimeError('broken reference')\n";
-    let bkey = entry_key(broken, 42, 5, true, "test");
-    let answer = s.ensure(&bkey, broken, 42, 5, true).await.unwrap();
+    let bkey = entry_key(broken, 42, 5, true, &torch);
+    let answer = s.ensure(&bkey, broken, 42, 5, true, &torch).await.unwrap();
     assert_eq!(answer.status, GenerateStatus::Error);
     assert!(answer.detail.contains("broken reference"), "{answer:?}");
     assert!(s.usable(&bkey).is_none());
@@ -91,6 +106,7 @@ async fn miss_hit_corrupt_and_two_runs_at_once() {
 async fn the_store_keeps_to_its_size_least_recently_used_first() {
     let work = tempfile::tempdir().unwrap();
     let s = store(work.path(), u64::MAX).await;
+    let torch = torch_version().await;
     let codes: Vec<String> = [32, 32, 32]
         .iter()
         .enumerate()
@@ -98,10 +114,13 @@ async fn the_store_keeps_to_its_size_least_recently_used_first() {
         .collect();
     let keys: Vec<String> = codes
         .iter()
-        .map(|c| entry_key(c, 42, 5, true, "test"))
+        .map(|c| entry_key(c, 42, 5, true, &torch))
         .collect();
     for i in 0..2 {
-        let a = s.ensure(&keys[i], &codes[i], 42, 5, true).await.unwrap();
+        let a = s
+            .ensure(&keys[i], &codes[i], 42, 5, true, &torch)
+            .await
+            .unwrap();
         assert_eq!(a.status, GenerateStatus::Generated);
         // Distinct use times (file mtimes) without reading a clock in the assertion.
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -114,7 +133,9 @@ async fn the_store_keeps_to_its_size_least_recently_used_first() {
     // Entry 0 is used again, so entry 1 is now the least recently used.
     assert!(s.usable(&keys[0]).is_some());
     tokio::time::sleep(Duration::from_millis(20)).await;
-    s.ensure(&keys[2], &codes[2], 42, 5, true).await.unwrap();
+    s.ensure(&keys[2], &codes[2], 42, 5, true, &torch)
+        .await
+        .unwrap();
     assert!(
         s.usable(&keys[1]).is_none(),
         "the least recently used entry was removed"

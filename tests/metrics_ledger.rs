@@ -239,7 +239,8 @@ fn ledger_by_hand() {
                     leases: 1,
                     wait_ms: 500,
                     held_ms: 3000,
-                    busy_ms: 2500
+                    busy_ms: 2500,
+                    work_ms: 0
                 }
             ),
             (
@@ -248,7 +249,8 @@ fn ledger_by_hand() {
                     leases: 1,
                     wait_ms: 100,
                     held_ms: 1000,
-                    busy_ms: 800
+                    busy_ms: 800,
+                    work_ms: 0
                 }
             ),
         ])
@@ -259,7 +261,8 @@ fn ledger_by_hand() {
             leases: 2,
             wait_ms: 600,
             held_ms: 4000,
-            busy_ms: 3300
+            busy_ms: 3300,
+            work_ms: 0
         }
     );
     assert_eq!(
@@ -294,4 +297,30 @@ fn empty_log_is_an_empty_ledger() {
     assert_eq!(l.total, Spend::default());
     assert_eq!(l.wall_ms, 0);
     assert_eq!(l.llm_retries, 0);
+}
+
+/// GPU work is the timed trials as measured (candidate always, reference where this evaluation
+/// measured it), not the lease-held time; the text report shows it next to the leases.
+#[test]
+fn gpu_work_is_the_measured_timed_trials() {
+    let executed = |ref_source: &str| -> Event {
+        serde_json::from_value(serde_json::json!({
+            "type": "executed", "turn": 1,
+            "outcome": {
+                "verdict": "correct", "compiled": true, "correctness": true, "metadata": {},
+                "runtime_ms": 2.0, "ref_runtime_ms": 5.0,
+                "runtime_stats": {"mean": 2.0, "median": 2.0, "std": 0.0, "min": 2.0, "max": 2.0, "num_trials": 100},
+                "ref_runtime_stats": {"mean": 5.0, "median": 5.0, "std": 0.0, "min": 5.0, "max": 5.0, "num_trials": 100},
+                "ref_source": ref_source, "feedback": "", "env": {}, "device": "cuda:0", "wall_ms": 0
+            }
+        }))
+        .unwrap()
+    };
+    let log = vec![
+        rec(0, Some(task(1, 0)), executed("measured")),
+        rec(1, Some(task(1, 1)), executed("cached")),
+    ];
+    let l = ledger(&log);
+    // 2 x (2 ms x 100) for the candidates, 5 ms x 100 for the reference measured once.
+    assert_eq!(l.gpu_work_ms, 900);
 }

@@ -16,7 +16,7 @@ pub mod source;
 
 use std::collections::BTreeMap;
 
-use crate::config::Backend;
+use crate::settings::Backend;
 use crate::types::{EvalMode, Finding, Precision, Severity};
 
 pub use config::{Category, ChecksSection, Level};

@@ -11,7 +11,7 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
-use crate::config::Backend;
+use crate::settings::Backend;
 use crate::types::Precision;
 
 use super::config::Category;

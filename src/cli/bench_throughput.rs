@@ -92,14 +92,7 @@ pub fn throughput(records: &[LogRecord], wall_s: f64) -> Throughput {
                 t.check_s += phase(o, "correctness_s");
                 t.timing_s += phase(o, "timing_s");
                 t.isolation_s += phase(o, "isolation_s") + phase(o, "spawn_wait_s");
-                if let Some(s) = &o.runtime_stats {
-                    t.gpu_work_s += s.mean.max(0.0) * f64::from(s.num_trials) / 1000.0;
-                }
-                if o.ref_source.as_deref() == Some("measured")
-                    && let Some(s) = &o.ref_runtime_stats
-                {
-                    t.gpu_work_s += s.mean.max(0.0) * f64::from(s.num_trials) / 1000.0;
-                }
+                t.gpu_work_s += crate::metrics::ledger::measured_work_ms(o) as f64 / 1000.0;
             }
             Event::Compiled { outcome, .. } if !outcome.cached => {
                 t.build_s += outcome.duration_ms as f64 / 1000.0;

@@ -73,7 +73,7 @@ def _disassemble(obj: Path) -> str | None:
     else:
         cmd = ["objdump", "-d", "--no-show-raw-insn", "-C", str(obj)]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     if done.returncode != 0:
@@ -91,8 +91,10 @@ def _functions(objects: list[Path]) -> dict[str, tuple[str, list[str]]] | None:
     out: dict[str, tuple[str, list[str]]] = {}
     for obj in objects:
         try:
-            kinds = subprocess.run(["nm", str(obj)], capture_output=True, text=True, timeout=300)
-            code = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(obj)], capture_output=True, text=True, timeout=300)
+            kinds = subprocess.run(["nm", str(obj)], capture_output=True, text=True, timeout=300, check=False)
+            code = subprocess.run(
+                ["objdump", "-d", "--no-show-raw-insn", str(obj)], capture_output=True, text=True, timeout=300, check=False
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         if kinds.returncode != 0 or code.returncode != 0:

@@ -210,13 +210,13 @@ class FastLoadInline:
         name = str(a.get("name"))
         if self.ctx.replay is not None:
             recorded = self.ctx.replay[index] if index < len(self.ctx.replay) else None
-            plan = recorded if recorded is not None and recorded.name == name else ExtensionBuild(name, PLAIN)
-            self.ctx.builds.append(plan)
-            if plan.path == FAST:
+            replayed = recorded if recorded is not None and recorded.name == name else ExtensionBuild(name, PLAIN)
+            self.ctx.builds.append(replayed)
+            if replayed.path == FAST:
                 # The header itself is not needed: a main.o built with the PCH lists only main.cpp in
                 # its deps, so ninja finds it up to date even where this worker cannot see the PCH
                 # folder (and writing into the build cache would taint a sandboxed worker's view).
-                return self._build(a, plan)
+                return self._build(a, replayed)
             return self.original(**self._fresh(a))
         plan = self._plan(a, name)
         if self.ctx.mode == "pch-only":
@@ -235,7 +235,7 @@ class FastLoadInline:
         try:
             with _output_to(attempt):
                 module = self._build(a, plan)
-        except (Exception, SystemExit) as exc:
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure of the fast build falls back
             cpp_extension.JIT_EXTENSION_VERSIONER.entries.clear()
             cpp_extension.JIT_EXTENSION_VERSIONER.entries.update(versions)
             with contextlib.suppress(OSError), open(attempt, "a") as f:

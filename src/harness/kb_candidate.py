@@ -267,7 +267,7 @@ def construct_candidate(ref: ReferenceSource, model_new_cls: type) -> torch.nn.M
     init_inputs = ref.init_inputs()
     with torch.no_grad():
         kb_reference.set_seed(ref.seed)
-        model = model_new_cls(*init_inputs)
+        model: torch.nn.Module = model_new_cls(*init_inputs)
         if not hasattr(model, "forward"):
             raise AssertionError()
         model = model.to(device=ref.device, dtype=ref.dtype)
@@ -435,7 +435,8 @@ def serve_reference(conn: Any, ctx: kb_reference.ProblemContext) -> dict[str, An
         message = conn.recv()
         op = message[0]
         if op == "result":
-            return message[1]
+            result: dict[str, Any] = message[1]
+            return result
         try:
             if op == "trial":
                 _, trials, index, seed = message
@@ -477,5 +478,5 @@ def verdict_to_wire(verdict: Verdict) -> dict[str, Any]:
 
 def verdict_from_wire(wire: dict[str, Any]) -> Verdict:
     verdict = Verdict(**{k: v for k, v in wire.items() if k != "reference_failure"})
-    verdict.reference_failure = tuple(wire["reference_failure"]) if wire["reference_failure"] else None  # type: ignore[assignment]
+    verdict.reference_failure = tuple(wire["reference_failure"]) if wire["reference_failure"] else None
     return verdict

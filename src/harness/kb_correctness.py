@@ -18,7 +18,6 @@ import kb_feedback
 from kb_feedback import CANDIDATE_ERRORS, get_error_name
 from kb_reference import (
     TOLERANCES,
-    ReferenceFailure,
     TrialData,
     clone_tensors,
     poison_free_memory,

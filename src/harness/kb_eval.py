@@ -60,6 +60,7 @@ from kb_reference import (
     stored_of,
     synchronize,
     tensor_checksum,
+    time_reference,
     trial_seeds,
 )
 
@@ -69,9 +70,9 @@ __all__ = [
     "ProblemContext",
     "ReferenceCache",
     "Worker",
+    "cast_integers_of",
     "construct_candidate",
     "evaluate",
-    "cast_integers_of",
     "hardware_name",
     "integer_inputs_policy",
     "is_out_of_memory",
@@ -214,7 +215,7 @@ def environment(
     }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def package_version(name: str) -> str | None:
     """An installed package's version without importing it (importing transformers takes seconds)."""
     try:
@@ -418,24 +419,13 @@ def reference_timing(verdict: Verdict, request: dict[str, Any], worker: Worker, 
         verdict.ref_runtime_stats, verdict.ref_runtime_source = dict(cached), "cached"
         return
     try:
-        with worker.references.reference_work():
-            times = _time_reference(ctx, request["timing"], worker, ctx.seed)
+        times = time_reference(ctx, request["timing"], worker.flusher, ctx.seed, kb_candidate.STRICT_SETS)
     except CANDIDATE_ERRORS as exc:
         verdict.feedback.append(f"(The reference could not be timed: {kb_feedback.exception_line(exc)})")
         return
     stats = kb_timing.runtime_stats(times)
     worker.references.ref_timings[key] = stats
     verdict.ref_runtime_stats, verdict.ref_runtime_source = dict(stats), "measured"
-
-
-def _time_reference(ctx: ProblemContext, timing: dict[str, Any], worker: Worker, first_seed: int) -> list[float]:
-    """The reference timed as its candidates are: KernelBench's loop in faithful mode, strict mode's
-    loop (fresh clones of several input sets, device-wide fence) in strict mode."""
-    assert ctx.ref_model is not None
-    if ctx.mode == "strict":
-        sets = ctx.timing_sets(kb_candidate.STRICT_SETS, first_seed)
-        return kb_timing.time_strict(ctx.ref_model, sets, ctx.device, timing, worker.flusher, None)
-    return kb_timing.time_callable(ctx.ref_model, ctx.timing_inputs(), ctx.device, timing, worker.flusher)
 
 
 def _add_timing_feedback(verdict: Verdict) -> None:
@@ -534,8 +524,7 @@ def _guard_speedup(
         new = retimed.runtime_stats.get("mean") if retimed.status == "correct" else None
         reverified = None
         if new:
-            with worker.references.reference_work():
-                ref_times = _time_reference(ctx, request["timing"], worker, first_seed)
+            ref_times = time_reference(ctx, request["timing"], worker.flusher, first_seed, kb_candidate.STRICT_SETS)
             reverified = kb_timing.runtime_stats(ref_times)["mean"] / float(new)
     finally:
         ctx.forget_timing_sets(first_seed, kb_candidate.STRICT_SETS)
@@ -614,7 +603,8 @@ def profile_isolated(request: dict[str, Any], worker: Worker, scratch: str) -> d
         "settings": kb_candidate.settings_snapshot(),
     }
     try:
-        return process.run(job, None)  # type: ignore[arg-type] - a profile asks for no reference data
+        # A profile asks for no reference data.
+        return process.run(job, None)  # type: ignore[arg-type]
     except ChildDied as died:
         worker.close()
         worker.on_child_death(died)

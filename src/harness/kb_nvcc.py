@@ -379,7 +379,7 @@ def main(argv: list[str]) -> int:
     try:
         env = {**os.environ, "TMPDIR": tmp}
         try:
-            dry = subprocess.run([real, "-dryrun", *args], env=env, capture_output=True, text=True, timeout=60)
+            dry = subprocess.run([real, "-dryrun", *args], env=env, capture_output=True, text=True, timeout=60, check=False)
             parsed = parse_dryrun(dry.stderr + dry.stdout, env) if dry.returncode == 0 else None
         except (OSError, subprocess.TimeoutExpired):
             parsed = None

@@ -87,7 +87,7 @@ def main_cpp_flags(extra_cflags: Any, extra_include_paths: Any, with_cuda: bool)
                     is_standalone=False,
                 )
             text = Path(tmp, "build.ninja").read_text()
-        except Exception:  # a torch whose private writer differs: no PCH, the build stays correct
+        except Exception:  # noqa: BLE001 - a torch whose private writer differs: no PCH, the build stays correct
             return None
     values = {}
     for line in text.splitlines():
@@ -107,7 +107,7 @@ def _compiler_id(compiler: str) -> str:
     if compiler not in _COMPILER_IDS:
         path = shutil.which(compiler) or compiler
         try:
-            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
         except (OSError, subprocess.SubprocessError):
             out = ""
         _COMPILER_IDS[compiler] = f"{os.path.realpath(path)}\n{out}"
@@ -163,7 +163,7 @@ def ensure_pch(root: Path, compiler: str, flags: list[str], text: str = PCH_TEXT
             (tmp / PCH_HEADER).write_text(text)
             cmd = [compiler, "-x", "c++-header", str(tmp / PCH_HEADER), "-o", str(tmp / (PCH_HEADER + ".gch")), *flags]
             try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=PCH_BUILD_TIMEOUT_S)
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=PCH_BUILD_TIMEOUT_S, check=False)
                 error = "" if done.returncode == 0 else f"exit {done.returncode}: {done.stderr[-4000:]}"
             except (OSError, subprocess.SubprocessError) as exc:
                 error = str(exc)
@@ -274,7 +274,7 @@ def pch_supported(compiler: str) -> bool:
         return False
     try:
         return bool(cpp_extension.check_compiler_is_gcc(compiler))
-    except Exception:
+    except Exception:  # noqa: BLE001 - a compiler torch cannot identify gets no PCH
         return False
 
 

@@ -153,7 +153,7 @@ def _short_timing(ctx: ProblemContext, timing: dict[str, Any]) -> bool:
     if not ctx.forward_seconds:
         return False
     calls = timing["warmup"] + timing["trials"] + timing["discard_first"]
-    return statistics.median(ctx.forward_seconds) * calls <= BACKGROUND_TIMING_MAX_S
+    return bool(statistics.median(ctx.forward_seconds) * calls <= BACKGROUND_TIMING_MAX_S)
 
 
 def _unbuilt_seeds(ctx: ProblemContext, request: dict[str, Any]) -> list[int]:

@@ -156,7 +156,7 @@ def run_ncu(
     exe = shutil.which("ncu")
     if exe is None:
         return None, "ncu was requested but is not on PATH"
-    job_path, script_path = _write_ncu_job(request, device, scratch)
+    _, script_path = _write_ncu_job(request, device, scratch)
     command = [
         exe,
         "--profile-from-start", "off",

@@ -37,6 +37,7 @@ import torch
 
 import kb_inputs
 import kb_store
+import kb_timing
 from kb_feedback import CANDIDATE_ERRORS
 from kb_problem import ProblemCode, load_problem, set_seed, trial_seeds
 from kb_problem import tensors as tensors_in
@@ -168,7 +169,7 @@ def tensor_checksum(tensor: torch.Tensor) -> int:
         flat = flat.contiguous()
     raw = flat.reshape(-1).view(torch.uint8)
     if raw.device.type == "cpu":
-        return zlib.crc32(memoryview(raw.numpy()))
+        return zlib.crc32(memoryview(raw.numpy()))  # type: ignore[arg-type]  # numpy types its buffer for 3.12+
     return weighted_checksum(raw)
 
 
@@ -775,3 +776,17 @@ def select_device(request: dict[str, Any]) -> torch.device:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return device
+
+
+def time_reference(
+    ctx: ProblemContext, timing: dict[str, Any], flusher: kb_timing.L2Flusher, first_seed: int, strict_sets: int
+) -> list[float]:
+    """The reference timed as its candidates are, as reference work: KernelBench's loop in faithful
+    mode, strict mode's loop (fresh clones of `strict_sets` input sets from `first_seed`, device-wide
+    fence) in strict mode. kb_eval's one call into the reference's timing."""
+    assert ctx.ref_model is not None
+    with ctx.cache.reference_work():
+        if ctx.mode == "strict":
+            sets = ctx.timing_sets(strict_sets, first_seed)
+            return kb_timing.time_strict(ctx.ref_model, sets, ctx.device, timing, flusher, None)
+        return kb_timing.time_callable(ctx.ref_model, ctx.timing_inputs(), ctx.device, timing, flusher)

@@ -70,7 +70,7 @@ FILE_ACCESS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE
 
 
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [  # noqa: RUF012 - ctypes layout
+    _fields_ = [
         ("handled_access_fs", ctypes.c_uint64),
         ("handled_access_net", ctypes.c_uint64),
         ("scoped", ctypes.c_uint64),
@@ -79,7 +79,7 @@ class _RulesetAttr(ctypes.Structure):
 
 class _PathBeneathAttr(ctypes.Structure):
     _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]  # noqa: RUF012
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
 def _libc() -> ctypes.CDLL:

@@ -437,10 +437,9 @@ def split_sources(
 
 def write_if_changed(path: str, text: str) -> None:
     """Write `text` unless the file already has it (as torch's `_maybe_write`: ninja goes by mtimes)."""
-    with contextlib.suppress(OSError):
-        with open(path) as f:
-            if f.read() == text:
-                return
+    with contextlib.suppress(OSError), open(path) as f:
+        if f.read() == text:
+            return
     with open(path, "w") as f:
         f.write(text)
 

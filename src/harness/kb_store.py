@@ -36,12 +36,14 @@ import sys
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+# torch (and the modules that need it) are imported where used: a `generate` that finds its entry whole
+# answers without importing torch (a second or so per problem, in the orchestrator's critical path).
+if TYPE_CHECKING:
+    import torch
 
-import kb_inputs
-import kb_problem
+    import kb_problem
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -70,6 +72,8 @@ def code_hash(code: str) -> str:
 
 def seeds_of(request: dict[str, Any]) -> list[int]:
     """The seeds a problem's evaluation makes inputs for: the correctness trials', then the timing seed."""
+    import kb_problem
+
     seeds = kb_problem.trial_seeds(int(request["seed"]), int(request["trials"]))
     if request.get("timing", True) and int(request["seed"]) not in seeds:
         seeds.append(int(request["seed"]))
@@ -81,11 +85,17 @@ def seed_file(seed: int) -> str:
 
 
 def _byte_view(t: torch.Tensor) -> memoryview:
+    import torch
+
     flat = t.detach().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+    if not flat.numel():
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]  # numpy types its buffer for 3.12+
 
 
 def _dtype(name: str) -> torch.dtype:
+    import torch
+
     dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"unknown dtype {name!r}")
@@ -94,6 +104,8 @@ def _dtype(name: str) -> torch.dtype:
 
 def describe(raw: Any) -> list[dict[str, Any]]:
     """The manifest items of one get_inputs() value (shapes, dtypes, scalars); raises Unstorable."""
+    import torch
+
     if not isinstance(raw, (list, tuple)):
         raise Unstorable(f"get_inputs() returned a {type(raw).__name__}, not a list")
     items: list[dict[str, Any]] = []
@@ -121,6 +133,10 @@ def describe(raw: Any) -> list[dict[str, Any]]:
 def write_seed(problem: kb_problem.ProblemCode, seed: int, folder: str) -> dict[str, Any]:
     """KernelBench's `set_seed(seed); get_inputs()` on the CPU, written to `folder/seed-<seed>.bin`;
     returns the seed's manifest part."""
+    import torch
+
+    import kb_problem
+
     kb_problem.set_seed(seed)
     raw = problem.get_inputs()
     rng = torch.get_rng_state()
@@ -131,8 +147,7 @@ def write_seed(problem: kb_problem.ProblemCode, seed: int, folder: str) -> dict[
         for t in (v for v in raw if isinstance(v, torch.Tensor)):
             view = _byte_view(t)
             crcs.extend(_crcs(view))
-            for start in range(0, len(view), _CHUNK):
-                f.write(view[start : start + _CHUNK])
+            f.writelines(view[start : start + _CHUNK] for start in range(0, len(view), _CHUNK))
         f.flush()
         os.fsync(f.fileno())
     return {
@@ -147,6 +162,10 @@ def write_seed(problem: kb_problem.ProblemCode, seed: int, folder: str) -> dict[
 
 def _write_one(code: str, seed: int, folder: str) -> dict[str, Any]:
     """In a spawned child: one seed's inputs, single-threaded as KernelBench's generator is."""
+    import torch
+
+    import kb_problem
+
     torch.set_num_threads(1)
     return write_seed(kb_problem.load_problem(code), seed, folder)
 
@@ -154,6 +173,11 @@ def _write_one(code: str, seed: int, folder: str) -> dict[str, Any]:
 def _write_all(code: str, seeds: list[int], folder: str) -> tuple[dict[str, Any], int]:
     """Every seed's file and manifest part; large inputs are made in parallel processes (each seed has
     its own generator, so the bits are the same). Returns (parts by seed, processes used)."""
+    import torch
+
+    import kb_inputs
+    import kb_problem
+
     problem = kb_problem.load_problem(code)
     count = kb_inputs.how_many_in_parallel(kb_inputs.planned_bytes(problem.get_inputs), len(seeds))
     if count == 0:
@@ -198,6 +222,8 @@ def _file_crcs(path: str, part: dict[str, Any]) -> list[int] | None:
 def verify(entry: str, code: str, seeds: list[int]) -> str | None:
     """Why the entry cannot serve (missing, another problem, a seed missing, a bad checksum); None when
     every seed's file is whole."""
+    import torch
+
     manifest = read_manifest(entry)
     if manifest is None:
         return "no complete entry"
@@ -212,18 +238,53 @@ def verify(entry: str, code: str, seeds: list[int]) -> str | None:
     return None
 
 
+def _whole_for(entry: str, code: str, request: dict[str, Any]) -> list[int] | None:
+    """The entry's seeds when it was made for this very request (code, seed, trials, timing, torch)
+    and every file is whole; None otherwise. Imports torch only when the request does not name its
+    version."""
+    manifest = read_manifest(entry)
+    if manifest is None or manifest.get("code_sha256") != code_hash(code):
+        return None
+    version = request.get("torch")
+    if not isinstance(version, str):
+        import torch
+
+        version = torch.__version__
+    if manifest.get("torch") != version or manifest.get("request") != _request_key(request):
+        return None
+    order = manifest.get("order")
+    parts = manifest.get("seeds", {})
+    if not isinstance(order, list) or sorted(str(s) for s in order) != sorted(parts):
+        return None
+    for part in parts.values():
+        if _file_crcs(os.path.join(entry, part["file"]), part) != part.get("crcs"):
+            return None
+    return [int(s) for s in order]
+
+
+def _request_key(request: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "seed": int(request["seed"]),
+        "trials": int(request["trials"]),
+        "timing": bool(request.get("timing", True)),
+    }
+
+
 def generate(request: dict[str, Any]) -> dict[str, Any]:
     """Make sure `entry` holds the inputs of every seed of the request: `hit` when it does already,
     else made in `tmp` and renamed into place (`generated`, or `rebuilt` when a broken entry was
     there). The caller holds the entry's lock (no two generations of one entry at once)."""
     started = time.perf_counter()
     code, entry, tmp = request["code"], request["entry"], request["tmp"]
-    seeds = seeds_of(request)
-    why = verify(entry, code, seeds)
-    if why is None:
+    whole = _whole_for(entry, code, request)
+    if whole is not None:
         manifest = read_manifest(entry) or {}
         size = sum(int(p["bytes"]) for p in manifest.get("seeds", {}).values())
-        return _answer("hit", started, seeds, size)
+        return _answer("hit", started, whole, size)
+    import torch
+
+    seeds = seeds_of(request)
+    why = verify(entry, code, seeds)
     broken = os.path.exists(entry)
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -235,7 +296,14 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    manifest = {"format": FORMAT, "torch": torch.__version__, "code_sha256": code_hash(code), "seeds": parts}
+    manifest = {
+        "format": FORMAT,
+        "torch": torch.__version__,
+        "code_sha256": code_hash(code),
+        "request": _request_key(request),
+        "order": seeds,
+        "seeds": parts,
+    }
     with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
         json.dump(manifest, f)
         f.flush()
@@ -244,7 +312,7 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
     os.rename(tmp, entry)
     size = sum(int(p["bytes"]) for p in parts.values())
     status = "rebuilt" if broken else "generated"
-    return _answer(status, started, seeds, size, detail=why if broken else "", parallel=parallel)
+    return _answer(status, started, seeds, size, detail=(why or "") if broken else "", parallel=parallel)
 
 
 def _answer(
@@ -264,6 +332,8 @@ def load(entry: str, code: str, seed: int) -> tuple[list[Any], torch.Tensor] | N
     """One seed's inputs and the CPU generator's state right after they were made, as `set_seed(seed);
     get_inputs()` would leave it; None when the entry cannot serve them (each tensor is checked against
     the seed's checksum as it is read: a corrupt file is never handed out)."""
+    import torch
+
     manifest = read_manifest(entry)
     if manifest is None or manifest.get("code_sha256") != code_hash(code):
         return None

@@ -314,10 +314,9 @@ def compile_in_child(request: dict[str, Any]) -> tuple[dict[str, Any], list[Any]
         try:
             os.close(read_fd)
             _die_with_parent()
+            import kb_build
             import kb_compile
             import kb_sandbox
-
-            import kb_build
 
             # The shared precompiled headers are read-only here: a candidate must not plant a header
             # that later builds include. The worker builds the ones this child misses.

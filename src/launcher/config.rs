@@ -1,8 +1,109 @@
-//! The launcher's config: `resources.launcher`, `[resources.slurm]`, `[resources.ssh]`.
+//! The launcher's config: `[resources]` (devices, workers, where they start, lost workers),
+//! `resources.launcher`, `[resources.slurm]`, `[resources.ssh]`.
 
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+
+use crate::settings::DeviceSelection;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ResourcesSection {
+    /// Maximum LLM requests in flight.
+    #[serde(default = "default_llm_concurrency")]
+    pub llm_concurrency: u32,
+    /// Requests per minute (0 = no limit).
+    #[serde(default)]
+    pub requests_per_minute: u32,
+    /// Tokens per minute (0 = no limit).
+    #[serde(default)]
+    pub tokens_per_minute: u64,
+    /// CPU compile worker processes.
+    #[serde(default = "default_compile_workers")]
+    pub compile_workers: u32,
+    #[serde(default)]
+    pub devices: DeviceSelection,
+    /// Python interpreter for the workers; default: the first `python3` that imports torch.
+    #[serde(default)]
+    pub python: Option<PathBuf>,
+    /// Where workers start: `local`, `slurm` or `ssh` (see `crate::launcher`).
+    #[serde(default)]
+    pub launcher: LauncherKind,
+    #[serde(default)]
+    pub slurm: SlurmSection,
+    #[serde(default)]
+    pub ssh: SshSection,
+    /// A remote worker that is lost (its node, step or connection died) has its request retried on
+    /// another worker, at most this many times per request.
+    #[serde(default = "default_loss_retries")]
+    pub loss_retries: u32,
+    /// A node or SSH host that lost this many workers is drained: no worker starts there again in
+    /// this run.
+    #[serde(default = "default_drain_after")]
+    pub drain_after: u32,
+    /// Problems whose reference data (trial inputs and outputs, timing inputs, reference timing) is
+    /// prepared on the device ahead of their first candidate, while its answer is generated and
+    /// compiled (`crate::refprep`); 0 turns it off. At most `refprep::MAX_AHEAD` (what a worker keeps).
+    /// The CPU side (making inputs into the store, no lease held) is not bound by it: it runs ahead
+    /// for every problem queued, a few at once (`refprep::cpu_ahead`).
+    #[serde(default = "default_prepare_ahead")]
+    pub prepare_ahead: u32,
+    /// Size bound of the on-disk store of reference inputs (`eval.reference_cache`), in GB (1e9
+    /// bytes); least recently used entries go first. 0 turns the store off.
+    #[serde(
+        default = "default_reference_cache_gb",
+        skip_serializing_if = "is_default_reference_cache_gb"
+    )]
+    pub reference_cache_gb: f64,
+}
+
+fn default_reference_cache_gb() -> f64 {
+    40.0
+}
+fn is_default_reference_cache_gb(v: &f64) -> bool {
+    *v == default_reference_cache_gb()
+}
+
+fn default_loss_retries() -> u32 {
+    3
+}
+fn default_drain_after() -> u32 {
+    2
+}
+
+fn default_llm_concurrency() -> u32 {
+    16
+}
+fn default_prepare_ahead() -> u32 {
+    2
+}
+fn default_compile_workers() -> u32 {
+    std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(2)
+        .clamp(1, 16)
+}
+
+impl Default for ResourcesSection {
+    fn default() -> Self {
+        ResourcesSection {
+            llm_concurrency: default_llm_concurrency(),
+            requests_per_minute: 0,
+            tokens_per_minute: 0,
+            compile_workers: default_compile_workers(),
+            devices: DeviceSelection::Auto,
+            python: None,
+            launcher: LauncherKind::default(),
+            slurm: SlurmSection::default(),
+            ssh: SshSection::default(),
+            loss_retries: default_loss_retries(),
+            drain_after: default_drain_after(),
+            prepare_ahead: default_prepare_ahead(),
+            reference_cache_gb: default_reference_cache_gb(),
+        }
+    }
+}
 
 /// Where worker processes start (`resources.launcher`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -27,13 +27,13 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::sync::Mutex as StdMutex;
 
-pub use config::{LauncherKind, SlurmSection, SshDevices, SshHost, SshSection};
+pub use config::{LauncherKind, ResourcesSection, SlurmSection, SshDevices, SshHost, SshSection};
 
-use crate::config::{DeviceSelection, ResourcesSection};
 use crate::gpu::DeviceInfo;
 use crate::services::DeviceId;
+use crate::settings::DeviceSelection;
 use crate::types::RanOn;
-use crate::worker::process::RequestError;
+use crate::worker::failure::RequestError;
 use crate::worker::protocol::Ready;
 
 /// Why the launcher could not get going (no allocation, no `srun`, ...).

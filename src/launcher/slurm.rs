@@ -18,7 +18,8 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 use super::LauncherError;
-use crate::config::{DeviceSelection, ResourcesSection};
+use super::config::{ResourcesSection, SlurmSection};
+use crate::settings::DeviceSelection;
 
 /// Lines a Slurm step's stderr carries when the step (not its program) was ended: cancelled (by
 /// `scancel`, preemption, the time limit) or its node failed.
@@ -42,7 +43,7 @@ pub(super) struct Slurm {
     /// The `salloc` holding an allocation krefine asked for (`None` inside the user's own).
     owned: StdMutex<Option<tokio::process::Child>>,
     gpus: u32,
-    cfg: crate::config::SlurmSection,
+    cfg: SlurmSection,
     /// `SLURM_CONF` of the orchestrator, passed to every `srun` (whose environment is scrubbed).
     slurm_conf: Option<OsString>,
 }
@@ -203,7 +204,7 @@ fn hangup(pid: u32) {
 /// Ask for an allocation with `salloc` and wait until it is granted; returns the job id and the
 /// `salloc` process that holds it.
 async fn request(
-    cfg: &crate::config::SlurmSection,
+    cfg: &SlurmSection,
     gpus: u32,
     compile_workers: u32,
 ) -> Result<(String, tokio::process::Child), LauncherError> {

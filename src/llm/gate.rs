@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
-use crate::config::ResourcesSection;
+use crate::launcher::config::ResourcesSection;
 
 /// The window the per-minute limits are measured over.
 pub const MINUTE: Duration = Duration::from_secs(60);

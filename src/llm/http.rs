@@ -17,10 +17,10 @@ use futures::StreamExt;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use reqwest::{StatusCode, Url};
 
+use super::config::ModelSection;
 use super::retry;
 use super::secret::ApiKey;
 use super::wire::{Completion, Reply, StreamFold};
-use crate::config::ModelSection;
 use crate::types::{ChatMessage, Role};
 
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{BudgetSection, Price};
+use super::config::{BudgetSection, Price};
 use crate::types::{LlmAnswer, Usage};
 
 /// USD per million prompt and completion tokens, by model name (`model.prices`).

@@ -8,7 +8,12 @@
 //! - [`metered`] and [`ledger`]: token and USD totals of a run, and its budget stop.
 //! - [`scripted`], [`replay`]: offline providers.
 //! - [`extract`]: the candidate code in an answer.
+//! - [`config`]: the `[model]` and `[budget]` sections.
+//!
+//! [`build`] assembles the configured provider from the whole loaded config, so this file (alone in
+//! the room) reads `crate::config`.
 
+pub mod config;
 pub mod extract;
 pub mod gate;
 pub mod http;
@@ -27,8 +32,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{LoadedConfig, Provider};
+use crate::config::LoadedConfig;
 use crate::services::Llm;
+use config::Provider;
 
 pub use ledger::{Ledger, LedgerTotals};
 

@@ -10,13 +10,14 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::config::ModelSection;
 use super::gate::{Gate, MINUTE};
 use super::http::{AttemptError, Endpoint, EndpointError, Failure};
 use super::ledger::Prices;
 use super::retry::RetryPolicy;
 use super::secret::{ApiKey, KeyError};
 use super::wire::Reply;
-use crate::config::{ModelSection, ResourcesSection};
+use crate::launcher::config::ResourcesSection;
 use crate::services::{EventSink, Llm, LlmError};
 use crate::types::{ChatMessage, Event, LlmAnswer, LlmRequest};
 

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use reqwest::header::HeaderMap;
 
-use crate::config::ModelSection;
+use super::config::ModelSection;
 
 /// The longest `Retry-After` honoured. A server asking for more (an hour, a day) is down for longer
 /// than a run should sit idle on it: the wait is cut here, and when the retries run out the turn is

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 use serde::Deserialize;
 
-use crate::config::Price;
+use super::config::Price;
 use crate::services::{EventSink, Llm, LlmError};
 
 use super::ledger::cost_usd;

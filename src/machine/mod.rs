@@ -16,7 +16,7 @@ mod feedback;
 
 use statig::prelude::*;
 
-use crate::config::HistoryPolicy;
+use crate::settings::HistoryPolicy;
 use crate::types::{
     Command, CompileStatus, Event, FeedbackMode, PromptContext, TaskId, TurnFeedback, TurnRecord,
     Verdict,

@@ -80,6 +80,9 @@ pub struct DeviceUse {
     pub held_ms: u64,
     /// Worker time spent inside leases (useful device time).
     pub busy_ms: u64,
+    /// The timed trials of the candidates evaluated on it, as measured (`gpu_work_ms`, per device).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub work_ms: u64,
 }
 
 impl DeviceUse {
@@ -88,6 +91,7 @@ impl DeviceUse {
         self.wait_ms += other.wait_ms;
         self.held_ms += other.held_ms;
         self.busy_ms += other.busy_ms;
+        self.work_ms += other.work_ms;
     }
 }
 
@@ -122,12 +126,31 @@ pub struct Ledger {
     /// each retried on another worker.
     #[serde(skip_serializing_if = "is_zero")]
     pub worker_losses: u64,
+    /// The GPU's measured work: the timed trials of candidates and (where measured) references, as
+    /// their events measured them (mean x trials). A lower bound of the time the device ran work
+    /// (correctness forwards are not timed), reported next to the lease-held time, which is not work.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gpu_work_ms: u64,
     /// Hosts drained after losing workers, in the order they were drained.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub drained_hosts: Vec<String>,
     /// Devices lost and retired (`device_retired`), and why, in the order they were.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub devices_lost: Vec<(String, String)>,
+}
+
+/// Milliseconds of timed work in one evaluation: the candidate's timed trials, and the reference's
+/// when this evaluation measured it.
+pub fn measured_work_ms(o: &crate::types::ExecOutcome) -> u64 {
+    let work = |s: &Option<crate::types::TimingStats>| {
+        s.as_ref()
+            .map_or(0.0, |s| s.mean.max(0.0) * f64::from(s.num_trials))
+    };
+    let mut ms = work(&o.runtime_stats);
+    if o.ref_source.as_deref() == Some("measured") {
+        ms += work(&o.ref_runtime_stats);
+    }
+    ms.round() as u64
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -211,7 +234,14 @@ pub fn ledger(records: &[LogRecord]) -> Ledger {
                 l.compile_ms += outcome.duration_ms;
                 l.note_losses(&outcome.worker_losses);
             }
-            Event::Executed { outcome, .. } => l.note_losses(&outcome.worker_losses),
+            Event::Executed { outcome, .. } => {
+                l.note_losses(&outcome.worker_losses);
+                let work = measured_work_ms(outcome);
+                l.gpu_work_ms += work;
+                if work > 0 {
+                    l.devices.entry(outcome.device.clone()).or_default().work_ms += work;
+                }
+            }
             Event::Profiled { outcome, .. } => l.note_losses(&outcome.worker_losses),
             _ => {}
         }

@@ -13,7 +13,10 @@
 //!   `architecture.j2` (the reference code), `precision.j2` and `instruction.j2`;
 //! - for refinement turns, `feedback.j2` per earlier turn (previous code, execution result, profile,
 //!   then `improve.j2`), and `assistant.j2` for an earlier turn whose raw answer is missing.
+//!
+//! Its config section (`[prompt]`) is [`config`].
 
+pub mod config;
 pub mod gpu_specs;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,10 +26,11 @@ use minijinja::syntax::SyntaxConfig;
 use minijinja::value::Value;
 use minijinja::{AutoEscape, Environment, UndefinedBehavior, context};
 
-use crate::config::{Backend, HistoryPolicy, PromptSection, PromptStyle};
+use crate::settings::{Backend, HistoryPolicy};
 use crate::types::{
     ChatMessage, FeedbackMode, Precision, Problem, ProblemKey, PromptContext, Role, TurnFeedback,
 };
+use config::{PromptSection, PromptStyle};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PromptError {

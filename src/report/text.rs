@@ -122,7 +122,19 @@ fn totals(l: &Ledger) -> Vec<(&'static str, String)> {
         l.llm_failed_attempts,
         plural(l.llm_failures, "request given up", "requests given up"),
     );
-    let devices = device_use(&l.device_total);
+    let mut devices = device_use(&l.device_total);
+    if l.gpu_work_ms > 0 {
+        let d = &l.device_total;
+        // Work, not leases: the timed trials as measured (a lower bound).
+        let _ = write!(devices, ", GPU work {} timed", secs(l.gpu_work_ms));
+        if d.held_ms > 0 {
+            let _ = write!(
+                devices,
+                " ({} of held)",
+                pct(l.gpu_work_ms as f64 / d.held_ms as f64)
+            );
+        }
+    }
     let compile = format!(
         "{} in {} ({} cached)",
         secs(l.compile_ms),
@@ -139,7 +151,11 @@ fn totals(l: &Ledger) -> Vec<(&'static str, String)> {
     // and the devices lost.
     if l.devices.len() > 1 {
         for (name, d) in &l.devices {
-            lines.push(("device", format!("{name}: {}", device_use(d))));
+            let mut line = format!("{name}: {}", device_use(d));
+            if d.work_ms > 0 {
+                let _ = write!(line, ", GPU work {} timed", secs(d.work_ms));
+            }
+            lines.push(("device", line));
         }
     }
     for (name, why) in &l.devices_lost {

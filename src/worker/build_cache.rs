@@ -11,9 +11,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::OwnedMutexGuard;
 
 use super::build_store::make_files_read_only;
+use super::config::BuildMode;
 use super::outcome::elapsed_ms;
 use super::pool::WorkerPool;
-use crate::config::BuildMode;
 use crate::services::{CompileJob, Unavailable};
 use crate::types::{CompileOutcome, CompileStatus};
 

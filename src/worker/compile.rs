@@ -8,12 +8,13 @@ use async_trait::async_trait;
 
 use super::build_cache::append_file;
 use super::build_store::publish_build;
-use super::loss::{Fault, give_up};
-use super::outcome::{CallError, closed, elapsed_ms, secs};
+use super::failure::RequestError;
+use super::loss::{Fault, retry_lost};
+use super::outcome::{CallError, Failure, FailureKind, Phase, closed, elapsed_ms, failure};
 use super::pool::WorkerPool;
-use super::process::{RequestError, log_tail};
 use super::protocol::{CompileRequest, CompileStatusWire, RequestBody, ResponseBody};
 use super::slot::FreeSlot;
+use super::worker_log::log_tail;
 use crate::services::{BuildPause, CompileJob, Compiler, Unavailable};
 use crate::types::{CompileOutcome, CompileStatus};
 
@@ -26,23 +27,11 @@ impl Compiler for WorkerPool {
         if let Some(outcome) = self.cached_compile(&build_dir, &job, started).await {
             return Ok(outcome);
         }
-        let mut losses = Vec::new();
-        loop {
-            match self.compile_once(&job, &build_dir, started).await {
-                Ok(mut outcome) => {
-                    outcome.worker_losses = losses;
-                    return Ok(outcome);
-                }
-                Err(Fault::Unavailable(u)) => return Err(u),
-                Err(Fault::Lost(loss)) => {
-                    losses.push(loss);
-                    let retries = self.settings.launcher.loss_retries();
-                    if let Some(u) = give_up(&losses, retries, false) {
-                        return Err(u);
-                    }
-                }
-            }
-        }
+        let retries = self.settings.launcher.loss_retries();
+        let attempt = || self.compile_once(&job, &build_dir, started);
+        let (mut outcome, losses) = retry_lost(retries, || false, attempt).await?;
+        outcome.worker_losses = losses;
+        Ok(outcome)
     }
 
     async fn pause_builds(&self) -> Option<BuildPause> {
@@ -64,57 +53,14 @@ impl WorkerPool {
         started: Instant,
     ) -> CompileOutcome {
         let log_path = job.log_path.to_string_lossy().into_owned();
-        let (status, error, details) = match err {
-            CallError::Request(
-                RequestError::Timeout { after } | RequestError::ReferenceTimeout { after },
-            ) => (
-                CompileStatus::Timeout,
-                format!(
-                    "compilation exceeded {} s; the worker was killed",
-                    secs(after)
-                ),
-                String::new(),
-            ),
-            CallError::Request(RequestError::Exited { exit, log_tail }) => (
-                CompileStatus::Crashed,
-                format!(
-                    "the compile worker exited with {} while compiling",
-                    exit.describe()
-                ),
-                log_tail,
-            ),
-            CallError::Request(RequestError::StreamClosed { log_tail }) => (
-                CompileStatus::Crashed,
-                "the compile worker closed its protocol stream while compiling; it was killed"
-                    .to_string(),
-                log_tail,
-            ),
-            CallError::Request(RequestError::Protocol { detail, log_tail }) => (
-                CompileStatus::Crashed,
-                format!("the compile worker broke the protocol ({detail}); it was killed"),
-                log_tail,
-            ),
-            CallError::Request(RequestError::Harness { error }) => (
-                CompileStatus::Crashed,
-                format!("the compile harness failed: {error}"),
-                String::new(),
-            ),
-            CallError::Start(e) => (
-                CompileStatus::Crashed,
-                format!("no compile worker could be started: {e}"),
-                String::new(),
-            ),
-            CallError::Closed => (
-                CompileStatus::Crashed,
-                "the worker pool was shut down".to_string(),
-                String::new(),
-            ),
-            // Retried by the caller, never turned into an outcome; kept total all the same.
-            CallError::Lost(loss) => (
-                CompileStatus::Crashed,
-                format!("the compile worker was lost: {}", loss.detail),
-                String::new(),
-            ),
+        let Failure {
+            kind,
+            message: error,
+            log_tail: details,
+        } = failure(&err, Phase::Compile);
+        let status = match kind {
+            FailureKind::Timeout(_) => CompileStatus::Timeout,
+            _ => CompileStatus::Crashed,
         };
         // What the build printed before it died is the most useful part for the model.
         let build_output = log_tail(&job.log_path, 0, TAIL_LINES).await;

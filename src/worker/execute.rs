@@ -8,10 +8,11 @@ use std::time::Instant;
 use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 
-use super::loss::{Fault, give_up};
-use super::outcome::{CallError, elapsed_ms, secs, with_tail};
+use super::budget::Budget;
+use super::failure::RequestError;
+use super::loss::{Fault, retry_lost};
+use super::outcome::{CallError, Failure, FailureKind, Phase, elapsed_ms, failure, with_tail};
 use super::pool::WorkerPool;
-use super::process::{Budget, RequestError};
 use super::protocol::{
     CandidateSpec, EvaluateResponse, IntegritySpec, ProfileRequest, ProfileResponse, ProfileStatus,
     RequestBody, ResponseBody,
@@ -20,7 +21,7 @@ use super::slot::Slot;
 use crate::services::{DeviceId, ExecJob, Executor, Unavailable};
 use crate::types::{
     EvalEnv, EvalMode, ExecOutcome, InputsOutcome, Precision, PrepareOutcome, Problem,
-    ProfileOutcome, Verdict, WorkerLoss,
+    ProfileOutcome, Verdict,
 };
 
 impl WorkerPool {
@@ -45,14 +46,13 @@ impl WorkerPool {
     ) -> ExecOutcome {
         let dev = device.to_string();
         let wall = elapsed_ms(started);
-        let (verdict, message, mut metadata) = match err {
-            CallError::Request(
-                RequestError::Timeout { after } | RequestError::ReferenceTimeout { after },
-            ) => {
-                let message = format!(
-                    "evaluation exceeded {} s; the worker was killed",
-                    secs(after)
-                );
+        let Failure {
+            kind,
+            mut message,
+            log_tail,
+        } = failure(&err, Phase::Evaluate);
+        let (verdict, mut metadata) = match kind {
+            FailureKind::Timeout(after) => {
                 let mut m = Map::new();
                 // KernelBench's batch evaluator records exactly this for a timeout.
                 m.insert("error".into(), json!("Evaluation timed out"));
@@ -62,11 +62,9 @@ impl WorkerPool {
                 o.compiled = false;
                 return self.with_device(o, &dev, hardware);
             }
-            CallError::Request(RequestError::Exited { exit, log_tail }) => {
+            FailureKind::Exited(exit) => {
                 // SIGKILL that we did not send: almost always the kernel's out-of-memory killer.
                 let oom = exit.signal == Some(9);
-                let mut message =
-                    format!("worker exited with {} while evaluating", exit.describe());
                 if oom {
                     message.push_str(
                         " (killed from outside, most likely by the out-of-memory killer)",
@@ -84,51 +82,21 @@ impl WorkerPool {
                 } else {
                     Verdict::Crashed
                 };
-                (verdict, with_tail(message, &log_tail), m)
+                (verdict, m)
             }
-            CallError::Request(RequestError::StreamClosed { log_tail }) => (
-                Verdict::Crashed,
-                with_tail(
-                    "worker closed its protocol stream while evaluating; it was killed".into(),
-                    &log_tail,
-                ),
-                Map::new(),
-            ),
-            CallError::Request(RequestError::Protocol { detail, log_tail }) => (
-                Verdict::Crashed,
-                with_tail(
-                    format!("worker broke the protocol while evaluating ({detail}); it was killed"),
-                    &log_tail,
-                ),
-                Map::new(),
-            ),
-            CallError::Request(RequestError::Harness { error }) => {
+            FailureKind::Harness(error) => {
                 let mut m = Map::new();
                 // KernelBench's batch script names escaped exceptions `other_error`.
                 m.insert("other_error".into(), json!(error));
                 m.insert("other_error_name".into(), json!("krefine.HarnessError"));
-                let message = format!("the evaluation harness failed: {error}");
                 let mut o = ExecOutcome::failure(Verdict::RuntimeError, &dev, message, wall);
                 o.metadata = m;
                 o.compiled = false;
                 return self.with_device(o, &dev, hardware);
             }
-            CallError::Start(e) => (
-                Verdict::Crashed,
-                format!("the evaluation worker could not be started: {e}"),
-                Map::new(),
-            ),
-            CallError::Closed => (
-                Verdict::Crashed,
-                "the worker pool was shut down".to_string(),
-                Map::new(),
-            ),
-            CallError::Lost(loss) => (
-                Verdict::Crashed,
-                format!("the evaluation worker was lost: {}", loss.detail),
-                Map::new(),
-            ),
+            FailureKind::Broken => (Verdict::Crashed, Map::new()),
         };
+        let message = with_tail(message, &log_tail);
         metadata.insert("error".into(), json!(message));
         let mut o = ExecOutcome::failure(verdict, &dev, message, wall);
         o.metadata = metadata;
@@ -215,34 +183,8 @@ impl WorkerPool {
     }
 
     pub(super) fn profile_failure(err: CallError, started: Instant) -> ProfileOutcome {
-        let error = match err {
-            CallError::Request(
-                RequestError::Timeout { after } | RequestError::ReferenceTimeout { after },
-            ) => {
-                format!(
-                    "profiling exceeded {} s; the worker was killed",
-                    secs(after)
-                )
-            }
-            CallError::Request(RequestError::Exited { exit, log_tail }) => with_tail(
-                format!("worker exited with {} while profiling", exit.describe()),
-                &log_tail,
-            ),
-            CallError::Request(RequestError::StreamClosed { log_tail }) => with_tail(
-                "worker closed its protocol stream while profiling; it was killed".into(),
-                &log_tail,
-            ),
-            CallError::Request(RequestError::Protocol { detail, log_tail }) => with_tail(
-                format!("worker broke the protocol while profiling ({detail}); it was killed"),
-                &log_tail,
-            ),
-            CallError::Request(RequestError::Harness { error }) => {
-                format!("the profiling harness failed: {error}")
-            }
-            CallError::Start(e) => format!("the evaluation worker could not be started: {e}"),
-            CallError::Closed => "the worker pool was shut down".into(),
-            CallError::Lost(loss) => format!("the evaluation worker was lost: {}", loss.detail),
-        };
+        let f = failure(&err, Phase::Profile);
+        let error = with_tail(f.message, &f.log_tail);
         ProfileOutcome {
             worker_losses: Vec::new(),
             ok: false,
@@ -279,22 +221,12 @@ impl Executor for WorkerPool {
                 "device {device} is not served by this worker pool"
             )));
         };
-        let mut losses = Vec::new();
-        loop {
-            match self.execute_once(&job, device, slot).await {
-                Ok(mut o) => {
-                    o.worker_losses = losses;
-                    return Ok(o);
-                }
-                Err(Fault::Unavailable(u)) => return Err(u),
-                Err(Fault::Lost(loss)) => {
-                    losses.push(loss);
-                    if let Some(u) = self.give_up(&losses, slot) {
-                        return Err(u);
-                    }
-                }
-            }
-        }
+        let retries = self.settings.launcher.loss_retries();
+        let retired = || slot.retired.load(Ordering::SeqCst);
+        let attempt = || self.execute_once(&job, device, slot);
+        let (mut outcome, losses) = retry_lost(retries, retired, attempt).await?;
+        outcome.worker_losses = losses;
+        Ok(outcome)
     }
 
     async fn profile(
@@ -307,22 +239,12 @@ impl Executor for WorkerPool {
                 "device {device} is not served by this worker pool"
             )));
         };
-        let mut losses = Vec::new();
-        loop {
-            match self.profile_once(&job, device, slot).await {
-                Ok(mut o) => {
-                    o.worker_losses = losses;
-                    return Ok(o);
-                }
-                Err(Fault::Unavailable(u)) => return Err(u),
-                Err(Fault::Lost(loss)) => {
-                    losses.push(loss);
-                    if let Some(u) = self.give_up(&losses, slot) {
-                        return Err(u);
-                    }
-                }
-            }
-        }
+        let retries = self.settings.launcher.loss_retries();
+        let retired = || slot.retired.load(Ordering::SeqCst);
+        let attempt = || self.profile_once(&job, device, slot);
+        let (mut outcome, losses) = retry_lost(retries, retired, attempt).await?;
+        outcome.worker_losses = losses;
+        Ok(outcome)
     }
 
     fn prepares_reference(&self) -> bool {
@@ -352,14 +274,6 @@ impl Executor for WorkerPool {
 }
 
 impl WorkerPool {
-    pub(super) fn give_up(&self, losses: &[WorkerLoss], slot: &Slot) -> Option<Unavailable> {
-        give_up(
-            losses,
-            self.settings.launcher.loss_retries(),
-            slot.retired.load(Ordering::SeqCst),
-        )
-    }
-
     /// One evaluation attempt: prepare the reference, then evaluate the candidate.
     pub(super) async fn execute_once(
         &self,

@@ -169,6 +169,7 @@ impl InputStore {
         seed: u64,
         trials: u32,
         timing: bool,
+        torch: &str,
     ) -> Result<GenerateAnswer, String> {
         tokio::fs::create_dir_all(&self.root)
             .await
@@ -184,6 +185,8 @@ impl InputStore {
             "seed": seed,
             "trials": trials,
             "timing": timing,
+            // The workers' torch: an entry made for it is recognised without importing torch.
+            "torch": torch,
             "entry": entry,
             "tmp": tmp,
         });

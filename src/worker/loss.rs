@@ -42,6 +42,32 @@ pub(super) fn give_up(losses: &[WorkerLoss], retries: u32, retired: bool) -> Opt
     })
 }
 
+/// Run `attempt` until it gives an outcome or the machinery gives up: after each lost worker it is
+/// tried again, until [`give_up`] says no attempt is left (`retired` is asked after each loss).
+/// The one retry loop of compile, execute and profile; returns the outcome and the losses it took.
+pub(super) async fn retry_lost<T, Fut>(
+    retries: u32,
+    retired: impl Fn() -> bool,
+    mut attempt: impl FnMut() -> Fut,
+) -> Result<(T, Vec<WorkerLoss>), Unavailable>
+where
+    Fut: Future<Output = Result<T, Fault>>,
+{
+    let mut losses = Vec::new();
+    loop {
+        match attempt().await {
+            Ok(outcome) => return Ok((outcome, losses)),
+            Err(Fault::Unavailable(u)) => return Err(u),
+            Err(Fault::Lost(loss)) => {
+                losses.push(loss);
+                if let Some(u) = give_up(&losses, retries, retired()) {
+                    return Err(u);
+                }
+            }
+        }
+    }
+}
+
 /// A worker whose toolchain differs from the one the run's builds are made with cannot load them.
 pub(super) fn toolchain_mismatch(want: Option<&str>, ready: &Ready) -> Option<String> {
     let want = want?;

@@ -1,26 +1,43 @@
 //! Python worker processes: the harness shipped in the binary, CPU compile pool, per-device evaluation
 //! workers, timeouts, crash containment and respawn.
 //!
+//! Floors, bottom up (each file imports only from files above it in this list, never back):
+//!
 //! - [`protocol`]: the JSON-lines messages (docs/worker-protocol.md) as serde types.
 //! - [`harness`]: the Python harness embedded with `include_str!` and written to a cache folder.
 //! - [`python`]: finding an interpreter that imports torch.
-//! - [`process`]: one worker process: scrubbed environment, own process group, timeouts, kill, reap.
-//! - [`pool`]: [`WorkerPool`], the `Compiler` and `Executor` the engine uses.
-//! - [`pause`]: stopping the compile pool while the CPU device times a candidate.
-//! - `reference`: outcomes of preparing a problem's reference data ahead of its candidates.
+//! - [`failure`]: why a request got no usable response, and how a worker process ended (read by the
+//!   launcher too, to tell a lost worker from a candidate's failure).
+//! - `session`: signalling a worker's whole session; `budget`: a request's two clocks;
+//!   `spawn_spec`: how to start one worker and its scrubbed environment; `worker_log`: the worker
+//!   log, its per-request cap and its tail.
 //! - [`sandbox`]: the namespaces every worker runs in (no other process, no network, a read-only
 //!   file system view with its own scratch writable).
+//! - [`process`]: one worker process: own process group, `ready`, requests under a deadline, kill,
+//!   reap (re-exports the pieces above where callers have always found them).
+//! - `loss`: lost workers (remote launchers), when to give up retrying.
+//! - `outcome`: [`pool`]'s call failures and the one mapping from a failure to a verdict's words.
+//! - `reference`: outcomes of preparing a problem's reference data ahead of its candidates.
 //! - [`input_store`]: the on-disk store of reference inputs made on the CPU, off the device lease.
 //! - `build_store`: publishing builds into the shared cache, sealing them, the copy-on-write taint
 //!   check.
+//! - [`pause`]: stopping the compile pool while the CPU device times a candidate.
+//! - `settings`: [`WorkerSettings`] and the validated deadlines; `slot`: one worker position;
+//!   `sandbox_spec`: probing the sandbox and each worker's file system view.
+//! - [`pool`]: [`WorkerPool`] itself (state, start, shutdown); above it the jobs it does: `call` (one
+//!   request through a slot), `build_cache`, `compile` (the `Compiler`), `prepare` (reference
+//!   preparation), `execute` (the `Executor`).
 //! - [`baseline`]: KernelBench baseline timing files.
 
 pub mod baseline;
+mod budget;
 mod build_cache;
 mod build_store;
 mod call;
 mod compile;
+pub mod config;
 mod execute;
+pub mod failure;
 pub mod harness;
 pub mod input_store;
 mod loss;
@@ -34,8 +51,11 @@ pub mod python;
 mod reference;
 pub mod sandbox;
 mod sandbox_spec;
+mod session;
 mod settings;
 mod slot;
+mod spawn_spec;
+mod worker_log;
 
 use std::path::PathBuf;
 

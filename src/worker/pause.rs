@@ -15,7 +15,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::process::signal_session_async;
+use super::session::signal_session_async;
 
 /// Whether builds are paused now, and for how long they were paused before.
 #[derive(Debug, Clone, Copy, Default)]

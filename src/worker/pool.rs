@@ -22,17 +22,18 @@ use std::time::Duration;
 use tokio::sync::{Mutex, Semaphore};
 
 use super::WorkerError;
+use super::config::InputsMode;
 use super::input_store::InputStore;
 use super::loss::toolchain_mismatch;
 use super::pause::Pauser;
-use super::process::Remote;
-use super::process::{SpawnSpec, WorkerProcess, kill_group, worker_env};
+use super::process::WorkerProcess;
 use super::protocol::{ProblemSpec, WorkerRole};
 use super::sandbox::SandboxLevel;
 use super::sandbox_spec::{resolve_sandbox, visible_dirs, worker_sandbox};
+use super::session::kill_group;
 use super::settings::{Deadlines, WorkerSettings};
 use super::slot::{Slot, SlotState};
-use crate::config::InputsMode;
+use super::spawn_spec::{Remote, SpawnSpec, worker_env};
 use crate::services::DeviceId;
 use crate::types::Problem;
 

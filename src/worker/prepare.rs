@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::config::InputsMode;
 use super::input_store::entry_key;
 use super::loss::Fault;
 use super::outcome::{CallError, elapsed_ms, secs};
 use super::pool::WorkerPool;
 use super::protocol::{PrepareRequest, RequestBody, ResponseBody, TimingSpec};
-use crate::config::InputsMode;
 use crate::services::{DeviceId, Unavailable};
 use crate::types::{ExecOutcome, InputsOutcome, PrepareOutcome, Problem, Verdict};
 
@@ -119,6 +119,7 @@ impl WorkerPool {
                 self.settings.seed,
                 self.settings.correct_trials,
                 self.settings.timing_trials > 0,
+                &self.torch,
             )
             .await;
         let duration_ms = elapsed_ms(started);

@@ -12,33 +12,28 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill, killpg};
-use nix::unistd::Pid;
-use tokio::io::{
-    AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncSeekExt, AsyncWriteExt, BufReader,
-};
-use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout};
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::sync::watch;
 
 use super::WorkerError;
+use super::budget::Clock;
 use super::harness::HARNESS_ENTRY;
 use super::protocol::{
-    OkResponse, Ready, ReferencePhase, Request, RequestBody, Response, ResponseBody, WorkerRole,
-    parse_response,
+    OkResponse, Ready, Request, RequestBody, Response, ResponseBody, parse_response,
 };
-use super::sandbox::SandboxSpec;
-use crate::launcher::{Launcher, Placement};
+use super::worker_log::{open_log, pump_log};
+// The pieces a worker process is made of, where callers have always found them.
+pub use super::budget::Budget;
+pub use super::failure::{ExitInfo, RequestError, signal_name};
+pub use super::session::{kill_group, signal_session, signal_session_async};
+pub use super::spawn_spec::{Remote, SpawnSpec, worker_env};
+pub use super::worker_log::{LOG_BYTES_PER_REQUEST, log_tail};
 
 /// Longest response line accepted. Real responses are kilobytes (feedback is trimmed to ~4 KB,
 /// tracebacks and metadata a few more); anything this long is a broken or hostile stream.
 const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
-/// A worker log is rotated (to `.log.1`) at spawn once it is this big: print floods must not fill the
-/// disk over a long run.
-const LOG_ROTATE_BYTES: u64 = 64 * 1024 * 1024;
-/// What one request (or the start-up) may add to the worker log: everything a candidate prints goes
-/// there, and a candidate that prints without end must not fill the disk. The rest is dropped with a
-/// note; the next request starts a fresh allowance.
-pub const LOG_BYTES_PER_REQUEST: u64 = 8 * 1024 * 1024;
 /// How long reading a dead worker's log tail waits for its output to be written out.
 const LOG_SETTLE: Duration = Duration::from_secs(2);
 /// How long to wait for a killed process to be reaped. SIGKILL is immediate unless the process is in
@@ -46,237 +41,6 @@ const LOG_SETTLE: Duration = Duration::from_secs(2);
 const REAP_TIMEOUT: Duration = Duration::from_secs(10);
 /// After the protocol stream ends, how long to wait for the exit status that says why.
 const EXIT_STATUS_WAIT: Duration = Duration::from_secs(5);
-
-/// Environment variables passed through from the orchestrator when set. Everything else is dropped.
-const PASS_THROUGH: [&str; 12] = [
-    "PATH",
-    // The build switches the harness documents (README "Builds"): a user's own nvcc wrapper, and
-    // turning off the overlapped nvcc or the split C++ build.
-    "PYTORCH_NVCC",
-    "KREFINE_NVCC_OVERLAP",
-    "KREFINE_SPLIT_CPP",
-    // The order in which the driver numbers devices must match the orchestrator's, or a worker's
-    // CUDA_VISIBLE_DEVICES index names another GPU.
-    "CUDA_DEVICE_ORDER",
-    "LANG",
-    "LC_ALL",
-    "CUDA_HOME",
-    "CUDA_PATH",
-    "LD_LIBRARY_PATH",
-    "CC",
-    "CXX",
-];
-/// Names that never reach a worker, whatever an allowlist says.
-const SECRET_MARKERS: [&str; 5] = ["KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL"];
-
-/// Send `signal` to every process of the worker's session `sid` (the worker is its session and
-/// group leader): its process group, then each other member found in /proc. ninja starts each
-/// compiler in a process group of its own, so signalling the worker's group alone would miss
-/// `cc1plus`/`nvcc`; every descendant stays in the session unless it calls `setsid` itself. Refuses 0
-/// and 1 (our own group / init), which a bug must never turn into "signal everything".
-///
-/// Reads /proc synchronously: call it off the async runtime ([`signal_session_async`]).
-pub fn signal_session(sid: u32, signal: Signal) {
-    let Some(sid) = session_pid(sid) else {
-        return;
-    };
-    // ESRCH (already gone) is the common, harmless case; nothing useful to do on error.
-    let _ = killpg(sid, signal);
-    for pid in session_members(sid.as_raw()) {
-        let _ = kill(Pid::from_raw(pid), signal);
-    }
-}
-
-/// [`signal_session`] on a blocking thread; returns once every member was signalled.
-pub async fn signal_session_async(sid: u32, signal: Signal) {
-    if session_pid(sid).is_none() {
-        return;
-    }
-    let _ = tokio::task::spawn_blocking(move || signal_session(sid, signal)).await;
-}
-
-/// SIGKILL the worker's session now, from synchronous code (Drop): the group is killed at once; the
-/// /proc scan for members in other groups runs on a blocking thread when a runtime is there.
-pub fn kill_group(sid: u32) {
-    let Some(pgid) = session_pid(sid) else {
-        return;
-    };
-    let _ = killpg(pgid, Signal::SIGKILL);
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => {
-            rt.spawn_blocking(move || signal_session(sid, Signal::SIGKILL));
-        }
-        Err(_) => signal_session(sid, Signal::SIGKILL),
-    }
-}
-
-fn session_pid(sid: u32) -> Option<Pid> {
-    let sid = i32::try_from(sid).ok()?;
-    (sid > 1).then(|| Pid::from_raw(sid))
-}
-
-/// Processes whose session id is `sid`, from /proc (empty where /proc is unavailable).
-fn session_members(sid: i32) -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| *pid > 1 && session_of(*pid) == Some(sid))
-        .collect()
-}
-
-fn session_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces) start after the last ')':
-    // state ppid pgrp session ...
-    let rest = stat.rsplit_once(')')?.1;
-    rest.split_whitespace().nth(3)?.parse().ok()
-}
-
-/// How to start one worker.
-#[derive(Debug, Clone)]
-pub struct SpawnSpec {
-    /// `compile-0`, `gpu-1`, `cpu-0`: names the log file and scratch folder.
-    pub name: String,
-    pub role: WorkerRole,
-    pub python: PathBuf,
-    pub harness_dir: PathBuf,
-    /// The worker's own folder (HOME, TMPDIR, working directory); emptied at every spawn.
-    pub scratch: PathBuf,
-    /// stderr (and everything candidates print) goes here, appended across respawns.
-    pub log_path: PathBuf,
-    /// `Some("3")` for the worker of GPU 3, `Some("")` to hide every GPU.
-    pub cuda_visible_devices: Option<String>,
-    /// `TORCH_CUDA_ARCH_LIST`; `None` passes the orchestrator's own value through, if any.
-    pub arch_list: Option<String>,
-    pub load_timeout: Duration,
-    /// Variables set on purpose by the orchestrator (the Hugging Face cache and offline mode);
-    /// still subject to the secret filter.
-    pub extra_env: Vec<(String, OsString)>,
-    /// The namespaces sandbox to start the worker in (`None`: unconfined). See [`super::sandbox`].
-    pub sandbox: Option<SandboxSpec>,
-    /// Start the worker through a launcher (`srun`, `ssh`) instead of as a child process of its
-    /// own (`None`). See [`crate::launcher`].
-    pub remote: Option<Remote>,
-}
-
-/// A worker started through a remote launcher, at a placement.
-#[derive(Debug, Clone)]
-pub struct Remote {
-    pub launcher: Arc<Launcher>,
-    pub placement: Placement,
-}
-
-/// The complete environment of a worker: an allowlist, never anything that looks like a secret.
-pub fn worker_env(spec: &SpawnSpec) -> Vec<(String, OsString)> {
-    worker_env_from(spec, |name| std::env::var_os(name))
-}
-
-fn worker_env_from(
-    spec: &SpawnSpec,
-    ours: impl Fn(&str) -> Option<OsString>,
-) -> Vec<(String, OsString)> {
-    let mut env: Vec<(String, OsString)> = Vec::new();
-    for name in PASS_THROUGH {
-        if let Some(v) = ours(name) {
-            env.push((name.to_string(), v));
-        }
-    }
-    let scratch = spec.scratch.as_os_str().to_os_string();
-    env.push(("HOME".into(), scratch.clone()));
-    env.push(("TMPDIR".into(), scratch));
-    env.push((
-        "TORCH_EXTENSIONS_DIR".into(),
-        spec.scratch.join("torch_extensions").into_os_string(),
-    ));
-    if let Some(cvd) = &spec.cuda_visible_devices {
-        env.push(("CUDA_VISIBLE_DEVICES".into(), cvd.into()));
-    }
-    match &spec.arch_list {
-        Some(a) => env.push(("TORCH_CUDA_ARCH_LIST".into(), a.into())),
-        None => {
-            if let Some(v) = std::env::var_os("TORCH_CUDA_ARCH_LIST") {
-                env.push(("TORCH_CUDA_ARCH_LIST".into(), v));
-            }
-        }
-    }
-    env.extend(spec.extra_env.iter().cloned());
-    env.retain(|(k, _)| {
-        let upper = k.to_ascii_uppercase();
-        !SECRET_MARKERS.iter().any(|m| upper.contains(m))
-    });
-    env
-}
-
-/// How a worker process ended, in words and numbers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExitInfo {
-    pub code: Option<i32>,
-    pub signal: Option<i32>,
-}
-
-impl ExitInfo {
-    pub fn from_status(status: ExitStatus) -> Self {
-        use std::os::unix::process::ExitStatusExt;
-        ExitInfo {
-            code: status.code(),
-            signal: status.signal(),
-        }
-    }
-
-    /// `exit code 3`, `signal 11 (SIGSEGV)`.
-    pub fn describe(&self) -> String {
-        match (self.code, self.signal) {
-            (Some(c), _) => format!("exit code {c}"),
-            (None, Some(s)) => format!("signal {s} ({})", signal_name(s)),
-            (None, None) => "an unknown status".into(),
-        }
-    }
-}
-
-pub fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        1 => "SIGHUP",
-        2 => "SIGINT",
-        3 => "SIGQUIT",
-        4 => "SIGILL",
-        5 => "SIGTRAP",
-        6 => "SIGABRT",
-        7 => "SIGBUS",
-        8 => "SIGFPE",
-        9 => "SIGKILL",
-        10 => "SIGUSR1",
-        11 => "SIGSEGV",
-        12 => "SIGUSR2",
-        13 => "SIGPIPE",
-        14 => "SIGALRM",
-        15 => "SIGTERM",
-        24 => "SIGXCPU",
-        25 => "SIGXFSZ",
-        31 => "SIGSYS",
-        _ => "unknown signal",
-    }
-}
-
-/// Why a request got no usable response. Except for `Harness`, the worker is dead (killed and reaped)
-/// when this is returned.
-#[derive(Debug, Clone)]
-pub enum RequestError {
-    /// The deadline passed; the worker was killed.
-    Timeout { after: Duration },
-    /// Reference work the worker announced (progress notices) used up its own allowance
-    /// (`eval.timeouts.reference_s`); the worker was killed. Not the candidate's time.
-    ReferenceTimeout { after: Duration },
-    /// The worker ended on its own (crash, `os._exit`, OOM killer).
-    Exited { exit: ExitInfo, log_tail: String },
-    /// The worker closed its protocol stream but would not exit; it was killed.
-    StreamClosed { log_tail: String },
-    /// The worker wrote something that is not a valid response; it was killed.
-    Protocol { detail: String, log_tail: String },
-    /// `ok: false`: the harness refused the request or failed internally. The worker is kept.
-    Harness { error: String },
-}
 
 enum LineRead {
     Line,
@@ -314,42 +78,6 @@ async fn read_line_capped<R: AsyncBufRead + Unpin>(
     }
 }
 
-/// The last `max_lines` lines written to `path` after byte `from` (this incarnation's part of a log
-/// shared across respawns), each clipped, for verdict feedback.
-pub async fn log_tail(path: &Path, from: u64, max_lines: usize) -> String {
-    const WINDOW: u64 = 16 * 1024;
-    const LINE_CHARS: usize = 300;
-    let Ok(mut f) = tokio::fs::File::open(path).await else {
-        return String::new();
-    };
-    let Ok(meta) = f.metadata().await else {
-        return String::new();
-    };
-    let start = from.max(meta.len().saturating_sub(WINDOW));
-    if start >= meta.len() || f.seek(std::io::SeekFrom::Start(start)).await.is_err() {
-        return String::new();
-    }
-    let mut bytes = Vec::new();
-    if f.read_to_end(&mut bytes).await.is_err() {
-        return String::new();
-    }
-    let text = String::from_utf8_lossy(&bytes);
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let first = lines.len().saturating_sub(max_lines);
-    lines[first..]
-        .iter()
-        .map(|l| {
-            if l.chars().count() > LINE_CHARS {
-                let cut: String = l.chars().take(LINE_CHARS).collect();
-                format!("{cut} ... [line truncated]")
-            } else {
-                (*l).to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// A running worker.
 pub struct WorkerProcess {
     name: String,
@@ -372,93 +100,6 @@ pub struct WorkerProcess {
     remote: Option<Remote>,
     /// Time the last request spent in reference work the worker announced (see [`Budget`]).
     reference_spent: Duration,
-}
-
-/// How long a request may take. `own` is the request's timeout; `reference`, when given, is a separate
-/// allowance for reference work the worker announces with `progress` notices (building trial data a
-/// candidate asked for, timing the reference): while such work runs, `own` stands still and
-/// `reference` runs down instead, so a candidate is never charged for the reference. Without it,
-/// notices change nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Budget {
-    pub own: Duration,
-    pub reference: Option<Duration>,
-}
-
-impl Budget {
-    pub fn plain(own: Duration) -> Budget {
-        Budget {
-            own,
-            reference: None,
-        }
-    }
-}
-
-/// The two clocks of a request under a [`Budget`]: the request's own, which runs except while the
-/// worker says it is doing reference work, and the reference allowance, which runs only then.
-struct Clock {
-    own_left: Duration,
-    reference_left: Option<Duration>,
-    /// When the running clock last started.
-    since: tokio::time::Instant,
-    /// The reference clock is the running one.
-    in_reference: bool,
-}
-
-impl Clock {
-    fn new(own_left: Duration, reference_left: Option<Duration>) -> Clock {
-        Clock {
-            own_left,
-            reference_left,
-            since: tokio::time::Instant::now(),
-            in_reference: false,
-        }
-    }
-
-    /// Time left on the running clock, and whether that is the reference's.
-    fn remaining(&self) -> (Duration, bool) {
-        let ran = self.since.elapsed();
-        match (self.in_reference, self.reference_left) {
-            (true, Some(left)) => (left.saturating_sub(ran), true),
-            _ => (self.own_left.saturating_sub(ran), false),
-        }
-    }
-
-    /// A notice arrived: charge the running clock what it ran and start the other. A repeated notice
-    /// changes nothing; without an allowance for reference work, notices are ignored.
-    fn switch(&mut self, phase: ReferencePhase) {
-        let Some(reference_left) = self.reference_left else {
-            return;
-        };
-        let start = phase == ReferencePhase::Start;
-        if start == self.in_reference {
-            return;
-        }
-        let now = tokio::time::Instant::now();
-        let ran = now - self.since;
-        if self.in_reference {
-            self.reference_left = Some(reference_left.saturating_sub(ran));
-        } else {
-            self.own_left = self.own_left.saturating_sub(ran);
-        }
-        self.in_reference = start;
-        self.since = now;
-    }
-
-    /// Reference time used so far (zero without an allowance).
-    fn spent(&self, budget: Budget) -> Duration {
-        match (budget.reference, self.reference_left) {
-            (Some(total), Some(left)) => {
-                let running = if self.in_reference {
-                    self.since.elapsed()
-                } else {
-                    Duration::ZERO
-                };
-                total.saturating_sub(left).saturating_add(running)
-            }
-            _ => Duration::ZERO,
-        }
-    }
 }
 
 impl std::fmt::Debug for WorkerProcess {
@@ -986,45 +627,6 @@ fn clip(s: &str, max_chars: usize) -> String {
     }
 }
 
-/// Copy the worker's stderr into its log, at most [`LOG_BYTES_PER_REQUEST`] per request (`used` is
-/// reset by each request); beyond that the output is read and dropped, so the worker never blocks
-/// on a full pipe. Says `true` on `done` once the stream has ended and everything is written.
-async fn pump_log(
-    mut from: ChildStderr,
-    mut to: tokio::fs::File,
-    used: Arc<AtomicU64>,
-    done: watch::Sender<bool>,
-) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        let before = used.fetch_add(n as u64, Ordering::SeqCst);
-        let room = LOG_BYTES_PER_REQUEST.saturating_sub(before);
-        if room == 0 {
-            continue;
-        }
-        let keep = n.min(usize::try_from(room).unwrap_or(usize::MAX));
-        let mut write = to.write_all(&buf[..keep]).await;
-        if keep < n && write.is_ok() {
-            let note = format!(
-                "\n[krefine: more than {} MiB of output in one request; the rest of it is dropped]\n",
-                LOG_BYTES_PER_REQUEST / (1024 * 1024)
-            );
-            write = to.write_all(note.as_bytes()).await;
-        }
-        // Flushed per read so a log tail read right after sees it (tokio's File buffers writes).
-        if write.is_err() || to.flush().await.is_err() {
-            // The log cannot be written (disk full?): keep draining so the worker never blocks.
-            used.store(u64::MAX / 2, Ordering::SeqCst);
-        }
-    }
-    let _ = to.flush().await;
-    let _ = done.send(true);
-}
-
 /// Empty the worker's scratch folder: what one incarnation (or its candidates) left must not leak into
 /// the next, nor pile up over a long run.
 async fn prepare_scratch(scratch: &Path) -> Result<(), WorkerError> {
@@ -1071,141 +673,9 @@ fn make_dirs_writable(dir: &Path) {
     }
 }
 
-/// Open the worker log for appending (rotating an oversized one) and write a header; returns the file
-/// for the child's stderr and the offset where this incarnation's output starts.
-async fn open_log(spec: &SpawnSpec) -> Result<(std::fs::File, u64), WorkerError> {
-    let path = &spec.log_path;
-    if let Some(dir) = path.parent() {
-        tokio::fs::create_dir_all(dir)
-            .await
-            .map_err(|e| WorkerError::io("create log folder", dir, e))?;
-    }
-    if let Ok(meta) = tokio::fs::metadata(path).await
-        && meta.len() > LOG_ROTATE_BYTES
-    {
-        let mut rotated = path.as_os_str().to_os_string();
-        rotated.push(".1");
-        tokio::fs::rename(path, &rotated)
-            .await
-            .map_err(|e| WorkerError::io("rotate worker log", path, e))?;
-    }
-    let mut file = tokio::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .await
-        .map_err(|e| WorkerError::io("open worker log", path, e))?;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let header = format!(
-        "===== krefine: starting worker {} (role {}, python {}) at unix time {now} =====\n",
-        spec.name,
-        spec.role.as_str(),
-        spec.python.display()
-    );
-    file.write_all(header.as_bytes())
-        .await
-        .map_err(|e| WorkerError::io("write worker log", path, e))?;
-    file.flush()
-        .await
-        .map_err(|e| WorkerError::io("write worker log", path, e))?;
-    let start = file
-        .metadata()
-        .await
-        .map_err(|e| WorkerError::io("stat worker log", path, e))?
-        .len();
-    Ok((file.into_std().await, start))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn spec() -> SpawnSpec {
-        SpawnSpec {
-            name: "gpu-0".into(),
-            role: WorkerRole::Gpu,
-            python: "/usr/bin/python3".into(),
-            harness_dir: "/h".into(),
-            scratch: "/s/gpu-0".into(),
-            log_path: "/l/gpu-0.log".into(),
-            cuda_visible_devices: Some("0".into()),
-            arch_list: Some("9.0".into()),
-            load_timeout: Duration::from_secs(1),
-            extra_env: vec![
-                ("HF_HUB_OFFLINE".into(), "1".into()),
-                ("HF_TOKEN".into(), "hf_secret".into()),
-            ],
-            sandbox: None,
-            remote: None,
-        }
-    }
-
-    #[test]
-    fn env_is_an_allowlist_with_our_values() {
-        let env = worker_env(&spec());
-        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-        assert_eq!(get("HOME"), Some("/s/gpu-0".into()));
-        assert_eq!(get("TMPDIR"), Some("/s/gpu-0".into()));
-        assert_eq!(get("CUDA_VISIBLE_DEVICES"), Some("0".into()));
-        assert_eq!(get("TORCH_CUDA_ARCH_LIST"), Some("9.0".into()));
-        assert_eq!(get("HF_HUB_OFFLINE"), Some("1".into()));
-        assert_eq!(get("HF_TOKEN"), None);
-        for (k, _) in &env {
-            let allowed = PASS_THROUGH.contains(&k.as_str())
-                || [
-                    "HOME",
-                    "TMPDIR",
-                    "TORCH_EXTENSIONS_DIR",
-                    "CUDA_VISIBLE_DEVICES",
-                    "TORCH_CUDA_ARCH_LIST",
-                    "HF_HUB_OFFLINE",
-                ]
-                .contains(&k.as_str());
-            assert!(allowed, "unexpected variable {k}");
-        }
-    }
-
-    #[test]
-    fn the_build_switches_reach_the_worker_and_nothing_else_does() {
-        let ours = |name: &str| -> Option<OsString> {
-            match name {
-                "KREFINE_SPLIT_CPP" | "KREFINE_NVCC_OVERLAP" => Some("0".into()),
-                "PYTORCH_NVCC" => Some("ccache nvcc".into()),
-                "OPENAI_API_KEY" => Some("sk-secret".into()),
-                _ => None,
-            }
-        };
-        let env = worker_env_from(&spec(), ours);
-        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-        assert_eq!(get("KREFINE_SPLIT_CPP"), Some("0".into()));
-        assert_eq!(get("KREFINE_NVCC_OVERLAP"), Some("0".into()));
-        assert_eq!(get("PYTORCH_NVCC"), Some("ccache nvcc".into()));
-        assert_eq!(get("OPENAI_API_KEY"), None);
-    }
-
-    #[test]
-    fn exit_descriptions() {
-        let segv = ExitInfo {
-            code: None,
-            signal: Some(11),
-        };
-        assert_eq!(segv.describe(), "signal 11 (SIGSEGV)");
-        let three = ExitInfo {
-            code: Some(3),
-            signal: None,
-        };
-        assert_eq!(three.describe(), "exit code 3");
-    }
-
-    #[test]
-    fn kill_group_refuses_own_group_and_init() {
-        // Would be catastrophic if it did anything; with the guard it returns without a syscall.
-        kill_group(0);
-        kill_group(1);
-    }
 
     #[tokio::test]
     async fn capped_reader_splits_lines_and_refuses_long_ones() {

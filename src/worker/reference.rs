@@ -3,8 +3,7 @@
 
 use std::time::Instant;
 
-use super::outcome::CallError;
-use super::process::RequestError;
+use super::outcome::{CallError, Phase, failure};
 use super::protocol::{PrepareResponse, PrepareStatus as WireStatus};
 use crate::types::{PrepareOutcome, PrepareStatus};
 
@@ -42,26 +41,5 @@ pub(super) fn prepare_failed(error: String, started: Instant) -> PrepareOutcome 
 
 /// What went wrong with a call, in one line (the worker log keeps the rest).
 pub(super) fn call_error_text(e: &CallError) -> String {
-    match e {
-        CallError::Request(RequestError::Timeout { after })
-        | CallError::Request(RequestError::ReferenceTimeout { after }) => format!(
-            "preparing the reference exceeded eval.timeouts.reference_s ({} s); the worker was killed",
-            after.as_secs_f64()
-        ),
-        CallError::Request(RequestError::Exited { exit, .. }) => {
-            format!("the worker exited with {} while preparing", exit.describe())
-        }
-        CallError::Request(RequestError::StreamClosed { .. }) => {
-            "the worker closed its protocol stream while preparing; it was killed".into()
-        }
-        CallError::Request(RequestError::Protocol { detail, .. }) => {
-            format!("the worker broke the protocol while preparing ({detail}); it was killed")
-        }
-        CallError::Request(RequestError::Harness { error }) => {
-            format!("the harness failed while preparing: {error}")
-        }
-        CallError::Start(e) => format!("no worker could be started: {e}"),
-        CallError::Closed => "the worker pool was shut down".into(),
-        CallError::Lost(loss) => format!("the worker was lost: {}", loss.detail),
-    }
+    failure(e, Phase::Prepare).message
 }

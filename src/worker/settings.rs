@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::WorkerError;
 use super::baseline::BaselineTable;
+use super::config::{BuildMode, EvalSection, InputsMode, Timeouts};
 use super::sandbox::SandboxMode;
-use crate::config::{BuildMode, EvalSection, InputsMode, Timeouts};
 use crate::launcher::Launcher;
 use crate::services::DeviceId;
 use crate::types::{EvalMode, Precision};

@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex as StdMutex};
 
 use tokio::sync::Mutex;
 
-use super::process::{SpawnSpec, WorkerProcess};
+use super::process::WorkerProcess;
+use super::spawn_spec::SpawnSpec;
 use crate::launcher::Launcher;
 use crate::types::RanOn;
 

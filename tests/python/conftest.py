@@ -14,9 +14,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness_client import HOSTILE, WorkerProcess, compile_request  # noqa: E402
+from harness_client import HOSTILE, WorkerProcess, compile_request
 
-import kb_pch  # noqa: E402
+# isort: split
+# harness_client puts the harness on sys.path.
+import kb_pch
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -17,14 +17,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness_client import (  # noqa: E402
+from harness_client import (
     HOSTILE,
     WorkerProcess,
     compile_request,
     evaluate_request,
     profile_request,
 )
-from test_eval import CORRECT, DROPOUT, DROPOUT_CANDIDATE, kernelbench_order_diffs  # noqa: E402
+from test_eval import CORRECT, DROPOUT, DROPOUT_CANDIDATE, kernelbench_order_diffs
 
 DEVICE = "cuda:0"
 

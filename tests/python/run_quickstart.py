@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness_client import (  # noqa: E402
+from harness_client import (
     WorkerProcess,
     compile_request,
     evaluate_request,

@@ -14,10 +14,10 @@ import torch
 
 import kb_correctness
 import kb_eval
-import kb_reference
 import kb_inputs
 import kb_prepare
 import kb_protocol
+import kb_reference
 from harness_client import HOSTILE, evaluate_request, prepare_request
 
 ADD = (HOSTILE / "problem_add.py").read_text()
@@ -95,6 +95,7 @@ def test_correct_candidate(harness: Harness) -> None:
         "sandbox": None,
         "isolation": "in_worker",
         "integer_inputs": "kept",
+        "inputs": "kernelbench",
         "transformers": kb_eval.package_version("transformers"),
         "python": platform.python_version(),
     }

@@ -5,7 +5,6 @@ In process on CPU with pure-Python candidates."""
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 from typing import Any
 

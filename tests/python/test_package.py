@@ -11,17 +11,16 @@ binary built (`cargo test --all-targets --no-run`, or set KREFINE_BIN).
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
-import tomllib
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
+import tomllib
 
 try:
     import krefine

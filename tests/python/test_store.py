@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from harness_client import HARNESS_DIR, HOSTILE
 
 import kb_problem
 import kb_store
+from harness_client import HARNESS_DIR, HOSTILE
 
 MIXED = """
 import torch

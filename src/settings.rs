@@ -1,0 +1,77 @@
+//! Settings shared by several rooms: enums more than one room reads from its own config section. A
+//! leaf: it imports nothing of the crate, so any room may use it without reaching up to `config`.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// Inline CUDA through `load_inline`.
+    #[default]
+    Cuda,
+    Triton,
+    /// C++ extensions for the CPU device.
+    Cpu,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum HistoryPolicy {
+    /// The paper's: the initial prompt plus the latest generation and its feedback.
+    #[default]
+    Last,
+    /// The whole conversation as chat messages, each feedback a user turn.
+    Full,
+}
+
+/// `auto` (every GPU cudarc finds, else the CPU), `cpu`, or a list of GPU indices.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum DeviceSelection {
+    #[default]
+    Auto,
+    Cpu,
+    Gpus(Vec<u32>),
+}
+
+impl Serialize for DeviceSelection {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            DeviceSelection::Auto => s.serialize_str("auto"),
+            DeviceSelection::Cpu => s.serialize_str("cpu"),
+            DeviceSelection::Gpus(v) => v.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for DeviceSelection {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Word(String),
+            One(u32),
+            List(Vec<u32>),
+        }
+        let expected = "expected \"auto\", \"cpu\", a GPU index or a list of GPU indices";
+        match Raw::deserialize(d).map_err(|_| serde::de::Error::custom(expected))? {
+            Raw::Word(w) => match w.as_str() {
+                "auto" => Ok(DeviceSelection::Auto),
+                "cpu" => Ok(DeviceSelection::Cpu),
+                other => {
+                    // `--set resources.devices=0,1` arrives as a string.
+                    let parsed: Result<Vec<u32>, _> =
+                        other.split(',').map(|p| p.trim().parse::<u32>()).collect();
+                    match parsed {
+                        Ok(v) if !v.is_empty() => Ok(DeviceSelection::Gpus(v)),
+                        _ => Err(serde::de::Error::custom(format!(
+                            "{expected}, got {other:?}"
+                        ))),
+                    }
+                }
+            },
+            Raw::One(i) => Ok(DeviceSelection::Gpus(vec![i])),
+            Raw::List(v) if !v.is_empty() => Ok(DeviceSelection::Gpus(v)),
+            Raw::List(_) => Err(serde::de::Error::custom(format!("{expected}, got []"))),
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! Signalling a worker's whole session (its process group and every member that left the group),
+//! from async code or from `Drop`.
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+
+/// Send `signal` to every process of the worker's session `sid` (the worker is its session and
+/// group leader): its process group, then each other member found in /proc. ninja starts each
+/// compiler in a process group of its own, so signalling the worker's group alone would miss
+/// `cc1plus`/`nvcc`; every descendant stays in the session unless it calls `setsid` itself. Refuses 0
+/// and 1 (our own group / init), which a bug must never turn into "signal everything".
+///
+/// Reads /proc synchronously: call it off the async runtime ([`signal_session_async`]).
+pub fn signal_session(sid: u32, signal: Signal) {
+    let Some(sid) = session_pid(sid) else {
+        return;
+    };
+    // ESRCH (already gone) is the common, harmless case; nothing useful to do on error.
+    let _ = killpg(sid, signal);
+    for pid in session_members(sid.as_raw()) {
+        let _ = kill(Pid::from_raw(pid), signal);
+    }
+}
+
+/// [`signal_session`] on a blocking thread; returns once every member was signalled.
+pub async fn signal_session_async(sid: u32, signal: Signal) {
+    if session_pid(sid).is_none() {
+        return;
+    }
+    let _ = tokio::task::spawn_blocking(move || signal_session(sid, signal)).await;
+}
+
+/// SIGKILL the worker's session now, from synchronous code (Drop): the group is killed at once; the
+/// /proc scan for members in other groups runs on a blocking thread when a runtime is there.
+pub fn kill_group(sid: u32) {
+    let Some(pgid) = session_pid(sid) else {
+        return;
+    };
+    let _ = killpg(pgid, Signal::SIGKILL);
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn_blocking(move || signal_session(sid, Signal::SIGKILL));
+        }
+        Err(_) => signal_session(sid, Signal::SIGKILL),
+    }
+}
+
+fn session_pid(sid: u32) -> Option<Pid> {
+    let sid = i32::try_from(sid).ok()?;
+    (sid > 1).then(|| Pid::from_raw(sid))
+}
+
+/// Processes whose session id is `sid`, from /proc (empty where /proc is unavailable).
+fn session_members(sid: i32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| *pid > 1 && session_of(*pid) == Some(sid))
+        .collect()
+}
+
+fn session_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start after the last ')':
+    // state ppid pgrp session ...
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(3)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kill_group_refuses_own_group_and_init() {
+        // Would be catastrophic if it did anything; with the guard it returns without a syscall.
+        kill_group(0);
+        kill_group(1);
+    }
+}
