@@ -516,6 +516,38 @@ mod tests {
         assert_eq!(taker.await.unwrap(), DeviceId::Gpu(0));
     }
 
+    /// Waiters are served in arrival order across devices, each taking whichever device frees
+    /// first; with several free, the first in the configured order.
+    #[tokio::test]
+    async fn waiters_are_served_in_order_by_whichever_device_frees_first() {
+        let pool = Arc::new(DevicePool::new(vec![gpu(0, (9, 0)), gpu(1, (9, 0))]));
+        let (a, b) = (pool.acquire().await.unwrap(), pool.acquire().await.unwrap());
+        assert_eq!(
+            (a.device.id.clone(), b.device.id.clone()),
+            (DeviceId::Gpu(0), DeviceId::Gpu(1))
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut waiters = Vec::new();
+        for i in 0..3 {
+            let (taker, tx) = (pool.clone(), tx.clone());
+            waiters.push(tokio::spawn(async move {
+                let l = taker.acquire().await.unwrap();
+                tx.send((i, l.device.id.clone())).unwrap();
+                l
+            }));
+            while pool.waiting.load(Ordering::SeqCst) < i + 1 {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(b);
+        assert_eq!(rx.recv().await, Some((0, DeviceId::Gpu(1))));
+        drop(a);
+        assert_eq!(rx.recv().await, Some((1, DeviceId::Gpu(0))));
+        let first = waiters.remove(0).await.unwrap();
+        drop(first);
+        assert_eq!(rx.recv().await, Some((2, DeviceId::Gpu(1))));
+    }
+
     #[tokio::test]
     async fn two_devices_serve_two_at_once() {
         let pool = DevicePool::new(vec![gpu(0, (9, 0)), gpu(1, (9, 0))]);
