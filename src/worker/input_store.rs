@@ -352,8 +352,9 @@ mod tests {
             at("d", 10, 4),
         ];
         assert_eq!(plan_eviction(&entries, 100, "d"), Vec::<String>::new());
-        assert_eq!(plan_eviction(&entries, 60, "d"), vec!["b"]);
-        assert_eq!(plan_eviction(&entries, 50, "d"), vec!["b", "c"]);
+        assert_eq!(plan_eviction(&entries, 70, "d"), vec!["b"]);
+        assert_eq!(plan_eviction(&entries, 60, "d"), vec!["b", "c"]);
+        assert_eq!(plan_eviction(&entries, 45, "d"), vec!["b", "c", "a"]);
         // The kept entry stays even when it alone is over the limit.
         assert_eq!(plan_eviction(&entries, 5, "a"), vec!["b", "c", "d"]);
     }
