@@ -177,7 +177,8 @@ impl WorkerPool {
             worker: slot.spec.name.clone(),
             host: slot.host(),
             detail,
-            drained: true,
+            // The device is lost, not its host: nothing else on the host is drained.
+            drained: false,
         }))
     }
 
