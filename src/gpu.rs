@@ -5,9 +5,12 @@
 //! tasks are served in arrival order across all devices: a global fair semaphore admits them, then
 //! each takes whichever device is free. Preparing reference data ahead of candidates
 //! (`crate::refprep`) takes a lease only when no candidate waits for one ([`DevicePool::acquire_idle`]).
+//! A device that is lost (its worker's host drained, or its worker no longer starts on it) is retired
+//! through the lease that found it lost ([`Lease::retire`]): no later lease names it, waiting tasks
+//! take the other devices, and once none is left every `acquire` says `None`.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
@@ -187,7 +190,9 @@ pub fn arch_list(devices: &[DeviceInfo]) -> Option<String> {
 /// Leasable devices.
 pub struct DevicePool {
     admission: Arc<Semaphore>,
-    devices: Vec<(DeviceInfo, Arc<Semaphore>)>,
+    devices: Vec<(DeviceInfo, Arc<Semaphore>, Arc<AtomicBool>)>,
+    /// Why each retired device was retired, in the order they were.
+    lost: Arc<Mutex<Vec<(DeviceId, String)>>>,
     /// Devices not retired; at 0 the admission gate closes and `acquire` says `None`.
     live: Arc<AtomicUsize>,
     /// Leases asked for with [`DevicePool::acquire`] and not granted yet.
@@ -204,19 +209,28 @@ pub struct Lease {
     admission_permit: OwnedSemaphorePermit,
     admission: Arc<Semaphore>,
     live: Arc<AtomicUsize>,
+    retired: Arc<AtomicBool>,
+    lost: Arc<Mutex<Vec<(DeviceId, String)>>>,
     // Last, so it is dropped (and tells idle-only takers) after the permits are back.
     _released: ReleaseNotice,
 }
 
 impl Lease {
-    /// Take the device out of the pool for good (its worker's host was drained): its permits are
-    /// never returned, so no later lease names it. The last device retired closes the pool.
-    pub fn retire(self) {
+    /// Take the device out of the pool for good (its worker's host was drained, or the device is
+    /// lost): its permits are never returned, so no later lease names it. The last device retired
+    /// closes the pool. Returns how many devices are left.
+    pub fn retire(self, why: &str) -> usize {
+        self.retired.store(true, Ordering::SeqCst);
+        if let Ok(mut lost) = self.lost.lock() {
+            lost.push((self.device.id.clone(), why.to_string()));
+        }
         self.device_permit.forget();
         self.admission_permit.forget();
-        if self.live.fetch_sub(1, Ordering::SeqCst) <= 1 {
+        let left = self.live.fetch_sub(1, Ordering::SeqCst).saturating_sub(1);
+        if left == 0 {
             self.admission.close();
         }
+        left
     }
 }
 
@@ -248,8 +262,12 @@ impl DevicePool {
             live: Arc::new(AtomicUsize::new(devices.len())),
             devices: devices
                 .into_iter()
-                .map(|d| (d, Arc::new(Semaphore::new(1))))
+                .map(|d| {
+                    let free = Arc::new(Semaphore::new(1));
+                    (d, free, Arc::new(AtomicBool::new(false)))
+                })
                 .collect(),
+            lost: Arc::new(Mutex::new(Vec::new())),
             waiting: Arc::new(AtomicUsize::new(0)),
             released: Arc::new(Notify::new()),
         }
@@ -258,6 +276,7 @@ impl DevicePool {
     fn lease(
         &self,
         info: &DeviceInfo,
+        retired: &Arc<AtomicBool>,
         waited_ms: u64,
         device_permit: OwnedSemaphorePermit,
         admission_permit: OwnedSemaphorePermit,
@@ -269,6 +288,8 @@ impl DevicePool {
             admission_permit,
             admission: self.admission.clone(),
             live: self.live.clone(),
+            retired: retired.clone(),
+            lost: self.lost.clone(),
             _released: ReleaseNotice(self.released.clone()),
         }
     }
@@ -281,24 +302,51 @@ impl DevicePool {
         }
         // A fair semaphore hands released permits to its waiters first, so this never jumps a queue.
         let admission = self.admission.clone().try_acquire_owned().ok()?;
-        for (info, sem) in &self.devices {
+        for (info, sem, retired) in &self.devices {
             if want.is_some_and(|w| *w != info.id) {
                 continue;
             }
             if let Ok(p) = sem.clone().try_acquire_owned() {
-                return Some(self.lease(info, 0, p, admission));
+                return Some(self.lease(info, retired, 0, p, admission));
             }
         }
         None
     }
 
+    /// Is `device` retired (or not in the pool)?
+    pub fn is_retired(&self, device: &DeviceId) -> bool {
+        self.devices
+            .iter()
+            .find(|(d, _, _)| d.id == *device)
+            .is_none_or(|(_, _, r)| r.load(Ordering::SeqCst))
+    }
+
+    /// The devices not retired.
+    pub fn live_devices(&self) -> Vec<DeviceId> {
+        self.devices
+            .iter()
+            .filter(|(_, _, r)| !r.load(Ordering::SeqCst))
+            .map(|(d, _, _)| d.id.clone())
+            .collect()
+    }
+
+    /// The retired devices and why each was retired (`cuda:0: <why>; cuda:1: <why>`), empty when
+    /// none was.
+    pub fn lost_summary(&self) -> String {
+        let lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        lost.iter()
+            .map(|(d, why)| format!("{d}: {why}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
     /// Wait until a device (`want`, or any) is free while no candidate waits for one, and lease it:
     /// work that must never delay a candidate (preparing reference data ahead of time). `None`
-    /// once every device was retired.
+    /// once every device (or `want`) was retired.
     pub async fn acquire_idle(&self, want: Option<&DeviceId>) -> Option<Lease> {
         let start = Instant::now();
         loop {
-            if self.admission.is_closed() {
+            if self.admission.is_closed() || want.is_some_and(|w| self.is_retired(w)) {
                 return None;
             }
             let notified = self.released.notified();
@@ -316,7 +364,7 @@ impl DevicePool {
     }
 
     pub fn devices(&self) -> impl Iterator<Item = &DeviceInfo> {
-        self.devices.iter().map(|(d, _)| d)
+        self.devices.iter().map(|(d, _, _)| d)
     }
 
     /// Wait (FIFO) for any free device; `None` once every device was retired.
@@ -325,11 +373,13 @@ impl DevicePool {
         self.waiting.fetch_add(1, Ordering::SeqCst);
         let waiting = Waiting(self.waiting.clone());
         let admission = self.admission.clone().acquire_owned().await.ok()?;
-        // Holding an admission permit guarantees one device semaphore is free.
-        for (info, sem) in &self.devices {
+        // Holding an admission permit guarantees one device semaphore is free: the first free one
+        // in the configured order is taken.
+        for (info, sem, retired) in &self.devices {
             if let Ok(p) = sem.clone().try_acquire_owned() {
                 drop(waiting);
-                return Some(self.lease(info, start.elapsed().as_millis() as u64, p, admission));
+                let waited = start.elapsed().as_millis() as u64;
+                return Some(self.lease(info, retired, waited, p, admission));
             }
         }
         // Only reachable if permits were miscounted; say "no device" rather than panic.
@@ -466,6 +516,38 @@ mod tests {
         assert_eq!(taker.await.unwrap(), DeviceId::Gpu(0));
     }
 
+    /// Waiters are served in arrival order across devices, each taking whichever device frees
+    /// first; with several free, the first in the configured order.
+    #[tokio::test]
+    async fn waiters_are_served_in_order_by_whichever_device_frees_first() {
+        let pool = Arc::new(DevicePool::new(vec![gpu(0, (9, 0)), gpu(1, (9, 0))]));
+        let (a, b) = (pool.acquire().await.unwrap(), pool.acquire().await.unwrap());
+        assert_eq!(
+            (a.device.id.clone(), b.device.id.clone()),
+            (DeviceId::Gpu(0), DeviceId::Gpu(1))
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut waiters = Vec::new();
+        for i in 0..3 {
+            let (taker, tx) = (pool.clone(), tx.clone());
+            waiters.push(tokio::spawn(async move {
+                let l = taker.acquire().await.unwrap();
+                tx.send((i, l.device.id.clone())).unwrap();
+                l
+            }));
+            while pool.waiting.load(Ordering::SeqCst) < i + 1 {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(b);
+        assert_eq!(rx.recv().await, Some((0, DeviceId::Gpu(1))));
+        drop(a);
+        assert_eq!(rx.recv().await, Some((1, DeviceId::Gpu(0))));
+        let first = waiters.remove(0).await.unwrap();
+        drop(first);
+        assert_eq!(rx.recv().await, Some((2, DeviceId::Gpu(1))));
+    }
+
     #[tokio::test]
     async fn two_devices_serve_two_at_once() {
         let pool = DevicePool::new(vec![gpu(0, (9, 0)), gpu(1, (9, 0))]);
@@ -479,12 +561,22 @@ mod tests {
         let pool = DevicePool::new(vec![gpu(0, (9, 0)), gpu(1, (9, 0))]);
         let a = pool.acquire().await.unwrap();
         let retired = a.device.id.clone();
-        a.retire();
+        assert_eq!(a.retire("its worker no longer starts"), 1);
+        assert!(pool.is_retired(&retired));
+        assert_eq!(pool.live_devices(), vec![DeviceId::Gpu(1)]);
         for _ in 0..3 {
             let l = pool.acquire().await.unwrap();
             assert_ne!(l.device.id, retired);
         }
-        pool.acquire().await.unwrap().retire();
+        // An idle taker asking for the retired device is told at once, not left waiting.
+        let want = tokio::time::timeout(Duration::from_secs(5), pool.acquire_idle(Some(&retired)));
+        assert!(want.await.expect("answered at once").is_none());
+        assert_eq!(pool.acquire().await.unwrap().retire("stuck"), 0);
         assert!(pool.acquire().await.is_none());
+        assert!(pool.acquire_idle(None).await.is_none());
+        assert_eq!(
+            pool.lost_summary(),
+            "cuda:0: its worker no longer starts; cuda:1: stuck"
+        );
     }
 }

@@ -9,10 +9,14 @@
 //!     coming problem is taken, in the order first wanted, [`cpu_ahead`] at once (each one fans out
 //!     over several processes when its inputs are large): how far ahead this runs adapts to what is
 //!     queued, not to a fixed count. Logged as [`Event::InputsPrepared`].
-//!   - **Device** (one problem at a time): once its inputs are made, a problem is prepared step by
-//!     step ([`Executor::prepare_reference`]: the next trial, the timing inputs, the reference
-//!     timing; the inputs are read from the store), on the device that took its first step, at most
-//!     `ahead` of them prepared and not yet arrived (`resources.prepare_ahead`: a worker keeps the
+//!   - **Device** (one problem at a time on each device, the devices side by side): once its inputs
+//!     are made, a problem is prepared step by step ([`Executor::prepare_reference`]: the next
+//!     trial, the timing inputs, the reference timing; the inputs are read from the store). Prepared
+//!     data is per (problem, device): each device's worker keeps its own (its tensors and the CUDA
+//!     IPC handles it gives candidate processes live on that device), while the inputs on disk are
+//!     made once for all devices. Candidates take whichever device is free, so a problem is prepared
+//!     on as many devices as it has tasks coming (at most all of them), each device holding at most
+//!     `ahead` problems prepared and not yet arrived (`resources.prepare_ahead`: a worker keeps the
 //!     reference data of a few problems only).
 //! - A candidate about to take a lease for a problem whose inputs are still being made (or queued to
 //!   be) waits for them off the lease ([`Preparer::inputs_ready`], which moves that problem to the
@@ -25,6 +29,9 @@
 //! - A problem whose candidate arrives first simply builds what its check reaches, trial by trial
 //!   (the harness stops at the first failing trial where KernelBench does); preparation never
 //!   changes a verdict, only when the work is done.
+//!
+//! - A device found lost during a step (its worker no longer starts there) is retired, logged as
+//!   [`Event::DeviceRetired`]; its problems go to the devices left.
 //!
 //! Nothing here is folded on resume: a resumed run's workers start empty, and problems are prepared
 //! again as their tasks go on.
@@ -70,12 +77,13 @@ pub struct PrepQueue {
     /// CPU stage done (made, found stored, or not storable): the device stage may take them, and
     /// their candidates do not wait.
     made: HashSet<ProblemKey>,
-    /// Coming problems not prepared yet, in the order they were first wanted.
+    /// Coming problems, in the order they were first wanted (until all their tasks arrived).
     order: VecDeque<ProblemKey>,
     /// Tasks of each problem between the start of their LLM request and their execute.
     coming: HashMap<ProblemKey, u32>,
-    /// Problems taken for preparation whose tasks have not all arrived (they count against `ahead`).
-    active: HashSet<ProblemKey>,
+    /// Per device, the problems it took for preparation whose tasks have not all arrived (they count
+    /// against `ahead` on that device).
+    active: HashMap<DeviceId, HashSet<ProblemKey>>,
     /// Problems whose preparation failed: left to their candidates from then on.
     failed: HashSet<ProblemKey>,
 }
@@ -94,8 +102,7 @@ impl PrepQueue {
     /// A task of `problem` started generating an answer.
     pub fn coming(&mut self, problem: ProblemKey) {
         *self.coming.entry(problem).or_default() += 1;
-        let known = self.active.contains(&problem) || self.order.contains(&problem);
-        if !known && !self.failed.contains(&problem) {
+        if !self.order.contains(&problem) && !self.failed.contains(&problem) {
             self.order.push_back(problem);
         }
         self.queue_inputs(problem, false);
@@ -148,21 +155,44 @@ impl PrepQueue {
         *n = n.saturating_sub(1);
         if *n == 0 {
             self.coming.remove(&problem);
-            self.active.remove(&problem);
+            for on in self.active.values_mut() {
+                on.remove(&problem);
+            }
             self.order.retain(|p| *p != problem);
         }
     }
 
-    /// The next problem to prepare on the device: the first coming one whose inputs are made, if
-    /// fewer than `ahead` are prepared and waiting.
-    pub fn take(&mut self) -> Option<ProblemKey> {
-        if self.active.len() >= self.ahead {
+    /// How many devices took `problem`.
+    fn devices_on(&self, problem: &ProblemKey) -> u32 {
+        self.active
+            .values()
+            .filter(|on| on.contains(problem))
+            .count() as u32
+    }
+
+    /// The next problem to prepare on `device`: the first coming one whose inputs are made, that
+    /// this device has not taken and fewer devices took than it has tasks coming, if fewer than
+    /// `ahead` are prepared and waiting on this device.
+    pub fn take(&mut self, device: &DeviceId) -> Option<ProblemKey> {
+        let mine = self.active.get(device);
+        if mine.map_or(0, HashSet::len) >= self.ahead {
             return None;
         }
-        let at = self.order.iter().position(|p| self.made.contains(p))?;
-        let problem = self.order.remove(at)?;
-        self.active.insert(problem);
+        let problem = *self.order.iter().find(|p| {
+            self.made.contains(p)
+                && !mine.is_some_and(|on| on.contains(p))
+                && self.devices_on(p) < self.coming.get(p).copied().unwrap_or(0)
+        })?;
+        self.active
+            .entry(device.clone())
+            .or_default()
+            .insert(problem);
         Some(problem)
+    }
+
+    /// `device` is lost: the problems it took may go to the others.
+    pub fn device_lost(&mut self, device: &DeviceId) {
+        self.active.remove(device);
     }
 
     /// Are tasks of `problem` still on their way (is preparing it still worth anything)?
@@ -170,9 +200,12 @@ impl PrepQueue {
         self.coming.contains_key(&problem)
     }
 
-    /// Preparing `problem` failed: it is not tried again in the background.
+    /// Preparing `problem` failed: it is not tried again in the background, on any device.
     pub fn failed(&mut self, problem: ProblemKey) {
-        self.active.remove(&problem);
+        for on in self.active.values_mut() {
+            on.remove(&problem);
+        }
+        self.order.retain(|p| *p != problem);
         self.failed.insert(problem);
     }
 }
@@ -256,17 +289,23 @@ impl Preparer {
         self.with(|q| q.wanted(problem))
     }
 
-    /// Wait for the next problem to prepare.
-    pub async fn next(&self) -> ProblemKey {
+    /// Wait for the next problem to prepare on `device`.
+    pub async fn next(&self, device: &DeviceId) -> ProblemKey {
         loop {
             let notified = self.wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(problem) = self.with(PrepQueue::take) {
+            if let Some(problem) = self.with(|q| q.take(device)) {
                 return problem;
             }
             notified.await;
         }
+    }
+
+    /// Change the queue and tell every waiter (the other devices may take what this one let go).
+    fn change(&self, f: impl FnOnce(&mut PrepQueue)) {
+        self.with(f);
+        self.wake.notify_waiters();
     }
 }
 
@@ -282,23 +321,27 @@ pub struct PrepServices<'a> {
 }
 
 /// The background loop: make coming problems' inputs (several at once, no lease) and prepare them
-/// on the device (one at a time) until `cancel` (the run's drivers are done).
+/// on every device (one at a time on each) until `cancel` (the run's drivers are done).
 pub async fn run(prep: &Preparer, services: PrepServices<'_>, cancel: &CancellationToken) {
+    let devices = services.devices.live_devices();
+    let on_devices = futures::future::join_all(
+        devices
+            .iter()
+            .map(|device| device_stage(prep, &services, device, cancel)),
+    );
+    tokio::join!(cpu_stage(prep, &services, cancel), on_devices);
+}
+
+/// The CPU stage: coming problems' inputs made, [`cpu_ahead`] at once, no lease held.
+async fn cpu_stage(prep: &Preparer, services: &PrepServices<'_>, cancel: &CancellationToken) {
     let mut cpu = FuturesUnordered::new();
-    let mut device = FuturesUnordered::new();
     loop {
         tokio::select! {
             biased;
             _ = cancel.cancelled() => return,
             Some(problem) = cpu.next() => prep.inputs_done(problem),
-            Some((problem, ended)) = device.next() => match ended {
-                Ended::Cancelled => return,
-                Ended::Failed => prep.with(|q| q.failed(problem)),
-                Ended::Done | Ended::Stopped => {}
-            },
             problem = prep.next_inputs() => {
                 let spec = services.problems.get(&problem).cloned();
-                let services = &services;
                 cpu.push(async move {
                     if let Some(spec) = spec {
                         make_inputs(services, spec).await;
@@ -306,17 +349,37 @@ pub async fn run(prep: &Preparer, services: PrepServices<'_>, cancel: &Cancellat
                     problem
                 });
             }
-            problem = prep.next(), if device.is_empty() => {
-                let Some(spec) = services.problems.get(&problem).cloned() else {
-                    prep.with(|q| q.failed(problem));
-                    continue;
-                };
-                let services = &services;
-                device.push(async move {
-                    let ended = prepare_problem(services, spec, || prep.wanted(problem), cancel).await;
-                    (problem, ended)
-                });
+        }
+    }
+}
+
+/// One device's stage: the problems it takes, prepared one after another, until `cancel` or the
+/// device is lost.
+async fn device_stage(
+    prep: &Preparer,
+    services: &PrepServices<'_>,
+    device: &DeviceId,
+    cancel: &CancellationToken,
+) {
+    loop {
+        let problem = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return,
+            problem = prep.next(device) => problem,
+        };
+        let Some(spec) = services.problems.get(&problem).cloned() else {
+            prep.change(|q| q.failed(problem));
+            continue;
+        };
+        let wanted = || prep.wanted(problem);
+        match prepare_problem(services, spec, device, wanted, cancel).await {
+            Ended::Cancelled => return,
+            Ended::Failed => prep.change(|q| q.failed(problem)),
+            Ended::Lost => {
+                prep.change(|q| q.device_lost(device));
+                return;
             }
+            Ended::Done | Ended::Stopped => {}
         }
     }
 }
@@ -365,18 +428,20 @@ pub enum Ended {
     Stopped,
     /// A step failed (the reference itself, or the worker); logged.
     Failed,
+    /// The device is lost (retired, by this preparation or by a candidate's step).
+    Lost,
     Cancelled,
 }
 
-/// Prepare one problem step by step while `wanted` says its tasks are still on their way. Each step
-/// leases a device only while no candidate waits, and is logged through the sink.
+/// Prepare one problem on `device` step by step while `wanted` says its tasks are still on their
+/// way. Each step leases the device only while no candidate waits, and is logged through the sink.
 pub async fn prepare_problem(
     services: &PrepServices<'_>,
     problem: Arc<Problem>,
+    device: &DeviceId,
     wanted: impl Fn() -> bool,
     cancel: &CancellationToken,
 ) -> Ended {
-    let mut device: Option<DeviceId> = None;
     let mut next: Option<PrepareStep> = None;
     loop {
         if !wanted() {
@@ -385,10 +450,10 @@ pub async fn prepare_problem(
         let lease = tokio::select! {
             biased;
             _ = cancel.cancelled() => return Ended::Cancelled,
-            l = services.devices.acquire_idle(device.as_ref()) => match l {
+            l = services.devices.acquire_idle(Some(device)) => match l {
                 Some(l) => l,
-                // Every device was retired (its host drained): nothing left to prepare on.
-                None => return Ended::Stopped,
+                // The device was retired (lost, or its host drained).
+                None => return Ended::Lost,
             },
         };
         if !wanted() {
@@ -417,7 +482,18 @@ pub async fn prepare_problem(
         let held_ms = started.elapsed().as_millis() as u64;
         drop(cores);
         drop(pause);
-        drop(lease);
+        let lost = services.executor.retired(&id);
+        let remaining = if lost {
+            let why = match &result {
+                Ok(o) => o.error.clone().unwrap_or_default(),
+                Err(Unavailable(e)) => e.clone(),
+            };
+            tracing::warn!("device {id} is lost and retired: {why}");
+            Some((lease.retire(&why), why))
+        } else {
+            drop(lease);
+            None
+        };
         let outcome = result.unwrap_or_else(|Unavailable(error)| PrepareOutcome {
             status: PrepareStatus::Failed,
             built: Vec::new(),
@@ -434,6 +510,15 @@ pub async fn prepare_problem(
             outcome: outcome.clone(),
         };
         services.sink.record(None, event).await;
+        if let Some((remaining, error)) = remaining {
+            let event = Event::DeviceRetired {
+                device: id.to_string(),
+                error,
+                remaining: remaining as u32,
+            };
+            services.sink.record(None, event).await;
+            return Ended::Lost;
+        }
         if outcome.status != PrepareStatus::Ready {
             return Ended::Failed;
         }
@@ -443,7 +528,6 @@ pub async fn prepare_problem(
             return Ended::Done;
         }
         next = outcome.next;
-        device = Some(id);
     }
 }
 
@@ -471,13 +555,17 @@ mod tests {
         for id in [1, 2, 3, 4] {
             q.coming(p(id));
         }
-        assert_eq!(q.take(), None, "no inputs made yet");
+        assert_eq!(q.take(&DeviceId::Cpu), None, "no inputs made yet");
         // Not bound by `ahead` (1): two at once, every queued problem in turn.
         assert_eq!(q.take_inputs(), Some(p(1)));
         assert_eq!(q.take_inputs(), Some(p(2)));
         assert_eq!(q.take_inputs(), None, "two being made");
         q.inputs_done(p(2));
-        assert_eq!(q.take(), Some(p(2)), "the first made goes to the device");
+        assert_eq!(
+            q.take(&DeviceId::Cpu),
+            Some(p(2)),
+            "the first made goes to the device"
+        );
         assert_eq!(q.take_inputs(), Some(p(3)));
         // A candidate of problem 4 waits for its inputs: problem 4 goes first.
         assert!(q.wait_for_inputs(p(4)));
@@ -685,24 +773,24 @@ mod tests {
             q.coming(p(id));
         }
         made(&mut q, &[3, 1, 2]);
-        assert_eq!(q.take(), Some(p(3)));
-        assert_eq!(q.take(), Some(p(1)));
+        assert_eq!(q.take(&DeviceId::Cpu), Some(p(3)));
+        assert_eq!(q.take(&DeviceId::Cpu), Some(p(1)));
         assert_eq!(
-            q.take(),
+            q.take(&DeviceId::Cpu),
             None,
             "two prepared and not arrived: the third waits"
         );
         // Problem 3 has two tasks coming: one arriving keeps it prepared and counted.
         q.arrived(p(3));
         assert!(q.wanted(p(3)));
-        assert_eq!(q.take(), None);
+        assert_eq!(q.take(&DeviceId::Cpu), None);
         q.arrived(p(3));
         assert!(!q.wanted(p(3)));
-        assert_eq!(q.take(), Some(p(2)));
+        assert_eq!(q.take(&DeviceId::Cpu), Some(p(2)));
         // A later turn of problem 3 wants it again (cheap when still cached on the worker).
         q.coming(p(3));
         q.arrived(p(1));
-        assert_eq!(q.take(), Some(p(3)));
+        assert_eq!(q.take(&DeviceId::Cpu), Some(p(3)));
     }
 
     #[test]
@@ -711,13 +799,52 @@ mod tests {
         q.coming(p(1));
         q.coming(p(2));
         made(&mut q, &[1, 2]);
-        assert_eq!(q.take(), Some(p(1)));
+        assert_eq!(q.take(&DeviceId::Cpu), Some(p(1)));
         q.failed(p(1));
-        assert_eq!(q.take(), Some(p(2)));
+        assert_eq!(q.take(&DeviceId::Cpu), Some(p(2)));
         q.arrived(p(1));
         q.coming(p(1));
         q.arrived(p(2));
-        assert_eq!(q.take(), None);
+        assert_eq!(q.take(&DeviceId::Cpu), None);
+    }
+
+    /// Prepared data is per (problem, device): a problem goes to as many devices as it has tasks
+    /// coming, each device holds at most `ahead`, and a lost device's problems go to the others.
+    #[test]
+    fn problems_are_prepared_per_device_as_many_times_as_tasks_come() {
+        let (g0, g1, g2) = (DeviceId::Gpu(0), DeviceId::Gpu(1), DeviceId::Gpu(2));
+        let mut q = PrepQueue::new(2, 1);
+        // Problem 1 has two tasks coming, problem 2 one, problem 3 three.
+        for id in [1, 1, 2, 3, 3, 3] {
+            q.coming(p(id));
+        }
+        made(&mut q, &[1, 2, 3]);
+        assert_eq!(q.take(&g0), Some(p(1)));
+        assert_eq!(q.take(&g1), Some(p(1)), "two tasks: a second device");
+        assert_eq!(q.take(&g2), Some(p(2)), "no third device for two tasks");
+        assert_eq!(
+            q.take(&g1),
+            Some(p(3)),
+            "problem 2's one task has its device"
+        );
+        assert_eq!(q.take(&g1), None, "ahead (2) reached on GPU 1");
+        assert_eq!(q.take(&g0), Some(p(3)));
+        assert_eq!(q.take(&g2), Some(p(3)), "three tasks: three devices");
+        assert_eq!(q.take(&g2), None, "ahead (2) reached on GPU 2");
+        // GPU 1 is lost: its problems may go to another device once one has room.
+        q.device_lost(&g1);
+        q.arrived(p(2));
+        assert_eq!(q.take(&g2), Some(p(1)));
+        // A failed problem leaves every device.
+        q.failed(p(3));
+        assert_eq!(q.take(&g0), None, "problem 1 is on GPU 0 already");
+        for _ in 0..2 {
+            q.arrived(p(1));
+        }
+        q.coming(p(4));
+        made(&mut q, &[4]);
+        assert_eq!(q.take(&g0), Some(p(4)), "places freed by arrivals");
+        assert_eq!(q.take(&g2), None, "one task, one device");
     }
 
     #[test]
@@ -727,6 +854,10 @@ mod tests {
         q.coming(p(1));
         made(&mut q, &[1]);
         q.arrived(p(1));
-        assert_eq!(q.take(), None, "its only task arrived before it was taken");
+        assert_eq!(
+            q.take(&DeviceId::Cpu),
+            None,
+            "its only task arrived before it was taken"
+        );
     }
 }

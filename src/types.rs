@@ -1,8 +1,9 @@
 //! Types that cross rooms: identities, settings enums, service results, events, commands.
 //!
 //! Everything written to `events.jsonl` is defined here, so the log format has one home. Adding a field
-//! is fine (give it `#[serde(default)]`); renaming or removing one, or adding an event kind, needs a
-//! `SCHEMA_VERSION` bump (tests/event_schema.rs pins each version's kinds).
+//! is fine (give it `#[serde(default)]`); renaming or removing one, or adding an event kind (which an
+//! older reader cannot parse), needs a `SCHEMA_VERSION` bump (tests/event_schema.rs pins each
+//! version's kinds).
 
 use std::fmt;
 use std::str::FromStr;
@@ -12,8 +13,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub use crate::run_end::EndReason;
 
 /// Version of the event-log schema, written into every record. 2: the kinds `deferred`,
-/// `llm_retry_wait`, `reference_prepared` and `inputs_prepared` (logs of version 1 are read as
-/// they are).
+/// `llm_retry_wait`, `reference_prepared`, `inputs_prepared` and `device_retired` (logs of version 1 are
+/// read as they are).
 pub const SCHEMA_VERSION: u32 = 2;
 
 /// A problem's identity: KernelBench level and problem id (`"1/19"`).
@@ -930,6 +931,14 @@ pub enum Event {
         problem: ProblemKey,
         outcome: InputsOutcome,
     },
+    /// `device` is lost (its worker no longer starts on it, or its host was drained) and retired for
+    /// the rest of the run: the step that found it lost, and every later one, runs on the
+    /// `remaining` devices; with none left, steps are deferred (run-level, informational).
+    DeviceRetired {
+        device: String,
+        error: String,
+        remaining: u32,
+    },
 }
 
 impl Event {
@@ -969,6 +978,7 @@ impl Event {
             Event::LeaseReleased { .. } => "lease_released",
             Event::ReferencePrepared { .. } => "reference_prepared",
             Event::InputsPrepared { .. } => "inputs_prepared",
+            Event::DeviceRetired { .. } => "device_retired",
         }
     }
 }

@@ -26,7 +26,8 @@ const KINDS: &[(u32, &[&str])] = &[
         ],
     ),
     // deferred, llm_retry_wait and reference_prepared were added under version 1; version 2 names
-    // them, and inputs_prepared (reference inputs made off the lease), new with it.
+    // them, and inputs_prepared (reference inputs made off the lease) and device_retired (a lost GPU),
+    // new with it.
     (
         2,
         &[
@@ -47,6 +48,7 @@ const KINDS: &[(u32, &[&str])] = &[
             "lease_released",
             "reference_prepared",
             "inputs_prepared",
+            "device_retired",
         ],
     ),
 ];

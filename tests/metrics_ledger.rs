@@ -240,7 +240,8 @@ fn ledger_by_hand() {
                     leases: 1,
                     wait_ms: 500,
                     held_ms: 3000,
-                    busy_ms: 2500
+                    busy_ms: 2500,
+                    work_ms: 0
                 }
             ),
             (
@@ -249,7 +250,8 @@ fn ledger_by_hand() {
                     leases: 1,
                     wait_ms: 100,
                     held_ms: 1000,
-                    busy_ms: 800
+                    busy_ms: 800,
+                    work_ms: 0
                 }
             ),
         ])
@@ -260,7 +262,8 @@ fn ledger_by_hand() {
             leases: 2,
             wait_ms: 600,
             held_ms: 4000,
-            busy_ms: 3300
+            busy_ms: 3300,
+            work_ms: 0
         }
     );
     assert_eq!(

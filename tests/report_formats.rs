@@ -113,6 +113,7 @@ fn refine_report() -> RunReport {
             wait_ms: 1500,
             held_ms: 40_000,
             busy_ms: 30_000,
+            work_ms: 0,
         },
     )]);
     ledger.device_total = ledger.devices["cuda:0"];

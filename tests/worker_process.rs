@@ -318,6 +318,34 @@ async fn exit_code_and_outside_sigkill() {
     healthy(&pool).await;
 }
 
+/// A device whose worker died with its request and on which no worker starts any more is lost:
+/// the request gets no verdict (the engine moves it to another device), the device reads as
+/// retired, and later requests on it are refused without a start.
+#[tokio::test]
+async fn a_device_on_which_no_worker_starts_any_more_is_lost_not_a_verdict() {
+    let (tmp, pool) = fake_pool("ok").await;
+    healthy(&pool).await;
+    assert!(!pool.retired(&DeviceId::Cpu));
+    std::fs::write(tmp.path().join("harness/start.txt"), "exit").unwrap();
+    let e = pool
+        .execute(exec_job("FAKE:exit7", None), &DeviceId::Cpu)
+        .await
+        .unwrap_err();
+    assert!(
+        e.0.contains("no worker starts on the device any more (2 start(s) in a row failed")
+            && e.0.contains("the device is retired"),
+        "{e}"
+    );
+    assert!(pool.retired(&DeviceId::Cpu));
+    // The device stays lost even once a worker could start again.
+    std::fs::write(tmp.path().join("harness/start.txt"), "ok").unwrap();
+    let e = pool
+        .execute(exec_job("fine", None), &DeviceId::Cpu)
+        .await
+        .unwrap_err();
+    assert!(e.0.contains("retired"), "{e}");
+}
+
 #[tokio::test]
 async fn hang_times_out_with_kernelbench_metadata() {
     let (_tmp, pool) = fake_pool("ok").await;

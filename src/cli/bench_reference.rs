@@ -300,9 +300,16 @@ impl Timeline<'_> {
             cpu: None,
         };
         let problem = job.problem.clone();
+        // The bench's pool has one device.
+        let device = self
+            .devices
+            .devices()
+            .next()
+            .map_or(crate::services::DeviceId::Cpu, |d| d.id.clone());
         let preparing = prepare_problem(
             &services,
             problem,
+            &device,
             || !arrived.load(Ordering::SeqCst),
             &cancel,
         );

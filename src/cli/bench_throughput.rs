@@ -13,7 +13,7 @@
 //! lower bound of the time the GPU ran work (correctness forwards are not timed), shown next to the
 //! lease-held time so that "busy" means work, not a lease.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -69,6 +69,21 @@ pub struct Throughput {
     /// The device's work as the worker measured it: each lease's `busy_ms` (forwards, correctness,
     /// timing, profiles) and each reference step's worker time ahead of candidates.
     pub gpu_busy_s: f64,
+    /// The same by device (name as in the log: `cuda:0`), for runs on several devices.
+    pub per_device: BTreeMap<String, DeviceShare>,
+}
+
+/// One device's part of a pass (seconds).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeviceShare {
+    pub candidates: u32,
+    /// Waits of the leases granted on this device.
+    pub lease_wait_s: f64,
+    /// Leases held, reference preparation ahead of candidates included.
+    pub lease_held_s: f64,
+    /// The workers' time on requests inside candidates' leases (`busy_ms`).
+    pub busy_s: f64,
+    pub gpu_work_s: f64,
 }
 
 fn phase(o: &ExecOutcome, key: &str) -> f64 {
@@ -95,7 +110,11 @@ pub fn throughput(records: &[LogRecord], wall_s: f64) -> Throughput {
                 t.check_s += phase(o, "correctness_s");
                 t.timing_s += phase(o, "timing_s");
                 t.isolation_s += phase(o, "isolation_s") + phase(o, "spawn_wait_s");
-                t.gpu_work_s += crate::metrics::ledger::measured_work_ms(o) as f64 / 1000.0;
+                let work = crate::metrics::ledger::measured_work_ms(o) as f64 / 1000.0;
+                t.gpu_work_s += work;
+                let d = t.per_device.entry(o.device.clone()).or_default();
+                d.candidates += 1;
+                d.gpu_work_s += work;
             }
             Event::Compiled { outcome, .. } if !outcome.cached => {
                 t.build_s += outcome.duration_ms as f64 / 1000.0;
@@ -113,17 +132,27 @@ pub fn throughput(records: &[LogRecord], wall_s: f64) -> Throughput {
                 t.gpu_prep_s += *held_ms as f64 / 1000.0;
                 t.lease_held_s += *held_ms as f64 / 1000.0;
                 t.gpu_busy_s += outcome.duration_ms.min(*held_ms) as f64 / 1000.0;
+                t.per_device.entry(device.clone()).or_default().lease_held_s +=
+                    *held_ms as f64 / 1000.0;
             }
             Event::LeaseGranted {
                 device, wait_ms, ..
             } => {
                 devices.insert(device.clone());
                 t.lease_wait_s += *wait_ms as f64 / 1000.0;
+                t.per_device.entry(device.clone()).or_default().lease_wait_s +=
+                    *wait_ms as f64 / 1000.0;
             }
             Event::LeaseReleased {
-                held_ms, busy_ms, ..
+                device,
+                held_ms,
+                busy_ms,
+                ..
             } => {
                 t.lease_held_s += *held_ms as f64 / 1000.0;
+                let d = t.per_device.entry(device.clone()).or_default();
+                d.lease_held_s += *held_ms as f64 / 1000.0;
+                d.busy_s += *busy_ms as f64 / 1000.0;
                 t.gpu_busy_s += *busy_ms as f64 / 1000.0;
             }
             _ => {}
@@ -206,6 +235,40 @@ pub fn render(passes: &[(&str, &Throughput)]) -> String {
         "GPU work measured: timed trials only (mean x trials of candidates and references), a lower bound.\n\
          GPU busy, worker-measured: the worker's device phases (forwards, correctness, timing, reference steps).\n",
     );
+    for (name, t) in passes {
+        if t.per_device.len() > 1 {
+            out.push_str(&render_devices(name, t));
+        }
+    }
+    out
+}
+
+/// A pass's devices side by side: how evenly the work spread, and how busy each one was.
+pub fn render_devices(pass: &str, t: &Throughput) -> String {
+    let mut out = format!("\n{pass}, per device:\n");
+    let _ = writeln!(
+        out,
+        "{:<10}{:>12}{:>16}{:>12}{:>18}{:>16}{:>16}",
+        "device",
+        "candidates",
+        "lease held (s)",
+        "busy (s)",
+        "GPU work (s)",
+        "lease waits (s)",
+        "work / wall"
+    );
+    for (device, d) in &t.per_device {
+        let _ = writeln!(
+            out,
+            "{device:<10}{:>12}{:>16.1}{:>12.1}{:>18.2}{:>16.1}{:>16}",
+            d.candidates,
+            d.lease_held_s,
+            d.busy_s,
+            d.gpu_work_s,
+            d.lease_wait_s,
+            pct(d.gpu_work_s, t.wall_s)
+        );
+    }
     out
 }
 
@@ -393,5 +456,75 @@ mod tests {
         assert_eq!((t.candidates, t.devices, t.per_gpu_hour), (0, 1, 0.0));
         assert_eq!(t.first_result_s, None);
         assert!(render(&[("cold", &t)]).contains(" -\n"));
+    }
+
+    /// Two devices: each one's candidates, leases, busy time, measured work and waits.
+    #[test]
+    fn each_device_has_its_share() {
+        let lease = |ts, device: &str, wait_ms: u64, held_ms: u64, busy_ms: u64| {
+            [
+                rec(
+                    ts,
+                    json!({"type": "lease_granted", "device": device, "wait_ms": wait_ms, "turn": 1}),
+                ),
+                rec(
+                    ts + 1,
+                    json!({"type": "lease_released", "device": device, "held_ms": held_ms,
+                                   "busy_ms": busy_ms, "turn": 1}),
+                ),
+            ]
+        };
+        let mut log = Vec::new();
+        log.extend(lease(1_000, "cuda:0", 0, 4_000, 3_000));
+        log.push(executed(2_000, "measured"));
+        log.extend(lease(3_000, "cuda:1", 2_000, 6_000, 5_000));
+        let mut on_1 = executed(4_000, "baseline");
+        if let Event::Executed { outcome, .. } = &mut on_1.event {
+            outcome.device = "cuda:1".into();
+        }
+        log.push(on_1);
+        log.push(rec(
+            5_000,
+            json!({"type": "reference_prepared", "problem": "1/8", "device": "cuda:1",
+            "held_ms": 1_000, "outcome": {"status": "ready", "built": [], "trials_ready": 5,
+            "done": true, "next": null, "duration_ms": 1_000, "error": null}}),
+        ));
+        let t = throughput(&log, 100.0);
+        assert_eq!(t.devices, 2);
+        let share = |d: &str| t.per_device[d].clone();
+        // 100 trials of 2 ms each; the reference counted where measured (100 x 4 ms).
+        assert_eq!(
+            share("cuda:0"),
+            DeviceShare {
+                candidates: 1,
+                lease_wait_s: 0.0,
+                lease_held_s: 4.0,
+                busy_s: 3.0,
+                gpu_work_s: 0.6
+            }
+        );
+        assert_eq!(
+            share("cuda:1"),
+            DeviceShare {
+                candidates: 1,
+                lease_wait_s: 2.0,
+                lease_held_s: 7.0,
+                busy_s: 5.0,
+                gpu_work_s: 0.2
+            }
+        );
+        let text = render(&[("cold", &t)]);
+        assert!(text.contains("cold, per device:"), "{text}");
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("cuda:1"))
+            .expect("a row for cuda:1");
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cells,
+            ["cuda:1", "1", "7.0", "5.0", "0.20", "2.0", "0", "%"]
+        );
+        // One device: no per-device table.
+        assert!(!render(&[("cold", &throughput(&log[..3], 10.0))]).contains("per device"));
     }
 }

@@ -115,6 +115,9 @@ pub struct RunSummary {
     pub waiting_on_llm: usize,
     /// Tasks left unfinished because no worker could be started (or the pool went away).
     pub waiting_on_workers: usize,
+    /// Every device of the run was lost (`device: why; ...`): the tasks that reached a device step
+    /// wait on workers, and a resume (on working devices) goes on.
+    pub devices_lost: Option<String>,
     pub torn_tail: Option<String>,
 }
 
@@ -124,21 +127,28 @@ impl RunSummary {
         self.waiting_on_llm + self.waiting_on_workers > 0
     }
 
-    /// `incomplete: 4 task(s) waiting on the LLM, 1 on workers`, when tasks wait.
+    /// `incomplete: 4 task(s) waiting on the LLM, 1 on workers`, when tasks wait; with every
+    /// device lost, which and why.
     pub fn incomplete_reason(&self) -> Option<String> {
-        incomplete_reason(self.waiting_on_llm, self.waiting_on_workers)
+        incomplete_reason(
+            self.waiting_on_llm,
+            self.waiting_on_workers,
+            self.devices_lost.as_deref(),
+        )
     }
 }
 
-fn incomplete_reason(llm: usize, workers: usize) -> Option<String> {
-    match (llm, workers) {
-        (0, 0) => None,
-        (n, 0) => Some(format!("incomplete: {n} task(s) waiting on the LLM")),
-        (0, n) => Some(format!("incomplete: {n} task(s) waiting on workers")),
-        (n, m) => Some(format!(
-            "incomplete: {n} task(s) waiting on the LLM, {m} on workers"
-        )),
-    }
+fn incomplete_reason(llm: usize, workers: usize, devices_lost: Option<&str>) -> Option<String> {
+    let waiting = match (llm, workers) {
+        (0, 0) => return None,
+        (n, 0) => format!("incomplete: {n} task(s) waiting on the LLM"),
+        (0, n) => format!("incomplete: {n} task(s) waiting on workers"),
+        (n, m) => format!("incomplete: {n} task(s) waiting on the LLM, {m} on workers"),
+    };
+    Some(match devices_lost {
+        Some(lost) if workers > 0 => format!("{waiting}; every device was lost ({lost})"),
+        _ => waiting,
+    })
 }
 
 /// What performing one command produced.
@@ -438,7 +448,13 @@ impl Engine {
         let finished = shared.finished.load(Ordering::SeqCst) as usize;
         let waiting_on_llm = shared.waiting_llm.load(Ordering::SeqCst) as usize;
         let waiting_on_workers = shared.waiting_workers.load(Ordering::SeqCst) as usize;
-        let incomplete = incomplete_reason(waiting_on_llm, waiting_on_workers);
+        let devices_lost = shared
+            .devices
+            .live_devices()
+            .is_empty()
+            .then(|| shared.devices.lost_summary());
+        let incomplete =
+            incomplete_reason(waiting_on_llm, waiting_on_workers, devices_lost.as_deref());
         let stopped = if shared.cancel.is_cancelled() && finished < total {
             Some(
                 shared
@@ -484,6 +500,7 @@ impl Engine {
             stopped,
             waiting_on_llm,
             waiting_on_workers,
+            devices_lost,
             torn_tail,
         })
     }

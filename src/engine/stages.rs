@@ -210,7 +210,8 @@ pub(super) async fn on_device(
     {
         return Ok(Step::Halt);
     }
-    // A device whose worker host was drained is retired and the step goes to another device.
+    // A lost device (its worker no longer starts there, or its host was drained) is retired and
+    // the step goes to another device; queued steps never name a device, so they take the others.
     loop {
         let asked = std::time::Instant::now();
         let lease = match cancellable(&shared.cancel, shared.devices.acquire()).await {
@@ -219,8 +220,7 @@ pub(super) async fn on_device(
             Some(None) => {
                 return Ok(Step::Defer {
                     waiting_on: WaitingOn::Workers,
-                    error: "every device was retired (the hosts of their workers were drained)"
-                        .into(),
+                    error: format!("every device was lost: {}", shared.devices.lost_summary()),
                 });
             }
         };
@@ -231,7 +231,8 @@ pub(super) async fn on_device(
     }
 }
 
-/// One attempt of [`on_device`] under `lease`; true when the device was retired on the way.
+/// One attempt of [`on_device`] under `lease`; true when the device was lost (and retired) on the
+/// way.
 async fn leased(
     shared: &Shared,
     lease: crate::gpu::Lease,
@@ -307,13 +308,20 @@ async fn leased(
         }
     };
     let held_ms = granted.elapsed().as_millis() as u64;
-    let retired = matches!(step, Step::Defer { .. }) && shared.executor.retired(&device);
-    if retired {
-        tracing::warn!("device {device} is retired: the host of its worker was drained");
-        lease.retire();
-    } else {
-        drop(lease);
-    }
+    let lost = match &step {
+        Step::Defer { error, .. } if shared.executor.retired(&device) => Some(error.clone()),
+        _ => None,
+    };
+    let remaining = match &lost {
+        Some(why) => {
+            tracing::warn!("device {device} is lost and retired: {why}");
+            Some(lease.retire(why))
+        }
+        None => {
+            drop(lease);
+            None
+        }
+    };
     // Busy = the time the device ran work, as the worker measured it; the rest of the hold is
     // loading the candidate, isolation, the orchestrator and the protocol.
     let busy_ms = match &step {
@@ -333,7 +341,16 @@ async fn leased(
             },
         )
         .await?;
-    Ok((step, retired))
+    if let (Some(error), Some(remaining)) = (lost, remaining) {
+        let event = Event::DeviceRetired {
+            device: device.to_string(),
+            error,
+            remaining: remaining as u32,
+        };
+        shared.append(None, event).await?;
+        return Ok((step, true));
+    }
+    Ok((step, false))
 }
 
 /// The worker's phases in which the device runs work: the reference's forwards, the candidate's

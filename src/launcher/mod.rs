@@ -130,6 +130,12 @@ impl Launcher {
         self.loss_retries
     }
 
+    /// Losses that drain a host; also the starts in a row a local device's worker may fail before
+    /// the device is called lost (`resources.drain_after`, at least 1).
+    pub fn drain_after(&self) -> u32 {
+        self.drain_after.max(1)
+    }
+
     /// One line for the console and `doctor`: the allocation or the hosts.
     pub fn describe(&self) -> String {
         match (&self.slurm, &self.ssh) {

@@ -134,18 +134,9 @@ fn totals(l: &Ledger, served: Option<u64>) -> Vec<(&'static str, String)> {
         ),
         None => (tokens, cost, llm),
     };
-    let d = &l.device_total;
-    let mut devices = format!(
-        "{}, held {}, busy {}",
-        plural(d.leases, "lease", "leases"),
-        secs(d.held_ms),
-        secs(d.busy_ms)
-    );
-    if d.held_ms > 0 {
-        let _ = write!(devices, " ({})", pct(d.busy_ms as f64 / d.held_ms as f64));
-    }
-    let _ = write!(devices, ", lease wait {}", secs(d.wait_ms));
+    let mut devices = device_use(&l.device_total);
     if l.gpu_work_ms > 0 {
+        let d = &l.device_total;
         // Work, not leases: the timed trials as measured (a lower bound).
         let _ = write!(devices, ", GPU work {} timed", secs(l.gpu_work_ms));
         if d.held_ms > 0 {
@@ -167,8 +158,22 @@ fn totals(l: &Ledger, served: Option<u64>) -> Vec<(&'static str, String)> {
         ("USD", cost),
         ("LLM", llm),
         ("devices", devices),
-        ("compile", compile),
     ];
+    // With several devices, each one's share (busy: the workers' time on requests, not the lease),
+    // and the devices lost.
+    if l.devices.len() > 1 {
+        for (name, d) in &l.devices {
+            let mut line = format!("{name}: {}", device_use(d));
+            if d.work_ms > 0 {
+                let _ = write!(line, ", GPU work {} timed", secs(d.work_ms));
+            }
+            lines.push(("device", line));
+        }
+    }
+    for (name, why) in &l.devices_lost {
+        lines.push(("lost", format!("{name}: {why}")));
+    }
+    lines.push(("compile", compile));
     if l.worker_losses > 0 {
         let mut workers = format!(
             "{} lost (node, step or connection died; each request retried elsewhere)",
@@ -181,6 +186,21 @@ fn totals(l: &Ledger, served: Option<u64>) -> Vec<(&'static str, String)> {
     }
     lines.push(("wall", secs(l.wall_ms)));
     lines
+}
+
+/// `3 leases, held 1.2 s, busy 1.0 s (83 %), lease wait 0.4 s`.
+fn device_use(d: &crate::metrics::ledger::DeviceUse) -> String {
+    let mut line = format!(
+        "{}, held {}, busy {}",
+        plural(d.leases, "lease", "leases"),
+        secs(d.held_ms),
+        secs(d.busy_ms)
+    );
+    if d.held_ms > 0 {
+        let _ = write!(line, " ({})", pct(d.busy_ms as f64 / d.held_ms as f64));
+    }
+    let _ = write!(line, ", lease wait {}", secs(d.wait_ms));
+    line
 }
 
 /// Right-aligned columns, two spaces apart.
@@ -274,4 +294,80 @@ fn render_one(r: &RunReport, md: bool) -> String {
 pub(super) fn render(runs: &[RunReport], md: bool) -> String {
     let blocks: Vec<String> = runs.iter().map(|r| render_one(r, md)).collect();
     blocks.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{Event, LogRecord};
+
+    fn rec(seq: u64, event: Event) -> LogRecord {
+        LogRecord {
+            v: crate::types::SCHEMA_VERSION,
+            seq,
+            ts_ms: seq,
+            task: None,
+            event,
+        }
+    }
+
+    /// With several devices, each device's leases, busy time and lease waits have a line, and a
+    /// lost device says why.
+    #[test]
+    fn several_devices_each_get_a_line_and_a_lost_one_says_why() {
+        let mut records = Vec::new();
+        for (device, wait_ms, held_ms, busy_ms) in
+            [("cuda:0", 500, 4000, 3000), ("cuda:1", 0, 2000, 1000)]
+        {
+            let device = device.to_string();
+            records.push(rec(
+                records.len() as u64,
+                Event::LeaseGranted {
+                    device: device.clone(),
+                    wait_ms,
+                    turn: 1,
+                },
+            ));
+            records.push(rec(
+                records.len() as u64,
+                Event::LeaseReleased {
+                    device,
+                    held_ms,
+                    busy_ms,
+                    turn: 1,
+                },
+            ));
+        }
+        records.push(rec(
+            9,
+            Event::DeviceRetired {
+                device: "cuda:1".into(),
+                error: "no worker starts".into(),
+                remaining: 1,
+            },
+        ));
+        let lines = totals(&crate::metrics::ledger(&records), None);
+        let of = |label: &str| -> Vec<&str> {
+            lines
+                .iter()
+                .filter(|(l, _)| *l == label)
+                .map(|(_, v)| v.as_str())
+                .collect()
+        };
+        assert_eq!(
+            of("devices"),
+            ["2 leases, held 6.0 s, busy 4.0 s (66.7%), lease wait 0.5 s"]
+        );
+        assert_eq!(
+            of("device"),
+            [
+                "cuda:0: 1 lease, held 4.0 s, busy 3.0 s (75.0%), lease wait 0.5 s",
+                "cuda:1: 1 lease, held 2.0 s, busy 1.0 s (50.0%), lease wait 0.0 s",
+            ]
+        );
+        assert_eq!(of("lost"), ["cuda:1: no worker starts"]);
+        // One device: no per-device lines.
+        let one = totals(&crate::metrics::ledger(&records[..2]), None);
+        assert!(one.iter().all(|(l, _)| *l != "device" && *l != "lost"));
+    }
 }

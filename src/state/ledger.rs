@@ -22,6 +22,9 @@ pub struct DeviceUse {
     /// Time the device ran work inside leases, as the worker measured it (see
     /// `Event::LeaseReleased`), next to `held_ms`.
     pub busy_ms: u64,
+    /// The timed trials of the candidates evaluated on it, as measured (`gpu_work_ms`, per device).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub work_ms: u64,
 }
 
 impl DeviceUse {
@@ -30,6 +33,7 @@ impl DeviceUse {
         self.wait_ms = self.wait_ms.saturating_add(other.wait_ms);
         self.held_ms = self.held_ms.saturating_add(other.held_ms);
         self.busy_ms = self.busy_ms.saturating_add(other.busy_ms);
+        self.work_ms = self.work_ms.saturating_add(other.work_ms);
     }
 }
 
@@ -72,6 +76,9 @@ pub struct Ledger {
     /// Hosts drained after losing workers, in the order they were drained.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub drained_hosts: Vec<String>,
+    /// Devices lost and retired (`device_retired`), and why, in the order they were.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub devices_lost: Vec<(String, String)>,
 }
 
 /// Milliseconds of timed work in one evaluation: the candidate's timed trials, and the reference's
@@ -179,9 +186,17 @@ impl LedgerTally {
                 l.compile_ms = l.compile_ms.saturating_add(outcome.duration_ms);
                 l.note_losses(&outcome.worker_losses);
             }
+            Event::DeviceRetired { device, error, .. } => {
+                l.devices_lost.push((device.clone(), error.clone()));
+            }
             Event::Executed { outcome, .. } => {
                 l.note_losses(&outcome.worker_losses);
-                l.gpu_work_ms = l.gpu_work_ms.saturating_add(measured_work_ms(outcome));
+                let work = measured_work_ms(outcome);
+                l.gpu_work_ms = l.gpu_work_ms.saturating_add(work);
+                if work > 0 {
+                    let d = l.devices.entry(outcome.device.clone()).or_default();
+                    d.work_ms = d.work_ms.saturating_add(work);
+                }
             }
             Event::Profiled { outcome, .. } => l.note_losses(&outcome.worker_losses),
             _ => {}

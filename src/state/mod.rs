@@ -161,6 +161,8 @@ pub struct DeviceView {
     pub usage: DeviceUse,
     /// Time the device was held to prepare reference data ahead of candidates (not in `held_ms`).
     pub prepare_ms: u64,
+    /// Why the device was retired, once it was (`device_retired`): it takes no more work.
+    pub lost: Option<String>,
 }
 
 impl std::ops::Deref for DeviceView {
@@ -357,6 +359,11 @@ impl RunState {
             }
             // Made on the CPU with no lease held: no device's time.
             Event::InputsPrepared { .. } => {}
+            Event::DeviceRetired { device, error, .. } => {
+                let d = self.devices.entry(device.clone()).or_default();
+                d.lost = Some(error.clone());
+                d.holder = None;
+            }
             Event::LlmAnswered { .. }
             | Event::LlmFailed { .. }
             | Event::Compiled { .. }

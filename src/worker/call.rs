@@ -103,12 +103,33 @@ impl WorkerPool {
         if state.process.is_none() {
             slot.pgid.store(0, Ordering::SeqCst);
         }
+        // A local device's worker that died with its request (timeout, crash, sticky error) is
+        // replaced now, under the same lease: if no worker starts on the device any more, the
+        // device is lost, and the request is a lost worker's (retried on another device), not the
+        // candidate's verdict.
+        let mut device_lost = None;
+        let died = matches!(&result, Err(e) if !matches!(e, RequestError::Harness { .. }))
+            || matches!(&result, Ok(resp) if resp.sticky());
+        if died && Self::local_device(slot) && !self.closed.load(Ordering::SeqCst) {
+            match self.spawn(slot).await {
+                Ok(p) => {
+                    slot.note_ready(&p, &self.settings.launcher);
+                    slot.pgid.store(p.pid(), Ordering::SeqCst);
+                    state.served = 0;
+                    state.process = Some(p);
+                }
+                Err(CallError::Lost(loss)) => device_lost = Some(loss),
+                // The next request tries again.
+                Err(_) => {}
+            }
+        }
         drop(state);
-        let result = match result {
-            Ok(r) => Ok(r),
+        let result = match (result, device_lost) {
+            (_, Some(loss)) => Err(CallError::Lost(loss)),
+            (Ok(r), None) => Ok(r),
             // `shutdown` killed it under our feet: say so rather than blame the candidate.
-            Err(_) if self.closed.load(Ordering::SeqCst) => Err(CallError::Closed),
-            Err(e) => match self.lost(slot, &e).await {
+            (Err(_), None) if self.closed.load(Ordering::SeqCst) => Err(CallError::Closed),
+            (Err(e), None) => match self.lost(slot, &e).await {
                 Some(loss) => Err(CallError::Lost(loss)),
                 None => Err(CallError::Request(e)),
             },
@@ -116,14 +137,62 @@ impl WorkerPool {
         (result, reference)
     }
 
+    /// A device's evaluation worker started on this machine (not through a remote launcher).
+    pub(super) fn local_device(slot: &Slot) -> bool {
+        slot.spec.role == WorkerRole::Gpu && slot.spec.remote.is_none()
+    }
+
+    /// Start a local device's worker, trying `resources.drain_after` times in a row; when none
+    /// starts, the device is lost: its slot is retired (so the engine retires the device and moves
+    /// its work to the others) and the failure is a lost worker's.
+    async fn spawn_on_device(&self, slot: &Slot) -> Result<WorkerProcess, CallError> {
+        let tries = self.settings.launcher.drain_after();
+        let mut last = None;
+        for _ in 0..tries {
+            match WorkerProcess::spawn(&slot.spec).await {
+                Ok(p) => match toolchain_mismatch(self.toolchain.as_deref(), p.ready()) {
+                    None => return Ok(p),
+                    Some(why) => {
+                        let mut p = p;
+                        p.kill().await;
+                        last = Some(why);
+                    }
+                },
+                Err(e) => last = Some(e.to_string()),
+            }
+            if self.closed.load(Ordering::SeqCst) {
+                return Err(CallError::Closed);
+            }
+        }
+        let why = last.unwrap_or_default();
+        slot.retired.store(true, Ordering::SeqCst);
+        let detail = format!(
+            "no worker starts on the device any more ({tries} start(s) in a row failed; last: {why})"
+        );
+        tracing::warn!(
+            "worker {} lost: {detail}; its device is retired",
+            slot.spec.name
+        );
+        Err(CallError::Lost(WorkerLoss {
+            worker: slot.spec.name.clone(),
+            host: slot.host(),
+            detail,
+            // The device is lost, not its host: nothing else on the host is drained.
+            drained: false,
+        }))
+    }
+
     /// Start the slot's worker. With a remote launcher, a worker that cannot be started (the host
     /// does not answer, the step is refused) or that reports another toolchain is a lost worker.
     pub(super) async fn spawn(&self, slot: &Slot) -> Result<WorkerProcess, CallError> {
         if slot.retired.load(Ordering::SeqCst) {
             return Err(CallError::Start(WorkerError::Settings(format!(
-                "worker {} is retired: its host was drained",
+                "worker {} is retired: its host was drained or its device lost",
                 slot.spec.name
             ))));
+        }
+        if Self::local_device(slot) {
+            return self.spawn_on_device(slot).await;
         }
         let started = WorkerProcess::spawn(&slot.spec).await;
         let remote = slot.spec.remote.is_some();

@@ -26,7 +26,8 @@ pub(super) fn give_up(losses: &[WorkerLoss], retries: u32, retired: bool) -> Opt
     let where_ = last.host.as_deref().unwrap_or("an unknown host");
     if retired {
         return Some(Unavailable(format!(
-            "worker {} lost on {where_} ({}); the host is drained and the device retired",
+            "worker {} lost on {where_} ({}); the device is retired (its host drained or the \
+             device lost)",
             last.worker, last.detail
         )));
     }
