@@ -341,7 +341,7 @@ pub struct CompileResponse {
     pub build_path: Option<String>,
     /// CPU seconds the build used: the worker's and its build children's (`getrusage`), so a
     /// build's real core use is cpu_s / duration_s (absent from workers older than the field).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_s: Option<f64>,
 }
 
