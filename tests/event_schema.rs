@@ -56,10 +56,10 @@ const KINDS: &[(u32, &[&str])] = &[
 /// `Event::Variant { .. } => "kind"` pairs of `Event::kind` (an exhaustive match: the compiler
 /// makes it name every variant).
 fn kinds_in_source() -> Vec<(String, String)> {
-    let src = include_str!("../src/types.rs");
+    let src = include_str!("../src/types/mod.rs");
     let start = src
         .find("pub fn kind(&self) -> &'static str {")
-        .expect("Event::kind in src/types.rs");
+        .expect("Event::kind in src/types/mod.rs");
     let body = &src[start..];
     let body = &body[..body.find("\n    }\n").expect("end of Event::kind")];
     body.lines()
@@ -103,7 +103,7 @@ fn event_kinds_change_only_with_a_schema_version_bump() {
     assert_eq!(
         (SCHEMA_VERSION, &now),
         (*latest, &pinned),
-        "the event kinds changed: bump SCHEMA_VERSION in src/types.rs and pin the new set in \
+        "the event kinds changed: bump SCHEMA_VERSION in src/types/mod.rs and pin the new set in \
          tests/event_schema.rs"
     );
 }
