@@ -4,48 +4,10 @@
 //! and the submission export carries them.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+mod cli_support;
 
-/// The Python with torch for workers (`KREFINE_TEST_PYTHON`, else the repository's `.venv`).
-fn python() -> PathBuf {
-    let p = std::env::var_os("KREFINE_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join(".venv/bin/python"));
-    assert!(
-        p.exists(),
-        "no Python with torch at {}; set KREFINE_TEST_PYTHON",
-        p.display()
-    );
-    p
-}
-
-fn krefine(args: &[&str]) -> Output {
-    let o = Command::new(env!("CARGO_BIN_EXE_krefine"))
-        .args(args)
-        .output()
-        .expect("run krefine");
-    if !o.status.success() {
-        panic!(
-            "krefine {args:?} failed ({}):\n{}\n{}",
-            o.status,
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
-    o
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn read_json(p: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
+use cli_support::{krefine, python, read_json, repo, s};
 
 /// Evaluate the borderline kernel with extra `--set`s; the run directory.
 fn evaluate(root: &Path, name: &str, folder: &Path, extra: &[&str]) -> PathBuf {
