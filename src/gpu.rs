@@ -1,22 +1,25 @@
 //! Devices: discovery through cudarc (dynamic loading, so a machine without CUDA builds and runs) and
-//! FIFO leases, one semaphore per device.
+//! leases.
 //!
 //! A lease is held only for execute and profile, so a device times one candidate at a time. Waiting
-//! tasks are served in arrival order across all devices: a global fair semaphore admits them, then
-//! each takes whichever device is free. Preparing reference data ahead of candidates
+//! tasks are served in arrival order across all devices, each taking whichever device frees first,
+//! with one exception: a device that frees serves the waiting candidates of the problem it last ran
+//! first ([`AFFINITY_STREAK`] at most in a row past an older waiter), so a problem's reference data
+//! is used by all its queued candidates before another problem's evicts it. Preparing reference data ahead of candidates
 //! (`crate::refprep`) takes a lease only when no candidate waits for one ([`DevicePool::acquire_idle`]).
 //! A device that is lost (its worker's host drained, or its worker no longer starts on it) is retired
 //! through the lease that found it lost ([`Lease::retire`]): no later lease names it, waiting tasks
 //! take the other devices, and once none is left every `acquire` says `None`.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, oneshot};
 
 use crate::services::DeviceId;
 use crate::settings::DeviceSelection;
+use crate::types::ProblemKey;
 
 /// A device krefine can lease.
 #[derive(Debug, Clone, PartialEq)]
@@ -187,68 +190,150 @@ pub fn arch_list(devices: &[DeviceInfo]) -> Option<String> {
     )
 }
 
+/// How many leases in a row a device may give to candidates of the problem it last ran while an
+/// older candidate of another problem waits: a problem's queued candidates run one after another
+/// (its reference data stays in the device's worker instead of being evicted and made again),
+/// without starving anyone.
+pub const AFFINITY_STREAK: u32 = 4;
+
 /// Leasable devices.
 pub struct DevicePool {
-    admission: Arc<Semaphore>,
-    devices: Vec<(DeviceInfo, Arc<Semaphore>, Arc<AtomicBool>)>,
-    /// Why each retired device was retired, in the order they were.
-    lost: Arc<Mutex<Vec<(DeviceId, String)>>>,
-    /// Devices not retired; at 0 the admission gate closes and `acquire` says `None`.
-    live: Arc<AtomicUsize>,
-    /// Leases asked for with [`DevicePool::acquire`] and not granted yet.
-    waiting: Arc<AtomicUsize>,
+    infos: Vec<DeviceInfo>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Mutex<PoolState>,
     /// Told whenever a lease ends, so that [`DevicePool::acquire_idle`] looks again.
-    released: Arc<Notify>,
+    released: Notify,
+}
+
+struct PoolState {
+    slots: Vec<Slot>,
+    /// Candidates waiting for a device, oldest first.
+    waiters: VecDeque<Waiter>,
+    /// Why each retired device was retired, in the order they were.
+    lost: Vec<(DeviceId, String)>,
+    /// Every device retired: `acquire` says `None`.
+    closed: bool,
+}
+
+struct Slot {
+    info: DeviceInfo,
+    busy: bool,
+    retired: bool,
+    /// The problem of the last candidate leased this device (its reference data is likely still in
+    /// the device's worker).
+    last: Option<ProblemKey>,
+    /// Leases in a row given past an older waiter because of `last`.
+    streak: u32,
+}
+
+struct Waiter {
+    problem: Option<ProblemKey>,
+    asked: Instant,
+    tx: oneshot::Sender<Lease>,
 }
 
 /// An exclusive hold on one device; released on drop.
 pub struct Lease {
     pub device: DeviceInfo,
     pub waited_ms: u64,
-    device_permit: OwnedSemaphorePermit,
-    admission_permit: OwnedSemaphorePermit,
-    admission: Arc<Semaphore>,
-    live: Arc<AtomicUsize>,
-    retired: Arc<AtomicBool>,
-    lost: Arc<Mutex<Vec<(DeviceId, String)>>>,
-    // Last, so it is dropped (and tells idle-only takers) after the permits are back.
-    _released: ReleaseNotice,
+    index: usize,
+    inner: Arc<Inner>,
+    /// Retired (or never handed out): nothing to give back on drop.
+    settled: bool,
 }
 
 impl Lease {
     /// Take the device out of the pool for good (its worker's host was drained, or the device is
-    /// lost): its permits are never returned, so no later lease names it. The last device retired
-    /// closes the pool. Returns how many devices are left.
-    pub fn retire(self, why: &str) -> usize {
-        self.retired.store(true, Ordering::SeqCst);
-        if let Ok(mut lost) = self.lost.lock() {
-            lost.push((self.device.id.clone(), why.to_string()));
-        }
-        self.device_permit.forget();
-        self.admission_permit.forget();
-        let left = self.live.fetch_sub(1, Ordering::SeqCst).saturating_sub(1);
+    /// lost): no later lease names it. The last device retired closes the pool (every waiting and
+    /// later `acquire` says `None`). Returns how many devices are left.
+    pub fn retire(mut self, why: &str) -> usize {
+        self.settled = true;
+        let mut st = self.inner.lock();
+        let slot = &mut st.slots[self.index];
+        slot.retired = true;
+        slot.busy = false;
+        st.lost.push((self.device.id.clone(), why.to_string()));
+        let left = st.slots.iter().filter(|s| !s.retired).count();
         if left == 0 {
-            self.admission.close();
+            st.closed = true;
+            // Dropping the senders tells every waiter `None`.
+            st.waiters.clear();
         }
+        drop(st);
+        self.inner.released.notify_waiters();
         left
     }
 }
 
-/// Tells idle-only takers that a lease ended (dropped after the permits, being the last field).
-struct ReleaseNotice(Arc<Notify>);
-
-impl Drop for ReleaseNotice {
+impl Drop for Lease {
     fn drop(&mut self) {
-        self.0.notify_waiters();
+        if self.settled {
+            return;
+        }
+        let unsent = {
+            let mut st = self.inner.lock();
+            st.slots[self.index].busy = false;
+            Inner::dispatch(&self.inner, &mut st)
+        };
+        drop(unsent);
+        self.inner.released.notify_waiters();
     }
 }
 
-/// Counts a waiting [`DevicePool::acquire`] (also when its future is dropped while it waits).
-struct Waiting(Arc<AtomicUsize>);
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
 
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+    /// Hand free devices to waiting candidates: each free device (in the configured order) takes
+    /// the oldest waiter of the problem it last ran, unless it already passed an older waiter
+    /// [`AFFINITY_STREAK`] times in a row; otherwise the oldest waiter. Returns the leases whose
+    /// waiter had gone, already settled (their slots freed), for the caller to drop after the lock.
+    fn dispatch(inner: &Arc<Inner>, st: &mut PoolState) -> Vec<Lease> {
+        let mut unsent = Vec::new();
+        loop {
+            st.waiters.retain(|w| !w.tx.is_closed());
+            if st.waiters.is_empty() {
+                return unsent;
+            }
+            let Some(index) = st.slots.iter().position(|s| !s.busy && !s.retired) else {
+                return unsent;
+            };
+            let slot = &st.slots[index];
+            let same = slot
+                .last
+                .and_then(|last| st.waiters.iter().position(|w| w.problem == Some(last)));
+            let pick = match same {
+                Some(i) if i == 0 || slot.streak < AFFINITY_STREAK => i,
+                _ => 0,
+            };
+            let Some(w) = st.waiters.remove(pick) else {
+                return unsent;
+            };
+            let slot = &mut st.slots[index];
+            slot.busy = true;
+            slot.streak = if pick == 0 { 0 } else { slot.streak + 1 };
+            if w.problem.is_some() {
+                slot.last = w.problem;
+            }
+            let lease = Lease {
+                device: slot.info.clone(),
+                waited_ms: w.asked.elapsed().as_millis() as u64,
+                index,
+                inner: inner.clone(),
+                settled: false,
+            };
+            if let Err(mut back) = w.tx.send(lease) {
+                // The waiter went away between the check and the send: free the slot here (its
+                // drop must not take the lock again) and look for the next waiter.
+                back.settled = true;
+                st.slots[index].busy = false;
+                unsent.push(back);
+            }
+        }
     }
 }
 
@@ -257,84 +342,84 @@ const IDLE_POLL: Duration = Duration::from_millis(100);
 
 impl DevicePool {
     pub fn new(devices: Vec<DeviceInfo>) -> Self {
+        let slots = devices
+            .iter()
+            .map(|info| Slot {
+                info: info.clone(),
+                busy: false,
+                retired: false,
+                last: None,
+                streak: 0,
+            })
+            .collect();
         DevicePool {
-            admission: Arc::new(Semaphore::new(devices.len())),
-            live: Arc::new(AtomicUsize::new(devices.len())),
-            devices: devices
-                .into_iter()
-                .map(|d| {
-                    let free = Arc::new(Semaphore::new(1));
-                    (d, free, Arc::new(AtomicBool::new(false)))
-                })
-                .collect(),
-            lost: Arc::new(Mutex::new(Vec::new())),
-            waiting: Arc::new(AtomicUsize::new(0)),
-            released: Arc::new(Notify::new()),
+            infos: devices,
+            inner: Arc::new(Inner {
+                state: Mutex::new(PoolState {
+                    slots,
+                    waiters: VecDeque::new(),
+                    lost: Vec::new(),
+                    closed: false,
+                }),
+                released: Notify::new(),
+            }),
         }
     }
 
-    fn lease(
-        &self,
-        info: &DeviceInfo,
-        retired: &Arc<AtomicBool>,
-        waited_ms: u64,
-        device_permit: OwnedSemaphorePermit,
-        admission_permit: OwnedSemaphorePermit,
-    ) -> Lease {
-        Lease {
-            device: info.clone(),
-            waited_ms,
-            device_permit,
-            admission_permit,
-            admission: self.admission.clone(),
-            live: self.live.clone(),
-            retired: retired.clone(),
-            lost: self.lost.clone(),
-            _released: ReleaseNotice(self.released.clone()),
-        }
+    /// Candidates waiting for a lease (those that gave up not counted).
+    pub fn waiting(&self) -> usize {
+        let mut st = self.inner.lock();
+        st.waiters.retain(|w| !w.tx.is_closed());
+        st.waiters.len()
     }
 
-    /// A lease on a free device (`want`, or any) if no [`DevicePool::acquire`] is waiting; never
-    /// waits.
+    /// A lease on a free device (`want`, or any) if no candidate is waiting; never waits.
     pub fn try_acquire_idle(&self, want: Option<&DeviceId>) -> Option<Lease> {
-        if self.waiting.load(Ordering::SeqCst) > 0 {
+        let mut st = self.inner.lock();
+        st.waiters.retain(|w| !w.tx.is_closed());
+        if st.closed || !st.waiters.is_empty() {
             return None;
         }
-        // A fair semaphore hands released permits to its waiters first, so this never jumps a queue.
-        let admission = self.admission.clone().try_acquire_owned().ok()?;
-        for (info, sem, retired) in &self.devices {
-            if want.is_some_and(|w| *w != info.id) {
-                continue;
-            }
-            if let Ok(p) = sem.clone().try_acquire_owned() {
-                return Some(self.lease(info, retired, 0, p, admission));
-            }
-        }
-        None
+        let index = st
+            .slots
+            .iter()
+            .position(|s| !s.busy && !s.retired && want.is_none_or(|w| *w == s.info.id))?;
+        let slot = &mut st.slots[index];
+        slot.busy = true;
+        Some(Lease {
+            device: slot.info.clone(),
+            waited_ms: 0,
+            index,
+            inner: self.inner.clone(),
+            settled: false,
+        })
     }
 
     /// Is `device` retired (or not in the pool)?
     pub fn is_retired(&self, device: &DeviceId) -> bool {
-        self.devices
+        let st = self.inner.lock();
+        st.slots
             .iter()
-            .find(|(d, _, _)| d.id == *device)
-            .is_none_or(|(_, _, r)| r.load(Ordering::SeqCst))
+            .find(|s| s.info.id == *device)
+            .is_none_or(|s| s.retired)
     }
 
     /// The devices not retired.
     pub fn live_devices(&self) -> Vec<DeviceId> {
-        self.devices
+        let st = self.inner.lock();
+        st.slots
             .iter()
-            .filter(|(_, _, r)| !r.load(Ordering::SeqCst))
-            .map(|(d, _, _)| d.id.clone())
+            .filter(|s| !s.retired)
+            .map(|s| s.info.id.clone())
             .collect()
     }
 
     /// The retired devices and why each was retired (`cuda:0: <why>; cuda:1: <why>`), empty when
     /// none was.
     pub fn lost_summary(&self) -> String {
-        let lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
-        lost.iter()
+        let st = self.inner.lock();
+        st.lost
+            .iter()
             .map(|(d, why)| format!("{d}: {why}"))
             .collect::<Vec<_>>()
             .join("; ")
@@ -346,10 +431,10 @@ impl DevicePool {
     pub async fn acquire_idle(&self, want: Option<&DeviceId>) -> Option<Lease> {
         let start = Instant::now();
         loop {
-            if self.admission.is_closed() || want.is_some_and(|w| self.is_retired(w)) {
+            if self.inner.lock().closed || want.is_some_and(|w| self.is_retired(w)) {
                 return None;
             }
-            let notified = self.released.notified();
+            let notified = self.inner.released.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             if let Some(mut lease) = self.try_acquire_idle(want) {
@@ -364,26 +449,36 @@ impl DevicePool {
     }
 
     pub fn devices(&self) -> impl Iterator<Item = &DeviceInfo> {
-        self.devices.iter().map(|(d, _, _)| d)
+        self.infos.iter()
     }
 
     /// Wait (FIFO) for any free device; `None` once every device was retired.
     pub async fn acquire(&self) -> Option<Lease> {
-        let start = Instant::now();
-        self.waiting.fetch_add(1, Ordering::SeqCst);
-        let waiting = Waiting(self.waiting.clone());
-        let admission = self.admission.clone().acquire_owned().await.ok()?;
-        // Holding an admission permit guarantees one device semaphore is free: the first free one
-        // in the configured order is taken.
-        for (info, sem, retired) in &self.devices {
-            if let Ok(p) = sem.clone().try_acquire_owned() {
-                drop(waiting);
-                let waited = start.elapsed().as_millis() as u64;
-                return Some(self.lease(info, retired, waited, p, admission));
+        self.acquire_for(None).await
+    }
+
+    /// Wait for a device for a candidate of `problem`: in arrival order, except that a device
+    /// serves the waiting candidates of the problem it last ran first (at most
+    /// [`AFFINITY_STREAK`] in a row past an older waiter). `None` once every device was retired.
+    pub async fn acquire_for(&self, problem: Option<ProblemKey>) -> Option<Lease> {
+        let rx = {
+            let mut st = self.inner.lock();
+            if st.closed {
+                return None;
             }
-        }
-        // Only reachable if permits were miscounted; say "no device" rather than panic.
-        None
+            let (tx, rx) = oneshot::channel();
+            st.waiters.push_back(Waiter {
+                problem,
+                asked: Instant::now(),
+                tx,
+            });
+            let unsent = Inner::dispatch(&self.inner, &mut st);
+            drop(st);
+            drop(unsent);
+            rx
+        };
+        // A dropped sender: the pool closed (every device retired) while this waited.
+        rx.await.ok()
     }
 }
 
@@ -487,14 +582,14 @@ mod tests {
         // A candidate now waits for a device: idle takers stand back even once one is free.
         let waiter = {
             let pool = pool.clone();
-            tokio::spawn(async move { pool.acquire().await.expect("a device").device.id })
+            tokio::spawn(async move { pool.acquire().await.expect("a device").device.id.clone() })
         };
-        while pool.waiting.load(Ordering::SeqCst) == 0 {
+        while pool.waiting() == 0 {
             tokio::task::yield_now().await;
         }
         drop(second);
         assert_eq!(waiter.await.unwrap(), DeviceId::Gpu(1));
-        assert_eq!(pool.waiting.load(Ordering::SeqCst), 0);
+        assert_eq!(pool.waiting(), 0);
         drop(idle);
         let again = tokio::time::timeout(Duration::from_secs(5), pool.acquire_idle(None))
             .await
@@ -508,7 +603,14 @@ mod tests {
         let held = pool.acquire().await;
         let taker = {
             let pool = pool.clone();
-            tokio::spawn(async move { pool.acquire_idle(None).await.expect("a device").device.id })
+            tokio::spawn(async move {
+                pool.acquire_idle(None)
+                    .await
+                    .expect("a device")
+                    .device
+                    .id
+                    .clone()
+            })
         };
         tokio::task::yield_now().await;
         assert!(!taker.is_finished());
@@ -535,7 +637,7 @@ mod tests {
                 tx.send((i, l.device.id.clone())).unwrap();
                 l
             }));
-            while pool.waiting.load(Ordering::SeqCst) < i + 1 {
+            while pool.waiting() < i + 1 {
                 tokio::task::yield_now().await;
             }
         }
@@ -546,6 +648,88 @@ mod tests {
         let first = waiters.remove(0).await.unwrap();
         drop(first);
         assert_eq!(rx.recv().await, Some((2, DeviceId::Gpu(1))));
+    }
+
+    fn problem(id: u32) -> Option<ProblemKey> {
+        Some(ProblemKey {
+            level: 1,
+            problem_id: id,
+        })
+    }
+
+    /// Queue `problems` behind a held lease, one waiter each (in that order), and return the order
+    /// in which they were served once `held` ends.
+    async fn served_order(
+        pool: Arc<DevicePool>,
+        held: Lease,
+        problems: &[u32],
+    ) -> Vec<(usize, u32)> {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for (i, &p) in problems.iter().enumerate() {
+            let (taker, tx) = (pool.clone(), tx.clone());
+            tokio::spawn(async move {
+                let l = taker.acquire_for(problem(p)).await.unwrap();
+                tx.send((i, p)).unwrap();
+                drop(l);
+            });
+            while pool.waiting() < i + 1 {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(tx);
+        drop(held);
+        let mut order = Vec::new();
+        while let Some(x) = rx.recv().await {
+            order.push(x);
+        }
+        order
+    }
+
+    #[tokio::test]
+    async fn a_device_serves_the_queued_candidates_of_its_last_problem_first() {
+        let pool = Arc::new(DevicePool::new(vec![gpu(0, (9, 0))]));
+        let held = pool.acquire_for(problem(43)).await.unwrap();
+        let order = served_order(pool, held, &[8, 43, 15, 43, 8]).await;
+        // 43's two waiters go first (the device just ran 43), then the rest in arrival order;
+        // 8's second candidate follows its first.
+        assert_eq!(order, vec![(1, 43), (3, 43), (0, 8), (4, 8), (2, 15)]);
+    }
+
+    #[tokio::test]
+    async fn affinity_never_passes_an_older_waiter_more_than_the_streak() {
+        let pool = Arc::new(DevicePool::new(vec![gpu(0, (9, 0))]));
+        let held = pool.acquire_for(problem(49)).await.unwrap();
+        let order = served_order(pool, held, &[8, 49, 49, 49, 49, 49, 49]).await;
+        let problems: Vec<u32> = order.iter().map(|&(_, p)| p).collect();
+        assert_eq!(problems, vec![49, 49, 49, 49, 8, 49, 49]);
+        assert_eq!(AFFINITY_STREAK, 4);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_gives_up_is_skipped() {
+        let pool = Arc::new(DevicePool::new(vec![gpu(0, (9, 0))]));
+        let held = pool.acquire_for(problem(1)).await.unwrap();
+        let gone = {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.acquire_for(problem(1)).await.map(|_| ()) })
+        };
+        while pool.waiting() < 1 {
+            tokio::task::yield_now().await;
+        }
+        gone.abort();
+        let _ = gone.await;
+        assert_eq!(pool.waiting(), 0);
+        let next = {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.acquire_for(problem(2)).await.is_some() })
+        };
+        while pool.waiting() < 1 {
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        assert!(next.await.unwrap());
+        // Nothing is left leased: an idle taker gets the device at once.
+        assert!(pool.try_acquire_idle(None).is_some());
     }
 
     #[tokio::test]

@@ -214,7 +214,12 @@ pub(super) async fn on_device(
     // the step goes to another device; queued steps never name a device, so they take the others.
     loop {
         let asked = std::time::Instant::now();
-        let lease = match cancellable(&shared.cancel, shared.devices.acquire()).await {
+        let lease = match cancellable(
+            &shared.cancel,
+            shared.devices.acquire_for(Some(job.problem.key)),
+        )
+        .await
+        {
             None => return Ok(Step::Halt),
             Some(Some(lease)) => lease,
             Some(None) => {
