@@ -416,6 +416,14 @@ fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
             ),
         ));
     }
+    if let Some(gb) = c.resources.reference_ram_gb
+        && !(gb.is_finite() && gb >= 0.0)
+    {
+        return Err(invalid(
+            "resources.reference_ram_gb",
+            &format!("expected a size in GB, 0 or more (0 turns the in-memory tier off), got {gb}"),
+        ));
+    }
     if c.resources.prepare_ahead > crate::refprep::MAX_AHEAD {
         return Err(invalid(
             "resources.prepare_ahead",
@@ -759,6 +767,17 @@ answers = "answers.jsonl"
         );
         let e = p(MIN, &["eval.inputs=\"gpu\""]).unwrap_err().to_string();
         assert!(e.contains("inputs"), "{e}");
+        // The in-memory tier: unset (the machine's share), a size, 0 (off); never negative.
+        assert_eq!(p(MIN, &[]).unwrap().config.resources.reference_ram_gb, None);
+        let c = p(MIN, &["resources.reference_ram_gb=0"]).unwrap().config;
+        assert_eq!(c.resources.reference_ram_gb, Some(0.0));
+        let e = p(MIN, &["resources.reference_ram_gb=-2"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("resources.reference_ram_gb") && e.contains("got -2"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -373,3 +373,76 @@ async fn inputs_over_the_store_cap_are_made_by_the_worker_and_change_no_result()
         assert_eq!(a.env.inputs.as_deref(), Some("kernelbench"));
     }
 }
+
+/// An entry too large for the disk store (1 byte here) goes to the in-memory tier instead: made off
+/// the lease all the same (`generated`, "in memory"), read by the worker from this run's own folder
+/// in /dev/shm (the sandboxed worker sees it), with the verdicts of a run that never used a store;
+/// the folder is gone once the pool is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inputs_too_large_for_the_disk_go_to_the_in_memory_tier() {
+    if !std::path::Path::new("/dev/shm").is_dir() {
+        eprintln!("no /dev/shm on this machine: nothing to test");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path().join("work");
+    let harness = deployed_harness(tmp.path()).await;
+    let mut settings = cpu_settings(
+        test_python().await,
+        harness,
+        &work,
+        &work.join("build-cache"),
+    );
+    let store = tmp.path().join("reference-cache");
+    settings.reference_cache = Some(store.clone());
+    settings.reference_cache_bytes = 1;
+    settings.reference_ram_bytes = 1_000_000_000;
+    let pool = WorkerPool::start(settings).await.expect("pool starts");
+    let ram = krefine::worker::pool::ram_store_dir().join("inputs");
+
+    let base = problem_add();
+    let in_memory = run(&pool, &tmp.path().join("ram"), (*base).clone(), 2).await;
+    let entries_in_memory = std::fs::read_dir(&ram)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.path().join("manifest.json").is_file())
+                .count()
+        })
+        .unwrap_or(0);
+    let cold = Problem {
+        key: ProblemKey {
+            level: 1,
+            problem_id: 903,
+        },
+        name: "903_add.py".into(),
+        code: format!("{}\n# another store entry, never made\n", base.code),
+    };
+    let lazy = run(&pool, &tmp.path().join("lazy"), cold, 0).await;
+    pool.shutdown().await;
+    drop(pool);
+
+    let outcomes: Vec<_> = in_memory
+        .iter()
+        .filter_map(|r| match &r.event {
+            Event::InputsPrepared { outcome, .. } => Some(outcome.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(outcomes.len(), 1, "{:?}", kinds(&in_memory));
+    assert_eq!(outcomes[0].status, "generated");
+    let detail = outcomes[0].detail.clone().unwrap_or_default();
+    assert!(detail.starts_with("in memory ("), "{detail}");
+    assert_eq!(entries_in_memory, 1, "the entry was in {}", ram.display());
+    for sample in [0, 1] {
+        let (a, b) = (executed(&in_memory, sample), executed(&lazy, sample));
+        assert_eq!(
+            (a.verdict, a.compiled, a.correctness, &a.metadata),
+            (b.verdict, b.compiled, b.correctness, &b.metadata),
+            "sample {sample}"
+        );
+    }
+    assert!(
+        !ram.parent().unwrap().exists(),
+        "the in-memory folder outlived its pool"
+    );
+}

@@ -510,6 +510,10 @@ async fn build_eval_services(
                 };
                 s.reference_cache = Some(dir);
                 s.reference_cache_bytes = (cfg.resources.reference_cache_gb * 1e9) as u64;
+                s.reference_ram_bytes = match cfg.resources.reference_ram_gb {
+                    Some(gb) => (gb * 1e9) as u64,
+                    None => crate::worker::input_store::default_ram_bytes(),
+                };
             } else {
                 s.reference_cache = None;
             }

@@ -67,6 +67,25 @@ def _crcs(view: memoryview) -> list[int]:
         return list(pool.map(zlib.crc32, chunks))
 
 
+def _read_chunk(fd: int, view: memoryview, offset: int) -> int:
+    """Fill `view` from `fd` at `offset`; its CRC-32."""
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise ValueError("file shorter than its manifest")
+        done += got
+    return zlib.crc32(view)
+
+
+def _read_chunks(fd: int, chunks: list[tuple[memoryview, int]]) -> list[int]:
+    """Read every (view, offset) chunk of `fd` on several threads; their CRC-32s in order."""
+    if len(chunks) < 2:
+        return [_read_chunk(fd, v, o) for v, o in chunks]
+    with ThreadPoolExecutor(max_workers=min(_THREADS, len(chunks))) as pool:
+        return list(pool.map(lambda c: _read_chunk(fd, c[0], c[1]), chunks))
+
+
 class Unstorable(Exception):
     """get_inputs() made something the store does not keep; the worker makes these inputs itself."""
 
@@ -175,18 +194,24 @@ def _write_one(code: str, seed: int, folder: str) -> dict[str, Any]:
     return write_seed(kb_problem.load_problem(code), seed, folder)
 
 
-def _write_all(code: str, seeds: list[int], folder: str, processes: int | None = None) -> tuple[dict[str, Any], int]:
+def _write_all(
+    code: str, seeds: list[int], folder: str, processes: int | None = None, in_memory: bool = False
+) -> tuple[dict[str, Any], int]:
     """Every seed's file and manifest part; large inputs are made in parallel processes (each seed has
     its own generator, so the bits are the same), at most `processes` of them (the orchestrator's CPU
-    budget). Returns (parts by seed, processes used)."""
+    budget). In the in-memory store (`in_memory`) the files fill memory too, so fewer run at once.
+    Returns (parts by seed, processes used)."""
     import torch
 
     import kb_inputs
     import kb_problem
 
     problem = kb_problem.load_problem(code)
-    count = kb_inputs.how_many_in_parallel(kb_inputs.planned_bytes(problem.get_inputs), len(seeds))
+    per_seed = kb_inputs.planned_bytes(problem.get_inputs)
+    count = kb_inputs.how_many_in_parallel(per_seed, len(seeds))
     count = within_processes(count, processes)
+    if in_memory and per_seed:
+        count = within_memory(count, per_seed, len(seeds), kb_inputs.available_ram())
     if count == 0:
         return {str(s): write_seed(problem, s, folder) for s in seeds}, 0
     context = torch.multiprocessing.get_context("spawn")
@@ -196,6 +221,15 @@ def _write_all(code: str, seeds: list[int], folder: str, processes: int | None =
     with context.Pool(processes=count) as pool:
         parts = pool.starmap(_write_one, [(code, s, folder) for s in seeds])
     return {str(s): p for s, p in zip(seeds, parts, strict=True)}, count
+
+
+def within_memory(count: int, per_seed: int, seeds: int, available: int) -> int:
+    """`count` parallel processes cut so that, with the entry's files in memory (`seeds` x `per_seed`
+    bytes once written), the processes' own seeds take at most half of what is left of `available`
+    (0: the serial path)."""
+    left = max(available - per_seed * seeds, 0)
+    count = min(count, int(left * 0.5) // max(per_seed, 1))
+    return count if count >= 2 else 0
 
 
 def within_processes(count: int, processes: int | None) -> int:
@@ -309,7 +343,9 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
     os.makedirs(tmp)
     try:
         limit = request.get("processes")
-        parts, parallel = _write_all(code, seeds, tmp, None if limit is None else int(limit))
+        parts, parallel = _write_all(
+            code, seeds, tmp, None if limit is None else int(limit), bool(request.get("in_memory"))
+        )
     except Unstorable as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         return _answer("unstorable", started, seeds, 0, detail=str(exc))
@@ -391,31 +427,33 @@ def load(entry: str, code: str, seed: int) -> tuple[list[Any], torch.Tensor] | N
     if part is None:
         return None
     values: list[Any] = []
-    views: list[memoryview] = []
+    # Every _CHUNK of every tensor with its offset in the file, read and checksummed on several
+    # threads at once (pread and zlib release the GIL): a multi-GB seed reads at memory speed from
+    # the page cache or the in-memory store, not at one thread's copy speed.
+    chunks: list[tuple[memoryview, int]] = []
+    offset = 0
     try:
-        with open(os.path.join(entry, part["file"]), "rb") as f:
-            for item in part["items"]:
-                if "value" in item:
-                    values.append(item["value"])
-                    continue
-                t = torch.empty(item["shape"], dtype=_dtype(item["dtype"]))
-                view = _byte_view(t)
-                for start in range(0, len(view), _CHUNK):
-                    part_view = view[start : start + _CHUNK]
-                    if f.readinto(part_view) != len(part_view):
-                        raise ValueError("file shorter than its manifest")
-                views.append(view)
-                if item.get("requires_grad"):
-                    t.requires_grad_(True)
-                values.append(t)
-            if f.read(1):
-                raise ValueError("file longer than its manifest")
+        for item in part["items"]:
+            if "value" in item:
+                values.append(item["value"])
+                continue
+            t = torch.empty(item["shape"], dtype=_dtype(item["dtype"]))
+            view = _byte_view(t)
+            chunks.extend((view[start : start + _CHUNK], offset + start) for start in range(0, len(view), _CHUNK))
+            offset += len(view)
+            if item.get("requires_grad"):
+                t.requires_grad_(True)
+            values.append(t)
+        fd = os.open(os.path.join(entry, part["file"]), os.O_RDONLY)
+        try:
+            if os.fstat(fd).st_size != offset:
+                raise ValueError(f"file of {os.fstat(fd).st_size} bytes, its manifest says {offset}")
+            crcs = _read_chunks(fd, chunks)
+        finally:
+            os.close(fd)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         print(f"krefine harness: stored inputs of seed {seed} unusable ({exc}); making them", file=sys.stderr)
         return None
-    # The checksums after the reads, on several threads: the read is a copy from the page cache,
-    # the checksum the slow part.
-    crcs = [c for view in views for c in _crcs(view)]
     if crcs != part.get("crcs"):
         print(f"krefine harness: stored inputs of seed {seed} fail their checksum; making them", file=sys.stderr)
         return None

@@ -61,6 +61,12 @@ pub struct ResourcesSection {
         skip_serializing_if = "is_default_reference_cache_gb"
     )]
     pub reference_cache_gb: f64,
+    /// Size bound, in GB, of the in-memory tier of that store (`/dev/shm`, the run's own, removed
+    /// when it ends): a problem's inputs too large for the disk store are made there, still off the
+    /// lease, instead of inside a candidate's lease. Unset: 45% of the machine's memory; 0 turns it
+    /// off. An entry is admitted only while a quarter of the memory stays available to the rest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_ram_gb: Option<f64>,
 }
 
 fn default_reference_cache_gb() -> f64 {
@@ -116,6 +122,7 @@ impl Default for ResourcesSection {
             drain_after: default_drain_after(),
             prepare_ahead: default_prepare_ahead(),
             reference_cache_gb: default_reference_cache_gb(),
+            reference_ram_gb: None,
         }
     }
 }

@@ -22,6 +22,12 @@
 //!   room. An entry that cannot fit is not made (`over_budget`), and the worker makes those inputs.
 //!   After each generation the same LRU order trims the store to its limit. An entry being made (its
 //!   lock held) is never removed; a reader whose entry vanishes makes its inputs itself.
+//! - **In-memory tier** ([`InputStore::in_memory`]): a second store of the same layout in `/dev/shm`,
+//!   the run's own (removed when it ends, swept if it died), for entries the disk store refuses
+//!   (a level-1 problem's six seeds reach 51 GB, more than a GPU machine's disk store holds). Its
+//!   admission also keeps a quarter of the machine's memory available ([`memory_cap`]), and the
+//!   generator then makes fewer seeds at once (each process holds its seed while the file fills
+//!   memory too). Read back at memory speed instead of being drawn inside a candidate's lease.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -133,6 +139,43 @@ pub fn effective_cap(limit: u64, stored: u64, free: u64, fs_total: u64) -> u64 {
     limit.min(stored.saturating_add(free.saturating_sub(margin)))
 }
 
+/// Share of the machine's memory the in-memory tier may hold by default
+/// (`resources.reference_ram_gb` unset).
+pub const RAM_SHARE: f64 = 0.45;
+/// Share of the machine's memory an in-memory admission leaves available to everything else.
+pub const RAM_RESERVE_SHARE: f64 = 0.25;
+
+/// `(MemTotal, MemAvailable)` in bytes, from `/proc/meminfo`.
+pub fn meminfo() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .map(|kb| kb * 1024)
+    };
+    Some((field("MemTotal:")?, field("MemAvailable:")?))
+}
+
+/// The in-memory tier's default bound: [`RAM_SHARE`] of the machine's memory (0 when unknown).
+pub fn default_ram_bytes() -> u64 {
+    meminfo().map_or(0, |(total, _)| (total as f64 * RAM_SHARE) as u64)
+}
+
+/// The in-memory tier's cap at admission: `cap`, and never more than its finished entries
+/// (`stored`, which eviction gives back) plus the memory available beyond
+/// [`RAM_RESERVE_SHARE`] of `total`.
+pub fn memory_cap(cap: u64, stored: u64, available: u64, total: u64) -> u64 {
+    let reserve = (total as f64 * RAM_RESERVE_SHARE) as u64;
+    cap.min(stored.saturating_add(available.saturating_sub(reserve)))
+}
+
 /// Admission of a new entry of `planned` bytes: the finished entries to remove (oldest use first;
 /// `keep` and those in `busy` are never chosen) so that the finished entries, the other entries being
 /// made (`reserved`) and this one fit `cap` together. `None` when it cannot fit even then: nothing is
@@ -178,6 +221,8 @@ pub struct InputStore {
     env: Vec<(String, OsString)>,
     /// `eval.timeouts.reference_s`: a generation that takes longer is killed.
     timeout: Duration,
+    /// The in-memory tier: admission also keeps memory available, and the generator is told.
+    memory: bool,
 }
 
 impl InputStore {
@@ -196,7 +241,23 @@ impl InputStore {
             harness_dir,
             env,
             timeout,
+            memory: false,
         }
+    }
+
+    /// This store is the in-memory tier (its root in `/dev/shm`): see the module doc.
+    pub fn in_memory(mut self) -> InputStore {
+        self.memory = true;
+        self
+    }
+
+    pub fn is_in_memory(&self) -> bool {
+        self.memory
+    }
+
+    /// The generator's environment.
+    pub fn env(&self) -> &[(String, OsString)] {
+        &self.env
     }
 
     pub fn root(&self) -> &Path {
@@ -267,6 +328,8 @@ impl InputStore {
             // Ask before making anything: the generator reports the entry's planned bytes first.
             "admit": true,
             "processes": processes,
+            // Each seed's file then fills memory too: the generator makes fewer at once.
+            "in_memory": self.memory,
         });
         let answer = self.run_generator(key, &request.to_string()).await;
         let _ = tokio::fs::remove_dir_all(&tmp).await;
@@ -414,11 +477,21 @@ impl InputStore {
         let entries = self.scan();
         let stored: u64 = entries.iter().map(|e| e.bytes).sum();
         let (free, fs_total) = fs_space(&self.root).unwrap_or((u64::MAX, 0));
-        let cap = effective_cap(self.limit, stored, free, fs_total);
+        let mut cap = effective_cap(self.limit, stored, free, fs_total);
+        if self.memory
+            && let Some((total, available)) = meminfo()
+        {
+            cap = memory_cap(cap, stored, available, total);
+        }
         let refused = || {
+            let (tier, key) = if self.memory {
+                ("the in-memory store", "resources.reference_ram_gb")
+            } else {
+                ("the store", "resources.reference_cache_gb")
+            };
             format!(
-                "{planned} bytes do not fit the store: cap {cap} bytes (resources.reference_cache_gb \
-                 {}, free space {free} bytes), {reserved} bytes being made by others",
+                "{planned} bytes do not fit {tier}: cap {cap} bytes ({key} {}, free space {free} \
+                 bytes), {reserved} bytes being made by others",
                 self.limit
             )
         };
@@ -650,6 +723,18 @@ mod tests {
             plan_admission(&entries, 0, 80, 100, "n", &["a".to_string()]),
             None
         );
+    }
+
+    #[test]
+    fn the_memory_tier_leaves_a_quarter_of_memory_available() {
+        const GB: u64 = 1_000_000_000;
+        // 128 GB machine, 100 GB available, nothing stored: 100 - 32 = 68 GB may be admitted.
+        assert_eq!(memory_cap(60 * GB, 0, 100 * GB, 128 * GB), 60 * GB);
+        assert_eq!(memory_cap(90 * GB, 0, 100 * GB, 128 * GB), 68 * GB);
+        // Stored entries count as available again (eviction gives them back).
+        assert_eq!(memory_cap(90 * GB, 10 * GB, 50 * GB, 128 * GB), 28 * GB);
+        // Less available than the reserve: only what eviction frees.
+        assert_eq!(memory_cap(90 * GB, 5 * GB, 20 * GB, 128 * GB), 5 * GB);
     }
 
     #[test]

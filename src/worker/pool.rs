@@ -40,6 +40,14 @@ use crate::types::Problem;
 /// How long a worker asked to exit (recycling, shutdown) may take before it is killed.
 pub(super) const EXIT_GRACE: Duration = Duration::from_secs(5);
 
+/// The in-memory input store's folder in `/dev/shm`: `<prefix><pid>`.
+pub const RAM_STORE_PREFIX: &str = "krefine-inputs-";
+
+/// This process's in-memory input store folder.
+pub fn ram_store_dir() -> std::path::PathBuf {
+    std::path::Path::new("/dev/shm").join(format!("{RAM_STORE_PREFIX}{}", std::process::id()))
+}
+
 pub struct WorkerPool {
     pub(super) settings: WorkerSettings,
     pub(super) deadlines: Deadlines,
@@ -63,6 +71,10 @@ pub struct WorkerPool {
     /// The on-disk store of CPU-made inputs, when it is on (`eval.inputs = "kernelbench"`, a size
     /// above 0, a local launcher: remote workers would not see it).
     pub(super) input_store: Option<InputStore>,
+    /// The store's in-memory tier (`/dev/shm`), for entries the disk store refuses.
+    pub(super) ram_store: Option<InputStore>,
+    /// Its folder, this run's own: removed when the pool is dropped.
+    _ram_scratch: Option<crate::scratch::Scratch>,
 }
 
 impl std::fmt::Debug for WorkerPool {
@@ -163,6 +175,34 @@ impl WorkerPool {
                     deadlines.reference,
                 ))
             }
+            _ => None,
+        };
+        // The in-memory tier: this run's own folder in /dev/shm (a dead run's is swept).
+        let shm = std::path::Path::new("/dev/shm");
+        let ram_scratch = match &input_store {
+            Some(_) if settings.reference_ram_bytes > 0 && shm.is_dir() => {
+                match crate::scratch::Scratch::claim(shm, RAM_STORE_PREFIX) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        tracing::warn!("no in-memory input store in {}: {e}", shm.display());
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let ram_store = match (&input_store, &ram_scratch) {
+            (Some(disk), Some(scratch)) => Some(
+                InputStore::new(
+                    scratch.path().join("inputs"),
+                    settings.reference_ram_bytes,
+                    settings.python.clone(),
+                    settings.harness_dir.clone(),
+                    disk.env().to_vec(),
+                    deadlines.reference,
+                )
+                .in_memory(),
+            ),
             _ => None,
         };
         let physical = |i: u32| {
@@ -319,6 +359,8 @@ impl WorkerPool {
             settings,
             sandbox_level,
             input_store,
+            ram_store,
+            _ram_scratch: ram_scratch,
         }))
     }
 

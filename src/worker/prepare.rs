@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::config::InputsMode;
-use super::input_store::entry_key;
+use super::input_store::{GenerateStatus, InputStore, entry_key};
 use super::loss::Fault;
 use super::outcome::{CallError, elapsed_ms, secs};
 use super::pool::WorkerPool;
@@ -97,11 +97,35 @@ impl WorkerPool {
         )
     }
 
-    /// The store entry of `problem`'s inputs when it is whole (made by this run or any other).
+    /// The store entry of `problem`'s inputs when it is whole (made by this run or any other), on
+    /// disk or in the in-memory tier.
     fn stored_inputs(&self, problem: &Problem) -> Option<String> {
-        let store = self.input_store.as_ref()?;
-        let dir = store.usable(&self.inputs_key(problem))?;
+        let key = self.inputs_key(problem);
+        let dir = [&self.input_store, &self.ram_store]
+            .into_iter()
+            .flatten()
+            .find_map(|store| store.usable(&key))?;
         Some(dir.to_string_lossy().into_owned())
+    }
+
+    async fn ensure_in(
+        &self,
+        store: &InputStore,
+        processes: Option<u32>,
+        key: &str,
+        problem: &Problem,
+    ) -> Result<super::input_store::GenerateAnswer, String> {
+        store
+            .ensure_with(
+                processes,
+                key,
+                &problem.code,
+                self.settings.seed,
+                self.settings.correct_trials,
+                self.settings.timing_trials > 0,
+                &self.torch,
+            )
+            .await
     }
 
     /// The CPU stage of `problem` (see `crate::refprep`): its inputs made into the store by a
@@ -116,17 +140,24 @@ impl WorkerPool {
         };
         let started = Instant::now();
         let key = self.inputs_key(problem);
-        let answer = store
-            .ensure_with(
-                processes,
-                &key,
-                &problem.code,
-                self.settings.seed,
-                self.settings.correct_trials,
-                self.settings.timing_trials > 0,
-                &self.torch,
-            )
-            .await;
+        let mut answer = self.ensure_in(store, processes, &key, problem).await;
+        // Too large for the disk store: the in-memory tier, still off the lease (the worker would
+        // otherwise draw these inputs inside a candidate's lease).
+        if let (Ok(disk), Some(ram)) = (&answer, &self.ram_store)
+            && disk.status == GenerateStatus::OverBudget
+        {
+            let refused = disk.detail.clone();
+            answer = self
+                .ensure_in(ram, processes, &key, problem)
+                .await
+                .map(|mut a| {
+                    a.detail = match a.status {
+                        GenerateStatus::OverBudget => format!("{refused}; {}", a.detail),
+                        _ => format!("in memory ({refused})"),
+                    };
+                    a
+                });
+        }
         let duration_ms = elapsed_ms(started);
         Ok(Some(match answer {
             Ok(a) => InputsOutcome {

@@ -79,6 +79,10 @@ pub(super) fn visible_dirs(settings: &WorkerSettings) -> Vec<PathBuf> {
     // The store of CPU-made inputs, read (never written) by the evaluation workers.
     if let Some(store) = &settings.reference_cache {
         dirs.push(store.clone());
+        // Its in-memory tier, this process's folder in /dev/shm (see `WorkerPool::new`).
+        if settings.reference_ram_bytes > 0 {
+            dirs.push(super::pool::ram_store_dir());
+        }
     }
     // The Hugging Face cache level-4 models load from (often under the hidden home).
     for (name, value) in &settings.extra_env {

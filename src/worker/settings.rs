@@ -67,6 +67,8 @@ pub struct WorkerSettings {
     pub reference_cache: Option<PathBuf>,
     /// `resources.reference_cache_gb` in bytes; 0 turns the store off.
     pub reference_cache_bytes: u64,
+    /// `resources.reference_ram_gb` in bytes: the store's in-memory tier (`/dev/shm`); 0: none.
+    pub reference_ram_bytes: u64,
     /// Extra worker environment (the Hugging Face cache and offline mode, see `crate::hf`).
     pub extra_env: Vec<(String, std::ffi::OsString)>,
     /// The orchestrator's own `CUDA_VISIBLE_DEVICES` (set by the user or a scheduler), against which
@@ -114,6 +116,7 @@ impl WorkerSettings {
             inputs: InputsMode::default(),
             reference_cache: None,
             reference_cache_bytes: 0,
+            reference_ram_bytes: 0,
             extra_env: Vec::new(),
             visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
             sandbox: SandboxMode::default(),

@@ -242,3 +242,31 @@ def test_checksums_in_chunks_catch_a_change_in_any_chunk(tmp_path: Path, monkeyp
     assert kb_store.load(req["entry"], code, seed) is None
     assert kb_store.generate(req)["status"] == "rebuilt"
     assert kb_store.load(req["entry"], code, seed) is not None
+
+
+def test_in_memory_entries_make_fewer_seeds_at_once() -> None:
+    gb = 1 << 30
+    # 1/49 on a 128 GB machine: six 8.6 GB seeds fill 51.5 GB of memory once written; of the
+    # 100 GB available, half of what is left (24 GB) holds two seeds being made at once.
+    assert kb_store.within_memory(6, int(8.6 * gb), 6, 100 * gb) == 2
+    # Small entries keep every process granted.
+    assert kb_store.within_memory(6, gb, 6, 100 * gb) == 6
+    # Not two: the serial path (one process, the generator itself).
+    assert kb_store.within_memory(6, 30 * gb, 6, 200 * gb) == 0
+    assert kb_store.within_memory(6, 8 * gb, 6, 40 * gb) == 0
+
+
+def test_an_in_memory_generation_stores_the_same_bits(tmp_path: Path, monkeypatch: Any) -> None:
+    import kb_inputs
+
+    monkeypatch.setattr(kb_inputs, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(kb_inputs, "cpu_count", lambda: 2)
+    req = dict(request(MIXED, tmp_path), trials=1, in_memory=True)
+    answer = kb_store.generate(req)
+    assert answer["status"] == "generated", answer
+    for seed in answer["seeds"]:
+        loaded = kb_store.load(req["entry"], MIXED, seed)
+        assert loaded is not None
+        expected, expected_rng = kernelbench_inputs(MIXED, seed)
+        assert all(same(a, b) for a, b in zip(loaded[0], expected, strict=True))
+        assert torch.equal(loaded[1], expected_rng)
