@@ -65,7 +65,7 @@ def tolerance_name(request: dict[str, Any] | None) -> str:
 DEVICE_CACHE_FRACTION = 0.5
 HOST_CACHE_FRACTION = 0.35
 CPU_DEVICE_CACHE_FRACTION = 0.25
-MAX_CONTEXTS = 4
+MAX_CONTEXTS = 8
 # GPU memory admission (ReferenceCache.make_room): before a problem's reference data or a candidate goes
 # on a CUDA device, the device's free memory (every process on it counts) must hold NEED_FACTOR times
 # the problem's planned input bytes (its inputs, the reference's output, the candidate's output) plus
@@ -466,7 +466,7 @@ class ProblemContext:
         get_inputs() would have left it; None when the store cannot serve them (the caller makes them)."""
         if self.inputs != "kernelbench" or self.stored is None:
             return None
-        loaded = kb_store.load(self.stored, self.code, seed)
+        loaded = kb_store.load(self.stored, self.code, seed, self.device)
         if loaded is None:
             return None
         values, rng = loaded
