@@ -64,3 +64,16 @@ def test_only_the_top_kernels_are_listed() -> None:
     text = kb_ncu.render(kb_ncu.parse_kernels(RAW), PEAK_TFLOPS, PEAK_GBS, top=1)
     assert "Top kernels by time (1 of 3):" in text
     assert "relu_kernel" not in text
+
+
+def test_sol_fraction_is_the_duration_weighted_mean_of_each_kernels_roof() -> None:
+    kernels = kb_ncu.parse_kernels(RAW)
+    # gemm: compute-bound, 40 TFLOP/s of 67; relu: memory-bound, 3.2 TB/s of 3.35; reduce: memory-bound,
+    # 40,000,512 bytes in 100 us of 3.35 TB/s; weighted by 2000, 500 and 100 us.
+    sols = [kb_ncu.kernel_sol(k, PEAK_TFLOPS, PEAK_GBS) for k in kernels]
+    assert [s[0] for s in sols if s] == [False, True, True]
+    assert [s[1] for s in sols if s] == pytest.approx([40 / 67, 3.2 / 3.35, 0.40000512 / 3.35], rel=1e-12)
+    want = (2000 * 40 / 67 + 500 * 3.2 / 3.35 + 100 * 0.40000512 / 3.35) / 2600
+    got = kb_ncu.sol_fraction(kernels, PEAK_TFLOPS, PEAK_GBS)
+    assert got == pytest.approx(want, rel=1e-12)
+    assert kb_ncu.sol_fraction(kernels, None, None) is None
