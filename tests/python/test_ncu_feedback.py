@@ -4,6 +4,8 @@ a PyTorch reduction)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import kb_ncu
@@ -77,3 +79,22 @@ def test_sol_fraction_is_the_duration_weighted_mean_of_each_kernels_roof() -> No
     got = kb_ncu.sol_fraction(kernels, PEAK_TFLOPS, PEAK_GBS)
     assert got == pytest.approx(want, rel=1e-12)
     assert kb_ncu.sol_fraction(kernels, None, None) is None
+
+
+def test_profile_metrics_carry_the_forwards_sol_fraction(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What the P feedback records for report's `sol_mean`: ncu's recorded output in place of a run of
+    ncu (which needs a GPU), read into the profile's metrics."""
+    import torch
+
+    import kb_profile
+
+    monkeypatch.setattr(kb_profile, "run_ncu_raw", lambda request, device, scratch: (RAW, None))
+    request = {"peaks": {"peak_tflops": PEAK_TFLOPS, "peak_bandwidth_gbs": PEAK_GBS}}
+    metrics, note, section = kb_profile.ncu_feedback(request, torch.device("cpu"), str(tmp_path))
+    assert note is None and metrics is not None
+    assert metrics["num_kernels"] == 3
+    assert metrics["sol_fraction"] == kb_ncu.sol_fraction(kb_ncu.parse_kernels(RAW), PEAK_TFLOPS, PEAK_GBS)
+    assert "compute-bound, 60% of SOL" in section
+    # No peaks for this GPU: no fraction, the rest as before.
+    metrics, _, _ = kb_profile.ncu_feedback({"peaks": None}, torch.device("cpu"), str(tmp_path))
+    assert metrics is not None and metrics["sol_fraction"] is None
