@@ -300,6 +300,17 @@ pub fn parse(text: &str, path: &Path, sets: &[String]) -> Result<LoadedConfig, C
         .eval
         .timeouts
         .fill_level_defaults(level, given_timeouts);
+    let given_precision = table.get("eval").and_then(|e| e.get("precision")).is_some();
+    crate::prompt::config::backend_precision(
+        config.prompt.backend,
+        &mut config.eval.precision,
+        given_precision,
+    )
+    .map_err(|message| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        key: "eval.precision".into(),
+        message,
+    })?;
     validate(&config, path)?;
     let effective_toml = toml::to_string_pretty(&config).map_err(|e| ConfigError::Parse {
         path: path.to_path_buf(),
@@ -458,6 +469,11 @@ fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
     .map_err(|(key, message)| invalid(&key, &message))?;
     if c.eval.correct_trials == 0 {
         return Err(invalid("eval.correct_trials", "expected at least 1"));
+    }
+    if let Some(message) =
+        crate::prompt::config::backend_device(c.prompt.backend, r.devices == DeviceSelection::Cpu)
+    {
+        return Err(invalid("prompt.backend", &message));
     }
     let method = c.eval.timing_method;
     if method.needs_gpu() && r.devices == DeviceSelection::Cpu {

@@ -10,8 +10,45 @@ pub enum Backend {
     #[default]
     Cuda,
     Triton,
+    /// CuTe: the CUTLASS Python DSL (`cutlass.cute`), or `cute::`/`cutlass::` C++ through
+    /// `load_inline`.
+    Cute,
+    /// TileLang (`@T.prim_func`); KernelBench runs it in fp16 (see [`Backend::forced_precision`]).
+    Tilelang,
+    /// ThunderKittens tiles in inline CUDA (headers under `THUNDERKITTENS_ROOT`); bf16, H100.
+    Thunderkittens,
     /// C++ extensions for the CPU device.
     Cpu,
+}
+
+impl Backend {
+    /// The config word (`prompt.backend`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Cuda => "cuda",
+            Backend::Triton => "triton",
+            Backend::Cute => "cute",
+            Backend::Tilelang => "tilelang",
+            Backend::Thunderkittens => "thunderkittens",
+            Backend::Cpu => "cpu",
+        }
+    }
+
+    /// Whether its kernels run on a CUDA GPU (every backend but `cpu`).
+    pub fn needs_gpu(self) -> bool {
+        self != Backend::Cpu
+    }
+
+    /// The precision KernelBench forces for this backend (`generate_and_eval_single_sample.py`,
+    /// `eval_from_generations.py`): fp16 for TileLang (its `eval.py` takes fp16 or bf16 only),
+    /// bf16 for ThunderKittens; `None` for the others. The names are `eval.precision` words.
+    pub fn forced_precision(self) -> Option<(&'static str, &'static [&'static str])> {
+        match self {
+            Backend::Tilelang => Some(("fp16", &["fp16", "bf16"])),
+            Backend::Thunderkittens => Some(("bf16", &["bf16"])),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]

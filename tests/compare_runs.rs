@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 
 use krefine::types::{
     CompileOutcome, CompileStatus, Event, ExecOutcome, FeedbackMode, LlmAnswer, LogRecord,
-    MethodKind, SCHEMA_VERSION, TaskId, Usage, Verdict,
+    MethodKind, ProfileOutcome, SCHEMA_VERSION, TaskId, Usage, Verdict,
 };
 
 fn bin() -> &'static str {
@@ -247,6 +247,209 @@ fn fixture_runs(root: &Path) -> (PathBuf, PathBuf) {
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
+}
+
+/// Make a run's log G+E+P with Nsight Compute profiles carrying a fraction of speed of light after
+/// the executions of `(task, turn)`s.
+fn add_profiles(dir: &Path, sols: &[(&str, u32, f64)]) {
+    let path = dir.join("events.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let records: Vec<LogRecord> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut out = Vec::new();
+    for mut record in records {
+        // Only G+E+P turns are profiled.
+        if let Event::RunStarted { feedback, .. } = &mut record.event {
+            *feedback = Some(FeedbackMode::GEP);
+        }
+        let after = match (&record.task, &record.event) {
+            (Some(t), Event::Executed { turn, .. }) => sols
+                .iter()
+                .find(|(task, n, _)| task.parse::<TaskId>().unwrap() == *t && n == turn)
+                .copied(),
+            _ => None,
+        };
+        let task = record.task;
+        out.push(record);
+        if let Some((_, turn, sol)) = after {
+            let outcome = ProfileOutcome {
+                ok: true,
+                table: String::new(),
+                ncu: Some(
+                    serde_json::json!({"duration_ns": 1000.0, "num_kernels": 1, "sol_fraction": sol}),
+                ),
+                error: None,
+                duration_ms: 1,
+                worker_losses: Vec::new(),
+            };
+            out.push(LogRecord {
+                v: SCHEMA_VERSION,
+                seq: 0,
+                ts_ms: 5_000,
+                task,
+                event: Event::Profiled { turn, outcome },
+            });
+        }
+    }
+    let mut records = out;
+    let lines: Vec<String> = records
+        .iter_mut()
+        .enumerate()
+        .map(|(i, r)| {
+            r.seq = i as u64;
+            serde_json::to_string(r).unwrap()
+        })
+        .collect();
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+}
+
+/// `--fast-p` thresholds beyond KernelBench's as named columns in every format of `report` and
+/// `compare`, and the mean fraction of speed of light of the correct profiled candidates.
+#[test]
+fn fast_p_at_chosen_thresholds_and_speed_of_light_in_every_format() {
+    let d = tempfile::tempdir().unwrap();
+    let (a, b) = fixture_runs(d.path());
+    // G+E+P profiles every correct candidate.
+    add_profiles(
+        &a,
+        &[("1/2/0", 1, 0.25), ("1/1/0", 2, 0.5), ("1/2/0", 2, 0.6)],
+    );
+    // Turn 1: problem 2 at 0.5x; turn 2: 2.0x and 1.5x. `1` is KernelBench's: no second column.
+    let o = krefine(&["report", s(&a), "--format", "json", "--fast-p", "1.2,1.7,1"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let turns = &v["turns"];
+    assert_eq!(
+        turns[0]["fast_p_extra"],
+        serde_json::json!({"1.2": 0.0, "1.7": 0.0})
+    );
+    assert_eq!(
+        turns[1]["fast_p_extra"],
+        serde_json::json!({"1.2": 1.0, "1.7": 0.5})
+    );
+    assert_eq!(turns[0]["sol_mean"], 0.25);
+    assert_eq!(turns[0]["sol_candidates"], 1);
+    assert_eq!(turns[1]["sol_mean"], (0.25 + 0.5 + 0.6) / 3.0);
+    assert_eq!(turns[1]["sol_candidates"], 3);
+
+    let o = krefine(&["report", s(&a), "--format", "csv", "--fast-p", "1.2,1.7"]);
+    let (out, _) = text(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    let header: Vec<&str> = lines[0].split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let cell = |row: usize, name: &str| lines[row].split(',').nth(col(name)).unwrap().to_string();
+    assert_eq!(col("fast_1.2"), col("fast_2") + 1);
+    assert_eq!(col("fast_1.7"), col("fast_2") + 2);
+    assert_eq!(header[header.len() - 2..], ["sol_mean", "sol_candidates"]);
+    assert_eq!(cell(1, "fast_1.2"), "0");
+    assert_eq!(cell(2, "fast_1.2"), "1");
+    assert_eq!(cell(2, "fast_1.7"), "0.5");
+    assert_eq!(cell(1, "sol_mean"), "0.25");
+    assert_eq!(cell(2, "sol_candidates"), "3");
+
+    let o = krefine(&["report", s(&a), "--fast-p", "1.2"]);
+    let (out, _) = text(&o);
+    let table: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("turn") || l.starts_with("   "))
+        .collect();
+    assert!(
+        out.contains("fast_2  fast_1.2  geomean    SOL (n)  correct"),
+        "{out}"
+    );
+    assert_eq!(
+        table[2],
+        "   2  100.0%    100.0%    100.0%  100.0%     50.0%    0.0%    100.0%    1.732  45.0% (3)   100.0%    100.0%     600  0.0600"
+    );
+    assert!(
+        out.contains("ref: fast_1.2 100.0% (all candidates"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "ref: mean fraction of speed of light 45.0% over 3 correct candidate(s) with a roofline"
+        ),
+        "{out}"
+    );
+    // No thresholds asked and no profile: the table is KernelBench's alone.
+    let o = krefine(&["report", s(&b), "--fast-p", ""]);
+    let (out, _) = text(&o);
+    assert!(out.contains("fast_1.5  fast_2  geomean  correct"), "{out}");
+    assert!(!out.contains("SOL"), "{out}");
+
+    // compare: the extra thresholds at every budget. One LLM call: refine has problem 2 at 0.5x,
+    // sampling problem 1 at 1.2x (not above 1.2); two: 2.0x and 1.5x against 1.2x and 3.0x.
+    let o = krefine(&[
+        "compare",
+        s(&a),
+        s(&b),
+        "--format",
+        "json",
+        "--resamples",
+        "0",
+        "--fast-p",
+        "1.2,1.7",
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let calls = &v["axes"][0]["rows"];
+    assert_eq!(
+        calls[0]["runs"][0]["fast_p_extra"],
+        serde_json::json!({"1.2": 0.0, "1.7": 0.0})
+    );
+    assert_eq!(
+        calls[0]["runs"][1]["fast_p_extra"],
+        serde_json::json!({"1.2": 0.0, "1.7": 0.0})
+    );
+    assert_eq!(
+        calls[1]["runs"][0]["fast_p_extra"],
+        serde_json::json!({"1.2": 1.0, "1.7": 0.5})
+    );
+    assert_eq!(
+        calls[1]["runs"][1]["fast_p_extra"],
+        serde_json::json!({"1.2": 0.5, "1.7": 0.5})
+    );
+    let o = krefine(&[
+        "compare",
+        s(&a),
+        s(&b),
+        "--format",
+        "csv",
+        "--resamples",
+        "0",
+        "--fast-p",
+        "1.2",
+    ]);
+    let (out, _) = text(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].ends_with(",delta_correct_rate_hi,fast_1.2"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[3].starts_with("llm_calls,2,ref,") && lines[3].ends_with(",1"),
+        "{out}"
+    );
+    assert!(
+        lines[4].starts_with("llm_calls,2,smp,") && lines[4].ends_with(",0.5"),
+        "{out}"
+    );
+    let o = krefine(&[
+        "compare",
+        s(&a),
+        s(&b),
+        "--resamples",
+        "0",
+        "--fast-p",
+        "1.2",
+    ]);
+    let (out, _) = text(&o);
+    assert!(out.contains("fast_2  fast_1.2  correct"), "{out}");
 }
 
 #[test]

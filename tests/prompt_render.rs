@@ -394,6 +394,67 @@ fn triton_backend() {
     }
 }
 
+/// CuTe, TileLang and ThunderKittens: their own worked example (few-shot falls back to it), their
+/// kernel language in the system prompt, how to build the kernels, and no other backend's example.
+#[test]
+fn dsl_backends_have_their_example_and_instructions() {
+    let cases = [
+        (
+            Backend::Cute,
+            include_str!("../prompts/examples/add_cute.py"),
+            "custom CuTe kernels",
+            "@cute.kernel launched from a @cute.jit function",
+            "custom CuTe kernels",
+        ),
+        (
+            Backend::Tilelang,
+            include_str!("../prompts/examples/add_tilelang.py"),
+            "custom TileLang kernels",
+            "a @T.prim_func with a T.Kernel block",
+            "custom TileLang kernels",
+        ),
+        (
+            Backend::Thunderkittens,
+            include_str!("../prompts/examples/add_thunderkittens.py"),
+            "custom ThunderKittens kernels",
+            "THUNDERKITTENS_ROOT environment variable, -std=c++20 and -arch=sm_90a",
+            "custom ThunderKittens kernels",
+        ),
+    ];
+    let others = [
+        include_str!("../prompts/examples/add_cuda.py"),
+        include_str!("../prompts/examples/add_triton.py"),
+        include_str!("../prompts/examples/add_cpp.py"),
+    ];
+    for (backend, example, statement, how, system) in cases {
+        for style in [PromptStyle::OneShot, PromptStyle::FewShot] {
+            let text = all_text(&render(
+                &ctx(1, FeedbackMode::GEP, vec![]),
+                &PromptSettings {
+                    style,
+                    backend,
+                    ..settings()
+                },
+            ));
+            assert!(text.contains(example), "{backend:?} {style:?}");
+            assert!(text.contains(include_str!("../prompts/examples/add_ref.py")));
+            assert!(
+                text.contains("Here is a worked example"),
+                "{backend:?} {style:?}"
+            );
+            assert!(text.contains(statement), "{text}");
+            assert!(text.contains(how), "{text}");
+            assert!(text.contains(system), "{text}");
+            for other in others {
+                assert!(
+                    !text.contains(other),
+                    "{backend:?}: another backend's example"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn cpu_backend() {
     let text = all_text(&render(

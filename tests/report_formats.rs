@@ -131,6 +131,7 @@ fn refine_report() -> RunReport {
         complete: true,
         provenance: None,
         served: None,
+        extra: Default::default(),
     }
 }
 
@@ -179,6 +180,7 @@ fn sampling_report() -> RunReport {
         complete: false,
         provenance: None,
         served: None,
+        extra: Default::default(),
     }
 }
 

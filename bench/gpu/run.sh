@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The H100 checks, run from the repository root on the GPU machine with the kit of make-kit.sh in .gpu/.
 #   bash bench/gpu/run.sh STEP...     steps: env refeq fused-l2 fused-l1 big-l1 big-l1-19 hostile strict-hostile gpu-checks
-#                                     baseline int-l4 cvd
+#                                     baseline int-l4 cvd triton compile-baseline
 # Each step's results land in $OUT as soon as it ends: summary.txt (appended) and runs.tgz (every run
-# directory so far, scratch folders left out).
+# directory so far, scratch folders left out). KREFINE names another binary (default .gpu/krefine);
+# DRY=1 runs only the CPU parts of the steps that have them (triton, compile-baseline: static checks,
+# `eval --check`, the commands they would run).
 set -uo pipefail
 OUT=${OUT:-/tmp/krefine-out}
 mkdir -p "$OUT" runs
 export PYTHONUNBUFFERED=1
-K=./.gpu/krefine
+K=${KREFINE:-./.gpu/krefine}
+DATA=${DATA:-.gpu/problems.jsonl}
 S="$OUT/summary.txt"
 log() { echo "== $(date +%T) $*" | tee -a "$S"; }
 ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
@@ -130,6 +133,49 @@ d = [json.loads(l)["event"]["outcome"] for l in sys.stdin]
 print(sys.argv[1], len(d), "executed;", sorted({(o["device"], o["env"]["device_name"]) for o in d}))' "$r" >> "$S"
   done
   save
+}
+triton_eval() { # name generations dataset [sets...]: krefine eval with backend triton, its report
+  local name=$1 gen=$2 data=$3; shift 3
+  if [ -n "${DRY:-}" ]; then
+    log "krefine eval $gen --check (backend triton)"
+    $K eval "$gen" --dataset "$data" --level 1 --check --set prompt.backend=triton "$@" >> "$S" 2>&1
+    echo "exit $?" >> "$S"; return
+  fi
+  log "krefine eval $gen (backend triton $*) -> runs/$name"
+  $K eval "$gen" --dataset "$data" --level 1 --out "runs/$name" --set prompt.backend=triton "$@" \
+    > "runs/$name.txt" 2>&1
+  echo "exit $?" >> "runs/$name.txt"; cat "runs/$name.txt" >> "$S"
+  $K report "runs/$name" >> "$S" 2>&1
+  python3 bench/gpu/tables.py "runs/$name" >> "$S" 2>&1
+}
+step_triton() { # issue 26: Triton candidates end to end. KernelBench's Triton example problem (element-wise
+  # add: our prompts/examples pair, as a one-problem dataset) and Triton kernels of our own for level 1
+  # (1 matmul, 19 ReLU, 23 softmax, 40 LayerNorm, 88 tanh GELU) in bench/gpu/candidates/triton.
+  # TRITON_MODES: the eval.mode values to run (default faithful; "faithful strict" for both).
+  local ex=runs/triton-example-src mode
+  rm -rf "$ex"; mkdir -p "$ex/problems" "$ex/gen"
+  cp prompts/examples/add_ref.py "$ex/problems/1_ElementwiseAdd.py"
+  cp prompts/examples/add_triton.py "$ex/gen/level_1_problem_1_sample_0_kernel.py"
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' >> "$S" 2>&1
+  log "krefine check --backend triton --mode strict"
+  $K check --backend triton --mode strict bench/gpu/candidates/triton/*.py "$ex/gen"/*.py >> "$S" 2>&1
+  echo "check exit $?" >> "$S"
+  for mode in ${TRITON_MODES:-faithful}; do
+    triton_eval "triton-example-$mode" "$ex/gen" "$ex/problems" --set "eval.mode=$mode"
+    triton_eval "triton-l1-$mode" bench/gpu/candidates/triton "$DATA" --set "eval.mode=$mode"
+  done
+  [ -z "${DRY:-}" ] && save
+}
+step_compile_baseline() { # issue 26: `krefine baseline --mode compile` against KernelBench's published H100
+  # inductor baseline, problem by problem (ratio, median). CB_LEVELS / CB_PROBLEMS pick the problems.
+  local levels=${CB_LEVELS:-1} sel=${CB_PROBLEMS:-1,2,7,8,9,10,12,13,14,15,16,17,18,40}
+  local theirs=${CB_THEIRS:-.gpu/baseline_h100_modal_compile.json}
+  log "compile baseline: levels $levels problems $sel against $theirs"
+  python3 bench/gpu/compile_baseline.py --krefine "$K" --dataset "$DATA" --levels "$levels" \
+    --problems "$sel" --out runs/baseline-compile.json --theirs "$theirs" \
+    --json "$OUT/compile-baseline-table.json" ${DRY:+--dry-run} >> "$S" 2>&1
+  echo "exit $?" >> "$S"
+  [ -z "${DRY:-}" ] && { cp runs/baseline-compile.json "$OUT/" 2>/dev/null; save; }
 }
 for step in "$@"; do "step_${step//-/_}"; done
 log done

@@ -107,6 +107,16 @@ pattern!(
 );
 pattern!(TRITON_JIT, r"@\s*triton\s*\.\s*(?:jit|autotune)\b");
 pattern!(TRITON_LANG, r"\btl\s*\.\s*[A-Za-z_]\w*");
+pattern!(CUTE_DSL_KERNEL, r"@\s*cute\s*\.\s*kernel\b");
+pattern!(CUTE_CPP, r"\b(?:cute|cutlass)\s*::");
+pattern!(
+    TILELANG_FUNC,
+    r"@\s*T\s*\.\s*prim_func\b|@\s*tilelang\s*\.\s*jit\b"
+);
+pattern!(TILELANG_KERNEL, r"\bT\s*\.\s*Kernel\s*\(");
+pattern!(TK_NAMESPACE, r"\bkittens\b");
+pattern!(TK_TILE, r"\b(?:st|rt)_\w+\s*<");
+pattern!(TK_OPS, r"\b(?:warp|warpgroup|group\s*<[^<>]*>)\s*::\s*\w+");
 pattern!(
     INTROSPECTION,
     r"\b(_getframe|inspect|f_back|f_locals|f_globals|tb_frame|settrace|setprofile|ctypes|__builtins__|builtins)\b|\bgc\s*\.\s*(get_objects|get_referrers|get_referents)\b|\bsys\s*\.\s*modules\b"
@@ -483,6 +493,36 @@ fn missing_kernel(src: &Source, backend: Backend, hits: &mut Vec<Hit>) {
             }
             if !loader {
                 missing.push("no `load_inline`/`torch.utils.cpp_extension` build: the C++ sources are never compiled");
+            }
+        }
+        Backend::Cute => {
+            // The CuTe DSL in Python, or CuTe/CUTLASS C++ built by load_inline.
+            let dsl = CUTE_DSL_KERNEL.is_match(&src.python);
+            let cpp = CUTE_CPP.is_match(&src.cpp) && loader;
+            if !dsl && !cpp {
+                missing.push("no CuTe kernel: neither a `@cute.kernel` (CuTe DSL) nor `cute::`/`cutlass::` code in sources built with `load_inline`");
+            }
+        }
+        Backend::Tilelang => {
+            if !TILELANG_FUNC.is_match(&src.python) {
+                missing.push("no `@T.prim_func`/`@tilelang.jit` kernel");
+            }
+            if !TILELANG_KERNEL.is_match(&src.python) {
+                missing.push("no `T.Kernel(...)` launch block: the TileLang kernel does no work");
+            }
+        }
+        Backend::Thunderkittens => {
+            if !TK_NAMESPACE.is_match(&src.cpp) || !TK_TILE.is_match(&src.cpp) {
+                missing.push("no ThunderKittens tiles (`kittens` with `rt_*<...>`/`st_*<...>`) in the CUDA sources");
+            }
+            if !TK_OPS.is_match(&src.cpp) {
+                missing.push("no `warp::`/`warpgroup::` tile operation: the ThunderKittens kernel does no work");
+            }
+            if !GLOBAL.is_match(&src.cpp) {
+                missing.push("no `__global__` kernel in the CUDA sources");
+            }
+            if !loader {
+                missing.push("no `load_inline`/`torch.utils.cpp_extension` build: the CUDA sources are never compiled");
             }
         }
         Backend::Triton => {

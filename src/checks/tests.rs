@@ -312,6 +312,68 @@ fn missing_kernel_per_backend() {
         run(triton, EvalMode::Strict, Backend::Triton, Precision::Fp32),
         vec![]
     );
+    // Each DSL example passes its own rule and no other's (their kernels are not in each other's
+    // language), in the precision its runs take.
+    let examples = [
+        (
+            Backend::Cute,
+            include_str!("../../prompts/examples/add_cute.py"),
+            Precision::Fp32,
+        ),
+        (
+            Backend::Tilelang,
+            include_str!("../../prompts/examples/add_tilelang.py"),
+            Precision::Fp16,
+        ),
+        (
+            Backend::Thunderkittens,
+            include_str!("../../prompts/examples/add_thunderkittens.py"),
+            Precision::Bf16,
+        ),
+        (Backend::Triton, triton, Precision::Fp32),
+    ];
+    for (backend, code, precision) in examples {
+        assert_eq!(
+            run(code, EvalMode::Strict, backend, precision),
+            vec![],
+            "{backend:?}"
+        );
+        for (other, _, _) in examples.iter().filter(|(b, _, _)| *b != backend) {
+            assert_eq!(
+                run(code, EvalMode::Strict, *other, precision),
+                vec![("missing_kernel", None, E)],
+                "{backend:?} example checked as {other:?}"
+            );
+        }
+    }
+    // CuTe written as CUTLASS C++ through load_inline counts; the namespace alone in Python does not.
+    let cute_cpp = "from torch.utils.cpp_extension import load_inline\nsrc = '''\n#include <cute/tensor.hpp>\n__global__ void k(float* x) { auto t = cute::make_tensor(x, cute::make_shape(4)); }\n'''\nm = load_inline(name='x', cpp_sources='', cuda_sources=src, functions=[])\n";
+    assert_eq!(
+        run(cute_cpp, EvalMode::Faithful, Backend::Cute, Precision::Fp32),
+        vec![]
+    );
+    let cute_import = "import cutlass\nimport torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n";
+    assert_eq!(
+        run(
+            cute_import,
+            EvalMode::Strict,
+            Backend::Cute,
+            Precision::Fp32
+        ),
+        vec![("missing_kernel", None, E)]
+    );
+    // A ThunderKittens build whose kernel has tiles but no tile operation does no work.
+    let tk_idle =
+        include_str!("../../prompts/examples/add_thunderkittens.py").replace("warp::", "noop_");
+    assert_eq!(
+        run(
+            &tk_idle,
+            EvalMode::Strict,
+            Backend::Thunderkittens,
+            Precision::Bf16
+        ),
+        vec![("missing_kernel", None, E)]
+    );
     let bare = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n";
     assert_eq!(
         run(bare, EvalMode::Strict, Backend::Cpu, Precision::Fp32),

@@ -21,7 +21,8 @@ pub struct CheckArgs {
     /// `faithful` (every category warns) or `strict`; overrides the config.
     #[arg(long)]
     mode: Option<String>,
-    /// `cuda`, `cpu` or `triton`: which custom kernel `missing_kernel` expects (default `cuda`).
+    /// `cuda`, `triton`, `cute`, `tilelang`, `thunderkittens` or `cpu`: which custom kernel
+    /// `missing_kernel` expects (default `cuda`).
     #[arg(long)]
     backend: Option<String>,
     /// `fp32`, `fp16` or `bf16`: precision downgrades are only checked for `fp32` (the default).

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::bail;
 
 use crate::metrics::compare::CompareSettings;
-use crate::report::{Format, RunInfo, compare_runs, plot, render_comparison, run_labels};
+use crate::report::{Format, RunInfo, compare_runs_at, plot, render_comparison, run_labels};
 
 #[derive(clap::Args)]
 pub struct CompareArgs {
@@ -17,8 +17,9 @@ pub struct CompareArgs {
     /// text, md, json or csv.
     #[arg(long, default_value = "text")]
     format: Format,
-    /// fast_p thresholds shown besides KernelBench's, per run over all its candidates (text and md):
-    /// a comma-separated list; empty for none.
+    /// fast_p thresholds shown besides KernelBench's: a column `fast_<p>` at every budget (every
+    /// format; no intervals), and a line per run over all its candidates (text and md); a
+    /// comma-separated list, empty for none.
     #[arg(
         long,
         value_name = "P,...",
@@ -56,7 +57,7 @@ pub fn compare_cmd(args: CompareArgs) -> anyhow::Result<ExitCode> {
         level: args.level,
     };
     let refs: Vec<_> = runs.iter().collect();
-    let c = compare_runs(&refs, settings)?;
+    let c = compare_runs_at(&refs, settings, &thresholds)?;
     // Runs of one config share its name: the comparison's labels tell them apart.
     let infos: Vec<RunInfo> = runs
         .iter()

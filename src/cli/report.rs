@@ -17,8 +17,9 @@ pub struct ReportArgs {
     /// text, md, json or csv.
     #[arg(long, default_value = "text")]
     format: Format,
-    /// fast_p thresholds shown besides KernelBench's (0, 0.5, 0.8, 1, 1.5, 2), over all of a run's
-    /// candidates (text and md): a comma-separated list; empty for none.
+    /// fast_p thresholds shown besides KernelBench's (0, 0.5, 0.8, 1, 1.5, 2): columns `fast_<p>` in
+    /// every format, and a line over all of a run's candidates (text and md); a comma-separated list,
+    /// empty for none.
     #[arg(
         long,
         value_name = "P,...",
@@ -54,7 +55,7 @@ pub fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
     }
     let thresholds = parse_thresholds(&args.fast_p)?;
     let runs = load_runs(&args.runs)?;
-    let reports: Vec<RunReport> = runs.iter().map(|r| r.report.clone()).collect();
+    let reports: Vec<RunReport> = runs.iter().map(|r| r.with_extra(&thresholds)).collect();
     let mut out = render_reports(&reports, args.format);
     if matches!(args.format, Format::Text | Format::Md) {
         out.push_str(&extra_fast_p(&runs, &thresholds));
@@ -129,8 +130,32 @@ pub fn extra_fast_p(runs: &[LoadedRun], thresholds: &[f64]) -> String {
             r.run,
             parts.join(", ")
         ));
+        if let Some(line) = sol_line(run) {
+            out.push_str(&line);
+        }
     }
     out
+}
+
+/// `run: mean fraction of speed of light 61.9% over 3 correct candidates with a roofline`, when any
+/// correct candidate's profile recorded one.
+fn sol_line(run: &LoadedRun) -> Option<String> {
+    let sols: Vec<f64> = run
+        .turns
+        .values()
+        .flatten()
+        .filter_map(crate::metrics::extra::candidate_sol)
+        .collect();
+    if sols.is_empty() {
+        return None;
+    }
+    let mean = sols.iter().sum::<f64>() / sols.len() as f64;
+    Some(format!(
+        "{}: mean fraction of speed of light {:.1}% over {} correct candidate(s) with a roofline\n",
+        run.report.run,
+        100.0 * mean,
+        sols.len()
+    ))
 }
 
 /// Read and fold run directories, warning about torn log tails.

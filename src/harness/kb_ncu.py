@@ -110,6 +110,34 @@ def _short(name: str) -> str:
     return short if len(short) <= NAME_CHARS else short[: NAME_CHARS - 3] + "..."
 
 
+def kernel_sol(kernel: Kernel, peak_tflops: float | None, peak_gbs: float | None) -> tuple[bool, float] | None:
+    """(memory-bound, fraction of the roof it sits under) for a kernel whose FLOPs, bytes and duration
+    are known on a GPU with known peaks; None otherwise. The roof is the memory one when the kernel's
+    arithmetic intensity is below the ridge point, else the compute one; the fraction is achieved
+    bytes/s (or FLOP/s) over that peak: its fraction of speed of light."""
+    seconds = kernel.duration_ns * 1e-9
+    flops, moved = kernel.flops(), kernel.dram_bytes()
+    if seconds <= 0 or flops is None or moved is None or not peak_tflops or not peak_gbs:
+        return None
+    ridge = peak_tflops * 1e12 / (peak_gbs * 1e9)  # FLOP per byte where the roofs meet
+    intensity = flops / moved if moved else float("inf")
+    if intensity < ridge:
+        return True, moved / seconds / (peak_gbs * 1e9)
+    return False, flops / seconds / (peak_tflops * 1e12)
+
+
+def sol_fraction(kernels: list[Kernel], peak_tflops: float | None, peak_gbs: float | None) -> float | None:
+    """A forward's fraction of speed of light: the duration-weighted mean of each kernel's fraction
+    of its roof ([`kernel_sol`]), over the kernels whose roofline is known; None when none is."""
+    weighted = [
+        (k.duration_ns, known[1])
+        for k in kernels
+        if (known := kernel_sol(k, peak_tflops, peak_gbs)) is not None
+    ]
+    total = sum(d for d, _ in weighted)
+    return sum(d * f for d, f in weighted) / total if total > 0 else None
+
+
 def roofline(kernel: Kernel, peak_tflops: float | None, peak_gbs: float | None) -> str:
     """`1.2 TFLOP/s (2% of 67), 2.9 TB/s (87% of 3.35), memory-bound, 87% of SOL`, or the reason a part
     is unknown."""
@@ -126,14 +154,14 @@ def roofline(kernel: Kernel, peak_tflops: float | None, peak_gbs: float | None) 
     if bandwidth is not None:
         peak = f" ({100 * bandwidth / (peak_gbs * 1e9):.0f}% of {peak_gbs / 1000:g} TB/s)" if peak_gbs else ""
         parts.append(f"{_si(bandwidth, 'B/s')}{peak}")
-    if rate is not None and bandwidth is not None and peak_tflops and peak_gbs:
-        ridge = peak_tflops * 1e12 / (peak_gbs * 1e9)  # FLOP per byte where the roofs meet
-        intensity = flops / moved if moved else float("inf")  # type: ignore[operator]
-        if intensity < ridge:
-            sol = bandwidth / (peak_gbs * 1e9)
+    bound = kernel_sol(kernel, peak_tflops, peak_gbs)
+    if bound is not None and flops is not None and moved is not None and peak_tflops and peak_gbs:
+        ridge = peak_tflops * 1e12 / (peak_gbs * 1e9)
+        intensity = flops / moved if moved else float("inf")
+        memory_bound, sol = bound
+        if memory_bound:
             parts.append(f"AI {intensity:.3g} FLOP/B < ridge {ridge:.3g}: memory-bound, {100 * sol:.0f}% of SOL")
         else:
-            sol = rate / (peak_tflops * 1e12)
             parts.append(f"AI {intensity:.3g} FLOP/B >= ridge {ridge:.3g}: compute-bound, {100 * sol:.0f}% of SOL")
     elif not (peak_tflops and peak_gbs):
         parts.append("bound unknown (no peak numbers for this GPU)")

@@ -212,7 +212,11 @@ def ncu_feedback(
     peaks = request.get("peaks") or {}
     section = kb_ncu.section(raw, peaks.get("peak_tflops"), peaks.get("peak_bandwidth_gbs")) + " " + cost
     try:
-        return parse_ncu_csv(raw), None, section
+        metrics = parse_ncu_csv(raw)
+        metrics["sol_fraction"] = kb_ncu.sol_fraction(
+            kb_ncu.parse_kernels(raw), peaks.get("peak_tflops"), peaks.get("peak_bandwidth_gbs")
+        )
+        return metrics, None, section
     except ValueError as exc:
         return None, f"could not read ncu output: {exc}", section
 

@@ -127,6 +127,31 @@ pub struct RunAtBudget {
     pub ci: Option<SummaryCi>,
     /// This run minus the first run (absent for the first run).
     pub vs_first: Option<Delta>,
+    /// fast_p at the thresholds asked beyond KernelBench's (`compare --fast-p`), keyed by threshold;
+    /// no intervals.
+    #[serde(skip_serializing_if = "ThresholdValues::is_empty")]
+    pub fast_p_extra: ThresholdValues,
+}
+
+/// (threshold, fast_p) pairs in the order asked; serialises as a map keyed by
+/// [`super::extra::threshold_label`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ThresholdValues(pub Vec<(f64, f64)>);
+
+impl ThresholdValues {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Serialize for ThresholdValues {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (p, v) in &self.0 {
+            map.serialize_entry(&super::extra::threshold_label(*p), v)?;
+        }
+        map.end()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -285,12 +310,30 @@ fn gather(bests: &[Best], idx: &[usize]) -> Summary {
     summarize(&sample)
 }
 
+fn share(count: usize, total: usize) -> f64 {
+    if total == 0 {
+        0.0
+    } else {
+        count as f64 / total as f64
+    }
+}
+
 fn interval(values: impl Iterator<Item = f64>, level: f64) -> Option<Interval> {
     percentile_interval(values.collect(), level)
 }
 
 /// Compare `runs` at matched budgets along every axis.
 pub fn compare(runs: &[CompareRun<'_>], settings: CompareSettings) -> Comparison {
+    compare_at(runs, settings, &[])
+}
+
+/// [`compare`], with fast_p also at `thresholds` (those beyond KernelBench's set) in every row.
+pub fn compare_at(
+    runs: &[CompareRun<'_>],
+    settings: CompareSettings,
+    thresholds: &[f64],
+) -> Comparison {
+    let thresholds = super::extra::beyond_kernelbench(thresholds);
     let names: Vec<&str> = runs.iter().map(|r| r.name).collect();
     let served: Vec<bool> = runs.iter().map(|r| r.served).collect();
     let mut shared: Vec<ProblemKey> = runs
@@ -324,7 +367,14 @@ pub fn compare(runs: &[CompareRun<'_>], settings: CompareSettings) -> Comparison
             }
             let rows = budget_grid(&per_run, axis)
                 .into_iter()
-                .map(|budget| row(&names, &per_run, axis, budget, &resamples, settings))
+                .map(|budget| {
+                    let at = Budget {
+                        axis,
+                        budget,
+                        thresholds: &thresholds,
+                    };
+                    row(&names, &per_run, at, &resamples, settings)
+                })
                 .collect();
             AxisComparison {
                 axis,
@@ -342,14 +392,25 @@ pub fn compare(runs: &[CompareRun<'_>], settings: CompareSettings) -> Comparison
     }
 }
 
+/// Where a row is read: the axis, the budget on it, and the extra fast_p thresholds.
+struct Budget<'a> {
+    axis: BudgetAxis,
+    budget: f64,
+    thresholds: &'a [f64],
+}
+
 fn row(
     names: &[&str],
     per_run: &[Vec<&[Attempt]>],
-    axis: BudgetAxis,
-    budget: f64,
+    at: Budget<'_>,
     resamples: &[Vec<usize>],
     settings: CompareSettings,
 ) -> BudgetRow {
+    let Budget {
+        axis,
+        budget,
+        thresholds,
+    } = at;
     let fitted: Vec<(Vec<Best>, f64, bool)> = per_run
         .iter()
         .map(|problems| bests_within(problems, axis, budget))
@@ -399,6 +460,18 @@ fn row(
                     ),
                 }
             });
+            let fast_p_extra = ThresholdValues(
+                thresholds
+                    .iter()
+                    .map(|&p| {
+                        let fast = bests
+                            .iter()
+                            .filter(|b| b.speedup.is_some_and(|s| s > p))
+                            .count();
+                        (p, share(fast, bests.len()))
+                    })
+                    .collect(),
+            );
             RunAtBudget {
                 run: names[i].to_string(),
                 summary,
@@ -406,6 +479,7 @@ fn row(
                 exhausted: *exhausted,
                 ci,
                 vs_first,
+                fast_p_extra,
             }
         })
         .collect();

@@ -14,12 +14,14 @@
 //! [`budget`] (refinement vs. sampling at equal attempts and at equal tokens), [`integrity`]
 //! (static and runtime findings, excessive speedups; in strict mode an unverified excessive speedup
 //! does not count in fast_p and the geomean), [`attempts`] (a run as attempts with their costs),
-//! [`compare`] (any runs at matched budgets along four axes, with [`bootstrap`] intervals).
+//! [`compare`] (any runs at matched budgets along four axes, with [`bootstrap`] intervals), [`extra`]
+//! (fast_p at thresholds beyond KernelBench's, and the mean fraction of speed of light).
 
 pub mod attempts;
 pub mod bootstrap;
 pub mod budget;
 pub mod compare;
+pub mod extra;
 pub mod integrity;
 pub mod ledger;
 
@@ -34,6 +36,7 @@ pub use attempts::{Attempt, AttemptCost, RunAttempts, run_attempts};
 pub use budget::{
     AttemptsRow, TokensRow, cumulative_tokens_per_problem, equal_attempts, equal_tokens,
 };
+pub use extra::{ExtraMetrics, ExtraStep, extra_metrics};
 pub use integrity::{FindingCounts, Integrity, SpeedupCounts, counted_speedup, speedup_excluded};
 pub use ledger::{DeviceUse, Ledger, Spend, ledger, step_spend};
 

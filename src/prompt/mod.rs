@@ -76,7 +76,7 @@ impl PromptSettings {
             None => Backend::Cpu,
         });
         let hardware = match (prompt.hardware_info, backend) {
-            (true, Backend::Cuda | Backend::Triton) => gpu_name.map(str::to_string),
+            (true, b) if b.needs_gpu() => gpu_name.map(str::to_string),
             _ => None,
         };
         PromptSettings {
@@ -127,6 +127,18 @@ const EXAMPLES: &[(&str, &str)] = &[
     (
         "examples/add_triton.py",
         include_str!("../../prompts/examples/add_triton.py"),
+    ),
+    (
+        "examples/add_cute.py",
+        include_str!("../../prompts/examples/add_cute.py"),
+    ),
+    (
+        "examples/add_tilelang.py",
+        include_str!("../../prompts/examples/add_tilelang.py"),
+    ),
+    (
+        "examples/add_thunderkittens.py",
+        include_str!("../../prompts/examples/add_thunderkittens.py"),
     ),
     (
         "examples/add_cpp.py",
@@ -183,21 +195,39 @@ const ADD_TRITON: ExamplePair = ExamplePair {
     reference: "examples/add_ref.py",
     solution: "examples/add_triton.py",
 };
+const ADD_CUTE: ExamplePair = ExamplePair {
+    title: "element-wise addition",
+    reference: "examples/add_ref.py",
+    solution: "examples/add_cute.py",
+};
+const ADD_TILELANG: ExamplePair = ExamplePair {
+    title: "element-wise addition",
+    reference: "examples/add_ref.py",
+    solution: "examples/add_tilelang.py",
+};
+const ADD_THUNDERKITTENS: ExamplePair = ExamplePair {
+    title: "element-wise addition",
+    reference: "examples/add_ref.py",
+    solution: "examples/add_thunderkittens.py",
+};
 const ADD_CPP: ExamplePair = ExamplePair {
     title: "element-wise addition",
     reference: "examples/add_ref.py",
     solution: "examples/add_cpp.py",
 };
 
-/// The worked examples for a style and backend. Few-shot has three CUDA pairs; Triton and CPU have
-/// one pair each, so few-shot falls back to one-shot there (as KernelBench does for backends
-/// without few-shot pairs).
+/// The worked examples for a style and backend. Few-shot has three CUDA pairs; every other backend
+/// has one pair, so few-shot falls back to one-shot there (as KernelBench does for backends without
+/// few-shot pairs).
 fn example_pairs(style: PromptStyle, backend: Backend) -> &'static [ExamplePair] {
     match (style, backend) {
         (PromptStyle::ZeroShot, _) => &[],
         (PromptStyle::OneShot, Backend::Cuda) => &[ADD_CUDA],
         (PromptStyle::FewShot, Backend::Cuda) => &[ADD_CUDA, GELU_CUDA, SOFTMAX_CUDA],
         (_, Backend::Triton) => &[ADD_TRITON],
+        (_, Backend::Cute) => &[ADD_CUTE],
+        (_, Backend::Tilelang) => &[ADD_TILELANG],
+        (_, Backend::Thunderkittens) => &[ADD_THUNDERKITTENS],
         (_, Backend::Cpu) => &[ADD_CPP],
     }
 }
@@ -539,6 +569,9 @@ fn backend_value(backend: Backend) -> Value {
     let (name, language, device) = match backend {
         Backend::Cuda => ("cuda", "CUDA", "GPU"),
         Backend::Triton => ("triton", "Triton", "GPU"),
+        Backend::Cute => ("cute", "CuTe", "GPU"),
+        Backend::Tilelang => ("tilelang", "TileLang", "GPU"),
+        Backend::Thunderkittens => ("thunderkittens", "ThunderKittens", "GPU"),
         Backend::Cpu => ("cpu", "C++", "CPU"),
     };
     context! { name => name, language => language, device => device }
@@ -731,7 +764,14 @@ mod tests {
             PromptStyle::OneShot,
             PromptStyle::FewShot,
         ] {
-            for backend in [Backend::Cuda, Backend::Triton, Backend::Cpu] {
+            for backend in [
+                Backend::Cuda,
+                Backend::Triton,
+                Backend::Cute,
+                Backend::Tilelang,
+                Backend::Thunderkittens,
+                Backend::Cpu,
+            ] {
                 for pair in example_pairs(style, backend) {
                     assert!(
                         p.examples.contains_key(pair.reference),

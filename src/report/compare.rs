@@ -6,6 +6,7 @@ use serde::Serialize;
 use crate::metrics::FAST_P_LABELS;
 use crate::metrics::bootstrap::Interval;
 use crate::metrics::compare::{AxisComparison, BudgetAxis, Comparison, RunAtBudget};
+use crate::metrics::extra::threshold_label;
 
 use super::Format;
 use super::load::{RunInfo, differences};
@@ -60,7 +61,7 @@ pub fn axis_title(axis: BudgetAxis) -> &'static str {
     }
 }
 
-fn cells(r: &RunAtBudget, budget: String) -> [String; 9] {
+fn cells(r: &RunAtBudget, budget: String) -> Vec<String> {
     let ci = r.ci.as_ref();
     let geo = match r.summary.geomean_speedup {
         Some(g) => format!(
@@ -78,7 +79,7 @@ fn cells(r: &RunAtBudget, budget: String) -> [String; 9] {
         ),
         None => "-".into(),
     };
-    [
+    let mut c = vec![
         budget,
         r.run.clone(),
         format!("{:.2}{}", r.attempts, if r.exhausted { "*" } else { "" }),
@@ -89,6 +90,9 @@ fn cells(r: &RunAtBudget, budget: String) -> [String; 9] {
             ci_pct(ci.and_then(|c| c.fast_p.0[3]))
         ),
         pct(r.summary.fast_p.0[5]),
+    ];
+    c.extend(r.fast_p_extra.0.iter().map(|(_, v)| pct(*v)));
+    c.extend([
         format!(
             "{}{}",
             pct(r.summary.correct_rate),
@@ -96,15 +100,36 @@ fn cells(r: &RunAtBudget, budget: String) -> [String; 9] {
         ),
         geo,
         delta,
-    ]
+    ]);
+    c
 }
 
-const HEADER: [&str; 9] = [
-    "budget", "run", "attempts", "fast_0", "fast_1", "fast_2", "correct", "geomean", "Δfast_1",
-];
+/// The extra thresholds of a comparison (every row has the same ones).
+fn extra_thresholds(axis: &AxisComparison) -> Vec<f64> {
+    axis.rows
+        .iter()
+        .flat_map(|row| row.runs.first())
+        .map(|r| r.fast_p_extra.0.iter().map(|(p, _)| *p).collect())
+        .next()
+        .unwrap_or_default()
+}
+
+fn header(extra: &[f64]) -> Vec<String> {
+    let mut h: Vec<String> = ["budget", "run", "attempts", "fast_0", "fast_1", "fast_2"]
+        .map(String::from)
+        .to_vec();
+    h.extend(
+        extra
+            .iter()
+            .map(|&p| format!("fast_{}", threshold_label(p))),
+    );
+    h.extend(["correct", "geomean", "Δfast_1"].map(String::from));
+    h
+}
 
 fn table(axis: &AxisComparison, md: bool, out: &mut String) {
-    let rows: Vec<[String; 9]> = axis
+    let header = header(&extra_thresholds(axis));
+    let rows: Vec<Vec<String>> = axis
         .rows
         .iter()
         .flat_map(|row| {
@@ -114,14 +139,14 @@ fn table(axis: &AxisComparison, md: bool, out: &mut String) {
         })
         .collect();
     if md {
-        out.push_str(&format!("| {} |\n", HEADER.join(" | ")));
-        out.push_str(&format!("|{}\n", "---|".repeat(HEADER.len())));
+        out.push_str(&format!("| {} |\n", header.join(" | ")));
+        out.push_str(&format!("|{}\n", "---|".repeat(header.len())));
         for r in &rows {
             out.push_str(&format!("| {} |\n", r.join(" | ")));
         }
         return;
     }
-    let mut widths = HEADER.map(|h| h.chars().count());
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for r in &rows {
         for (w, c) in widths.iter_mut().zip(r) {
             *w = (*w).max(c.chars().count());
@@ -130,7 +155,7 @@ fn table(axis: &AxisComparison, md: bool, out: &mut String) {
     let line = |cells: Vec<&str>| {
         let parts: Vec<String> = cells
             .iter()
-            .zip(widths)
+            .zip(&widths)
             .enumerate()
             .map(|(i, (c, w))| {
                 let pad = w.saturating_sub(c.chars().count());
@@ -144,7 +169,7 @@ fn table(axis: &AxisComparison, md: bool, out: &mut String) {
             .collect();
         format!("{}\n", parts.join("  ").trim_end())
     };
-    out.push_str(&line(HEADER.to_vec()));
+    out.push_str(&line(header.iter().map(String::as_str).collect()));
     for r in &rows {
         out.push_str(&line(r.iter().map(String::as_str).collect()));
     }
@@ -260,7 +285,17 @@ fn csv(c: &Comparison) -> String {
     for m in &metrics {
         s.push_str(&format!(",{m},{m}_lo,{m}_hi"));
     }
-    s.push_str(",delta_fast_1,delta_fast_1_lo,delta_fast_1_hi,delta_correct_rate,delta_correct_rate_lo,delta_correct_rate_hi\n");
+    let extra = c
+        .axes
+        .iter()
+        .map(extra_thresholds)
+        .find(|e| !e.is_empty())
+        .unwrap_or_default();
+    s.push_str(",delta_fast_1,delta_fast_1_lo,delta_fast_1_hi,delta_correct_rate,delta_correct_rate_lo,delta_correct_rate_hi");
+    for p in &extra {
+        s.push_str(&format!(",fast_{}", threshold_label(*p)));
+    }
+    s.push('\n');
     let num = |x: Option<f64>| x.map_or(String::new(), |x| x.to_string());
     for axis in &c.axes {
         for row in &axis.rows {
@@ -300,6 +335,10 @@ fn csv(c: &Comparison) -> String {
                         push(Some(d.correct_rate), d.correct_rate_ci);
                     }
                     None => s.push_str(",,,,,,"),
+                }
+                for (t, _) in extra.iter().enumerate() {
+                    s.push(',');
+                    s.push_str(&num(r.fast_p_extra.0.get(t).map(|(_, v)| *v)));
                 }
                 s.push('\n');
             }

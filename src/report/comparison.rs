@@ -3,7 +3,7 @@
 //! labelled by name, or by directory where names repeat ([`run_labels`]). The command and the Python
 //! package both call [`compare_runs`].
 
-use crate::metrics::compare::{CompareRun, CompareSettings, Comparison, compare};
+use crate::metrics::compare::{CompareRun, CompareSettings, Comparison, compare_at};
 
 use super::LoadedRun;
 
@@ -21,6 +21,15 @@ pub fn compare_runs(
     runs: &[&LoadedRun],
     settings: CompareSettings,
 ) -> Result<Comparison, CompareError> {
+    compare_runs_at(runs, settings, &[])
+}
+
+/// [`compare_runs`], with fast_p also at `thresholds` (those beyond KernelBench's set) in every row.
+pub fn compare_runs_at(
+    runs: &[&LoadedRun],
+    settings: CompareSettings,
+    thresholds: &[f64],
+) -> Result<Comparison, CompareError> {
     if !(settings.level > 0.0 && settings.level < 1.0) {
         return Err(CompareError::Level(settings.level));
     }
@@ -34,7 +43,7 @@ pub fn compare_runs(
             served: r.report.served.is_some(),
         })
         .collect();
-    let c = compare(&inputs, settings);
+    let c = compare_at(&inputs, settings, thresholds);
     if c.shared_problems.is_empty() {
         return Err(CompareError::NoSharedProblems);
     }

@@ -3,7 +3,8 @@
 
 use crate::metrics::FAST_P_LABELS;
 
-use crate::metrics::Integrity;
+use crate::metrics::extra::threshold_label;
+use crate::metrics::{ExtraMetrics, Integrity};
 
 use super::{RunReport, axis_name, feedback_key, rows};
 
@@ -32,7 +33,7 @@ fn opt(x: Option<f64>) -> String {
     x.map_or(String::new(), |x| x.to_string())
 }
 
-fn header() -> String {
+fn header(extra: &ExtraMetrics) -> String {
     let mut h: Vec<String> = [
         "run", "method", "feedback", "model", "complete", "axis", "turn", "problems",
     ]
@@ -40,6 +41,12 @@ fn header() -> String {
     .map(|s| s.to_string())
     .collect();
     h.extend(FAST_P_LABELS.iter().map(|l| format!("fast_{l}")));
+    h.extend(
+        extra
+            .thresholds
+            .iter()
+            .map(|&p| format!("fast_{}", threshold_label(p))),
+    );
     h.extend(
         [
             "geomean_speedup",
@@ -65,14 +72,26 @@ fn header() -> String {
         .iter()
         .map(|s| s.to_string()),
     );
+    if !extra.steps.is_empty() {
+        h.extend(["sol_mean".to_string(), "sol_candidates".to_string()]);
+    }
     h.join(",")
 }
 
+/// One header for every run: the extra columns are those of the first run that has them (the CLI
+/// computes every run's with the same thresholds).
 pub(super) fn render(runs: &[RunReport]) -> String {
-    let mut out = header();
+    let extra = runs
+        .iter()
+        .map(|r| &r.extra)
+        .find(|e| !e.steps.is_empty())
+        .cloned()
+        .unwrap_or_default();
+    let mut out = header(&extra);
     out.push('\n');
     for r in runs {
         for row in rows(r) {
+            let step_extra = r.extra.steps.get(row.step.n as usize - 1);
             let s = &row.step.summary;
             let mut c = vec![
                 field(&r.run),
@@ -85,6 +104,9 @@ pub(super) fn render(runs: &[RunReport]) -> String {
                 r.metrics.problems.len().to_string(),
             ];
             c.extend(s.fast_p.0.iter().map(f64::to_string));
+            for (t, _) in extra.thresholds.iter().enumerate() {
+                c.push(opt(step_extra.and_then(|e| e.fast_p.get(t).copied())));
+            }
             c.extend([
                 opt(s.geomean_speedup),
                 s.correct_rate.to_string(),
@@ -109,6 +131,10 @@ pub(super) fn render(runs: &[RunReport]) -> String {
                 i.speedups.excluded.to_string(),
                 field(&findings_cell(i)),
             ]);
+            if !extra.steps.is_empty() {
+                c.push(opt(step_extra.and_then(|e| e.sol_mean)));
+                c.push(step_extra.map_or(String::new(), |e| e.sol_candidates.to_string()));
+            }
             out.push_str(&c.join(","));
             out.push('\n');
         }

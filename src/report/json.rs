@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde::ser::SerializeMap;
 
+use crate::metrics::extra::ExtraFastP;
 use crate::metrics::{DeviceUse, FastP, Integrity, Ledger, PassAtK, Spend};
 use crate::types::MethodKind;
 
@@ -36,7 +37,15 @@ struct Run<'a> {
 struct Turn<'a> {
     turn: u32,
     fast_p: FastP,
+    /// fast_p at the thresholds asked beyond KernelBench's (`--fast-p`), keyed like `fast_p`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fast_p_extra: Option<ExtraFastP<'a>>,
     geomean_speedup: Option<f64>,
+    /// Mean fraction of speed of light of the correct candidates so far that have one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sol_mean: Option<Option<f64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sol_candidates: Option<usize>,
     correct_rate: f64,
     compiled_rate: f64,
     correct: usize,
@@ -118,12 +127,16 @@ struct LedgerTotals<'a> {
     wall_ms: u64,
 }
 
-fn turn<'a>(row: &Row<'a>) -> Turn<'a> {
+fn turn<'a>(r: &'a RunReport, row: &Row<'a>) -> Turn<'a> {
     let s = &row.step.summary;
+    let extra = r.extra.steps.get(row.step.n as usize - 1);
     Turn {
         turn: row.step.n,
         fast_p: s.fast_p,
+        fast_p_extra: extra.map(|e| ExtraFastP(&r.extra.thresholds, &e.fast_p)),
         geomean_speedup: s.geomean_speedup,
+        sol_mean: extra.map(|e| e.sol_mean),
+        sol_candidates: extra.map(|e| e.sol_candidates),
         correct_rate: s.correct_rate,
         compiled_rate: s.compiled_rate,
         correct: s.correct,
@@ -169,7 +182,7 @@ fn run(r: &RunReport) -> Run<'_> {
         complete: r.complete,
         axis: axis_name(r.method),
         problems: r.metrics.problems.len(),
-        turns: rows(r).iter().map(turn).collect(),
+        turns: rows(r).iter().map(|row| turn(r, row)).collect(),
         pass_at_k: PassAt(&r.metrics.pass_at_k),
         integrity: r.metrics.integrity(),
         ledger: totals(&r.ledger, r.served),

@@ -158,6 +158,24 @@ pub struct LoadedRun {
     pub provenance_warning: Option<String>,
 }
 
+impl LoadedRun {
+    /// Its report with fast_p at `thresholds` (those beyond KernelBench's set) and the mean fraction
+    /// of speed of light, per step (`report` and `compare` with `--fast-p`).
+    pub fn with_extra(&self, thresholds: &[f64]) -> RunReport {
+        let r = &self.report;
+        let input = crate::metrics::RunInput {
+            method: r.method,
+            axis: r.metrics.axis,
+            problems: &r.metrics.problems,
+            turns: &self.turns,
+        };
+        RunReport {
+            extra: crate::metrics::extra_metrics(&input, thresholds),
+            ..r.clone()
+        }
+    }
+}
+
 /// Read and fold the run in `dir`.
 pub fn load_run(dir: &Path) -> Result<LoadedRun, LoadError> {
     load_run_with_log(dir).map(|(run, _)| run)
@@ -270,6 +288,7 @@ pub fn load_run_with_log(dir: &Path) -> Result<(LoadedRun, ReadLog), LoadError> 
             complete,
             provenance: Some(provenance),
             served,
+            extra: crate::metrics::ExtraMetrics::default(),
         },
         info,
         attempts,

@@ -23,12 +23,12 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::metrics::{
-    FindingCounts, Integrity, Ledger, RunMetrics, Spend, StepMetrics, step_spend,
+    ExtraMetrics, FindingCounts, Integrity, Ledger, RunMetrics, Spend, StepMetrics, step_spend,
 };
 use crate::types::{FeedbackMode, MethodKind};
 
 pub use compare::{axis_title, budget_text, render_comparison};
-pub use comparison::{CompareError, compare_runs, run_labels};
+pub use comparison::{CompareError, compare_runs, compare_runs_at, run_labels};
 pub use equal::equal_attempts_table;
 pub use kernelbench::{Pick, kernelbench_eval_results, pick};
 pub use load::{
@@ -55,6 +55,9 @@ pub struct RunReport {
     /// `Some(n)`: the run's answers were `n` generations served as they were (`krefine eval`), not
     /// LLM calls; its ledger holds no LLM spending.
     pub served: Option<u64>,
+    /// fast_p beyond KernelBench's thresholds and the mean fraction of speed of light, per step;
+    /// empty unless asked for ([`LoadedRun::with_extra`]): the tables show their columns only then.
+    pub extra: ExtraMetrics,
 }
 
 /// Output format of `krefine report` (`--format text|md|json|csv`).

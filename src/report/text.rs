@@ -6,6 +6,7 @@
 
 use std::fmt::Write as _;
 
+use crate::metrics::extra::threshold_label;
 use crate::metrics::{FAST_P_LABELS, Ledger, Spend};
 
 use crate::types::MethodKind;
@@ -40,18 +41,37 @@ fn header(r: &RunReport) -> Vec<String> {
     let mut h = vec![first.to_string()];
     h.extend(FAST_P_LABELS.iter().map(|l| format!("fast_{l}")));
     h.extend(
-        ["geomean", "correct", "compiled", "tokens", "USD"]
+        r.extra
+            .thresholds
+            .iter()
+            .map(|&p| format!("fast_{}", threshold_label(p))),
+    );
+    h.push("geomean".to_string());
+    if r.extra.has_sol() {
+        h.push("SOL (n)".to_string());
+    }
+    h.extend(
+        ["correct", "compiled", "tokens", "USD"]
             .iter()
             .map(|s| s.to_string()),
     );
     h
 }
 
-fn cells(row: &Row<'_>) -> Vec<String> {
+fn cells(r: &RunReport, row: &Row<'_>) -> Vec<String> {
     let s = &row.step.summary;
+    let extra = r.extra.steps.get(row.step.n as usize - 1);
     let mut c = vec![row.step.n.to_string()];
     c.extend(s.fast_p.0.iter().map(|&x| pct(x)));
+    if let Some(e) = extra {
+        c.extend(e.fast_p.iter().map(|&x| pct(x)));
+    }
     c.push(s.geomean_speedup.map_or("-".into(), |g| format!("{g:.3}")));
+    if r.extra.has_sol() {
+        c.push(extra.and_then(|e| e.sol_mean).map_or("-".into(), |m| {
+            format!("{} ({})", pct(m), extra.map_or(0, |e| e.sol_candidates))
+        }));
+    }
     c.push(pct(s.correct_rate));
     c.push(pct(s.compiled_rate));
     c.push(row.spend.tokens().to_string());
@@ -247,7 +267,7 @@ fn markdown_table(table: &[Vec<String>]) -> String {
 
 fn render_one(r: &RunReport, md: bool) -> String {
     let mut table = vec![header(r)];
-    table.extend(rows(r).iter().map(cells));
+    table.extend(rows(r).iter().map(|row| cells(r, row)));
     let mut out = String::new();
     if md {
         let _ = writeln!(out, "### {}\n", r.run);

@@ -573,6 +573,10 @@ pub struct NcuMetrics {
     pub dram_throughput_pct: Option<f64>,
     pub sm_throughput_pct: Option<f64>,
     pub num_kernels: u32,
+    /// The forward's fraction of speed of light: each kernel's fraction of the roof it sits under,
+    /// weighted by its duration, over the kernels whose roofline is known (`kb_ncu.sol_fraction`).
+    #[serde(default)]
+    pub sol_fraction: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -90,7 +90,7 @@ pub(super) fn visible_dirs(settings: &WorkerSettings) -> Vec<PathBuf> {
             dirs.push(PathBuf::from(value));
         }
     }
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
+    for var in ["CUDA_HOME", "CUDA_PATH", "THUNDERKITTENS_ROOT"] {
         if let Some(v) = std::env::var_os(var) {
             dirs.push(PathBuf::from(v));
         }

@@ -10,7 +10,7 @@ use super::sandbox::SandboxSpec;
 use crate::launcher::{Launcher, Placement};
 
 /// Environment variables passed through from the orchestrator when set. Everything else is dropped.
-const PASS_THROUGH: [&str; 12] = [
+const PASS_THROUGH: [&str; 13] = [
     "PATH",
     // The build switches the harness documents (README "Builds"): a user's own nvcc wrapper, and
     // turning off the overlapped nvcc or the split C++ build.
@@ -27,6 +27,9 @@ const PASS_THROUGH: [&str; 12] = [
     "LD_LIBRARY_PATH",
     "CC",
     "CXX",
+    // Where ThunderKittens' headers are (`prompt.backend = "thunderkittens"`: candidates build with
+    // them, as KernelBench's do).
+    "THUNDERKITTENS_ROOT",
 ];
 /// Names that never reach a worker, whatever an allowlist says.
 const SECRET_MARKERS: [&str; 5] = ["KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL"];

@@ -4,6 +4,8 @@ a PyTorch reduction)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import kb_ncu
@@ -64,3 +66,35 @@ def test_only_the_top_kernels_are_listed() -> None:
     text = kb_ncu.render(kb_ncu.parse_kernels(RAW), PEAK_TFLOPS, PEAK_GBS, top=1)
     assert "Top kernels by time (1 of 3):" in text
     assert "relu_kernel" not in text
+
+
+def test_sol_fraction_is_the_duration_weighted_mean_of_each_kernels_roof() -> None:
+    kernels = kb_ncu.parse_kernels(RAW)
+    # gemm: compute-bound, 40 TFLOP/s of 67; relu: memory-bound, 3.2 TB/s of 3.35; reduce: memory-bound,
+    # 40,000,512 bytes in 100 us of 3.35 TB/s; weighted by 2000, 500 and 100 us.
+    sols = [kb_ncu.kernel_sol(k, PEAK_TFLOPS, PEAK_GBS) for k in kernels]
+    assert [s[0] for s in sols if s] == [False, True, True]
+    assert [s[1] for s in sols if s] == pytest.approx([40 / 67, 3.2 / 3.35, 0.40000512 / 3.35], rel=1e-12)
+    want = (2000 * 40 / 67 + 500 * 3.2 / 3.35 + 100 * 0.40000512 / 3.35) / 2600
+    got = kb_ncu.sol_fraction(kernels, PEAK_TFLOPS, PEAK_GBS)
+    assert got == pytest.approx(want, rel=1e-12)
+    assert kb_ncu.sol_fraction(kernels, None, None) is None
+
+
+def test_profile_metrics_carry_the_forwards_sol_fraction(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What the P feedback records for report's `sol_mean`: ncu's recorded output in place of a run of
+    ncu (which needs a GPU), read into the profile's metrics."""
+    import torch
+
+    import kb_profile
+
+    monkeypatch.setattr(kb_profile, "run_ncu_raw", lambda request, device, scratch: (RAW, None))
+    request = {"peaks": {"peak_tflops": PEAK_TFLOPS, "peak_bandwidth_gbs": PEAK_GBS}}
+    metrics, note, section = kb_profile.ncu_feedback(request, torch.device("cpu"), str(tmp_path))
+    assert note is None and metrics is not None
+    assert metrics["num_kernels"] == 3
+    assert metrics["sol_fraction"] == kb_ncu.sol_fraction(kb_ncu.parse_kernels(RAW), PEAK_TFLOPS, PEAK_GBS)
+    assert "compute-bound, 60% of SOL" in section
+    # No peaks for this GPU: no fraction, the rest as before.
+    metrics, _, _ = kb_profile.ncu_feedback({"peaks": None}, torch.device("cpu"), str(tmp_path))
+    assert metrics is not None and metrics["sol_fraction"] is None
