@@ -26,6 +26,7 @@ import torch
 
 import kb_candidate
 import kb_feedback
+import kb_native
 import kb_profile
 import kb_strict
 import kb_timing
@@ -297,6 +298,8 @@ def _job(request: dict[str, Any], hardware: str, kind: str) -> dict[str, Any]:
         "timing": request["timing"],
         "tolerance": request.get("tolerance"),
         "hardware": hardware,
+        # Strict timing's native loop (kb_native), which the process loads before the candidate.
+        "native_timer": kb_native.ensure() if request["mode"] == "strict" else None,
         # The settings the reference ran with; the candidate process sets them before the import.
         "settings": kb_candidate.settings_snapshot(),
     }
