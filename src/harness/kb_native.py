@@ -27,6 +27,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,9 @@ def ensure() -> bytes:
     if _failure is not None:
         raise NativeTimerUnavailable(_failure)
     try:
-        image = build(cache_root()).read_bytes()
+        started = time.perf_counter()
+        path = build(cache_root())
+        image = path.read_bytes()
         load(image)
     except NativeTimerUnavailable as exc:
         _failure = str(exc)
@@ -123,6 +126,12 @@ def ensure() -> bytes:
         _failure = f"cannot build or read the native timer under {cache_root()}: {exc}"
         raise NativeTimerUnavailable(_failure) from None
     _image = image
+    print(
+        f"krefine harness: strict timing's native loop loaded from {path} ({time.perf_counter() - started:.1f} s, "
+        f"sha256 {digest(image)[:12]})",
+        file=sys.stderr,
+        flush=True,
+    )
     return image
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,8 @@ def main() -> int:
     args = parser.parse_args()
     work: Path = args.work
     work.mkdir(parents=True, exist_ok=True)
+    # Strict mode's native timing loop (kb_native) is built by the GPU worker under --work, not in the tree.
+    os.environ.setdefault("KREFINE_NATIVE_DIR", str(work / "native-timer"))
     checks = Checks()
     problem = hostile("problem_add.py")
 
