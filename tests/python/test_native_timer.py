@@ -238,3 +238,18 @@ def test_the_hunter_in_its_own_process(worker: kb_eval.Worker, tmp_path: Path, m
     else:
         assert "loop state found: " in response["metadata"]["error_during_performance"], response
         assert response["runtime"] == -1, response
+
+
+@pytest.mark.slow
+def test_times_from_a_replaced_timer_are_refused(worker: kb_eval.Worker, tmp_path: Path) -> None:
+    """The timer replacer swaps the harness's Python entry to the loop for one that serves no calls: the
+    worker, which counts the timed calls it served, refuses the result; the honest control still passes."""
+    source = (FIXTURES / "strict" / "timer_replacer.py").read_text()
+    request = evaluate_request(2, MATMUL, source, tmp_path / "replacer", mode="strict", timing_trials=10)
+    response = kb_eval.evaluate(request, worker)
+    assert response["status"] == "incorrect" and response["speedup"] is None, response
+    assert response["metadata"]["correctness_issue_name"] == "forged_result", response
+    assert "handed out inputs for 0" in response["metadata"]["correctness_issue"], response
+    honest_source = (FIXTURES / "integrity" / "honest.py").read_text()
+    control = evaluate_request(3, MATMUL, honest_source, tmp_path / "honest", mode="strict", timing_trials=10)
+    assert kb_eval.evaluate(control, worker)["status"] == "correct"
