@@ -152,7 +152,10 @@ class Worker:
         self.next_id += 1
         self.proc.stdin.write((json.dumps(dict(body, id=self.next_id)) + "\n").encode())
         self.proc.stdin.flush()
-        return self.read()
+        response = self.read()
+        while response.get("kind") == "progress":  # reference work announced during an evaluate
+            response = self.read()
+        return response
 
     def close(self) -> None:
         try:
