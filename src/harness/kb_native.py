@@ -5,7 +5,8 @@ The loop's source ships with the harness. The worker (which runs no candidate co
 first strict evaluation with the C++ compiler and Python's headers (no torch or CUDA headers: the module
 reaches the CUDA driver through dlopen, so a build takes about a second), into a folder next to the
 deployed harness named by a digest of the source, the Python and the compiler; the file is published
-by an atomic rename and made read-only, and a later worker reuses it. The worker keeps the image's
+by an atomic rename and made read-only, and a later worker reuses it. A worker whose sandbox shows that
+folder read-only (or not at all) builds privately under its scratch instead, once per worker process. The worker keeps the image's
 bytes and their SHA-256, loads it into itself (the reference's strict timing uses the same loop), and
 hands the bytes to each strict candidate process in its job; that process loads them from a sealed
 memfd (`load`) before the candidate's module is imported, so nothing a candidate wrote on disk can
@@ -93,7 +94,11 @@ def build(root: Path) -> Path:
             f"-I{include}", str(work / SOURCE_NAME), "-o", str(work / "out.so"), "-ldl",
         ]  # fmt: skip
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+            # The compiler's temporary files go to the build folder: a sandboxed worker's /tmp may be hidden.
+            env = dict(os.environ, TMPDIR=str(work))
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False, env=env
+            )
         except (OSError, subprocess.SubprocessError) as exc:
             raise NativeTimerUnavailable(f"cannot run the C++ compiler {cxx}: {exc}") from None
         if done.returncode != 0:
@@ -116,8 +121,7 @@ def ensure() -> bytes:
         raise NativeTimerUnavailable(_failure)
     try:
         started = time.perf_counter()
-        path = build(cache_root())
-        image = path.read_bytes()
+        where, image = _build_and_read()
         load(image)
     except NativeTimerUnavailable as exc:
         _failure = str(exc)
@@ -127,12 +131,29 @@ def ensure() -> bytes:
         raise NativeTimerUnavailable(_failure) from None
     _image = image
     print(
-        f"krefine harness: strict timing's native loop loaded from {path} ({time.perf_counter() - started:.1f} s, "
+        f"krefine harness: strict timing's native loop loaded from {where} ({time.perf_counter() - started:.1f} s, "
         f"sha256 {digest(image)[:12]})",
         file=sys.stderr,
         flush=True,
     )
     return image
+
+
+def _build_and_read() -> tuple[str, bytes]:
+    """(where, image): from the shared folder (reused or built there), or, where this worker may not
+    write it (its sandbox shows that folder read-only or not at all), built in a private folder under
+    the worker's scratch (its working folder) and read at once: a worker never loads an image from a
+    folder candidates may write unless it built it there itself, this moment."""
+    try:
+        path = build(cache_root())
+        return str(path), path.read_bytes()
+    except OSError:
+        pass
+    private = Path(tempfile.mkdtemp(prefix=".native-timer-", dir=os.getcwd()))
+    try:
+        return f"a private build in {private}", build(private).read_bytes()
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def digest(image: bytes) -> str:

@@ -8,7 +8,9 @@ only, never durations."""
 from __future__ import annotations
 
 import gc
+import os
 import runpy
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -188,6 +190,20 @@ def test_a_failed_build_says_what_the_compiler_said(tmp_path: Path, monkeypatch:
     with pytest.raises(kb_native.NativeTimerUnavailable, match=r"false failed \(exit 1\)"):
         kb_native.build(tmp_path)
     assert not list(tmp_path.rglob("*.so"))
+
+
+def test_a_worker_that_may_not_write_the_shared_folder_builds_privately(tmp_path: Path) -> None:
+    """A sandboxed worker sees the shared folder read-only (here: a folder under /proc, which nobody may
+    create): it builds in a private folder under its working folder, loads it, and leaves nothing."""
+    script = "import kb_native; kb_native.ensure(); print(kb_native.loaded())"
+    env = dict(os.environ, KREFINE_NATIVE_DIR="/proc/krefine-native-timer", PYTHONPATH=str(kb_native.HARNESS_DIR))
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+    assert "loaded from a private build in " + str(tmp_path) in done.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow
