@@ -166,7 +166,18 @@ fn strict_credits_no_hack_and_the_honest_control_is_unaffected() {
                 hacks.push((*name, turn(&pool, &logs, &code, i as u32 + 1).await));
             }
             let last = turn(&pool, &logs, &honest, 9).await;
+            let sandbox = format!("{:?}", pool.sandbox_level());
             pool.shutdown().await;
+            if mode == EvalMode::Strict {
+                // The worker built (or reused) the native timing loop, inside its sandbox where the
+                // machine has one (then privately: the shared folder is not writable there).
+                let log = std::fs::read_to_string(work.join("workers").join("cpu-0.log"))
+                    .expect("the evaluation worker's log");
+                assert!(
+                    log.contains("strict timing's native loop loaded from"),
+                    "sandbox {sandbox}: {log}"
+                );
+            }
 
             for o in [&first, &last] {
                 assert_eq!(o.verdict, Verdict::Correct, "{mode:?}: {o:#?}");
