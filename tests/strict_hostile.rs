@@ -196,6 +196,7 @@ fn strict_credits_no_hack_and_the_honest_control_is_unaffected() {
                         // which call it is and computes every one, and the hunter finds nothing to
                         // report. Credited at the speed of the work it does.
                         assert_eq!(o.verdict, Verdict::Correct, "{name}: {o:#?}");
+                        assert_eq!(issue(o), None, "{name}: {o:#?}");
                         assert!(o.findings.is_empty(), "{name}: {:?}", o.findings);
                         assert!(o.speedup.is_some(), "{name}: {o:#?}");
                     }
