@@ -299,8 +299,14 @@ class Server:
             self.build_wanted_pch(request, wanted)
             return response
         if op == "prepare":
+            import kb_native
             import kb_prepare
 
+            if request.get("mode") == "strict":
+                # Strict mode's native timing loop, built here, off the first candidate's evaluate; a
+                # failure is reported by that evaluate's refusal.
+                with contextlib.suppress(kb_native.NativeTimerUnavailable):
+                    kb_native.ensure()
             return kb_prepare.prepare(request, self.worker)
         if op == "evaluate":
             import kb_eval

@@ -207,6 +207,19 @@ def test_a_worker_that_may_not_write_the_shared_folder_builds_privately(tmp_path
 
 
 @pytest.mark.slow
+def test_a_strict_prepare_builds_the_loop_before_any_evaluate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KREFINE_NATIVE_DIR", str(tmp_path / "native"))
+    worker = WorkerProcess("compile", tmp_path / "scratch", tmp_path / "worker.log")
+    try:
+        request = dict(prepare_request(1, MATMUL), mode="strict")
+        assert worker.request(request)["status"] == "ready"
+        assert len(list((tmp_path / "native").rglob("kb_native_timer.so"))) == 1
+    finally:
+        assert worker.close() == 0
+    assert "strict timing's native loop loaded from" in (tmp_path / "worker.log").read_text()
+
+
+@pytest.mark.slow
 def test_a_worker_without_a_compiler_refuses_strict_and_keeps_faithful(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
