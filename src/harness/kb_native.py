@@ -164,7 +164,7 @@ def load(image: bytes) -> None:
     """Load `image` into this process from a memfd sealed against writes (no file a candidate could
     swap between a check and the load), or where memfds may not be executed, from a private file
     removed once loaded. A second call is a no-op."""
-    global _module
+    global _module, _failure
     if _module is not None:
         return
     try:
@@ -173,7 +173,8 @@ def load(image: bytes) -> None:
         try:
             _module = _load_private_file(image)
         except (OSError, ImportError) as again:
-            raise NativeTimerUnavailable(f"cannot load the native timer: {exc}; from a private file: {again}") from None
+            _failure = f"cannot load the native timer: {exc}; from a private file: {again}"
+            raise NativeTimerUnavailable(_failure) from None
 
 
 def _import_from(path: str) -> Any:
@@ -219,9 +220,10 @@ def loaded() -> bool:
 def require() -> None:
     """Raise NativeTimerUnavailable unless the native loop is loaded in this process."""
     if _module is None:
+        why = f" ({_failure})" if _failure else ""
         raise NativeTimerUnavailable(
-            "strict mode's native timing loop is not loaded in this process; strict mode does not time "
-            "without it"
+            f"strict mode's native timing loop is not loaded in this process{why}; strict mode does not "
+            "time without it"
         )
 
 
