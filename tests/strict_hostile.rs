@@ -1,8 +1,10 @@
 //! Issue 23's second generation of hacks on the CPU, through the real pool (real worker processes, each
 //! candidate in its own process), in both modes, with the honest control first and last: a loop-state
-//! reader (frames), a content memoiser, an output stealer (gc), a comparison patcher (sys.modules) and
+//! reader (frames), a loop-state hunter (frames and gc, looking for the timer's own state), a content
+//! memoiser, an output stealer (gc), a comparison patcher (sys.modules) and
 //! a spelled-out import (a side thread). The static layer reads each of them in both modes (errors in
-//! strict, warnings in faithful); at run time strict mode credits none of them (the content memo never
+//! strict, warnings in faithful); at run time strict mode credits none of them (the timed calls run in a
+//! native loop, so the frame reader and the hunter find no loop state and compute; the content memo never
 //! hits, so it is only as fast as its matmul: tests/python/test_strict.py counts its hits; the trials
 //! compare in the worker, so the stealer and the patcher fail them), and the honest control is
 //! unaffected in every position. Verdicts and findings only, never durations.
@@ -20,8 +22,9 @@ use krefine::types::{
 use krefine::worker::WorkerPool;
 use worker_support::*;
 
-const HOSTILE: [&str; 5] = [
+const HOSTILE: [&str; 6] = [
     "frame_reader.py",
+    "loop_state_hunter.py",
     "content_memo.py",
     "gc_stealer.py",
     "compare_patcher.py",
@@ -163,7 +166,18 @@ fn strict_credits_no_hack_and_the_honest_control_is_unaffected() {
                 hacks.push((*name, turn(&pool, &logs, &code, i as u32 + 1).await));
             }
             let last = turn(&pool, &logs, &honest, 9).await;
+            let sandbox = format!("{:?}", pool.sandbox_level());
             pool.shutdown().await;
+            if mode == EvalMode::Strict {
+                // The worker built (or reused) the native timing loop, inside its sandbox where the
+                // machine has one (then privately: the shared folder is not writable there).
+                let log = std::fs::read_to_string(work.join("workers").join("cpu-0.log"))
+                    .expect("the evaluation worker's log");
+                assert!(
+                    log.contains("strict timing's native loop loaded from"),
+                    "sandbox {sandbox}: {log}"
+                );
+            }
 
             for o in [&first, &last] {
                 assert_eq!(o.verdict, Verdict::Correct, "{mode:?}: {o:#?}");
@@ -176,12 +190,15 @@ fn strict_credits_no_hack_and_the_honest_control_is_unaffected() {
                         // Correct because it computes: its memo never hits on inputs no call has seen.
                         assert_eq!(o.verdict, Verdict::Correct, "{name}: {o:#?}");
                     }
-                    (EvalMode::Strict, "frame_reader.py") => {
-                        // Correct in the trials (it computes there); the worker's check of a timed call
-                        // it skipped fails it.
-                        assert_eq!(o.verdict, Verdict::Incorrect, "{name}: {o:#?}");
-                        assert_eq!(issue(o), Some("timed_output_mismatch"), "{name}: {o:#?}");
-                        assert_eq!(o.speedup, None, "{name}");
+                    (EvalMode::Strict, "frame_reader.py" | "loop_state_hunter.py") => {
+                        // The timed calls run in the native loop (kb_native): no frame above forward
+                        // holds the call index, the times or the events, so the reader never learns
+                        // which call it is and computes every one, and the hunter finds nothing to
+                        // report. Credited at the speed of the work it does.
+                        assert_eq!(o.verdict, Verdict::Correct, "{name}: {o:#?}");
+                        assert_eq!(issue(o), None, "{name}: {o:#?}");
+                        assert!(o.findings.is_empty(), "{name}: {:?}", o.findings);
+                        assert!(o.speedup.is_some(), "{name}: {o:#?}");
                     }
                     (EvalMode::Strict, "compare_patcher.py") => {
                         // The trials compare in the worker, where its patch does not reach: its zeros
@@ -205,6 +222,12 @@ fn strict_credits_no_hack_and_the_honest_control_is_unaffected() {
                     // it can: the fresh-input probe after timing catches a zeroed or stolen output.
                     (EvalMode::Faithful, "frame_reader.py" | "content_memo.py") => {
                         assert_eq!(o.verdict, Verdict::Correct, "{name}: {o:#?}");
+                    }
+                    (EvalMode::Faithful, "loop_state_hunter.py") => {
+                        // KernelBench's loop is Python: the hunter finds it at its first timed call
+                        // and raises; KernelBench keeps the verdict and has no time.
+                        assert_eq!(o.verdict, Verdict::Correct, "{name}: {o:#?}");
+                        assert_eq!(o.speedup, None, "{name}: {o:#?}");
                     }
                     (EvalMode::Faithful, "compare_patcher.py") => {
                         assert_eq!(o.verdict, Verdict::Correct, "{name}: {o:#?}");

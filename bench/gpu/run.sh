@@ -59,7 +59,8 @@ step_big_l1_19() { # one 6 GB problem, two turns: the second finds its reference
 }
 step_big_l1() { step_big_l1_19; run big-l1-19-25 .gpu/fused-l1.toml --set 'run.name="big-l1-19-25"'; }
 step_hostile() { run hostile .gpu/hostile.toml; }
-step_strict_hostile() { # issue 23: the second-generation hacks with real CUDA kernels (level 1 problem 1)
+step_strict_hostile() { # issue 23: the second-generation hacks with real CUDA kernels (level 1 problem 1);
+  # sample 8 tampers with the timing loop's state (frames, gc): strict's native loop leaves it nothing
   local d=bench/gpu/candidates/strict mode
   for mode in faithful strict; do
     log "krefine check --mode $mode $d"
@@ -76,6 +77,9 @@ step_strict_hostile() { # issue 23: the second-generation hacks with real CUDA k
       > "runs/strict-hostile-$v.txt" 2>&1
     echo "exit $?" >> "runs/strict-hostile-$v.txt"; cat "runs/strict-hostile-$v.txt" >> "$S"
     $K report "runs/strict-hostile-$v" >> "$S" 2>&1
+    # Strict mode times in the native loop (kb_native): its worker says where it loaded it from.
+    [ "$v" != faithful ] && { grep -rh "native loop" "runs/strict-hostile-$v" 2>/dev/null | head -1 \
+      || echo "native loop: no worker log line under runs/strict-hostile-$v"; } >> "$S"
     save
   done
 }

@@ -28,6 +28,7 @@ import torch
 import kb_compile
 import kb_correctness
 import kb_feedback
+import kb_native
 import kb_reference
 import kb_strict
 import kb_timing
@@ -344,6 +345,22 @@ def time_candidate(
             f"Strict timing checks the outputs of timed calls, each on fresh inputs: in timed call "
             f"{mismatch.call} {mismatch.problem}. The output must be computed from the inputs on every "
             "call (no caching across calls, no work left running after forward returns)."
+        )
+        return
+    except kb_native.NativeTimerUnavailable as exc:
+        # The worker refuses strict evaluations without the loop, so this is a failed load here (or a
+        # candidate that unloaded it): no time, never the Python loop instead.
+        verdict.phases["timing_s"] = _perf_counter() - started
+        integrity.report(verdict, "native_timer_unavailable", f"strict timing could not run: {exc}")
+        verdict.runtime_stats = {}
+        return
+    except kb_timing.TimingHooked as hooked:
+        verdict.phases["timing_s"] = _perf_counter() - started
+        integrity.report(
+            verdict,
+            "timing_hook",
+            f"{hooked.message}: strict timing runs no code but forward inside its loop (trace, profile, "
+            "monitoring and gc hooks are refused)",
         )
         return
     except CANDIDATE_ERRORS as exc:

@@ -26,6 +26,7 @@ import torch
 
 import kb_candidate
 import kb_feedback
+import kb_native
 import kb_profile
 import kb_strict
 import kb_timing
@@ -297,6 +298,8 @@ def _job(request: dict[str, Any], hardware: str, kind: str) -> dict[str, Any]:
         "timing": request["timing"],
         "tolerance": request.get("tolerance"),
         "hardware": hardware,
+        # Strict timing's native loop (kb_native), which the process loads before the candidate.
+        "native_timer": kb_native.ensure() if request["mode"] == "strict" else None,
         # The settings the reference ran with; the candidate process sets them before the import.
         "settings": kb_candidate.settings_snapshot(),
     }
@@ -356,6 +359,26 @@ def _hold_to_compared_trials(verdict: Verdict, passed: int, trials: int) -> None
     verdict.feedback.append(f"Integrity check failed (strict mode): {message}.")
 
 
+def _hold_to_timed_checks(verdict: Verdict, session: kb_strict.StrictSession, timing: dict[str, Any]) -> None:
+    """Strict mode: a timed result stands only if the worker served every timed call it reports and none
+    of its checks failed. A result with times for calls that never asked for inputs, or correct after a
+    failed check, was written by something other than the harness's loop (a replaced timer, a patched
+    check): refused as forged."""
+    timed = int(verdict.runtime_stats.get("num_trials", 0)) + int(timing["discard_first"])
+    if session.problems == 0 and session.calls >= timed:
+        return
+    if session.problems:
+        message = f"the candidate's process reported it correct and timed, but {session.problems} of the worker's checks of its timed calls failed"
+    else:
+        message = f"the candidate's process reported {timed} timed calls, but the worker handed out inputs for {session.calls}"
+    verdict.status, verdict.correctness = "incorrect", False
+    verdict.runtime_stats = {}
+    verdict.metadata["correctness_issue"] = message
+    verdict.metadata["correctness_issue_name"] = "forged_result"
+    verdict.findings.append({"category": "forged_result", "severity": "error", "message": message})
+    verdict.feedback.append(f"Integrity check failed (strict mode): {message}.")
+
+
 def _run_candidate(worker: Worker, job: dict[str, Any], ctx: ProblemContext) -> Verdict:
     """Run a job in a fresh candidate process (or, for unit tests, here), with the reference served
     from `ctx`. Time the worker spends on the reference meanwhile is booked as reference time."""
@@ -371,6 +394,8 @@ def _run_candidate(worker: Worker, job: dict[str, Any], ctx: ProblemContext) -> 
         verdict, waited = _run_in_process_or_here(worker, job, ctx)
         if ctx.mode == "strict" and job["kind"] == "evaluate" and verdict.status == "correct":
             _hold_to_compared_trials(verdict, session.trials_passed, job["trials"])
+        if ctx.mode == "strict" and verdict.status == "correct" and verdict.runtime_stats:
+            _hold_to_timed_checks(verdict, session, job["timing"])
     finally:
         if ctx.strict_session is not None:
             ctx.strict_session.close()

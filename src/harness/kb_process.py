@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 import kb_candidate
+import kb_native
 import kb_profile
 import kb_reference
 import kb_timing
@@ -78,6 +79,12 @@ def run_job(conn: Any, job: dict[str, Any], flusher: kb_timing.L2Flusher) -> dic
     """Pin the settings, enter the sandbox, then evaluate (or re-time, or profile) the candidate."""
     import kb_sandbox
 
+    image = job.pop("native_timer", None)
+    if image is not None:
+        # Strict timing's native loop, loaded before the sandbox and before any candidate code (kb_native).
+        with contextlib.suppress(kb_native.NativeTimerUnavailable):  # then strict timing reports it
+            kb_native.load(image)
+        del image
     kb_candidate.apply_settings(job["settings"])
     pinned = kb_candidate.settings_snapshot()
     torch.set_printoptions(precision=4, threshold=10, edgeitems=3, linewidth=80)  # as KernelBench's eval

@@ -152,9 +152,11 @@ class StrictSession:
         self._pending: dict[int, list[Any]] = {}
         self._expected: dict[int, Any] = {}
         self._next = 0
-        # Counts for tests and logs: calls handed inputs, calls checked.
+        # Counts for tests and logs: calls handed inputs, calls checked; and checks that found a problem
+        # (kb_eval holds a result to them: a timed call that failed here fails the candidate).
         self.calls = 0
         self.checked = 0
+        self.problems = 0
         # Correctness trials the worker compared and found correct (kb_eval holds a result to it).
         self.trials_passed = 0
 
@@ -179,6 +181,12 @@ class StrictSession:
     def check(self, call: int, output: Any, calls: int) -> str | None:
         """After timed call `call` returned `output`: decide (secret) whether it is checked; if so,
         compare it with the reference's output on the call's pristine inputs. A problem, or None."""
+        problem = self._check(call, output, calls)
+        if problem is not None:
+            self.problems += 1
+        return problem
+
+    def _check(self, call: int, output: Any, calls: int) -> str | None:
         pristine = self._pending.pop(call, None)
         if pristine is None:
             return "no inputs were handed out for this call"

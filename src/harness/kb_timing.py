@@ -11,7 +11,9 @@ Strict mode times differently (`time_strict`): each timed call gets inputs no ca
 outside the timed region by the worker from a secret seed, kb_strict), the timed region ends with a
 device-wide synchronize (work the candidate left on other streams is inside the measurement), and after
 each call its output goes to the worker, which decides from another secret whether to check it against
-the reference's, so neither a memo nor skipping work on unchecked calls can pass reliably.
+the reference's, so neither a memo nor skipping work on unchecked calls can pass reliably. Its timed
+calls run in a native loop (kb_native, kb_native_timer.cpp): the call index, the events, the clock and
+the times are never in a Python frame or object the candidate's forward could reach.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+import kb_native
 
 # Captured before any candidate code runs (see the module doc). Keep these module-private names only.
 _perf_counter = time.perf_counter
@@ -210,6 +214,16 @@ def _fresh(value: Any) -> Any:
     return value
 
 
+class TimingHooked(Exception):
+    """Strict timing: a trace/profile function, a sys.monitoring tool or a gc callback was installed
+    during the native loop (kb_native_timer.cpp), letting code other than forward run inside it."""
+
+    def __init__(self, call: int, message: str) -> None:
+        super().__init__(message)
+        self.call = call
+        self.message = message
+
+
 def time_strict(
     fn: Callable[..., Any],
     warmup_inputs: Callable[[], Sequence[Any]],
@@ -219,16 +233,17 @@ def time_strict(
     flusher: L2Flusher,
     after: Callable[[int, Any, int], str | None] | None,
 ) -> list[float]:
-    """Strict mode's loop (module doc): warm-ups on clones of one set; then per timed call its own
-    inputs (`call_inputs(call)`, made before the timed region), device sync -> L2 flush -> start -> fn
-    -> device-wide sync -> end, and `after(call, output, calls)` (the worker's check: a problem, which
-    raises TimedOutputMismatch, or None). The reference is timed the same way (after=None), so the
-    ratio compares like with like."""
+    """Strict mode's loop (module doc): warm-ups here on clones of one set (untimed, unchecked); then the
+    timed calls in the native loop (kb_native): per call its own inputs (`call_inputs(call)`, made
+    before the timed region), device sync -> L2 flush -> start -> fn -> device-wide sync -> end, and
+    `after(call, output, calls)` (the worker's check: a problem, which raises TimedOutputMismatch, or
+    None). The call index, the events, the clock and the times live in native memory until the loop
+    ends. The reference is timed the same way (after=None), so the ratio compares like with like.
+    Raises kb_native.NativeTimerUnavailable when the native loop is not loaded: no Python fallback."""
     warmup, trials, discard = timing["warmup"], timing["trials"], timing["discard_first"]
     cuda = device.type == "cuda"
-    flush = flusher if cuda and timing["l2_flush"] else None
-    calls = trials + discard
-    times: list[float] = []
+    kb_native.require()
+    flush = (lambda: flusher.flush(device)) if cuda and timing["l2_flush"] else None
     with _no_grad(), torch.cuda.device(device) if cuda else _no_grad():
         if warmup:
             warm = warmup_inputs()
@@ -237,33 +252,17 @@ def time_strict(
                 if cuda:
                     _cuda_synchronize(device=device)
             del warm
+        stream = None
         if cuda:
             torch.cuda.empty_cache()
-        for call in range(calls):
-            args = call_inputs(call)
-            if cuda:
-                _cuda_synchronize(device=device)
-                start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-                if flush is not None:
-                    flush.flush(device)
-                _event_record(start)
-                output = fn(*args)
-                _cuda_synchronize(device=device)  # device-wide: side streams are inside the fence
-                _event_record(end)
-                _cuda_synchronize(device=device)
-                elapsed = float(_event_elapsed(start, end))
-            else:
-                started = _perf_counter()
-                output = fn(*args)
-                elapsed = (_perf_counter() - started) * 1000.0
-            if after is not None:
-                problem = after(call, output, calls)
-                if problem is not None:
-                    raise TimedOutputMismatch(call + 1, problem)
-            del output, args
-            if call >= discard:
-                times.append(elapsed)
-    return times
+            stream = int(torch.cuda.current_stream(device).cuda_stream)
+        times, stop = kb_native.run(fn, call_inputs, after, trials + discard, discard, stream, flush)
+    if stop is not None:
+        call, kind, message = stop
+        if kind == "mismatch":
+            raise TimedOutputMismatch(call, message)
+        raise TimingHooked(call, message)
+    return list(times)
 
 
 def time_callable(

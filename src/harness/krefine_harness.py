@@ -29,7 +29,9 @@ the floors or along one, never up, and never in a circle. From the top:
     problem    kb_reference (the problem, its reference data, the device) > kb_store (the on-disk
                input store, a script the orchestrator runs off the lease) > kb_inputs (parallel input
                generation) > kb_problem (KernelBench's basics: seeds, loading, tensors)
-    leaves     kb_feedback (feedback text, what a candidate's error is), kb_timing (timers, L2 flush),
+    timing     kb_timing (timers, L2 flush) > kb_native (strict mode's native timing loop, built from
+               kb_native_timer.cpp by the worker, sealed, loaded before the candidate)
+    leaves     kb_feedback (feedback text, what a candidate's error is),
                kb_sandbox (confinement), kb_ncu (Nsight Compute's CSV and its P feedback text),
                kb_wire (the worker's restricted unpickler for candidate processes' messages); none
                imports a harness module
@@ -277,6 +279,16 @@ class Server:
         device = request.get("device")
         if self.role == "compile" and isinstance(device, str) and device.startswith("cuda"):
             return "a compile worker does not use the GPU; send evaluate/profile for cuda to a gpu worker"
+        if request.get("op") == "evaluate" and request.get("mode") == "strict":
+            import kb_native
+
+            try:
+                kb_native.ensure()  # built once per worker, before any candidate process gets a job
+            except kb_native.NativeTimerUnavailable as exc:
+                return (
+                    f"strict mode refuses to evaluate: its native timing loop is unavailable ({exc}); strict "
+                    "timing never falls back to a Python loop (faithful mode does not need it)"
+                )
         return None
 
     def dispatch(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -287,8 +299,14 @@ class Server:
             self.build_wanted_pch(request, wanted)
             return response
         if op == "prepare":
+            import kb_native
             import kb_prepare
 
+            if request.get("mode") == "strict":
+                # Strict mode's native timing loop, built here, off the first candidate's evaluate; a
+                # failure is reported by that evaluate's refusal.
+                with contextlib.suppress(kb_native.NativeTimerUnavailable):
+                    kb_native.ensure()
             return kb_prepare.prepare(request, self.worker)
         if op == "evaluate":
             import kb_eval

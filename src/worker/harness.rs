@@ -12,8 +12,8 @@ use super::WorkerError;
 /// The script the workers run (`python -u krefine_harness.py serve ...`).
 pub const HARNESS_ENTRY: &str = "krefine_harness.py";
 
-/// Every harness file: (file name, content).
-pub const HARNESS_FILES: [(&str, &str); 24] = [
+/// Every harness file: (file name, content): the Python modules and the native timer's C++ source.
+pub const HARNESS_FILES: [(&str, &str); 26] = [
     (
         "krefine_harness.py",
         include_str!("../harness/krefine_harness.py"),
@@ -50,6 +50,11 @@ pub const HARNESS_FILES: [(&str, &str); 24] = [
     ("kb_split.py", include_str!("../harness/kb_split.py")),
     ("kb_problem.py", include_str!("../harness/kb_problem.py")),
     ("kb_store.py", include_str!("../harness/kb_store.py")),
+    ("kb_native.py", include_str!("../harness/kb_native.py")),
+    (
+        "kb_native_timer.cpp",
+        include_str!("../harness/kb_native_timer.cpp"),
+    ),
 ];
 
 /// 12 hex digits of blake3 over every file's name and content.

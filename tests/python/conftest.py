@@ -4,6 +4,7 @@ worker."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -23,6 +24,20 @@ import kb_pch
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: builds a C++ extension or starts extra worker processes")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def native_timer_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Strict mode's native timer is built once per session (kb_native), here and not next to the
+    harness folder (which is the source tree in tests); workers started by the tests inherit it."""
+    folder = tmp_path_factory.mktemp("native-timer")
+    previous = os.environ.get("KREFINE_NATIVE_DIR")
+    os.environ["KREFINE_NATIVE_DIR"] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop("KREFINE_NATIVE_DIR", None)
+    else:
+        os.environ["KREFINE_NATIVE_DIR"] = previous
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness_client import (
+    FIXTURES,
     HOSTILE,
     WorkerProcess,
     compile_request,
@@ -52,6 +54,8 @@ def main() -> int:
     args = parser.parse_args()
     work: Path = args.work
     work.mkdir(parents=True, exist_ok=True)
+    # Strict mode's native timing loop (kb_native) is built by the GPU worker under --work, not in the tree.
+    os.environ.setdefault("KREFINE_NATIVE_DIR", str(work / "native-timer"))
     checks = Checks()
     problem = hostile("problem_add.py")
 
@@ -107,6 +111,21 @@ def main() -> int:
     checks.expect("in-place faithful passes", r["status"] == "correct", r["feedback"][:160])
     r = evaluate(hostile("inplace_input.py"), "inplace_strict", mode="strict")
     checks.expect("in-place strict fails", r["status"] == "incorrect", r["metadata"].get("correctness_issue"))
+    # Strict timing's native loop on the device (kb_native: CUDA driver events, device-wide fence).
+    r = evaluate(CORRECT, "correct_strict", mode="strict")
+    checks.expect(
+        "strict correct, timed in the native loop",
+        r["status"] == "correct" and r["runtime"] > 0 and r["speedup"] is not None and r["findings"] == [],
+        (r["status"], r["runtime"], r["speedup"], r["findings"]),
+    )
+    matmul = (FIXTURES / "integrity" / "problem_matmul.py").read_text()
+    hunter = (FIXTURES / "strict" / "loop_state_hunter.py").read_text()
+    r = evaluate(hunter, "hunter_strict", mode="strict", problem_code=matmul)
+    checks.expect(
+        "strict loop-state hunter finds nothing and is timed",
+        r["status"] == "correct" and r["runtime"] > 0 and "error_during_performance" not in r["metadata"],
+        (r["status"], r["runtime"], r["metadata"].get("error_during_performance"), r["findings"]),
+    )
     r = evaluate(CORRECT, "after_inplace", measure=False)
     checks.expect("inputs pristine after in-place", r["status"] == "correct", r["status"])
     r = evaluate(hostile("reuse_freed.py"), "reuse_freed_faithful", measure=False)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import kb_eval
+import kb_native
 import kb_prepare
 import kb_protocol
 import kb_reference
@@ -44,6 +45,7 @@ TIMING = {"warmup": 2, "trials": 40, "discard_first": 1, "l2_flush": False}
 
 @pytest.fixture()
 def ctx() -> kb_reference.ProblemContext:
+    kb_native.ensure()  # strict timing's native loop, loaded here as a worker loads it for the reference
     cache = kb_reference.ReferenceCache()
     context = cache.context(PROBLEM, torch.device("cpu"), "fp32", "strict", 42)
     assert context.error is None

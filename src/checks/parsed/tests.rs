@@ -324,10 +324,11 @@ proptest! {
 }
 
 /// bench/gpu's hostile set with real CUDA kernels: the honest control (samples 0 and 7) and the
-/// content memoiser (2, ordinary Python) pass strict mode's static checks; every other hack fails them.
+/// content memoiser (2, ordinary Python) pass strict mode's static checks; every other hack (the loop-state
+/// tamperer, 8, included) fails them.
 #[test]
 fn the_gpu_hostile_set_is_rejected_and_the_control_passes() {
-    let set: [(&str, bool); 8] = [
+    let set: [(&str, bool); 9] = [
         (
             include_str!(
                 "../../../bench/gpu/candidates/strict/level_1_problem_1_sample_0_kernel.py"
@@ -375,6 +376,12 @@ fn the_gpu_hostile_set_is_rejected_and_the_control_passes() {
                 "../../../bench/gpu/candidates/strict/level_1_problem_1_sample_7_kernel.py"
             ),
             false,
+        ),
+        (
+            include_str!(
+                "../../../bench/gpu/candidates/strict/level_1_problem_1_sample_8_kernel.py"
+            ),
+            true,
         ),
     ];
     for (sample, (code, rejected)) in set.iter().enumerate() {
