@@ -156,6 +156,13 @@ pub trait Executor: Send + Sync {
         false
     }
 
+    /// Keep `problem`'s stored inputs from being evicted while the returned value lives: held by a
+    /// candidate from before it queues for a lease until its evaluation ends. `None`: nothing to
+    /// hold.
+    fn hold_inputs(&self, _problem: &Problem) -> Option<Box<dyn std::any::Any + Send + Sync>> {
+        None
+    }
+
     /// Whether [`Executor::prepare_reference`] does anything (the engine then prepares reference
     /// data ahead of candidates, see `crate::refprep`).
     fn prepares_reference(&self) -> bool {

@@ -201,6 +201,9 @@ pub(super) async fn on_device(
         code,
         build_dir,
     };
+    // Its stored inputs stay in the store until this evaluation ends (another problem's entry is
+    // refused room rather than evicting them while this candidate waits for the device).
+    let _inputs = shared.executor.hold_inputs(&job.problem);
     // The problem's inputs are made on the CPU off the lease (`crate::refprep`): wait for them
     // here, holding nothing, rather than making them again on the device.
     if let Some(prep) = shared.prep.as_deref()

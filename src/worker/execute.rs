@@ -268,6 +268,10 @@ impl Executor for WorkerPool {
         self.make_inputs_now(&problem, processes).await
     }
 
+    fn hold_inputs(&self, problem: &Problem) -> Option<Box<dyn std::any::Any + Send + Sync>> {
+        self.hold_inputs_of(problem)
+    }
+
     async fn prepare_reference(
         &self,
         problem: Arc<Problem>,

@@ -29,9 +29,11 @@
 //!   generator then makes fewer seeds at once (each process holds its seed while the file fills
 //!   memory too). Read back at memory speed instead of being drawn inside a candidate's lease.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
@@ -223,6 +225,28 @@ pub struct InputStore {
     timeout: Duration,
     /// The in-memory tier: admission also keeps memory available, and the generator is told.
     memory: bool,
+    /// Entries this process holds ([`InputStore::hold`]: a candidate of the problem waits for or
+    /// holds a lease), with how many holds each: never removed to make room.
+    held: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// Keeps an entry from being evicted while it lives (see [`InputStore::hold`]).
+#[derive(Debug)]
+pub struct InputsHold {
+    held: Arc<Mutex<HashMap<String, usize>>>,
+    key: String,
+}
+
+impl Drop for InputsHold {
+    fn drop(&mut self) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = held.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.key);
+            }
+        }
+    }
 }
 
 impl InputStore {
@@ -242,7 +266,27 @@ impl InputStore {
             env,
             timeout,
             memory: false,
+            held: Arc::default(),
         }
+    }
+
+    /// Hold the entry `key` while the guard lives: admission and trimming never remove it to make
+    /// room (another problem's entry is refused instead). A candidate holds its problem's entry from
+    /// before it queues for a lease until its evaluation ends, since a problem too large for the
+    /// device's cache reads its inputs again for every candidate; an entry evicted under it would be
+    /// drawn again inside the lease.
+    pub fn hold(&self, key: &str) -> InputsHold {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        *held.entry(key.to_string()).or_default() += 1;
+        InputsHold {
+            held: self.held.clone(),
+            key: key.to_string(),
+        }
+    }
+
+    fn held_keys(&self) -> Vec<String> {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.keys().cloned().collect()
     }
 
     /// This store is the in-memory tier (its root in `/dev/shm`): see the module doc.
@@ -473,7 +517,8 @@ impl InputStore {
             .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?;
         lock.lock()
             .map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?;
-        let (reserved, busy) = self.reservations(key);
+        let (reserved, mut busy) = self.reservations(key);
+        busy.extend(self.held_keys());
         let entries = self.scan();
         let stored: u64 = entries.iter().map(|e| e.bytes).sum();
         let (free, fs_total) = fs_space(&self.root).unwrap_or((u64::MAX, 0));
@@ -595,6 +640,9 @@ impl InputStore {
     }
 
     fn remove_unlocked(&self, key: &str) -> bool {
+        if self.held_keys().iter().any(|k| k == key) {
+            return false;
+        }
         let lock_path = self.root.join(format!("{key}.lock"));
         let Ok(file) = std::fs::OpenOptions::new()
             .create(true)
@@ -723,6 +771,47 @@ mod tests {
             plan_admission(&entries, 0, 80, 100, "n", &["a".to_string()]),
             None
         );
+    }
+
+    #[test]
+    fn a_held_entry_is_never_evicted_to_make_room() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = InputStore::new(
+            dir.path().to_path_buf(),
+            10_000,
+            "python3".into(),
+            dir.path().to_path_buf(),
+            Vec::new(),
+            Duration::from_secs(1),
+        );
+        let now = SystemTime::now();
+        for (key, age) in [("old", 100), ("new", 50)] {
+            let e = dir.path().join(key);
+            std::fs::create_dir_all(&e).unwrap();
+            std::fs::write(e.join(MANIFEST), "{}").unwrap();
+            std::fs::write(e.join("seed-1.bin"), vec![0u8; 4000]).unwrap();
+            let used = std::fs::File::create(e.join(USED)).unwrap();
+            used.set_modified(now - Duration::from_secs(age)).unwrap();
+        }
+        let exists = |key: &str| dir.path().join(key).join(MANIFEST).is_file();
+        // The least recently used entry is held: the other one makes room instead.
+        let hold = store.hold("old");
+        store.admit("x", Some(4000)).unwrap();
+        assert!(exists("old") && !exists("new"));
+        // x is made (and held by its candidate): nothing can go, so y is refused.
+        let e = dir.path().join("x");
+        std::fs::create_dir_all(&e).unwrap();
+        std::fs::write(e.join(MANIFEST), "{}").unwrap();
+        std::fs::write(e.join("seed-1.bin"), vec![0u8; 4000]).unwrap();
+        std::fs::File::create(e.join(USED)).unwrap();
+        let _x = store.hold("x");
+        let e = store.admit("y", Some(4000)).unwrap_err();
+        assert!(e.contains("do not fit the store"), "{e}");
+        assert!(exists("old"));
+        // Released: it is evicted like any other.
+        drop(hold);
+        store.admit("y", Some(4000)).unwrap();
+        assert!(!exists("old"));
     }
 
     #[test]

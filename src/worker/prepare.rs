@@ -108,6 +108,20 @@ impl WorkerPool {
         Some(dir.to_string_lossy().into_owned())
     }
 
+    /// Hold `problem`'s entry in both tiers (see `InputStore::hold`); `None` without a store.
+    pub(super) fn hold_inputs_of(
+        &self,
+        problem: &Problem,
+    ) -> Option<Box<dyn std::any::Any + Send + Sync>> {
+        let key = self.inputs_key(problem);
+        let holds: Vec<_> = [&self.input_store, &self.ram_store]
+            .into_iter()
+            .flatten()
+            .map(|store| store.hold(&key))
+            .collect();
+        (!holds.is_empty()).then(|| Box::new(holds) as Box<dyn std::any::Any + Send + Sync>)
+    }
+
     async fn ensure_in(
         &self,
         store: &InputStore,
