@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -232,14 +233,18 @@ def main() -> int:
         kernelbench = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(kernelbench)
     checks = Checks()
-    worker = kb_eval.Worker(isolate=True)
+    out = Path(args.out).resolve()
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
+        # As krefine's worker does: candidate processes may write only their build folder and the
+        # working folder, so Triton's cache goes under the latter (not the home).
+        os.chdir(root)
+        os.environ["TRITON_CACHE_DIR"] = str(root / "triton-cache")
+        worker = kb_eval.Worker(isolate=True)
         check_timing(checks, kernelbench)
         check_recorded(checks, worker, root)
         check_compiled_reference(checks, worker, root, kernelbench)
         check_profile(checks, worker, root)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(checks.records, indent=1))
     print(
