@@ -4,6 +4,7 @@ worker."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -23,6 +24,20 @@ import kb_pch
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: builds a C++ extension or starts extra worker processes")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _working_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The suite runs in a folder of its own, as `serve` runs in its scratch (prepare_process): the
+    workers it runs in-process (kb_eval.Worker) start candidate processes there, which take it as
+    their scratch and temporary folder; from the repository root they wrote into the checkout
+    (torch's `torchinductor_root`)."""
+    before = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    try:
+        yield
+    finally:
+        os.chdir(before)
 
 
 @pytest.fixture(scope="session")
