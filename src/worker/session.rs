@@ -69,18 +69,6 @@ fn session_of(pid: i32) -> Option<i32> {
     rest.split_whitespace().nth(3)?.parse().ok()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kill_group_refuses_own_group_and_init() {
-        // Would be catastrophic if it did anything; with the guard it returns without a syscall.
-        kill_group(0);
-        kill_group(1);
-    }
-}
-
 /// Called between `fork` and `exec` (a `pre_exec` hook): the child gets SIGKILL when krefine dies
 /// (`PR_SET_PDEATHSIG`), however krefine dies (SIGKILL, the OOM killer) and even while the child is
 /// stopped: a compile worker is stopped while the CPU device times a candidate, and a stopped
@@ -109,4 +97,16 @@ pub(crate) fn die_with_parent(parent: libc::pid_t) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kill_group_refuses_own_group_and_init() {
+        // Would be catastrophic if it did anything; with the guard it returns without a syscall.
+        kill_group(0);
+        kill_group(1);
+    }
 }
