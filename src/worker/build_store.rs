@@ -97,7 +97,10 @@ pub(crate) fn publish_pchs(upper: &Path, cache: &Path) -> std::io::Result<Vec<St
             continue;
         }
         std::fs::create_dir_all(&to)?;
-        let tmp = to.join(format!("{name}.publish-{}", std::process::id()));
+        // Unique per call: two compile workers of one run may publish the same header at once.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = to.join(format!("{name}.publish-{}-{n}", std::process::id()));
         remove_tree(&tmp)?;
         let copied = copy_pch(&entry.path(), &tmp).and_then(|()| {
             std::fs::write(
