@@ -10,23 +10,71 @@
 mod fuzz_support;
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use proptest::prelude::*;
 
-/// The records of a finished simulated quickstart run (4 tasks, 3 turns each), as written.
-fn corpus() -> Vec<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/runs/quickstart-sim/events.jsonl");
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(str::to_string)
-        .collect()
+/// The records of a finished simulated quickstart run (4 tasks, 3 turns each), as written. Read once
+/// per process: at 10^5 cases a target's own set-up must not cost more than the reader it tests.
+fn corpus() -> &'static [String] {
+    static LINES: OnceLock<Vec<String>> = OnceLock::new();
+    LINES.get_or_init(|| {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/runs/quickstart-sim/events.jsonl");
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_string)
+            .collect()
+    })
 }
 
-fn write(dir: &Path, bytes: &[u8]) -> PathBuf {
-    let path = dir.join("events.jsonl");
+/// The corpus as JSON values, parsed once.
+fn corpus_values() -> &'static [serde_json::Value] {
+    static VALUES: OnceLock<Vec<serde_json::Value>> = OnceLock::new();
+    VALUES.get_or_init(|| {
+        corpus()
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    })
+}
+
+/// The corpus as one log's bytes, and the end (one past its newline) of each line.
+fn corpus_text() -> &'static (Vec<u8>, Vec<usize>) {
+    static TEXT: OnceLock<(Vec<u8>, Vec<usize>)> = OnceLock::new();
+    TEXT.get_or_init(|| {
+        let full = corpus()
+            .iter()
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+            .into_bytes();
+        let ends = (0..full.len())
+            .filter(|&i| full[i] == b'\n')
+            .map(|i| i + 1)
+            .collect();
+        (full, ends)
+    })
+}
+
+/// The corpus as records, parsed once.
+fn corpus_records() -> &'static [krefine::types::LogRecord] {
+    static RECORDS: OnceLock<Vec<krefine::types::LogRecord>> = OnceLock::new();
+    RECORDS.get_or_init(|| {
+        corpus()
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    })
+}
+
+/// One folder per process for the logs the targets write (each target its own file, `name`):
+/// creating and removing a folder per case cost more than the read under test.
+fn write(name: &str, bytes: &[u8]) -> PathBuf {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    let dir = DIR.get_or_init(|| tempfile::tempdir().unwrap());
+    let path = dir.path().join(format!("{name}.jsonl"));
     std::fs::write(&path, bytes).unwrap();
     path
 }
@@ -107,8 +155,7 @@ proptest! {
     fn valid_prefixes_read_and_fold(n in 0usize..=103) {
         let lines = corpus();
         let n = n.min(lines.len());
-        let dir = tempfile::tempdir().unwrap();
-        let path = write(dir.path(), lines[..n].iter().map(|l| format!("{l}\n")).collect::<String>().as_bytes());
+        let path = write("valid_prefixes", lines[..n].iter().map(|l| format!("{l}\n")).collect::<String>().as_bytes());
         let log = krefine::store::read_log(&path).unwrap();
         prop_assert_eq!(log.records.len(), n);
         prop_assert!(log.torn_tail.is_none());
@@ -123,8 +170,7 @@ proptest! {
         let lines = corpus();
         let n = n.min(lines.len());
         let bytes = apply(&lines[..n], &d);
-        let dir = tempfile::tempdir().unwrap();
-        let path = write(dir.path(), &bytes);
+        let path = write("damaged", &bytes);
         let total_lines = bytes.split(|b| *b == b'\n').count();
         match krefine::store::read_log(&path) {
             Ok(log) => {
@@ -150,15 +196,14 @@ proptest! {
     /// A log cut anywhere (a crash mid-write) reads as exactly its complete lines.
     #[test]
     fn a_cut_log_reads_as_its_complete_lines(f in 0.0..1.0f64) {
-        let lines = corpus();
-        let full = lines.iter().map(|l| format!("{l}\n")).collect::<String>().into_bytes();
+        let (full, ends) = corpus_text();
         let cut = ((f * full.len() as f64) as usize).min(full.len());
-        let dir = tempfile::tempdir().unwrap();
-        let path = write(dir.path(), &full[..cut]);
+        let path = write("cut", &full[..cut]);
         let log = krefine::store::read_log(&path).unwrap();
-        let complete = full[..cut].iter().filter(|b| **b == b'\n').count();
+        // The complete lines of the cut: those whose newline lies before it.
+        let complete = ends.partition_point(|&end| end <= cut);
         prop_assert_eq!(log.records.len(), complete);
-        prop_assert_eq!(log.valid_len as usize, full[..cut].iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1));
+        prop_assert_eq!(log.valid_len as usize, if complete == 0 { 0 } else { ends[complete - 1] });
     }
 }
 
@@ -175,10 +220,10 @@ proptest! {
     ) {
         use krefine::metrics::{RunInput, run_metrics, run_problems};
         use krefine::types::MethodKind;
-        let lines = corpus();
+        let all = corpus_records();
         let records: Vec<krefine::types::LogRecord> = picks
             .iter()
-            .map(|&i| serde_json::from_str(&lines[i % lines.len()]).unwrap())
+            .map(|&i| all[i % all.len()].clone())
             .collect();
         let Ok(turns) = krefine::state::RunState::from_records(&records).task_turns() else {
             return Ok(());
@@ -211,10 +256,10 @@ proptest! {
 /// replaced by the given numbers (a provider or a damaged log can carry any).
 fn with_numbers(tokens: &[u64], usd: &[f64], ms: &[u64]) -> Vec<krefine::types::LogRecord> {
     let mut i = 0usize;
-    corpus()
+    corpus_values()
         .iter()
-        .map(|l| {
-            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+        .map(|v| {
+            let mut v = v.clone();
             let mut pick = |xs: &[u64]| {
                 i += 1;
                 xs[i % xs.len()]

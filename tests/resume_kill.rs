@@ -274,6 +274,64 @@ fn ctrl_c_ends_cleanly_and_the_run_resumes() {
     assert_eq!(count_answers(&out), 9);
 }
 
+/// A panic anywhere (here: in whichever task appends the run's N-th event, through a hook that
+/// debug builds read from `KREFINE_TEST_PANIC_AT_EVENT`) ends the process without hanging and
+/// leaves a run directory that `--resume` finishes with the uninterrupted run's report, asking the
+/// LLM no answer twice (issue 27, 8).
+#[test]
+fn a_panic_anywhere_leaves_the_run_resumable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = fixture(tmp.path());
+    let clean = tmp.path().join("clean");
+    assert!(run(&cfg, &clean, false).wait().unwrap().success());
+    let want = report_turns(&clean);
+    // Points over the whole run (it appends about 60 events): its first event (`run_started`, in the
+    // engine's own task), LLM answers, builds, leases and results (in the task drivers), near the end.
+    for at in [1, 2, 7, 15, 25, 35, 45, 55] {
+        let out = tmp.path().join(format!("panic{at}"));
+        let mut child = Command::new(bin())
+            .arg("run")
+            .arg(&cfg)
+            .arg("--no-tui")
+            .arg("--out")
+            .arg(&out)
+            .env("KREFINE_TEST_PANIC_AT_EVENT", at.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("the run hung after its panic at event {at}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert!(
+            !status.success(),
+            "event {at}: the panic ended nothing: {err}"
+        );
+        assert!(err.contains("a test's panic"), "event {at}: {err}");
+        let mut tries = 0;
+        while !run(&cfg, &out, true).wait().unwrap().success() {
+            tries += 1;
+            assert!(tries < 3, "the run panicked at event {at} does not resume");
+        }
+        assert_eq!(report_turns(&out), want, "panic at event {at}");
+        assert_eq!(
+            count_answers(&out),
+            9,
+            "an answer was asked twice (event {at})"
+        );
+    }
+}
+
 #[test]
 fn resume_refuses_a_different_experiment_but_allows_other_resources() {
     let tmp = tempfile::tempdir().unwrap();

@@ -78,6 +78,11 @@ pub enum BenchCmd {
         /// Build here and keep the builds (default: a temporary folder, removed afterwards).
         #[arg(long)]
         work_dir: Option<PathBuf>,
+        /// Precompiled headers across runs: the first candidate is a short run's build (its compile
+        /// worker's headers are published into a fresh shared build cache); each other candidate is
+        /// the next run's first build, through real compile workers, beside its plain load_inline.
+        #[arg(long)]
+        across_runs: bool,
     },
     /// Reference benchmark: each candidate's time from compiled to verdict on a cold reference, the way
     /// krefine did before (prepare everything, then evaluate), without and with preparation ahead, and
@@ -169,6 +174,7 @@ pub fn bench(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
             jobs,
             compare_code,
             work_dir,
+            across_runs,
         } => {
             let out = super::bench_compile::run(super::bench_compile::CompileBench {
                 paths,
@@ -177,6 +183,7 @@ pub fn bench(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
                 jobs,
                 compare_code,
                 work_dir,
+                across_runs,
             })?;
             super::print_out(&out)?;
             Ok(ExitCode::SUCCESS)

@@ -26,6 +26,8 @@ pub struct CompileBench {
     pub jobs: usize,
     pub compare_code: bool,
     pub work_dir: Option<PathBuf>,
+    /// A short run's precompiled headers, then the next run's first builds (see bench_pch.rs).
+    pub across_runs: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +80,9 @@ pub struct Row {
 }
 
 pub fn run(args: CompileBench) -> anyhow::Result<String> {
+    if args.across_runs {
+        return super::bench_pch::run(args);
+    }
     let candidates = collect(&args.paths)?;
     anyhow::ensure!(!candidates.is_empty(), "no candidate files (*.py) found");
     let rt = super::runtime()?;
@@ -259,7 +264,7 @@ fn code_verdict(objects: &std::collections::BTreeMap<String, String>) -> String 
     }
 }
 
-struct Runner {
+pub(super) struct Runner {
     python: PathBuf,
     driver: PathBuf,
     arch: Option<String>,
@@ -267,7 +272,26 @@ struct Runner {
 }
 
 impl Runner {
-    fn build(&self, name: &str, source: &Path, mode: Mode) -> anyhow::Result<BuildReport> {
+    pub(super) fn new(
+        python: PathBuf,
+        driver: PathBuf,
+        args: &CompileBench,
+        builds: &Path,
+    ) -> Self {
+        Runner {
+            python,
+            driver,
+            arch: args.arch.clone(),
+            builds: builds.to_path_buf(),
+        }
+    }
+
+    pub(super) fn build(
+        &self,
+        name: &str,
+        source: &Path,
+        mode: Mode,
+    ) -> anyhow::Result<BuildReport> {
         let dir = self.builds.join(format!("{name}-{}", mode.as_str()));
         // A cold build: nothing of an earlier run may be reused.
         let _ = std::fs::remove_dir_all(&dir);
@@ -333,7 +357,7 @@ impl Runner {
 }
 
 /// Candidate files: the `*.py` files named, and those directly inside the folders named, by name.
-fn collect(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, PathBuf)>> {
+pub(super) fn collect(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, PathBuf)>> {
     let mut files = Vec::new();
     for p in paths {
         if p.is_dir() {

@@ -3,6 +3,7 @@
 mod baseline;
 mod bench;
 mod bench_compile;
+mod bench_pch;
 mod bench_reference;
 mod bench_sandbox;
 mod bench_throughput;

@@ -207,6 +207,8 @@ impl Shared {
         task: Option<TaskId>,
         event: Event,
     ) -> impl Future<Output = Result<Arc<LogRecord>, StoreError>> + '_ {
+        #[cfg(debug_assertions)]
+        test_panic_hook();
         // The log's writer sends the record on the bus, in the file's order.
         self.log.append(task, event)
     }
@@ -503,6 +505,25 @@ impl Engine {
             devices_lost,
             torn_tail,
         })
+    }
+}
+
+/// Tests only (debug builds): `KREFINE_TEST_PANIC_AT_EVENT=N` panics in whatever task appends the
+/// run's N-th event (counted in this process), so that a test can show that a panic anywhere leaves
+/// the run directory resumable.
+#[cfg(debug_assertions)]
+fn test_panic_hook() {
+    static APPENDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| {
+        std::env::var("KREFINE_TEST_PANIC_AT_EVENT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
+    if let Some(at) = *at
+        && APPENDS.fetch_add(1, Ordering::SeqCst) + 1 == at
+    {
+        panic!("KREFINE_TEST_PANIC_AT_EVENT={at}: a test's panic");
     }
 }
 

@@ -279,6 +279,8 @@ class FastLoadInline:
                 pch = self._shared_pch(a, compiler, flags, with_cuda, "extension", request=wanted)
                 if pch.header is None:
                     print(f"krefine: no precompiled header for '{name}': {pch.error[-500:]}", flush=True)
+                elif pch.shared:
+                    print(f"krefine: precompiled header {Path(pch.header).parent.name} from the shared build cache", flush=True)
         nvcc = overlapped_nvcc() if cuda else None
         if not narrowed and nvcc is None and (pch is None or pch.header is None):
             return "nothing-to-speed-up"
@@ -302,6 +304,9 @@ class FastLoadInline:
         headers = [self._shared_pch(a, compiler, flags, with_cuda, kind) for kind in ("candidate", "bindings")]
         if any(h.header is None for h in headers):
             return SPLIT_WAITS
+        for h in headers:
+            if h.shared and h.header is not None:
+                print(f"krefine: precompiled header {Path(h.header).parent.name} from the shared build cache", flush=True)
         plan = ExtensionBuild(
             name=name,
             path=FAST,

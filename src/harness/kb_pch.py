@@ -39,6 +39,10 @@ PCH_TEXTS = {
     "bindings": kb_split.BINDINGS_PCH_TEXT,
 }
 PCH_BUILD_TIMEOUT_S = 900.0
+# Written by krefine into a PCH folder it published from a sandboxed compile worker's copy-on-write
+# layer into the shared build cache (PCH_PUBLISHED_MARKER in build_store.rs): a build that uses such a
+# header says it came from the shared cache, i.e. an earlier worker or run made it.
+PUBLISHED_MARKER = "krefine-published.json"
 # Candidate flags a trusted PCH build accepts: optimisation, standard, macros, warnings, -f/-m switches.
 # Nothing that names a file or passes options on (-include, -I, -Wp,..., -fplugin=, @file, -specs=).
 _SAFE_PCH_FLAG = re.compile(
@@ -130,6 +134,12 @@ class PchResult:
     header: str | None
     built_s: float = 0.0
     error: str = ""
+    # The header was published into the shared build cache (by an earlier worker or run).
+    shared: bool = False
+
+
+def _found(final: Path) -> PchResult:
+    return PchResult(str(final / PCH_HEADER), shared=(final / PUBLISHED_MARKER).is_file())
 
 
 def ensure_pch(root: Path, compiler: str, flags: list[str], text: str = PCH_TEXT) -> PchResult:
@@ -146,14 +156,14 @@ def ensure_pch(root: Path, compiler: str, flags: list[str], text: str = PCH_TEXT
     final = root / key
     header = final / PCH_HEADER
     if (final / (PCH_HEADER + ".gch")).is_file():
-        return PchResult(str(header))
+        return _found(final)
     root.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with open(root / f"{key}.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if (final / (PCH_HEADER + ".gch")).is_file():
-                return PchResult(str(header))
+                return _found(final)
             failed = root / f"{key}.failed"
             if failed.is_file():
                 return PchResult(None, error=failed.read_text(errors="replace"))
@@ -181,9 +191,9 @@ def ensure_pch(root: Path, compiler: str, flags: list[str], text: str = PCH_TEXT
 def lookup_pch(root: Path, compiler: str, flags: list[str], text: str = PCH_TEXT) -> PchResult:
     """The shared PCH for (compiler, torch, flags, text) if a trusted process has built it. No lock is
     needed: a PCH folder appears complete, by rename."""
-    header = root / pch_key(compiler, flags, text) / PCH_HEADER
-    if Path(str(header) + ".gch").is_file():
-        return PchResult(str(header))
+    final = root / pch_key(compiler, flags, text)
+    if (final / (PCH_HEADER + ".gch")).is_file():
+        return _found(final)
     return PchResult(None, error="not built yet; this worker builds it for the next candidates")
 
 

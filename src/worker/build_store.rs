@@ -1,6 +1,7 @@
-//! The shared build cache on disk, as the sandbox needs it: publishing a finished build from a
-//! compile worker's copy-on-write layer (only the orchestrator writes the cache), sealing builds
-//! read-only, and telling whether an evaluation worker changed its view of the cache.
+//! The shared build cache on disk, as the sandbox needs it: publishing a finished build, and the
+//! precompiled headers a compile worker built, from its copy-on-write layer (only the orchestrator
+//! writes the cache), sealing them read-only, and telling whether an evaluation worker changed its
+//! view of the cache.
 
 use std::path::{Path, PathBuf};
 
@@ -58,6 +59,82 @@ pub(crate) async fn publish_build(
     })
     .await
     .map_err(std::io::Error::other)?
+}
+
+/// The shared precompiled headers' folder in the build cache (`PCH_DIR_NAME` in kb_pch.py).
+pub(crate) const PCH_DIR: &str = "pch";
+/// A PCH folder's header (`PCH_HEADER` in kb_pch.py); its `.gch` next to it means "complete".
+const PCH_HEADER: &str = "krefine_pch.h";
+/// Written into a PCH folder when it is published into the shared cache (`PUBLISHED_MARKER` in
+/// kb_pch.py): a later build that uses it says it came from the shared cache.
+pub(crate) const PCH_PUBLISHED_MARKER: &str = "krefine-published.json";
+
+/// Publish the precompiled headers a compile worker built (in its copy-on-write layer, `upper`) into
+/// the shared cache's `pch/`, so that later runs' workers start with them instead of cold. Blocking.
+///
+/// Only the worker itself and the `ensure-pch` processes it starts write its `pch/` (the confined
+/// compile children see it read-only, kb_pch.py), and only complete headers are taken: a folder named
+/// like a key (hex) that holds the header and its `.gch`, regular files only (a symlink could point
+/// anywhere). Each is copied under a temporary name, sealed read-only and renamed into place, so a
+/// reader never sees half a header; a key already in the cache (another run published it) is kept.
+/// Returns the keys published.
+pub(crate) fn publish_pchs(upper: &Path, cache: &Path) -> std::io::Result<Vec<String>> {
+    let from = upper.join(PCH_DIR);
+    let entries = match std::fs::read_dir(&from) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        other => other?,
+    };
+    let to = cache.join(PCH_DIR);
+    let mut published = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let complete = entry.file_type()?.is_dir()
+            && !name.is_empty()
+            && name.bytes().all(|b| b.is_ascii_hexdigit())
+            && entry.path().join(format!("{PCH_HEADER}.gch")).is_file();
+        if !complete || to.join(&name).exists() {
+            continue;
+        }
+        std::fs::create_dir_all(&to)?;
+        // Unique per call: two compile workers of one run may publish the same header at once.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = to.join(format!("{name}.publish-{}-{n}", std::process::id()));
+        remove_tree(&tmp)?;
+        let copied = copy_pch(&entry.path(), &tmp).and_then(|()| {
+            std::fs::write(
+                tmp.join(PCH_PUBLISHED_MARKER),
+                format!("{{\"published_by\": {}}}\n", std::process::id()),
+            )?;
+            make_files_read_only(&tmp)?;
+            std::fs::rename(&tmp, to.join(&name))
+        });
+        match copied {
+            Ok(()) => published.push(name),
+            // Another run published the same key first (rename onto a full folder fails).
+            Err(_) if to.join(&name).join(format!("{PCH_HEADER}.gch")).is_file() => {
+                remove_tree(&tmp)?;
+            }
+            Err(e) => {
+                let _ = remove_tree(&tmp);
+                return Err(e);
+            }
+        }
+    }
+    Ok(published)
+}
+
+/// Copy one PCH folder: its regular files only (a PCH folder holds nothing else).
+fn copy_pch(src: &Path, dst: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dst)?;
+    for entry in std::fs::read_dir(src)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            std::fs::copy(entry.path(), dst.join(entry.file_name()))?;
+        }
+    }
+    Ok(())
 }
 
 fn remove_tree(path: &Path) -> std::io::Result<()> {
@@ -167,6 +244,68 @@ fn is_opaque(dir: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_complete_headers_are_published_sealed_and_once() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let (upper, cache) = (tmp.path().join("upper"), tmp.path().join("cache"));
+        let pch = upper.join(PCH_DIR);
+        for (dir, files) in [
+            (
+                "0a1b2c",
+                &["krefine_pch.h", "krefine_pch.h.gch", "flags.json"][..],
+            ),
+            ("0a1b2c.tmp-x1", &["krefine_pch.h", "krefine_pch.h.gch"][..]),
+            ("3d4e5f", &["krefine_pch.h"][..]),
+        ] {
+            std::fs::create_dir_all(pch.join(dir)).unwrap();
+            for f in files {
+                std::fs::write(pch.join(dir).join(f), dir).unwrap();
+            }
+        }
+        std::fs::write(pch.join("0a1b2c.lock"), "").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", pch.join("0a1b2c/extra")).unwrap();
+        assert_eq!(publish_pchs(&upper, &cache).unwrap(), vec!["0a1b2c"]);
+        let mut names: Vec<String> = std::fs::read_dir(cache.join(PCH_DIR))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            vec!["0a1b2c"],
+            "no temporary, lock or incomplete folder"
+        );
+        let published = cache.join(PCH_DIR).join("0a1b2c");
+        let mut files: Vec<String> = std::fs::read_dir(&published)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        files.sort();
+        assert_eq!(
+            files,
+            vec![
+                "flags.json",
+                PCH_PUBLISHED_MARKER,
+                "krefine_pch.h",
+                "krefine_pch.h.gch"
+            ]
+        );
+        for f in &files {
+            let mode = std::fs::metadata(published.join(f))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o222, 0, "{f} is sealed read-only");
+        }
+        // Published once: a second pass (or another run's) keeps what is there.
+        assert_eq!(publish_pchs(&upper, &cache).unwrap(), Vec::<String>::new());
+        assert_eq!(
+            publish_pchs(&tmp.path().join("none"), &cache).unwrap(),
+            Vec::<String>::new()
+        );
+    }
 
     #[test]
     fn copy_on_write_layer_taint() {

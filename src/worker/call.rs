@@ -47,10 +47,24 @@ impl WorkerPool {
         }
         // Taken out of the slot for the duration: if this future is dropped mid-request, the process
         // is dropped with it (and killed), never put back half-used.
-        let alive = state
-            .process
-            .take()
-            .and_then(|mut p| (!p.exited_while_idle()).then_some(p));
+        let mut alive = state.process.take();
+        if let Some(p) = alive.as_mut()
+            && let Some(exit) = p.ended_while_idle()
+        {
+            // A remote worker that died between requests is a lost worker, as one that dies during
+            // a request is: its host is charged, and the request is retried on a fresh worker.
+            let died = RequestError::Exited {
+                exit,
+                log_tail: p.log_tail(20).await,
+            };
+            alive = None;
+            slot.pgid.store(0, Ordering::SeqCst);
+            if let Some(loss) = self.lost(slot, &died).await {
+                state.served = 0;
+                return (Err(CallError::Lost(loss)), Duration::ZERO);
+            }
+        }
+        let alive = alive.and_then(|mut p| (!p.exited_while_idle()).then_some(p));
         let mut process = match alive {
             Some(p) => p,
             None => {

@@ -7,16 +7,41 @@ use std::time::Instant;
 use async_trait::async_trait;
 
 use super::build_cache::append_file;
-use super::build_store::publish_build;
+use super::build_store::{publish_build, publish_pchs};
 use super::failure::RequestError;
 use super::loss::{Fault, retry_lost};
 use super::outcome::{CallError, Failure, FailureKind, Phase, closed, elapsed_ms, failure};
 use super::pool::WorkerPool;
 use super::protocol::{CompileRequest, CompileStatusWire, RequestBody, ResponseBody};
-use super::slot::FreeSlot;
+use super::slot::{FreeSlot, Slot};
 use super::worker_log::log_tail;
 use crate::services::{BuildPause, CompileJob, Compiler, Unavailable};
 use crate::types::{BuildCpu, CompileOutcome, CompileStatus};
+
+impl WorkerPool {
+    /// Publish the precompiled headers a sandboxed compile worker has finished (in the background,
+    /// after a build that missed them) into the shared cache, for every later worker and run. Without
+    /// the sandbox the worker writes the shared `pch/` itself. A failure only costs speed: logged.
+    pub(super) async fn publish_pchs_of(&self, slot: &Slot) {
+        let Some(overlay) = slot.spec.sandbox.as_ref().and_then(|s| s.overlays.first()) else {
+            return;
+        };
+        let (upper, cache) = (overlay.upper.clone(), self.settings.build_cache.clone());
+        match tokio::task::spawn_blocking(move || publish_pchs(&upper, &cache)).await {
+            Ok(Ok(keys)) if !keys.is_empty() => tracing::info!(
+                "published the precompiled header(s) {} of worker {} into the build cache",
+                keys.join(", "),
+                slot.spec.name
+            ),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(
+                "could not publish worker {}'s precompiled headers: {e}",
+                slot.spec.name
+            ),
+            Err(e) => tracing::warn!("publishing precompiled headers failed: {e}"),
+        }
+    }
+}
 
 #[async_trait]
 impl Compiler for WorkerPool {
@@ -139,6 +164,7 @@ impl WorkerPool {
             build: Some(self.settings.build.as_str().into()),
         });
         let result = self.call(slot, request, self.deadlines.compile, true).await;
+        self.publish_pchs_of(slot).await;
         if worker_log != job.log_path {
             copy_log(&worker_log, &job.log_path).await;
         }

@@ -396,8 +396,8 @@ impl InputStore {
     async fn run_generator(&self, key: &str, request: &str) -> Result<GenerateAnswer, String> {
         use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
-        let mut child = tokio::process::Command::new(&self.python)
-            .arg(self.harness_dir.join(STORE_SCRIPT))
+        let mut cmd = tokio::process::Command::new(&self.python);
+        cmd.arg(self.harness_dir.join(STORE_SCRIPT))
             .arg("generate")
             .current_dir(&self.root)
             .env_clear()
@@ -405,7 +405,14 @@ impl InputStore {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
+            .kill_on_drop(true);
+        // A generator outlives no krefine, even a killed one (see `die_with_parent`).
+        let krefine = std::process::id() as libc::pid_t;
+        // SAFETY: only async-signal-safe `prctl` and `getppid` between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || super::session::die_with_parent(krefine));
+        }
+        let mut child = cmd
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", self.python.display()))?;
         let mut stdin = child.stdin.take();

@@ -419,6 +419,10 @@ impl WorkerPool {
                         p.shutdown(EXIT_GRACE).await;
                     }
                     slot.pgid.store(0, Ordering::SeqCst);
+                    // The headers it finished since its last build, before its layer goes.
+                    if slot.spec.role == WorkerRole::Compile {
+                        self.publish_pchs_of(slot).await;
+                    }
                 }
                 // Busy: the request in flight sees the worker die and reports it.
                 Err(_) => kill_group(slot.pgid.load(Ordering::SeqCst)),

@@ -27,6 +27,7 @@ use super::worker_log::{open_log, pump_log};
 // The pieces a worker process is made of, where callers have always found them.
 pub use super::budget::Budget;
 pub use super::failure::{ExitInfo, RequestError, signal_name};
+use super::session::die_with_parent;
 pub use super::session::{kill_group, signal_session, signal_session_async};
 pub use super::spawn_spec::{Remote, SpawnSpec, worker_env};
 pub use super::worker_log::{LOG_BYTES_PER_REQUEST, log_tail};
@@ -173,12 +174,14 @@ impl WorkerProcess {
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         // Own session (and process group): ninja, nvcc and anything a candidate forks die with the
-        // worker, see `kill_group`.
-        // SAFETY: between fork and exec only the async-signal-safe `setsid` is called.
+        // worker, see `kill_group`. And the worker dies with krefine, stopped or not (before the
+        // sandbox's fork, so that its supervisor, the process we start, is the one tied to us).
+        let krefine = std::process::id() as libc::pid_t;
+        // SAFETY: between fork and exec only the async-signal-safe `setsid`, `prctl` and `getppid`.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 nix::unistd::setsid().map_err(std::io::Error::from)?;
-                Ok(())
+                die_with_parent(krefine)
             });
         }
         // The sandbox, entered after `setsid` so the supervisor it leaves outside keeps the pid, the
@@ -329,24 +332,32 @@ impl WorkerProcess {
     /// out-of-memory killer between requests. Checked before each request so that the next candidate
     /// is not blamed for it.
     pub fn exited_while_idle(&mut self) -> bool {
+        !self.alive || self.ended_while_idle().is_some()
+    }
+
+    /// How the worker ended, when it ended on its own while idle since the last check (the group is
+    /// cleaned up); None while it runs, and for a worker we ended ourselves. A remote worker's end is
+    /// a lost worker when its launcher says so (the pool asks it, as for a death during a request).
+    pub fn ended_while_idle(&mut self) -> Option<ExitInfo> {
         if !self.alive {
-            return true;
+            return None;
         }
         match self.child.try_wait() {
             Ok(Some(status)) => {
                 self.alive = false;
                 kill_group(self.pid);
+                let exit = ExitInfo::from_status(status);
                 tracing::warn!(
                     "worker {} (pid {}) ended while idle with {}",
                     self.name,
                     self.pid,
-                    ExitInfo::from_status(status).describe()
+                    exit.describe()
                 );
-                true
+                Some(exit)
             }
-            Ok(None) => false,
+            Ok(None) => None,
             // Cannot tell: treat it as alive; a real problem shows up as a failed request.
-            Err(_) => false,
+            Err(_) => None,
         }
     }
 

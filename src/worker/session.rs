@@ -1,5 +1,5 @@
 //! Signalling a worker's whole session (its process group and every member that left the group),
-//! from async code or from `Drop`.
+//! from async code or from `Drop`, and tying a child's life to krefine's.
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
@@ -67,6 +67,36 @@ fn session_of(pid: i32) -> Option<i32> {
     // state ppid pgrp session ...
     let rest = stat.rsplit_once(')')?.1;
     rest.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// Called between `fork` and `exec` (a `pre_exec` hook): the child gets SIGKILL when krefine dies
+/// (`PR_SET_PDEATHSIG`), however krefine dies (SIGKILL, the OOM killer) and even while the child is
+/// stopped: a compile worker is stopped while the CPU device times a candidate, and a stopped
+/// process never reads the end of its closed pipes, so it would stay forever. `parent` is krefine's
+/// pid, read before the fork: a krefine that died before the `prctl` is caught here.
+///
+/// The signal comes when the forking *thread* ends: workers are started from the runtime's worker
+/// threads, which live as long as krefine's runtime. Only async-signal-safe calls.
+pub(crate) fn die_with_parent(parent: libc::pid_t) -> std::io::Result<()> {
+    // SAFETY: plain system calls without pointers.
+    unsafe {
+        if libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::getppid() != parent {
+            return Err(std::io::Error::other(
+                "krefine ended while starting this worker",
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

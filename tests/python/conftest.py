@@ -40,6 +40,20 @@ def native_timer_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
         os.environ["KREFINE_NATIVE_DIR"] = previous
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _working_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The suite runs in a folder of its own, as `serve` runs in its scratch (prepare_process): the
+    workers it runs in-process (kb_eval.Worker) start candidate processes there, which take it as
+    their scratch and temporary folder; from the repository root they wrote into the checkout
+    (torch's `torchinductor_root`)."""
+    before = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
 @pytest.fixture(scope="session")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("harness")

@@ -135,3 +135,33 @@ def test_compiled_reference_timing_is_recorded(isolated: Isolated) -> None:
     # A different reference timing key: timed again, not served from the compiled one's cache.
     assert eager["env"]["reference_mode"] == "eager"
     assert eager["ref_runtime_source"] == "measured"
+
+
+# Writes a file into its temporary folder (torch's inductor cache does, under `torchinductor_<user>`).
+TEMP_WRITER = textwrap.dedent(
+    """
+    import os
+    import tempfile
+    import torch
+    import torch.nn as nn
+
+    open(os.path.join(tempfile.gettempdir(), "krefine-temp-probe"), "w").close()
+
+    class ModelNew(nn.Module):
+        def forward(self, a, b):
+            return torch.add(a, b)
+    """
+)
+
+
+def test_a_candidates_temporary_files_stay_out_of_the_repository(isolated: Isolated) -> None:
+    # A candidate process takes its worker's working folder as its scratch (and TMPDIR); the suite's
+    # in-process workers ran in the repository root, so torch left `torchinductor_root` there.
+    repo = Path(__file__).resolve().parents[2]
+    probe = repo / "krefine-temp-probe"
+    try:
+        r = isolated.evaluate(TEMP_WRITER, timing_trials=3, tolerance=KERNELBENCH_V0)
+        assert r["status"] == "correct", r["feedback"]
+        assert not probe.exists(), "a candidate wrote into the repository root"
+    finally:
+        probe.unlink(missing_ok=True)

@@ -1,0 +1,149 @@
+//! Precompiled headers reach the shared build cache (issue 27, defect 7): a sandboxed compile worker
+//! builds the header its first candidate missed in its own copy-on-write layer; krefine publishes it
+//! into the cache's `pch/`, sealed read-only, and a later run's worker (fresh scratch, same cache)
+//! builds a never-seen candidate with it from its first build.
+//!
+//! Real workers, real builds (two C++ extensions and one header: minutes on a small CPU).
+
+mod worker_support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use krefine::services::Compiler;
+use krefine::types::CompileStatus;
+use krefine::worker::WorkerPool;
+use krefine::worker::sandbox::SandboxLevel;
+use worker_support::*;
+
+/// The `ok_cpp.py` fixture with its own constant: a candidate no build cache has seen.
+fn never_seen(tag: u32) -> String {
+    hostile("ok_cpp.py")
+        .replace(
+            "z[i] = x[i] + y[i];",
+            &format!("z[i] = x[i] + y[i] + 0.0f * {tag};"),
+        )
+        .replace("krefine_fixture_ok_add", &format!("krefine_pch_{tag}"))
+}
+
+/// The complete headers (`<key>/krefine_pch.h.gch`, renamed into place when done) under `pch`.
+fn complete_headers(pch: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(pch) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        // `<key>.tmp-*` folders are builds in flight.
+        .filter(|p| p.extension().is_none() && p.join("krefine_pch.h.gch").is_file())
+        .collect();
+    found.sort();
+    found
+}
+
+/// The headers whose build started (`<key>.lock`) under `pch`.
+fn locks(pch: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(pch) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".lock").map(str::to_string)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_precompiled_header_serves_the_next_runs_first_build() {
+    // The pool's warnings (a header it could not publish) in the test's output.
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let tmp = tempfile::tempdir().unwrap();
+    let python = test_python().await;
+    let harness = deployed_harness(tmp.path()).await;
+    let cache = tmp.path().join("build-cache");
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let tag = std::process::id() * 2;
+
+    // The first run: its build misses the header; its worker builds it in the background.
+    let first = WorkerPool::start(cpu_settings(
+        python.clone(),
+        harness.clone(),
+        &tmp.path().join("run1"),
+        &cache,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        first.sandbox_level(),
+        &SandboxLevel::Namespaces,
+        "this machine allows user namespaces; the compile workers' copy-on-write layer is the case"
+    );
+    let job = compile_job(&never_seen(tag), &logs, "first");
+    let built = first.compile(job.clone()).await.unwrap();
+    assert_eq!(built.status, CompileStatus::Ok, "{}", built.feedback);
+    let log = std::fs::read_to_string(&job.log_path).unwrap();
+    assert!(log.contains("no precompiled header"), "{log}");
+    // The worker's own layer gets the header; the cache does not until krefine publishes it.
+    let upper_pch = tmp.path().join("run1/scratch/compile-0.cow/upper/pch");
+    // Every header it started (a build takes `<key>.lock` first; a split build wants two) complete,
+    // and nothing new started for a few seconds.
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let mut settled = 0;
+    while settled < 10 {
+        let started = locks(&upper_pch);
+        let done = complete_headers(&upper_pch).len();
+        settled = if !started.is_empty() && done == started.len() {
+            settled + 1
+        } else {
+            0
+        };
+        assert!(
+            Instant::now() < deadline,
+            "the worker's precompiled headers did not complete in {}: {started:?}",
+            upper_pch.display()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    first.shutdown().await;
+    let published = complete_headers(&cache.join("pch"));
+    assert!(
+        !published.is_empty(),
+        "nothing published into the shared cache"
+    );
+    for dir in &published {
+        assert!(dir.join("krefine-published.json").is_file());
+        for f in std::fs::read_dir(dir).unwrap().flatten() {
+            let mode = f.metadata().unwrap().permissions().mode();
+            assert_eq!(
+                mode & 0o222,
+                0,
+                "{} is sealed read-only",
+                f.path().display()
+            );
+        }
+    }
+
+    // The next run: fresh workers and scratch, the same cache, a candidate never built before.
+    let second = WorkerPool::start(cpu_settings(
+        python,
+        harness,
+        &tmp.path().join("run2"),
+        &cache,
+    ))
+    .await
+    .unwrap();
+    let job = compile_job(&never_seen(tag + 1), &logs, "second");
+    let built = second.compile(job.clone()).await.unwrap();
+    second.shutdown().await;
+    assert_eq!(built.status, CompileStatus::Ok, "{}", built.feedback);
+    assert_eq!(built.build_path.as_deref(), Some("fast"));
+    let log = std::fs::read_to_string(&job.log_path).unwrap();
+    assert!(
+        log.contains("from the shared build cache") && !log.contains("no precompiled header"),
+        "{log}"
+    );
+}
