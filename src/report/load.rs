@@ -158,6 +158,10 @@ pub struct LoadedRun {
     pub provenance_warning: Option<String>,
 }
 
+/// The fast_p thresholds `report` and `compare` show besides KernelBench's set when none are asked
+/// (`--fast-p`): Fast@1.2.
+pub const DEFAULT_EXTRA_FAST_P: [f64; 1] = [1.2];
+
 impl LoadedRun {
     /// Its report with fast_p at `thresholds` (those beyond KernelBench's set) and the mean fraction
     /// of speed of light, per step (`report` and `compare` with `--fast-p`).
