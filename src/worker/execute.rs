@@ -9,7 +9,6 @@ use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 
 use super::budget::Budget;
-use super::failure::RequestError;
 use super::loss::{Fault, retry_lost};
 use super::outcome::{CallError, Failure, FailureKind, Phase, elapsed_ms, failure, with_tail};
 use super::pool::WorkerPool;
@@ -19,6 +18,7 @@ use super::protocol::{
 };
 use super::slot::Slot;
 use crate::services::{DeviceId, ExecJob, Executor, Unavailable};
+use crate::types::RequestError;
 use crate::types::{
     EvalEnv, ExecOutcome, InputsOutcome, Precision, PrepareOutcome, Problem, ProfileOutcome,
     Verdict,
