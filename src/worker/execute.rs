@@ -303,7 +303,7 @@ impl WorkerPool {
                 .evaluate(candidate, Some(integrity)),
         );
         // The reference data the candidate's check reaches is built on demand, trial by trial, if
-        // no background preparation (src/refprep.rs) built it already: that time runs on the
+        // no background preparation (src/refprep/) built it already: that time runs on the
         // reference's allowance, never on the candidate's `execute_s`.
         let budget = Budget {
             own: self.deadlines.execute,
