@@ -50,16 +50,5 @@
 pub mod queue;
 pub mod stages;
 
-pub use queue::{PrepQueue, Preparer};
+pub use queue::{MAX_AHEAD, PrepQueue, Preparer, cpu_ahead};
 pub use stages::{Ended, PrepServices, make_inputs, prepare_problem, run};
-
-/// The most problems a worker keeps reference data for, less the one being executed: more prepared
-/// ahead would evict each other before their candidates arrive (`MAX_CONTEXTS` in kb_reference.py).
-pub const MAX_AHEAD: u32 = 3;
-
-/// How many problems have their inputs made on the CPU at once: a quarter of the cores (at least 1,
-/// at most 4), since one problem's large inputs are made by up to six processes (one per seed).
-pub fn cpu_ahead() -> usize {
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    (cores / 4).clamp(1, 4)
-}

@@ -1,15 +1,25 @@
 //! Which problems to prepare, on which device and in which order ([`PrepQueue`], pure bookkeeping),
-//! and the [`Preparer`] that shares it between the task drivers and the background loop (a floor of
-//! [`super`], below [`super::stages`]).
+//! how many at once, and the [`Preparer`] that shares it between the task drivers and the background
+//! loop (a floor of [`super`], below [`super::stages`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 
 use tokio::sync::Notify;
 
-use super::cpu_ahead;
 use crate::services::DeviceId;
 use crate::types::ProblemKey;
+
+/// The most problems a worker keeps reference data for, less the one being executed: more prepared
+/// ahead would evict each other before their candidates arrive (`MAX_CONTEXTS` in kb_reference.py).
+pub const MAX_AHEAD: u32 = 3;
+
+/// How many problems have their inputs made on the CPU at once: a quarter of the cores (at least 1,
+/// at most 4), since one problem's large inputs are made by up to six processes (one per seed).
+pub fn cpu_ahead() -> usize {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (cores / 4).clamp(1, 4)
+}
 
 /// Which problems to prepare, and in which order (pure bookkeeping; [`Preparer`] shares it).
 #[derive(Debug, Default)]
