@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::llm::LlmParts;
+use crate::settings::resolve_config_path;
 use crate::types::{EvalMode, FeedbackMode, MethodKind};
 
 // Each room owns its section; this module assembles them (and re-exports them where callers have
@@ -236,16 +238,16 @@ pub struct LoadedConfig {
 impl LoadedConfig {
     /// Resolve a path from the config relative to the config file's folder.
     pub fn resolve(&self, p: &Path) -> PathBuf {
-        if p.is_absolute() {
-            return p.to_path_buf();
-        }
-        let base = self.path.parent().unwrap_or_else(|| Path::new("."));
-        // Configs in the repo's configs/ folder name repo-relative paths; prefer the path as given
-        // when it exists from the working directory, else relative to the config's folder.
-        if p.exists() {
-            p.to_path_buf()
-        } else {
-            base.join(p)
+        resolve_config_path(&self.path, p)
+    }
+
+    /// What the LLM room builds its provider from: its sections, `[resources]` and this file.
+    pub fn llm_parts(&self) -> LlmParts<'_> {
+        LlmParts {
+            model: &self.config.model,
+            budget: &self.config.budget,
+            resources: &self.config.resources,
+            config_file: &self.path,
         }
     }
 

@@ -32,6 +32,12 @@
 //! - [`tui`]: the terminal UI (ratatui) for live runs, `watch` and `replay`; [`progress`]: the
 //!   `--no-tui` progress bar.
 //! - [`cli`]: the command-line surface.
+//!
+//! Floors, bottom up (a room imports only from floors below it; the README's Layout has the table):
+//! leaves (`settings`, `run_end`, `cpu_budget`, `lock`, `scratch`); `types`; `services`, `store`,
+//! `spend`, `dataset`, `prompt`, `hf`; `gpu`, `sim`, `checks`; `launcher`, `refprep`, `machine`,
+//! `provenance`; `llm`, `worker`, `state`; `config`, `engine`, `metrics`; `report`, `view`; `tui`,
+//! `progress`, `interchange`; `cli`.
 
 pub mod checks;
 pub mod cli;

@@ -1,7 +1,25 @@
-//! Settings shared by several rooms: enums more than one room reads from its own config section. A
-//! leaf: it imports nothing of the crate, so any room may use it without reaching up to `config`.
+//! Settings shared by several rooms: enums more than one room reads from its own config section, and
+//! the rule for paths written in the config file. A leaf: it imports nothing of the crate, so any room
+//! may use it without reaching up to `config`.
+
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+/// Resolve a path written in the config file at `config_file` relative to that file's folder.
+pub fn resolve_config_path(config_file: &Path, p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        return p.to_path_buf();
+    }
+    let base = config_file.parent().unwrap_or_else(|| Path::new("."));
+    // Configs in the repo's configs/ folder name repo-relative paths; prefer the path as given
+    // when it exists from the working directory, else relative to the config's folder.
+    if p.exists() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]

@@ -68,10 +68,10 @@ fn every_provider_config_loads() {
 fn local_servers_build_without_a_key() {
     for name in ["vllm.toml", "ollama.toml"] {
         let cfg = load(name, &[]);
-        let llm = llm::build(&cfg, None, CancellationToken::new())
+        let llm = llm::build(&cfg.llm_parts(), None, CancellationToken::new())
             .unwrap_or_else(|e| panic!("{name}: {e:#}"));
         assert!(llm.describe().contains("127.0.0.1"), "{}", llm.describe());
-        let d = llm::describe_endpoint(&cfg);
+        let d = llm::describe_endpoint(&cfg.llm_parts());
         assert!(d.contains("no API key"), "{d}");
     }
 }
@@ -81,7 +81,7 @@ fn a_missing_key_variable_is_named() {
     for name in ["openai.toml", "deepseek.toml"] {
         let set = format!("model.api_key_env={UNSET}");
         let cfg = load(name, &[&set]);
-        let e = llm::build(&cfg, None, CancellationToken::new())
+        let e = llm::build(&cfg.llm_parts(), None, CancellationToken::new())
             .err()
             .unwrap_or_else(|| panic!("{name} built without its key"));
         let e = format!("{e:#}");
@@ -89,13 +89,12 @@ fn a_missing_key_variable_is_named() {
             e.contains(&format!("{UNSET} (model.api_key_env) is not set")),
             "{e}"
         );
-        let d = llm::describe_endpoint(&cfg);
+        let d = llm::describe_endpoint(&cfg.llm_parts());
         assert!(d.contains(&format!("${UNSET} (NOT SET)")), "{d}");
     }
-    let d = llm::describe_endpoint(&load(
-        "openai.toml",
-        &[&format!("model.api_key_env={UNSET}")],
-    ));
+    let d = llm::describe_endpoint(
+        &load("openai.toml", &[&format!("model.api_key_env={UNSET}")]).llm_parts(),
+    );
     assert_eq!(
         d,
         format!(
@@ -109,7 +108,7 @@ fn usd_budget_needs_a_price_for_the_model() {
     let cfg = load("vllm.toml", &["model.name=unpriced", "budget.usd=1.0"]);
     let e = format!(
         "{:#}",
-        llm::build(&cfg, None, CancellationToken::new())
+        llm::build(&cfg.llm_parts(), None, CancellationToken::new())
             .err()
             .unwrap()
     );
@@ -151,7 +150,8 @@ async fn replay_override_wins_over_the_configured_provider() {
     // The configured provider could not even be built (its key is missing): the override wins.
     let cfg = load("openai.toml", &[&format!("model.api_key_env={UNSET}")]);
     let (llm, ledger) =
-        llm::build_with_ledger(&cfg, Some(run.path()), CancellationToken::new()).unwrap();
+        llm::build_with_ledger(&cfg.llm_parts(), Some(run.path()), CancellationToken::new())
+            .unwrap();
     assert!(llm.describe().starts_with("replay"), "{}", llm.describe());
     let req = krefine::types::LlmRequest {
         task: "1/1/0".parse().unwrap(),
@@ -172,17 +172,17 @@ fn replay_provider_from_config() {
     recorded_run(run.path());
     let set = format!("model.replay_run={}", run.path().display());
     let cfg = load("vllm.toml", &["model.provider=replay", &set]);
-    let llm = llm::build(&cfg, None, CancellationToken::new()).unwrap();
+    let llm = llm::build(&cfg.llm_parts(), None, CancellationToken::new()).unwrap();
     assert!(
         llm.describe().contains("events.jsonl"),
         "{}",
         llm.describe()
     );
-    assert!(llm::describe_endpoint(&cfg).starts_with("replay: answers recorded in"));
+    assert!(llm::describe_endpoint(&cfg.llm_parts()).starts_with("replay: answers recorded in"));
     let cfg = load("vllm.toml", &["model.provider=replay"]);
     let e = format!(
         "{:#}",
-        llm::build(&cfg, None, CancellationToken::new())
+        llm::build(&cfg.llm_parts(), None, CancellationToken::new())
             .err()
             .unwrap()
     );

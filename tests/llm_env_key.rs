@@ -69,13 +69,13 @@ usd = 0.007
 "#
         );
         let cfg = config::parse(&text, std::path::Path::new("exp.toml"), &[]).unwrap();
-        let described = llm::describe_endpoint(&cfg);
+        let described = llm::describe_endpoint(&cfg.llm_parts());
         assert_eq!(
             described,
             format!("openai: model \"m\" at http://{addr}/v1; API key from ${var} (set)")
         );
 
-        let (llm, ledger) = llm::build_with_ledger(&cfg, None, CancellationToken::new()).unwrap();
+        let (llm, ledger) = llm::build_with_ledger(&cfg.llm_parts(), None, CancellationToken::new()).unwrap();
         let (tx, mut rx) = mpsc::channel(krefine::services::SINK_CAPACITY);
         let sink = EventSink::new(tx);
         let req = LlmRequest {

@@ -112,7 +112,10 @@ pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         {
             println!("  {e}");
         }
-        println!("LLM endpoint:\n  {}", llm::describe_endpoint(l));
+        println!(
+            "LLM endpoint:\n  {}",
+            llm::describe_endpoint(&l.llm_parts())
+        );
         if !rt.block_on(super::doctor_launcher::check(l, python.as_ref().ok())) {
             return Ok(ExitCode::FAILURE);
         }

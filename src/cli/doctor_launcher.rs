@@ -126,7 +126,7 @@ async fn start_each(loaded: &LoadedConfig, python: &Path, l: &Arc<Launcher>) -> 
     for (what, _spec, r, took) in futures::future::join_all(checks).await {
         match r {
             Ok(w) => {
-                let on = l.ran_on(w.ready());
+                let on = l.ran_on(w.ready().placement.as_deref());
                 let mut line = format!(
                     "  {what}: ready in {:.1} s on {}",
                     took.as_secs_f64(),

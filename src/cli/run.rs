@@ -245,8 +245,11 @@ async fn drive(
     discovery: gpu::Discovery,
 ) -> anyhow::Result<ExitCode> {
     let cancel = CancellationToken::new();
-    let (llm, ledger) =
-        llm::build_with_ledger(&loaded, args.replay_llm.as_deref(), cancel.clone())?;
+    let (llm, ledger) = llm::build_with_ledger(
+        &loaded.llm_parts(),
+        args.replay_llm.as_deref(),
+        cancel.clone(),
+    )?;
     // What the log held before this process continued it, folded once: the displays start from
     // it, and what it spent counts against the budget (budgets cover the whole run).
     let prior_view = RunView::from_records(prior.iter().flat_map(|p| &p.records));

@@ -31,12 +31,14 @@ import kb_feedback
 import kb_native
 import kb_reference
 import kb_strict
+import kb_tensors
 import kb_timing
 import kb_wire
 from kb_correctness import LoopOutcome, ReferenceSource, Verdict
 from kb_feedback import CANDIDATE_ERRORS, get_error_name
-from kb_reference import ReferenceFailure, RngState, TrialData
+from kb_reference import ReferenceFailure, TrialData
 from kb_strict import dense_output_problem
+from kb_tensors import RngState
 
 # The reference's strict timing derives its inputs from the problem's seed plus this offset (its time is
 # cached per problem); candidates' timed calls use secret seeds (kb_strict).
@@ -256,7 +258,7 @@ def construct_candidate(ref: ReferenceSource, model_new_cls: type) -> torch.nn.M
         if not hasattr(model, "forward"):
             raise AssertionError()
         model = model.to(device=ref.device, dtype=ref.dtype)
-        kb_reference.synchronize(ref.device)
+        kb_tensors.synchronize(ref.device)
     return model
 
 
@@ -325,7 +327,7 @@ def time_candidate(
 
     try:
         model_new = model_new.to(device=ref.device, dtype=ref.dtype)
-        kb_reference.synchronize(ref.device)
+        kb_tensors.synchronize(ref.device)
         if ref.mode == "strict":
             times = kb_timing.time_strict(
                 model_new, ref.strict_warmup, ref.strict_inputs, ref.device, timing, flusher, check
@@ -453,7 +455,7 @@ class RemoteReference:
 
     def __init__(self, conn: Any, job: dict[str, Any]) -> None:
         self.conn = conn
-        self.device = kb_reference.normalize_device(job["device"])
+        self.device = kb_tensors.normalize_device(job["device"])
         self.precision = job["precision"]
         self.dtype = kb_reference.DTYPES[self.precision]
         self.mode = job["mode"]

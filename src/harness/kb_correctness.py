@@ -16,16 +16,8 @@ import torch
 
 import kb_feedback
 from kb_feedback import CANDIDATE_ERRORS, get_error_name
-from kb_reference import (
-    TrialData,
-    clone_tensors,
-    poison_free_memory,
-    release_memory,
-    restore_rng,
-    same_bytes,
-    set_seed,
-    synchronize,
-)
+from kb_reference import TrialData, release_memory, set_seed
+from kb_tensors import clone_tensors, poison_free_memory, restore_rng, same_bytes, synchronize
 
 STICKY_MARKERS = (
     "CUDA error",

@@ -1,6 +1,6 @@
 """`op: prepare`: build a problem's reference data ahead of its candidates, step by step.
 
-The orchestrator asks for it as soon as a problem's first answer is being generated (src/refprep.rs),
+The orchestrator asks for it as soon as a problem's first answer is being generated (src/refprep/),
 one step at a time and only while the device is idle, so that the data is ready when the first
 candidate arrives and no candidate waits behind a long preparation. The steps, in the order a candidate
 needs them: the correctness trials one by one (each: inputs made after `set_seed(trial seed)`, the

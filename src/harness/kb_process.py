@@ -24,6 +24,7 @@ import kb_candidate
 import kb_native
 import kb_profile
 import kb_reference
+import kb_tensors
 import kb_timing
 import kb_wire
 
@@ -46,7 +47,7 @@ def child_main(conn: Any, device_name: str, harness_dir: str) -> None:
         # starts its candidate processes with spawn from then on.
         conn.send(("bad_fork", os.getpid()))
         os._exit(0)
-    device = kb_reference.normalize_device(device_name)
+    device = kb_tensors.normalize_device(device_name)
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.empty(1, device=device)  # the CUDA context, before it is needed

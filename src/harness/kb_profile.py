@@ -22,7 +22,8 @@ import kb_ncu
 from kb_candidate import construct_candidate
 from kb_correctness import is_out_of_memory, sticky_error
 from kb_feedback import CANDIDATE_ERRORS
-from kb_reference import ReferenceCache, release_memory, select_device, synchronize
+from kb_reference import ReferenceCache, release_memory, select_device
+from kb_tensors import synchronize
 
 TABLE_MAX_CHARS = 4000
 NCU_TIMEOUT_S = 300

@@ -17,6 +17,9 @@
 //! died is *lost* ([`Launcher::loss`]), which is not the candidate's fault: the request is retried on
 //! another worker and the host is charged with the loss; a host that lost `resources.drain_after`
 //! workers is drained (no worker starts there again; recorded with the result, shown in the report).
+//!
+//! A floor below `worker`: the pool calls in here, and what the launcher reads of a worker (the
+//! placement and pid of its `ready` line, a [`RequestError`]) comes from `crate::types`.
 
 pub mod config;
 #[cfg(test)]
@@ -35,9 +38,7 @@ pub use config::{LauncherKind, ResourcesSection, SlurmSection, SshDevices, SshHo
 use crate::gpu::DeviceInfo;
 use crate::services::DeviceId;
 use crate::settings::DeviceSelection;
-use crate::types::RanOn;
-use crate::worker::failure::RequestError;
-use crate::worker::protocol::Ready;
+use crate::types::{RanOn, RequestError, WorkerPlacement};
 
 /// Why the launcher could not get going (no allocation, no `srun`, ...).
 #[derive(Debug, thiserror::Error)]
@@ -231,9 +232,10 @@ impl Launcher {
         }
     }
 
-    /// Where a worker that reported `ready` runs.
-    pub fn ran_on(&self, ready: &Ready) -> RanOn {
-        let p = ready.placement.as_deref().cloned().unwrap_or_default();
+    /// Where a worker runs, from the placement its `ready` line reported (`None`: a worker older
+    /// than that field).
+    pub fn ran_on(&self, reported: Option<&WorkerPlacement>) -> RanOn {
+        let p = reported.cloned().unwrap_or_default();
         RanOn {
             launcher: self.kind.as_str().into(),
             host: p.host,
@@ -285,16 +287,17 @@ impl Launcher {
     }
 
     /// Make sure a remote worker is gone after its local `srun`/`ssh` was killed: cancel the step,
-    /// or kill the remote process group. Fire and forget.
-    pub fn kill_remote(&self, placement: &Placement, ready: &Ready) {
-        let Some(p) = &ready.placement else { return };
+    /// or kill the remote process group. Fire and forget. `reported` and `pid`: the placement and
+    /// process id the worker's `ready` line gave.
+    pub fn kill_remote(&self, placement: &Placement, reported: Option<&WorkerPlacement>, pid: u32) {
+        let Some(p) = reported else { return };
         match (placement, &self.slurm, &self.ssh) {
             (Placement::Slurm { .. }, Some(_), _) => {
                 if let (Some(job), Some(step)) = (&p.slurm_job_id, &p.slurm_step_id) {
                     slurm::cancel_step(job, step);
                 }
             }
-            (Placement::Ssh { host, .. }, _, Some(h)) => h.kill_group(*host, ready.pid),
+            (Placement::Ssh { host, .. }, _, Some(h)) => h.kill_group(*host, pid),
             _ => {}
         }
     }

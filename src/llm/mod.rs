@@ -10,8 +10,9 @@
 //! - [`extract`]: the candidate code in an answer.
 //! - [`config`]: the `[model]` and `[budget]` sections.
 //!
-//! [`build`] assembles the configured provider from the whole loaded config, so this file (alone in
-//! the room) reads `crate::config`.
+//! [`build`] assembles the configured provider from [`LlmParts`]: the room's own sections, the
+//! launcher's `[resources]` limits and the config file's place. `config` hands those parts out
+//! (`LoadedConfig::llm_parts`); this room never imports `config`, which sits above it.
 
 pub mod config;
 pub mod extract;
@@ -26,22 +27,41 @@ pub mod scripted;
 pub mod secret;
 pub mod wire;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::LoadedConfig;
+use crate::launcher::config::ResourcesSection;
 use crate::services::Llm;
-use config::Provider;
+use crate::settings::resolve_config_path;
+use config::{BudgetSection, ModelSection, Provider};
 
 pub use ledger::{Ledger, LedgerTotals};
+
+/// What the provider is built from: the loaded config's `[model]`, `[budget]` and `[resources]`
+/// sections, and the config file, against whose folder relative paths in `[model]` (scripted
+/// answers, a replayed run) are resolved.
+#[derive(Debug, Clone, Copy)]
+pub struct LlmParts<'a> {
+    pub model: &'a ModelSection,
+    pub budget: &'a BudgetSection,
+    pub resources: &'a ResourcesSection,
+    pub config_file: &'a Path,
+}
+
+impl LlmParts<'_> {
+    /// A path from the config, resolved the way every path in it is.
+    fn resolve(&self, p: &Path) -> PathBuf {
+        resolve_config_path(self.config_file, p)
+    }
+}
 
 /// The configured provider, wrapped in the run's ledger and budget. `replay_override` (a run
 /// directory or its `events.jsonl`) replaces the configured provider with a replay of that run.
 pub fn build(
-    cfg: &LoadedConfig,
+    cfg: &LlmParts<'_>,
     replay_override: Option<&Path>,
     cancel: CancellationToken,
 ) -> anyhow::Result<Arc<dyn Llm>> {
@@ -50,12 +70,11 @@ pub fn build(
 
 /// [`build`], also handing out the ledger whose [`Ledger::totals`] a progress display shows.
 pub fn build_with_ledger(
-    cfg: &LoadedConfig,
+    cfg: &LlmParts<'_>,
     replay_override: Option<&Path>,
     cancel: CancellationToken,
 ) -> anyhow::Result<(Arc<dyn Llm>, Arc<Ledger>)> {
-    let c = &cfg.config;
-    let m = &c.model;
+    let m = cfg.model;
     let inner: Arc<dyn Llm> = match (replay_override, m.provider) {
         (Some(run), _) => Arc::new(replay::ReplayLlm::load(run)?),
         (None, Provider::Replay) => {
@@ -75,7 +94,7 @@ pub fn build_with_ledger(
             )
         }
         (None, Provider::Openai) => {
-            if c.budget.usd.is_some() && !m.prices.contains_key(&m.name) {
+            if cfg.budget.usd.is_some() && !m.prices.contains_key(&m.name) {
                 anyhow::bail!(
                     "budget.usd is set but model.prices has no price for model.name {:?}, so spending \
                      cannot be counted: add [model.prices.{:?}] with prompt and completion USD per \
@@ -86,13 +105,13 @@ pub fn build_with_ledger(
             }
             Arc::new(
                 openai::OpenAiLlm::builder(m)
-                    .resources(&c.resources)
+                    .resources(cfg.resources)
                     .cancel(cancel)
                     .build()?,
             )
         }
     };
-    let ledger = Arc::new(Ledger::new(&c.budget));
+    let ledger = Arc::new(Ledger::new(cfg.budget));
     Ok((
         Arc::new(metered::Metered::new(inner, ledger.clone())),
         ledger,
@@ -101,8 +120,8 @@ pub fn build_with_ledger(
 
 /// One line for `krefine doctor`: provider, model, endpoint and whether the key variable is set
 /// (never its value).
-pub fn describe_endpoint(cfg: &LoadedConfig) -> String {
-    let m = &cfg.config.model;
+pub fn describe_endpoint(cfg: &LlmParts<'_>) -> String {
+    let m = cfg.model;
     let resolved = |p: Option<&Path>| match p {
         Some(p) => cfg.resolve(p).display().to_string(),
         None => "(not configured)".into(),

@@ -1,4 +1,5 @@
-//! Types that cross rooms: identities, settings enums, service results, events, commands.
+//! Types that cross rooms: identities, settings enums, service results, what a worker process reports
+//! of itself, events, commands.
 //!
 //! Everything written to `events.jsonl` is defined here, so the log format has one home. Adding a field
 //! is fine (give it `#[serde(default)]`); renaming or removing one, or adding an event kind (which an
@@ -7,6 +8,7 @@
 
 mod basics;
 mod results;
+mod workers;
 
 use std::fmt;
 
@@ -14,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 pub use basics::*;
 pub use results::*;
+pub use workers::*;
 
 pub use crate::run_end::EndReason;
 

@@ -438,7 +438,7 @@ pub struct ProfileOutcome {
 }
 
 /// One step of preparing a problem's reference data ahead of its candidates, in the order a candidate
-/// needs them (see `src/refprep.rs` and the harness's `kb_prepare.py`).
+/// needs them (see `src/refprep/` and the harness's `kb_prepare.py`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PrepareStep {

@@ -7,13 +7,13 @@ use std::time::Duration;
 use super::WorkerError;
 use super::budget::Budget;
 use super::build_store::cow_tainted;
-use super::failure::RequestError;
 use super::loss::toolchain_mismatch;
 use super::outcome::{CallError, secs};
 use super::pool::{EXIT_GRACE, WorkerPool};
 use super::process::WorkerProcess;
 use super::protocol::{RequestBody, ResponseBody, WorkerRole};
 use super::slot::Slot;
+use crate::types::RequestError;
 use crate::types::WorkerLoss;
 
 impl WorkerPool {

@@ -8,7 +8,6 @@ use async_trait::async_trait;
 
 use super::build_cache::append_file;
 use super::build_store::{publish_build, publish_pchs};
-use super::failure::RequestError;
 use super::loss::{Fault, retry_lost};
 use super::outcome::{CallError, Failure, FailureKind, Phase, closed, elapsed_ms, failure};
 use super::pool::WorkerPool;
@@ -16,6 +15,7 @@ use super::protocol::{CompileRequest, CompileStatusWire, RequestBody, ResponseBo
 use super::slot::{FreeSlot, Slot};
 use super::worker_log::log_tail;
 use crate::services::{BuildPause, CompileJob, Compiler, Unavailable};
+use crate::types::RequestError;
 use crate::types::{BuildCpu, CompileOutcome, CompileStatus};
 
 impl WorkerPool {

@@ -9,7 +9,6 @@ use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 
 use super::budget::Budget;
-use super::failure::RequestError;
 use super::loss::{Fault, retry_lost};
 use super::outcome::{CallError, Failure, FailureKind, Phase, elapsed_ms, failure, with_tail};
 use super::pool::WorkerPool;
@@ -19,6 +18,7 @@ use super::protocol::{
 };
 use super::slot::Slot;
 use crate::services::{DeviceId, ExecJob, Executor, Unavailable};
+use crate::types::RequestError;
 use crate::types::{
     EvalEnv, ExecOutcome, InputsOutcome, Precision, PrepareOutcome, Problem, ProfileOutcome,
     Verdict,
@@ -307,7 +307,7 @@ impl WorkerPool {
                 .evaluate(candidate, Some(integrity)),
         );
         // The reference data the candidate's check reaches is built on demand, trial by trial, if
-        // no background preparation (src/refprep.rs) built it already: that time runs on the
+        // no background preparation (src/refprep/) built it already: that time runs on the
         // reference's allowance, never on the candidate's `execute_s`.
         let budget = Budget {
             own: self.deadlines.execute,

@@ -6,8 +6,6 @@
 //! - [`protocol`]: the JSON-lines messages (docs/worker-protocol.md) as serde types.
 //! - [`harness`]: the Python harness embedded with `include_str!` and written to a cache folder.
 //! - [`python`]: finding an interpreter that imports torch.
-//! - [`failure`]: why a request got no usable response, and how a worker process ended (read by the
-//!   launcher too, to tell a lost worker from a candidate's failure).
 //! - `session`: signalling a worker's whole session; `budget`: a request's two clocks;
 //!   `spawn_spec`: how to start one worker and its scrubbed environment; `worker_log`: the worker
 //!   log, its per-request cap and its tail.
@@ -37,7 +35,6 @@ mod call;
 mod compile;
 pub mod config;
 mod execute;
-pub mod failure;
 pub mod harness;
 pub mod input_store;
 mod loss;

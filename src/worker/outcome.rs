@@ -5,10 +5,10 @@
 use std::time::{Duration, Instant};
 
 use super::WorkerError;
-use super::failure::{ExitInfo, RequestError};
 use super::loss::Fault;
 use crate::services::Unavailable;
 use crate::types::WorkerLoss;
+use crate::types::{ExitInfo, RequestError};
 
 /// Why a slot could not produce a response.
 pub(super) enum CallError {

@@ -1,5 +1,5 @@
 //! Reference preparation through the pool: the `prepare` request, preparing a problem's reference data
-//! ahead of its candidates (see `src/refprep.rs`), and the verdict when preparing ran out of time.
+//! ahead of its candidates (see `src/refprep/`), and the verdict when preparing ran out of time.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

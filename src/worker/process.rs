@@ -26,11 +26,11 @@ use super::protocol::{
 use super::worker_log::{open_log, pump_log};
 // The pieces a worker process is made of, where callers have always found them.
 pub use super::budget::Budget;
-pub use super::failure::{ExitInfo, RequestError, signal_name};
 use super::session::die_with_parent;
 pub use super::session::{kill_group, signal_session, signal_session_async};
 pub use super::spawn_spec::{Remote, SpawnSpec, worker_env};
 pub use super::worker_log::{LOG_BYTES_PER_REQUEST, log_tail};
+pub use crate::types::{ExitInfo, RequestError, signal_name};
 
 /// Longest response line accepted. Real responses are kilobytes (feedback is trimmed to ~4 KB,
 /// tracebacks and metadata a few more); anything this long is a broken or hostile stream.
@@ -582,7 +582,11 @@ impl WorkerProcess {
     /// The far side of a remote worker (its Slurm step, its process group on the SSH host).
     fn kill_remote(&self) {
         if let Some(r) = &self.remote {
-            r.launcher.kill_remote(&r.placement, &self.ready);
+            r.launcher.kill_remote(
+                &r.placement,
+                self.ready.placement.as_deref(),
+                self.ready.pid,
+            );
         }
     }
 

@@ -11,6 +11,8 @@
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
+// `ready`'s placement is read by the launcher too, so it lives with the types below both.
+pub use crate::types::WorkerPlacement;
 use crate::types::{PrepareStep, TimingMethod, Tolerance};
 
 // ------------------------------------------------------------------------------------------- requests
@@ -297,25 +299,6 @@ pub struct Ready {
     /// Where the worker runs (absent from workers older than the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Box<WorkerPlacement>>,
-}
-
-/// Where a worker runs, as it sees it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WorkerPlacement {
-    /// `socket.gethostname()`.
-    pub host: String,
-    /// `SLURM_JOB_ID` and `SLURM_STEP_ID` of a worker started as a Slurm step.
-    #[serde(default)]
-    pub slurm_job_id: Option<String>,
-    #[serde(default)]
-    pub slurm_step_id: Option<String>,
-    /// The GPU's UUID (GPU workers on a CUDA device).
-    #[serde(default)]
-    pub gpu_uuid: Option<String>,
-    /// What builds depend on besides torch and the arch list: machine, libc, C++ compiler and
-    /// nvcc versions (part of the build key).
-    #[serde(default)]
-    pub toolchain: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,5 +1,5 @@
 //! The pool's side of preparing reference data ahead of candidates: turning a `prepare` response, or
-//! the reason there is none, into the [`PrepareOutcome`] the engine logs (see `src/refprep.rs`).
+//! the reason there is none, into the [`PrepareOutcome`] the engine logs (see `src/refprep/`).
 
 use std::time::Instant;
 

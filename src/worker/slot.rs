@@ -52,7 +52,7 @@ impl Slot {
     }
 
     pub(super) fn note_ready(&self, process: &WorkerProcess, launcher: &Launcher) {
-        let here = launcher.ran_on(process.ready());
+        let here = launcher.ran_on(process.ready().placement.as_deref());
         match self.ran_on.lock() {
             Ok(mut r) => *r = Some(here),
             Err(poisoned) => *poisoned.into_inner() = Some(here),

@@ -18,6 +18,7 @@ import kb_inputs
 import kb_prepare
 import kb_protocol
 import kb_reference
+import kb_tensors
 import kb_timing
 from harness_client import HOSTILE, evaluate_request, prepare_request
 
@@ -464,7 +465,7 @@ def test_device_inputs_tier_recomputes_the_reference_with_identical_results(
     ctx = _context(harness)
     entry = ctx.trials[5][0]
     assert entry is not None and entry.inputs is not None
-    in_size, size = kb_reference.nbytes(entry.inputs), kb_reference.nbytes(entry.inputs) + kb_reference.nbytes(entry.output)
+    in_size, size = kb_tensors.nbytes(entry.inputs), kb_tensors.nbytes(entry.inputs) + kb_tensors.nbytes(entry.output)
     # Room for five trials' inputs plus the timing inputs, not for five outputs as well.
     budget = 6 * in_size
     assert 5 * size + in_size > budget
@@ -479,8 +480,8 @@ def test_placement_looks_ahead_instead_of_filling_up_with_outputs(harness: Harne
     harness.evaluate(CORRECT, problem=COUNTING, measure=False)
     entry = _context(harness).trials[5][0]
     assert entry is not None
-    in_size = kb_reference.nbytes(entry.inputs)
-    size = in_size + kb_reference.nbytes(entry.output)
+    in_size = kb_tensors.nbytes(entry.inputs)
+    size = in_size + kb_tensors.nbytes(entry.output)
     cache = kb_eval.ReferenceCache()
     ctx = cache.context(COUNTING, torch.device("cpu"), "fp32", "faithful", 42)
     monkeypatch.setattr(kb_reference, "memory_budgets", lambda device: (5 * in_size + in_size, 10**9))
@@ -710,10 +711,10 @@ def test_excessive_speedup_is_flagged(harness: Harness) -> None:
 
 def test_checksum_sees_one_changed_element() -> None:
     x = torch.rand(1000, 3)
-    before = kb_reference.fingerprint([x, 7])
-    assert kb_reference.fingerprint([x, 7]) == before
+    before = kb_tensors.fingerprint([x, 7])
+    assert kb_tensors.fingerprint([x, 7]) == before
     x[999, 2] += 1.0
-    assert kb_reference.fingerprint([x, 7]) != before
+    assert kb_tensors.fingerprint([x, 7]) != before
     # Swapping two elements keeps the plain sum but not the position-weighted checksum.
     y = torch.arange(10, dtype=torch.float32)
     z = y.clone()
@@ -722,7 +723,7 @@ def test_checksum_sees_one_changed_element() -> None:
     odd = torch.ones(3, dtype=torch.uint8)  # byte count not a multiple of 4
     assert kb_eval.tensor_checksum(odd) != kb_eval.tensor_checksum(torch.zeros(3, dtype=torch.uint8))
     # The device path (a weighted sum computed where the tensor lives), exercised here on the CPU.
-    weighted = kb_reference.weighted_checksum
+    weighted = kb_tensors.weighted_checksum
     as_bytes = lambda t: t.reshape(-1).view(torch.uint8)  # noqa: E731
     assert weighted(as_bytes(y)) != weighted(as_bytes(z))
     w = torch.rand(1000, 3)

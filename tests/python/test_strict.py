@@ -19,6 +19,7 @@ import kb_prepare
 import kb_protocol
 import kb_reference
 import kb_strict
+import kb_tensors
 import kb_timing
 from harness_client import FIXTURES, evaluate_request, prepare_request
 
@@ -147,10 +148,10 @@ def test_checks_are_a_share_of_the_calls_decided_per_call(ctx: kb_reference.Prob
 
 
 def test_inputs_follow_the_key_and_secret_keys_differ(ctx: kb_reference.ProblemContext) -> None:
-    a = kb_reference.clone_tensors(kb_strict.StrictSession(ctx, key=5).inputs(0, keep=False))
-    b = kb_reference.clone_tensors(kb_strict.StrictSession(ctx, key=5).inputs(0, keep=False))
-    c = kb_reference.clone_tensors(kb_strict.StrictSession(ctx).inputs(0, keep=False))
-    d = kb_reference.clone_tensors(kb_strict.StrictSession(ctx).inputs(0, keep=False))
+    a = kb_tensors.clone_tensors(kb_strict.StrictSession(ctx, key=5).inputs(0, keep=False))
+    b = kb_tensors.clone_tensors(kb_strict.StrictSession(ctx, key=5).inputs(0, keep=False))
+    c = kb_tensors.clone_tensors(kb_strict.StrictSession(ctx).inputs(0, keep=False))
+    d = kb_tensors.clone_tensors(kb_strict.StrictSession(ctx).inputs(0, keep=False))
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not torch.equal(c[0], d[0])
 

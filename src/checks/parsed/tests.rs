@@ -203,7 +203,7 @@ fn new_findings(code: &str) -> Vec<(&'static str, u32)> {
     use crate::checks::source::Source;
     let src = Source::parse(code);
     let ctx = RuleContext {
-        backend: crate::config::Backend::Cuda,
+        backend: crate::settings::Backend::Cuda,
         precision: crate::types::Precision::Fp32,
     };
     let regex: Vec<(&str, Option<u32>)> = rules::check(&src, &ctx)

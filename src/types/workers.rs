@@ -1,8 +1,32 @@
-//! Why a request to a worker got no usable response ([`RequestError`]) and how its process ended
-//! ([`ExitInfo`]). A leaf: the launcher reads these to tell a lost worker from a candidate's failure.
+//! What a worker process tells the rooms that start it (the worker pool and the launcher): where it
+//! runs, as it sees it ([`WorkerPlacement`], in its `ready` line), how its process ended
+//! ([`ExitInfo`]) and why a request to it got no usable response ([`RequestError`]). A leaf of
+//! [`super`]: the launcher reads these to record where a worker ran, to kill its far side and to tell
+//! a lost worker from a candidate's failure, without importing the worker room that sits above it.
 
 use std::process::ExitStatus;
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Where a worker runs, as it sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerPlacement {
+    /// `socket.gethostname()`.
+    pub host: String,
+    /// `SLURM_JOB_ID` and `SLURM_STEP_ID` of a worker started as a Slurm step.
+    #[serde(default)]
+    pub slurm_job_id: Option<String>,
+    #[serde(default)]
+    pub slurm_step_id: Option<String>,
+    /// The GPU's UUID (GPU workers on a CUDA device).
+    #[serde(default)]
+    pub gpu_uuid: Option<String>,
+    /// What builds depend on besides torch and the arch list: machine, libc, C++ compiler and
+    /// nvcc versions (part of the build key).
+    #[serde(default)]
+    pub toolchain: Option<String>,
+}
 
 /// How a worker process ended, in words and numbers.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,417 @@
+//! The background loop of reference preparation ([`run`]): the CPU stage (coming problems' inputs
+//! made into the store, no lease held), each device's stage, and one problem's preparation step by
+//! step ([`prepare_problem`], which `krefine bench reference` drives too).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio_util::sync::CancellationToken;
+
+use super::queue::Preparer;
+use crate::cpu_budget::{CORE, Claim, CpuBudget, inputs_claim};
+use crate::gpu::DevicePool;
+use crate::services::{Compiler, DeviceId, EventSink, Executor, Unavailable};
+use crate::types::{
+    Event, InputsOutcome, PrepareOutcome, PrepareStatus, PrepareStep, Problem, ProblemKey,
+};
+
+/// What the background loop uses.
+pub struct PrepServices<'a> {
+    pub devices: &'a DevicePool,
+    pub executor: &'a dyn Executor,
+    pub compiler: &'a dyn Compiler,
+    pub problems: &'a HashMap<ProblemKey, Arc<Problem>>,
+    pub sink: &'a EventSink,
+    /// The CPU budget the CPU stage draws from (`None`: not shared out).
+    pub cpu: Option<&'a CpuBudget>,
+}
+
+/// The background loop: make coming problems' inputs (several at once, no lease) and prepare them
+/// on every device (one at a time on each) until `cancel` (the run's drivers are done).
+pub async fn run(prep: &Preparer, services: PrepServices<'_>, cancel: &CancellationToken) {
+    let devices = services.devices.live_devices();
+    let on_devices = futures::future::join_all(
+        devices
+            .iter()
+            .map(|device| device_stage(prep, &services, device, cancel)),
+    );
+    tokio::join!(cpu_stage(prep, &services, cancel), on_devices);
+}
+
+/// The CPU stage: coming problems' inputs made, [`cpu_ahead`] at once, no lease held.
+async fn cpu_stage(prep: &Preparer, services: &PrepServices<'_>, cancel: &CancellationToken) {
+    let mut cpu = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return,
+            Some(problem) = cpu.next() => prep.inputs_done(problem),
+            problem = prep.next_inputs() => {
+                let spec = services.problems.get(&problem).cloned();
+                cpu.push(async move {
+                    if let Some(spec) = spec {
+                        make_inputs(services, spec).await;
+                    }
+                    problem
+                });
+            }
+        }
+    }
+}
+
+/// One device's stage: the problems it takes, prepared one after another, until `cancel` or the
+/// device is lost.
+async fn device_stage(
+    prep: &Preparer,
+    services: &PrepServices<'_>,
+    device: &DeviceId,
+    cancel: &CancellationToken,
+) {
+    loop {
+        let problem = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return,
+            problem = prep.next(device) => problem,
+        };
+        let Some(spec) = services.problems.get(&problem).cloned() else {
+            prep.change(|q| q.failed(problem));
+            continue;
+        };
+        let wanted = || prep.wanted(problem);
+        match prepare_problem(services, spec, device, wanted, cancel).await {
+            Ended::Cancelled => return,
+            Ended::Failed => prep.change(|q| q.failed(problem)),
+            Ended::Lost => {
+                prep.change(|q| q.device_lost(device));
+                return;
+            }
+            Ended::Done | Ended::Stopped => {}
+        }
+    }
+}
+
+/// The CPU stage of one problem: its inputs made into the store, no lease held. Logged when the
+/// executor has a store; a failure is logged and leaves the inputs to the device stage.
+pub async fn make_inputs(services: &PrepServices<'_>, problem: Arc<Problem>) {
+    // The processes drawing inputs are the budget's: claimed first, and the maker kept to them.
+    let grant = match services.cpu {
+        Some(cpu) => {
+            let processes = inputs_claim(cpu.budget());
+            Some(cpu.claim(Claim::Inputs, processes * CORE).await)
+        }
+        None => None,
+    };
+    let processes = grant.as_ref().map(|g| (g.milli() / CORE) as u32);
+    let started = Instant::now();
+    let outcome = match services
+        .executor
+        .make_inputs(problem.clone(), processes)
+        .await
+    {
+        Ok(None) => return,
+        Ok(Some(outcome)) => outcome,
+        Err(Unavailable(error)) => InputsOutcome {
+            status: "failed".into(),
+            bytes: 0,
+            duration_ms: started.elapsed().as_millis() as u64,
+            parallel: 0,
+            detail: Some(error),
+        },
+    };
+    let event = Event::InputsPrepared {
+        problem: problem.key,
+        outcome,
+    };
+    services.sink.record(None, event).await;
+}
+
+/// How preparing one problem ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Everything is built (or nothing more can be built in the background).
+    Done,
+    /// Its tasks arrived first; they build the rest themselves.
+    Stopped,
+    /// A step failed (the reference itself, or the worker); logged.
+    Failed,
+    /// The device is lost (retired, by this preparation or by a candidate's step).
+    Lost,
+    Cancelled,
+}
+
+/// Prepare one problem on `device` step by step while `wanted` says its tasks are still on their
+/// way. Each step leases the device only while no candidate waits, and is logged through the sink.
+pub async fn prepare_problem(
+    services: &PrepServices<'_>,
+    problem: Arc<Problem>,
+    device: &DeviceId,
+    wanted: impl Fn() -> bool,
+    cancel: &CancellationToken,
+) -> Ended {
+    let mut next: Option<PrepareStep> = None;
+    loop {
+        if !wanted() {
+            return Ended::Stopped;
+        }
+        let lease = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Ended::Cancelled,
+            l = services.devices.acquire_idle(Some(device)) => match l {
+                Some(l) => l,
+                // The device was retired (lost, or its host drained).
+                None => return Ended::Lost,
+            },
+        };
+        if !wanted() {
+            return Ended::Stopped;
+        }
+        let id = lease.device.id.clone();
+        // The CPU device times the reference only on quiet cores, as it times candidates.
+        let pause = match (&id, next) {
+            (DeviceId::Cpu, Some(PrepareStep::ReferenceTiming)) => {
+                services.compiler.pause_builds().await
+            }
+            _ => None,
+        };
+        // Quiet cores of the budget too: no input maker runs, nothing new starts.
+        let cores = match (&pause, services.cpu) {
+            (Some(_), Some(cpu)) => Some(cpu.claim(Claim::Quiet, 0).await),
+            _ => None,
+        };
+        let quiet = id != DeviceId::Cpu || pause.is_some();
+        let started = Instant::now();
+        let result = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Ended::Cancelled,
+            r = services.executor.prepare_reference(problem.clone(), &id, quiet) => r,
+        };
+        let held_ms = started.elapsed().as_millis() as u64;
+        drop(cores);
+        drop(pause);
+        let lost = services.executor.retired(&id);
+        let remaining = if lost {
+            let why = match &result {
+                Ok(o) => o.error.clone().unwrap_or_default(),
+                Err(Unavailable(e)) => e.clone(),
+            };
+            tracing::warn!("device {id} is lost and retired: {why}");
+            Some((lease.retire(&why), why))
+        } else {
+            drop(lease);
+            None
+        };
+        let outcome = result.unwrap_or_else(|Unavailable(error)| PrepareOutcome {
+            status: PrepareStatus::Failed,
+            built: Vec::new(),
+            trials_ready: 0,
+            done: true,
+            next: None,
+            duration_ms: held_ms,
+            error: Some(error),
+        });
+        let event = Event::ReferencePrepared {
+            problem: problem.key,
+            device: id.to_string(),
+            held_ms,
+            outcome: outcome.clone(),
+        };
+        services.sink.record(None, event).await;
+        if let Some((remaining, error)) = remaining {
+            let event = Event::DeviceRetired {
+                device: id.to_string(),
+                error,
+                remaining: remaining as u32,
+            };
+            services.sink.record(None, event).await;
+            return Ended::Lost;
+        }
+        if outcome.status != PrepareStatus::Ready {
+            return Ended::Failed;
+        }
+        // Done, or no progress possible here (the reference cannot be timed on busy cores): the
+        // first candidate does the rest.
+        if outcome.done || outcome.built.is_empty() {
+            return Ended::Done;
+        }
+        next = outcome.next;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    fn p(id: u32) -> ProblemKey {
+        ProblemKey {
+            level: 1,
+            problem_id: id,
+        }
+    }
+
+    /// An executor that records what it is asked, in order: problem 1's inputs must be made with
+    /// the device free, and problem 2's while problem 1 holds the device (each waits for the other
+    /// to have started, so the test ends only if both overlap).
+    struct Overlap {
+        devices: Arc<DevicePool>,
+        log: Mutex<Vec<String>>,
+        one_on_device: tokio::sync::watch::Sender<bool>,
+        two_making: tokio::sync::watch::Sender<bool>,
+    }
+
+    impl Overlap {
+        fn note(&self, line: String) {
+            self.log.lock().unwrap().push(line);
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Executor for Overlap {
+        async fn execute(
+            &self,
+            _job: crate::services::ExecJob,
+            _device: &DeviceId,
+        ) -> Result<crate::types::ExecOutcome, Unavailable> {
+            Err(Unavailable("not in this test".into()))
+        }
+
+        async fn profile(
+            &self,
+            _job: crate::services::ExecJob,
+            _device: &DeviceId,
+        ) -> Result<crate::types::ProfileOutcome, Unavailable> {
+            Err(Unavailable("not in this test".into()))
+        }
+
+        fn prepares_reference(&self) -> bool {
+            true
+        }
+
+        async fn make_inputs(
+            &self,
+            problem: Arc<Problem>,
+            _processes: Option<u32>,
+        ) -> Result<Option<InputsOutcome>, Unavailable> {
+            let id = problem.key.problem_id;
+            if id == 1 {
+                let free = self.devices.try_acquire_idle(None).is_some();
+                self.note(format!("inputs 1: device free {free}"));
+            }
+            if id == 2 {
+                self.two_making.send_replace(true);
+                let mut on = self.one_on_device.subscribe();
+                let _ = on.wait_for(|on| *on).await;
+                self.note("inputs 2 made while 1 holds the device".into());
+            }
+            Ok(Some(InputsOutcome {
+                status: "generated".into(),
+                bytes: 8,
+                duration_ms: 0,
+                parallel: 0,
+                detail: None,
+            }))
+        }
+
+        async fn prepare_reference(
+            &self,
+            problem: Arc<Problem>,
+            device: &DeviceId,
+            _quiet: bool,
+        ) -> Result<PrepareOutcome, Unavailable> {
+            let id = problem.key.problem_id;
+            self.note(format!("device {id} on {device}"));
+            if id == 1 {
+                self.one_on_device.send_replace(true);
+                let mut making = self.two_making.subscribe();
+                let _ = making.wait_for(|m| *m).await;
+            }
+            Ok(PrepareOutcome {
+                status: PrepareStatus::Ready,
+                built: vec!["trial 1".into()],
+                trials_ready: 1,
+                done: true,
+                next: None,
+                duration_ms: 0,
+                error: None,
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn inputs_are_made_without_a_lease_while_another_problem_holds_the_device() {
+        let devices = Arc::new(DevicePool::new(vec![crate::gpu::DeviceInfo::cpu()]));
+        let exec = Overlap {
+            devices: devices.clone(),
+            log: Mutex::new(Vec::new()),
+            one_on_device: tokio::sync::watch::channel(false).0,
+            two_making: tokio::sync::watch::channel(false).0,
+        };
+        let compiler = crate::sim::SimServices::new(Default::default());
+        let problems: HashMap<ProblemKey, Arc<Problem>> = [1, 2]
+            .into_iter()
+            .map(|id| {
+                let problem = Problem {
+                    key: p(id),
+                    name: format!("{id}_p.py"),
+                    code: String::new(),
+                };
+                (p(id), Arc::new(problem))
+            })
+            .collect();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+        let sink = EventSink::new(tx);
+        let prep = Preparer::with_cpu(2, 1);
+        prep.coming(p(1));
+        prep.coming(p(2));
+        let cancel = CancellationToken::new();
+        let services = PrepServices {
+            devices: &devices,
+            executor: &exec,
+            compiler: &compiler,
+            problems: &problems,
+            sink: &sink,
+            cpu: None,
+        };
+        let mut events = Vec::new();
+        let watch = async {
+            while events.len() < 4 {
+                let Some((_, event)) = rx.recv().await else {
+                    break;
+                };
+                events.push(event);
+            }
+            cancel.cancel();
+        };
+        let both = async { tokio::join!(run(&prep, services, &cancel), watch) };
+        tokio::time::timeout(std::time::Duration::from_secs(60), both)
+            .await
+            .expect("the two stages overlapped");
+        assert_eq!(
+            *exec.log.lock().unwrap(),
+            [
+                "inputs 1: device free true",
+                "device 1 on cpu",
+                "inputs 2 made while 1 holds the device",
+                "device 2 on cpu",
+            ]
+        );
+        let kinds: Vec<(&str, u32)> = events
+            .iter()
+            .map(|e| match e {
+                Event::InputsPrepared { problem, .. } => ("inputs", problem.problem_id),
+                Event::ReferencePrepared { problem, .. } => ("device", problem.problem_id),
+                _ => ("other", 0),
+            })
+            .collect();
+        // Each problem's inputs are logged before its device stage; the two problems' events
+        // interleave in whichever order their stages ended.
+        let at = |k: (&str, u32)| kinds.iter().position(|x| *x == k).unwrap();
+        assert_eq!(kinds.len(), 4, "{kinds:?}");
+        assert!(at(("inputs", 1)) < at(("device", 1)), "{kinds:?}");
+        assert!(at(("inputs", 2)) < at(("device", 2)), "{kinds:?}");
+    }
+}
