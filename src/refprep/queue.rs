@@ -10,8 +10,9 @@ use tokio::sync::Notify;
 use crate::services::DeviceId;
 use crate::types::ProblemKey;
 
-/// The most problems a worker keeps reference data for, less the one being executed: more prepared
-/// ahead would evict each other before their candidates arrive (`MAX_CONTEXTS` in kb_reference.py).
+/// The most problems prepared on a device ahead of their candidates: a worker keeps up to
+/// `MAX_CONTEXTS` (8, kb_reference.py) within its memory budgets, and problems prepared further ahead
+/// would push out those whose candidates are queued now.
 pub const MAX_AHEAD: u32 = 3;
 
 /// How many problems have their inputs made on the CPU at once: a quarter of the cores (at least 1,
