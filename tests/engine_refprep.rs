@@ -398,7 +398,7 @@ async fn inputs_too_large_for_the_disk_go_to_the_in_memory_tier() {
     settings.reference_cache_bytes = 1;
     settings.reference_ram_bytes = 1_000_000_000;
     let pool = WorkerPool::start(settings).await.expect("pool starts");
-    let ram = krefine::worker::pool::ram_store_dir().join("inputs");
+    let ram = krefine::worker::input_store::ram_store_dir().join("inputs");
 
     let base = problem_add();
     let in_memory = run(&pool, &tmp.path().join("ram"), (*base).clone(), 2).await;

@@ -176,15 +176,20 @@ pub fn bench(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
             work_dir,
             across_runs,
         } => {
-            let out = super::bench_compile::run(super::bench_compile::CompileBench {
+            let args = super::bench_compile::CompileBench {
                 paths,
                 python,
                 arch,
                 jobs,
                 compare_code,
                 work_dir,
-                across_runs,
-            })?;
+            };
+            // A short run's precompiled headers, then the next run's first builds (bench_pch.rs).
+            let out = if across_runs {
+                super::bench_pch::run(args)?
+            } else {
+                super::bench_compile::run(args)?
+            };
             super::print_out(&out)?;
             Ok(ExitCode::SUCCESS)
         }

@@ -26,8 +26,6 @@ pub struct CompileBench {
     pub jobs: usize,
     pub compare_code: bool,
     pub work_dir: Option<PathBuf>,
-    /// A short run's precompiled headers, then the next run's first builds (see bench_pch.rs).
-    pub across_runs: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,10 +77,8 @@ pub struct Row {
     pub code: Option<String>,
 }
 
+/// The side-by-side builds (`--across-runs` is `bench_pch::run`, chosen by the caller).
 pub fn run(args: CompileBench) -> anyhow::Result<String> {
-    if args.across_runs {
-        return super::bench_pch::run(args);
-    }
     let candidates = collect(&args.paths)?;
     anyhow::ensure!(!candidates.is_empty(), "no candidate files (*.py) found");
     let rt = super::runtime()?;

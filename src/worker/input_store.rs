@@ -141,6 +141,15 @@ pub fn effective_cap(limit: u64, stored: u64, free: u64, fs_total: u64) -> u64 {
     limit.min(stored.saturating_add(free.saturating_sub(margin)))
 }
 
+/// The in-memory tier's folder in `/dev/shm`: `<prefix><pid>` (a scratch folder: swept when its run
+/// died).
+pub const RAM_STORE_PREFIX: &str = "krefine-inputs-";
+
+/// This process's in-memory tier folder.
+pub fn ram_store_dir() -> PathBuf {
+    Path::new("/dev/shm").join(format!("{RAM_STORE_PREFIX}{}", std::process::id()))
+}
+
 /// Share of the machine's memory the in-memory tier may hold by default
 /// (`resources.reference_ram_gb` unset).
 pub const RAM_SHARE: f64 = 0.45;

@@ -40,14 +40,6 @@ use crate::types::Problem;
 /// How long a worker asked to exit (recycling, shutdown) may take before it is killed.
 pub(super) const EXIT_GRACE: Duration = Duration::from_secs(5);
 
-/// The in-memory input store's folder in `/dev/shm`: `<prefix><pid>`.
-pub const RAM_STORE_PREFIX: &str = "krefine-inputs-";
-
-/// This process's in-memory input store folder.
-pub fn ram_store_dir() -> std::path::PathBuf {
-    std::path::Path::new("/dev/shm").join(format!("{RAM_STORE_PREFIX}{}", std::process::id()))
-}
-
 pub struct WorkerPool {
     pub(super) settings: WorkerSettings,
     pub(super) deadlines: Deadlines,
@@ -181,7 +173,7 @@ impl WorkerPool {
         let shm = std::path::Path::new("/dev/shm");
         let ram_scratch = match &input_store {
             Some(_) if settings.reference_ram_bytes > 0 && shm.is_dir() => {
-                match crate::scratch::Scratch::claim(shm, RAM_STORE_PREFIX) {
+                match crate::scratch::Scratch::claim(shm, super::input_store::RAM_STORE_PREFIX) {
                     Ok(s) => Some(s),
                     Err(e) => {
                         tracing::warn!("no in-memory input store in {}: {e}", shm.display());

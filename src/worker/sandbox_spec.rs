@@ -81,7 +81,7 @@ pub(super) fn visible_dirs(settings: &WorkerSettings) -> Vec<PathBuf> {
         dirs.push(store.clone());
         // Its in-memory tier, this process's folder in /dev/shm (see `WorkerPool::new`).
         if settings.reference_ram_bytes > 0 {
-            dirs.push(super::pool::ram_store_dir());
+            dirs.push(super::input_store::ram_store_dir());
         }
     }
     // The Hugging Face cache level-4 models load from (often under the hidden home).
