@@ -226,6 +226,29 @@ async fn reference_is_prepared_while_the_first_answer_is_generated_and_results_a
     );
 }
 
+/// A CPU worker pool under `dir` with the input store on (`disk_bytes` its cap) and its in-memory tier
+/// (`ram_bytes`; 0: off); the store's folder.
+async fn pool_with_store(
+    dir: &std::path::Path,
+    disk_bytes: u64,
+    ram_bytes: u64,
+) -> (std::sync::Arc<WorkerPool>, std::path::PathBuf) {
+    let work = dir.join("work");
+    let harness = deployed_harness(dir).await;
+    let mut settings = cpu_settings(
+        test_python().await,
+        harness,
+        &work,
+        &work.join("build-cache"),
+    );
+    let store = dir.join("reference-cache");
+    settings.reference_cache = Some(store.clone());
+    settings.reference_cache_bytes = disk_bytes;
+    settings.reference_ram_bytes = ram_bytes;
+    let pool = WorkerPool::start(settings).await.expect("pool starts");
+    (pool, store)
+}
+
 fn inputs_statuses(log: &[LogRecord]) -> Vec<String> {
     log.iter()
         .filter_map(|r| match &r.event {
@@ -322,18 +345,7 @@ async fn stored_inputs_are_made_once_off_the_lease_and_change_no_result() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inputs_over_the_store_cap_are_made_by_the_worker_and_change_no_result() {
     let tmp = tempfile::tempdir().unwrap();
-    let work = tmp.path().join("work");
-    let harness = deployed_harness(tmp.path()).await;
-    let mut settings = cpu_settings(
-        test_python().await,
-        harness,
-        &work,
-        &work.join("build-cache"),
-    );
-    let store = tmp.path().join("reference-cache");
-    settings.reference_cache = Some(store.clone());
-    settings.reference_cache_bytes = 1;
-    let pool = WorkerPool::start(settings).await.expect("pool starts");
+    let (pool, store) = pool_with_store(tmp.path(), 1, 0).await;
 
     let base = problem_add();
     let over = run(&pool, &tmp.path().join("over"), (*base).clone(), 2).await;
@@ -385,19 +397,7 @@ async fn inputs_too_large_for_the_disk_go_to_the_in_memory_tier() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let work = tmp.path().join("work");
-    let harness = deployed_harness(tmp.path()).await;
-    let mut settings = cpu_settings(
-        test_python().await,
-        harness,
-        &work,
-        &work.join("build-cache"),
-    );
-    let store = tmp.path().join("reference-cache");
-    settings.reference_cache = Some(store.clone());
-    settings.reference_cache_bytes = 1;
-    settings.reference_ram_bytes = 1_000_000_000;
-    let pool = WorkerPool::start(settings).await.expect("pool starts");
+    let (pool, _store) = pool_with_store(tmp.path(), 1, 1_000_000_000).await;
     let ram = krefine::worker::input_store::ram_store_dir().join("inputs");
 
     let base = problem_add();

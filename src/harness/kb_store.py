@@ -124,10 +124,8 @@ def _load_to_device(entry: str, code: str, seed: int, device: torch.device) -> t
             if item.get("requires_grad"):
                 grads.append(t)
             values.append(t)
-        fd = os.open(os.path.join(entry, part["file"]), os.O_RDONLY)
+        fd = _open_seed(entry, part, offset)
         try:
-            if os.fstat(fd).st_size != offset:
-                raise ValueError(f"file of {os.fstat(fd).st_size} bytes, its manifest says {offset}")
             threads = max(1, min(_THREADS, len(chunks)))
             crcs: list[int] = [0] * len(chunks)
             errors: list[BaseException] = []
@@ -166,6 +164,16 @@ def _load_to_device(entry: str, code: str, seed: int, device: torch.device) -> t
         t.requires_grad_(True)
     rng = torch.frombuffer(bytearray(base64.b64decode(part["rng"])), dtype=torch.uint8)
     return values, rng
+
+
+def _open_seed(entry: str, part: dict[str, Any], size: int) -> int:
+    """The seed's file, opened for reading, when it holds exactly `size` bytes (ValueError otherwise)."""
+    fd = os.open(os.path.join(entry, part["file"]), os.O_RDONLY)
+    found = os.fstat(fd).st_size
+    if found != size:
+        os.close(fd)
+        raise ValueError(f"file of {found} bytes, its manifest says {size}")
+    return fd
 
 
 def _read_chunk(fd: int, view: memoryview, offset: int) -> int:
@@ -547,10 +555,8 @@ def load(entry: str, code: str, seed: int, device: torch.device | None = None) -
             if item.get("requires_grad"):
                 t.requires_grad_(True)
             values.append(t)
-        fd = os.open(os.path.join(entry, part["file"]), os.O_RDONLY)
+        fd = _open_seed(entry, part, offset)
         try:
-            if os.fstat(fd).st_size != offset:
-                raise ValueError(f"file of {os.fstat(fd).st_size} bytes, its manifest says {offset}")
             crcs = _read_chunks(fd, chunks)
         finally:
             os.close(fd)

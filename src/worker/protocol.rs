@@ -558,7 +558,7 @@ pub struct NcuMetrics {
     pub num_kernels: u32,
     /// The forward's fraction of speed of light: each kernel's fraction of the roof it sits under,
     /// weighted by its duration, over the kernels whose roofline is known (`kb_ncu.sol_fraction`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sol_fraction: Option<f64>,
 }
 
