@@ -421,8 +421,8 @@ impl InputStore {
         unsafe {
             cmd.pre_exec(move || super::session::die_with_parent(krefine));
         }
-        let mut child = cmd
-            .spawn()
+        let mut child = super::session::spawn_tied(cmd)
+            .await
             .map_err(|e| format!("cannot start {}: {e}", self.python.display()))?;
         let mut stdin = child.stdin.take();
         let stdout = child.stdout.take();

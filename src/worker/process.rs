@@ -197,11 +197,14 @@ impl WorkerProcess {
                 cmd.pre_exec(move || prepared.enter());
             }
         }
-        let mut child = cmd.spawn().map_err(|source| WorkerError::Spawn {
-            worker: spec.name.clone(),
-            program: spec.python.clone(),
-            source,
-        })?;
+        let mut child =
+            super::session::spawn_tied(cmd)
+                .await
+                .map_err(|source| WorkerError::Spawn {
+                    worker: spec.name.clone(),
+                    program: spec.python.clone(),
+                    source,
+                })?;
         let pid = child.id().unwrap_or(0);
         let log_used = Arc::new(AtomicU64::new(0));
         let (done_tx, log_done) = watch::channel(false);

@@ -75,8 +75,8 @@ fn session_of(pid: i32) -> Option<i32> {
 /// process never reads the end of its closed pipes, so it would stay forever. `parent` is krefine's
 /// pid, read before the fork: a krefine that died before the `prctl` is caught here.
 ///
-/// The signal comes when the forking *thread* ends: workers are started from the runtime's worker
-/// threads, which live as long as krefine's runtime. Only async-signal-safe calls.
+/// The signal comes when the forking *thread* ends, so such children are started with
+/// [`spawn_tied`], on a thread that lives as long as the runtime. Only async-signal-safe calls.
 pub(crate) fn die_with_parent(parent: libc::pid_t) -> std::io::Result<()> {
     // SAFETY: plain system calls without pointers.
     unsafe {
@@ -97,6 +97,22 @@ pub(crate) fn die_with_parent(parent: libc::pid_t) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Start `cmd` (whose `pre_exec` calls [`die_with_parent`]) from a thread that lives as long as the
+/// runtime: `PR_SET_PDEATHSIG` fires when the thread that forked the child ends, not the process. A
+/// multi-thread runtime's workers live as long as the runtime, while the thread that called
+/// `block_on` may end first (a test's thread, a helper thread) and would take every worker it
+/// started with it; on a current-thread runtime, the task runs on the `block_on` thread anyway.
+pub(crate) async fn spawn_tied(
+    mut cmd: tokio::process::Command,
+) -> std::io::Result<tokio::process::Child> {
+    match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::CurrentThread => cmd.spawn(),
+        _ => tokio::spawn(async move { cmd.spawn() })
+            .await
+            .map_err(std::io::Error::other)?,
+    }
 }
 
 #[cfg(test)]
