@@ -33,6 +33,8 @@ pub struct PrepQueue {
     cpu_order: VecDeque<ProblemKey>,
     /// CPU stage: inputs being made now.
     making: HashSet<ProblemKey>,
+    /// CPU stage: inputs no store tier had room for yet, to be tried again (their candidates wait).
+    deferred: HashSet<ProblemKey>,
     /// CPU stage done (made, found stored, or not storable): the device stage may take them, and
     /// their candidates do not wait.
     made: HashSet<ProblemKey>,
@@ -68,7 +70,10 @@ impl PrepQueue {
     }
 
     fn queue_inputs(&mut self, problem: ProblemKey, first: bool) {
-        if self.made.contains(&problem) || self.making.contains(&problem) {
+        if self.made.contains(&problem)
+            || self.making.contains(&problem)
+            || self.deferred.contains(&problem)
+        {
             return;
         }
         if first {
@@ -94,6 +99,20 @@ impl PrepQueue {
     pub fn inputs_done(&mut self, problem: ProblemKey) {
         self.making.remove(&problem);
         self.made.insert(problem);
+    }
+
+    /// No store tier had room for `problem`'s inputs yet: they wait for [`Self::retry_inputs`], and
+    /// so do its candidates (off the lease), while other problems go on.
+    pub fn inputs_deferred(&mut self, problem: ProblemKey) {
+        self.making.remove(&problem);
+        self.deferred.insert(problem);
+    }
+
+    /// Try a deferred problem's inputs again, before the other queued ones (its candidates wait).
+    pub fn retry_inputs(&mut self, problem: ProblemKey) {
+        if self.deferred.remove(&problem) {
+            self.queue_inputs(problem, true);
+        }
     }
 
     /// Must a candidate of `problem` wait for its inputs? When they are neither made nor being
@@ -208,6 +227,16 @@ impl Preparer {
 
     pub(super) fn inputs_done(&self, problem: ProblemKey) {
         self.with(|q| q.inputs_done(problem));
+        self.wake.notify_waiters();
+    }
+
+    pub(super) fn inputs_deferred(&self, problem: ProblemKey) {
+        self.with(|q| q.inputs_deferred(problem));
+        self.wake.notify_waiters();
+    }
+
+    pub(super) fn retry_inputs(&self, problem: ProblemKey) {
+        self.with(|q| q.retry_inputs(problem));
         self.wake.notify_waiters();
     }
 
@@ -341,6 +370,31 @@ mod tests {
         waiter.await.unwrap();
         prep.inputs_ready(p(2)).await; // made: returns at once
         assert_eq!(prep.next_inputs().await, p(1));
+    }
+
+    #[test]
+    fn deferred_inputs_free_their_place_and_come_back_first() {
+        let mut q = PrepQueue::new(1, 1);
+        for id in [1, 2, 3] {
+            q.coming(p(id));
+        }
+        assert_eq!(q.take_inputs(), Some(p(1)));
+        q.inputs_deferred(p(1));
+        // Its place goes to the next problem; its candidates still wait, and a waiting candidate
+        // does not queue it again before its retry.
+        assert_eq!(q.take_inputs(), Some(p(2)));
+        assert!(q.wait_for_inputs(p(1)));
+        assert_eq!(q.take(&DeviceId::Cpu), None, "nothing made yet");
+        q.inputs_done(p(2));
+        q.retry_inputs(p(1));
+        assert_eq!(q.take_inputs(), Some(p(1)), "retried before 3");
+        q.inputs_done(p(1));
+        assert!(!q.wait_for_inputs(p(1)));
+        assert_eq!(q.take_inputs(), Some(p(3)));
+        // A retry of a problem that is not deferred changes nothing.
+        q.inputs_done(p(3));
+        q.retry_inputs(p(2));
+        assert_eq!(q.take_inputs(), None);
     }
 
     #[test]

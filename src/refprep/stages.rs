@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -41,21 +41,48 @@ pub async fn run(prep: &Preparer, services: PrepServices<'_>, cancel: &Cancellat
     tokio::join!(cpu_stage(prep, &services, cancel), on_devices);
 }
 
-/// The CPU stage: coming problems' inputs made, [`cpu_ahead`] at once, no lease held.
+/// A problem whose inputs no store tier has room for yet is tried again after this long (a retry
+/// that would be refused again starts no generator: see `worker::input_store`).
+const RETRY_DEFERRED: Duration = Duration::from_secs(2);
+/// After waiting this long for room, a deferred problem's inputs are left to its candidates (made
+/// inside a lease, as before the store existed) rather than holding them back further.
+const MAX_DEFERRED: Duration = Duration::from_secs(600);
+
+/// The CPU stage: coming problems' inputs made, [`cpu_ahead`] at once, no lease held. Inputs that
+/// no tier has room for yet are tried again every [`RETRY_DEFERRED`] while their candidates wait
+/// (off the lease) and other problems' candidates run.
 async fn cpu_stage(prep: &Preparer, services: &PrepServices<'_>, cancel: &CancellationToken) {
     let mut cpu = FuturesUnordered::new();
+    let mut retries = FuturesUnordered::new();
+    let mut deferred_since: HashMap<ProblemKey, Instant> = HashMap::new();
     loop {
         tokio::select! {
             biased;
             _ = cancel.cancelled() => return,
-            Some(problem) = cpu.next() => prep.inputs_done(problem),
+            Some((problem, deferred)) = cpu.next() => {
+                let since = *deferred_since.entry(problem).or_insert_with(Instant::now);
+                if deferred && since.elapsed() < MAX_DEFERRED {
+                    prep.inputs_deferred(problem);
+                    retries.push(async move {
+                        tokio::time::sleep(RETRY_DEFERRED).await;
+                        problem
+                    });
+                } else {
+                    deferred_since.remove(&problem);
+                    prep.inputs_done(problem);
+                }
+            }
+            Some(problem) = retries.next() => prep.retry_inputs(problem),
             problem = prep.next_inputs() => {
                 let spec = services.problems.get(&problem).cloned();
+                // A deferral is logged once; the retries that follow log only how they end.
+                let again = deferred_since.contains_key(&problem);
                 cpu.push(async move {
-                    if let Some(spec) = spec {
-                        make_inputs(services, spec).await;
-                    }
-                    problem
+                    let deferred = match spec {
+                        Some(spec) => make_inputs(services, spec, again).await,
+                        None => false,
+                    };
+                    (problem, deferred)
                 });
             }
         }
@@ -94,8 +121,9 @@ async fn device_stage(
 }
 
 /// The CPU stage of one problem: its inputs made into the store, no lease held. Logged when the
-/// executor has a store; a failure is logged and leaves the inputs to the device stage.
-pub async fn make_inputs(services: &PrepServices<'_>, problem: Arc<Problem>) {
+/// executor has a store (a repeated deferral, `again`, is not); a failure is logged and leaves the
+/// inputs to the device stage. True when no tier had room yet ([`InputsOutcome::is_deferred`]).
+pub async fn make_inputs(services: &PrepServices<'_>, problem: Arc<Problem>, again: bool) -> bool {
     // The processes drawing inputs are the budget's: claimed first, and the maker kept to them.
     let grant = match services.cpu {
         Some(cpu) => {
@@ -111,7 +139,7 @@ pub async fn make_inputs(services: &PrepServices<'_>, problem: Arc<Problem>) {
         .make_inputs(problem.clone(), processes)
         .await
     {
-        Ok(None) => return,
+        Ok(None) => return false,
         Ok(Some(outcome)) => outcome,
         Err(Unavailable(error)) => InputsOutcome {
             status: "failed".into(),
@@ -121,11 +149,15 @@ pub async fn make_inputs(services: &PrepServices<'_>, problem: Arc<Problem>) {
             detail: Some(error),
         },
     };
-    let event = Event::InputsPrepared {
-        problem: problem.key,
-        outcome,
-    };
-    services.sink.record(None, event).await;
+    let deferred = outcome.is_deferred();
+    if !(deferred && again) {
+        let event = Event::InputsPrepared {
+            problem: problem.key,
+            outcome,
+        };
+        services.sink.record(None, event).await;
+    }
+    deferred
 }
 
 /// How preparing one problem ended.
@@ -413,5 +445,146 @@ mod tests {
         assert_eq!(kinds.len(), 4, "{kinds:?}");
         assert!(at(("inputs", 1)) < at(("device", 1)), "{kinds:?}");
         assert!(at(("inputs", 2)) < at(("device", 2)), "{kinds:?}");
+    }
+
+    /// An executor whose store has no room for problem 1's inputs until its third try.
+    struct NoRoomYet {
+        tries: Mutex<u32>,
+        prepared: Mutex<Vec<u32>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Executor for NoRoomYet {
+        async fn execute(
+            &self,
+            _job: crate::services::ExecJob,
+            _device: &DeviceId,
+        ) -> Result<crate::types::ExecOutcome, Unavailable> {
+            Err(Unavailable("not in this test".into()))
+        }
+
+        async fn profile(
+            &self,
+            _job: crate::services::ExecJob,
+            _device: &DeviceId,
+        ) -> Result<crate::types::ProfileOutcome, Unavailable> {
+            Err(Unavailable("not in this test".into()))
+        }
+
+        fn prepares_reference(&self) -> bool {
+            true
+        }
+
+        async fn make_inputs(
+            &self,
+            _problem: Arc<Problem>,
+            _processes: Option<u32>,
+        ) -> Result<Option<InputsOutcome>, Unavailable> {
+            let mut tries = self.tries.lock().unwrap();
+            *tries += 1;
+            let status = if *tries < 3 { "deferred" } else { "generated" };
+            Ok(Some(InputsOutcome {
+                status: status.into(),
+                bytes: if *tries < 3 { 0 } else { 8 },
+                duration_ms: 0,
+                parallel: 0,
+                detail: None,
+            }))
+        }
+
+        async fn prepare_reference(
+            &self,
+            problem: Arc<Problem>,
+            _device: &DeviceId,
+            _quiet: bool,
+        ) -> Result<PrepareOutcome, Unavailable> {
+            // The device stage may take a problem only once its inputs are made.
+            assert_eq!(*self.tries.lock().unwrap(), 3, "prepared before its inputs");
+            self.prepared.lock().unwrap().push(problem.key.problem_id);
+            Ok(PrepareOutcome {
+                status: PrepareStatus::Ready,
+                built: vec!["trial 1".into()],
+                trials_ready: 1,
+                done: true,
+                next: None,
+                duration_ms: 0,
+                error: None,
+            })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn inputs_without_room_yet_are_tried_again_while_their_candidate_waits_off_the_lease() {
+        let devices = DevicePool::new(vec![crate::gpu::DeviceInfo::cpu()]);
+        let exec = NoRoomYet {
+            tries: Mutex::new(0),
+            prepared: Mutex::new(Vec::new()),
+        };
+        let compiler = crate::sim::SimServices::new(Default::default());
+        let problem = Problem {
+            key: p(1),
+            name: "1_p.py".into(),
+            code: String::new(),
+        };
+        let problems = HashMap::from([(p(1), Arc::new(problem))]);
+        let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+        let sink = EventSink::new(tx);
+        let prep = Preparer::with_cpu(1, 1);
+        prep.coming(p(1));
+        let cancel = CancellationToken::new();
+        let services = PrepServices {
+            devices: &devices,
+            executor: &exec,
+            compiler: &compiler,
+            problems: &problems,
+            sink: &sink,
+            cpu: None,
+        };
+        // A candidate of problem 1 waits for its inputs (as the engine does, before any lease),
+        // and holds no device meanwhile.
+        let candidate = async {
+            prep.inputs_ready(p(1)).await;
+            let tries = *exec.tries.lock().unwrap();
+            let free = devices.try_acquire_idle(None).is_some();
+            prep.arrived(p(1));
+            (tries, free)
+        };
+        let mut events = Vec::new();
+        let watch = async {
+            while let Some((_, event)) = rx.recv().await {
+                let done = matches!(event, Event::InputsPrepared { ref outcome, .. }
+                    if !outcome.is_deferred());
+                events.push(event);
+                if done {
+                    break;
+                }
+            }
+        };
+        let all = async {
+            let (_, (tries, free), ()) =
+                tokio::join!(run(&prep, services, &cancel), candidate, async {
+                    watch.await;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    cancel.cancel();
+                });
+            (tries, free)
+        };
+        let (tries, free) = tokio::time::timeout(Duration::from_secs(3600), all)
+            .await
+            .expect("the deferred inputs were made");
+        assert_eq!(
+            tries, 3,
+            "the candidate went on only once the inputs were made"
+        );
+        assert!(free, "no lease was held while it waited");
+        // The deferral is logged once, then how it ended.
+        let statuses: Vec<&str> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::InputsPrepared { outcome, .. } => Some(outcome.status.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(statuses, ["deferred", "generated"]);
     }
 }

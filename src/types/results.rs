@@ -493,7 +493,9 @@ pub struct PrepareOutcome {
 pub struct InputsOutcome {
     /// `hit` (stored already), `generated`, `rebuilt` (a corrupt entry replaced), `unstorable` (the
     /// worker makes them), `over_budget` (the entry does not fit the store's cap: the worker makes
-    /// them), `error` (the problem's own code failed), `failed` (the machinery).
+    /// them), `deferred` (no tier has room now, but one will once queued candidates are done with
+    /// their entries: made later, still off the lease), `error` (the problem's own code failed),
+    /// `failed` (the machinery).
     pub status: String,
     /// Bytes of inputs in the store entry.
     #[serde(default)]
@@ -506,6 +508,16 @@ pub struct InputsOutcome {
     pub parallel: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+}
+
+/// [`InputsOutcome::status`] of inputs that wait for room in the store.
+pub const INPUTS_DEFERRED: &str = "deferred";
+
+impl InputsOutcome {
+    /// No tier had room yet: the CPU stage tries again later.
+    pub fn is_deferred(&self) -> bool {
+        self.status == INPUTS_DEFERRED
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -37,6 +37,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
+
+pub use super::input_admission::{
+    EntryInfo, MIN_FREE_BYTES, RAM_RESERVE_SHARE, RAM_SHARE, RAM_STORE_PREFIX, default_ram_bytes,
+    effective_cap, meminfo, memory_cap, plan_admission, plan_eviction, ram_store_dir,
+};
 use tokio::io::AsyncWriteExt;
 
 /// The harness file that makes entries.
@@ -102,122 +107,10 @@ pub enum GenerateStatus {
     /// The entry does not fit the store's cap (see [`plan_admission`]): nothing was written, and the
     /// worker makes these inputs as it did before the store existed.
     OverBudget,
-}
-
-/// One entry found on disk.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EntryInfo {
-    pub key: String,
-    pub bytes: u64,
-    pub last_used: SystemTime,
-}
-
-/// The entries to remove, oldest use first, until the rest fit `limit` bytes. `keep` (the entry just
-/// made or used) is never chosen, even when it alone is over the limit.
-pub fn plan_eviction(entries: &[EntryInfo], limit: u64, keep: &str) -> Vec<String> {
-    let mut total: u64 = entries.iter().map(|e| e.bytes).sum();
-    let mut order: Vec<&EntryInfo> = entries.iter().filter(|e| e.key != keep).collect();
-    order.sort_by(|a, b| a.last_used.cmp(&b.last_used).then(a.key.cmp(&b.key)));
-    let mut victims = Vec::new();
-    for e in order {
-        if total <= limit {
-            break;
-        }
-        total -= e.bytes;
-        victims.push(e.key.clone());
-    }
-    victims
-}
-
-/// Space kept free on the store's file system: 10% of it or 5 GB, whichever is larger.
-pub const MIN_FREE_BYTES: u64 = 5_000_000_000;
-
-/// The bytes the store may hold: `resources.reference_cache_gb` (`limit`), and never more than its
-/// finished entries (`stored`, which eviction can give back) plus the file system's free space less
-/// the margin it keeps free (max(10% of `fs_total`, [`MIN_FREE_BYTES`])): the store never fills the
-/// disk.
-pub fn effective_cap(limit: u64, stored: u64, free: u64, fs_total: u64) -> u64 {
-    let margin = (fs_total / 10).max(MIN_FREE_BYTES);
-    limit.min(stored.saturating_add(free.saturating_sub(margin)))
-}
-
-/// The in-memory tier's folder in `/dev/shm`: `<prefix><pid>` (a scratch folder: swept when its run
-/// died).
-pub const RAM_STORE_PREFIX: &str = "krefine-inputs-";
-
-/// This process's in-memory tier folder.
-pub fn ram_store_dir() -> PathBuf {
-    Path::new("/dev/shm").join(format!("{RAM_STORE_PREFIX}{}", std::process::id()))
-}
-
-/// Share of the machine's memory the in-memory tier may hold by default
-/// (`resources.reference_ram_gb` unset).
-pub const RAM_SHARE: f64 = 0.45;
-/// Share of the machine's memory an in-memory admission leaves available to everything else.
-pub const RAM_RESERVE_SHARE: f64 = 0.25;
-
-/// `(MemTotal, MemAvailable)` in bytes, from `/proc/meminfo`.
-pub fn meminfo() -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| {
-                rest.trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-            })
-            .map(|kb| kb * 1024)
-    };
-    Some((field("MemTotal:")?, field("MemAvailable:")?))
-}
-
-/// The in-memory tier's default bound: [`RAM_SHARE`] of the machine's memory (0 when unknown).
-pub fn default_ram_bytes() -> u64 {
-    meminfo().map_or(0, |(total, _)| (total as f64 * RAM_SHARE) as u64)
-}
-
-/// The in-memory tier's cap at admission: `cap`, and never more than its finished entries
-/// (`stored`, which eviction gives back) plus the memory available beyond
-/// [`RAM_RESERVE_SHARE`] of `total`.
-pub fn memory_cap(cap: u64, stored: u64, available: u64, total: u64) -> u64 {
-    let reserve = (total as f64 * RAM_RESERVE_SHARE) as u64;
-    cap.min(stored.saturating_add(available.saturating_sub(reserve)))
-}
-
-/// Admission of a new entry of `planned` bytes: the finished entries to remove (oldest use first;
-/// `keep` and those in `busy` are never chosen) so that the finished entries, the other entries being
-/// made (`reserved`) and this one fit `cap` together. `None` when it cannot fit even then: nothing is
-/// removed for an entry that will not be stored.
-pub fn plan_admission(
-    entries: &[EntryInfo],
-    reserved: u64,
-    planned: u64,
-    cap: u64,
-    keep: &str,
-    busy: &[String],
-) -> Option<Vec<String>> {
-    let need = reserved.saturating_add(planned);
-    if need > cap {
-        return None;
-    }
-    let mut total: u64 = entries.iter().map(|e| e.bytes).sum();
-    let mut order: Vec<&EntryInfo> = entries
-        .iter()
-        .filter(|e| e.key != keep && !busy.contains(&e.key))
-        .collect();
-    order.sort_by(|a, b| a.last_used.cmp(&b.last_used).then(a.key.cmp(&b.key)));
-    let mut victims = Vec::new();
-    for e in order {
-        if total.saturating_add(need) <= cap {
-            break;
-        }
-        total -= e.bytes;
-        victims.push(e.key.clone());
-    }
-    (total.saturating_add(need) <= cap).then_some(victims)
+    /// Not the generator's answer: the orchestrator's, when every tier refused an entry that fits
+    /// one of them once other entries' room comes back ([`InputStore::refused_for_now`]). Its
+    /// inputs are made later, still off the lease, rather than inside a candidate's lease now.
+    Deferred,
 }
 
 /// The store: where it is, how large it may grow, and how to start the harness that fills it.
@@ -237,6 +130,27 @@ pub struct InputStore {
     /// Entries this process holds ([`InputStore::hold`]: a candidate of the problem waits for or
     /// holds a lease), with how many holds each: never removed to make room.
     held: Arc<Mutex<HashMap<String, usize>>>,
+    /// This process's last refusal of each entry (see [`InputStore::refused_for_now`]).
+    refusals: Arc<Mutex<HashMap<String, Refusal>>>,
+}
+
+/// A refused admission: the entry's planned bytes, and whether other entries' room comes back.
+#[derive(Debug, Clone, Copy)]
+struct Refusal {
+    planned: u64,
+    room_later: bool,
+}
+
+/// An admission decision (see [`InputStore::admit`]).
+struct Plan {
+    /// The entries to remove; `None`: refused.
+    victims: Option<Vec<String>>,
+    /// Refused only for room held or reserved by other entries.
+    room_later: bool,
+    reserved: u64,
+    cap: u64,
+    /// Why it was refused.
+    why: String,
 }
 
 /// Keeps an entry from being evicted while it lives (see [`InputStore::hold`]).
@@ -276,6 +190,7 @@ impl InputStore {
             timeout,
             memory: false,
             held: Arc::default(),
+            refusals: Arc::default(),
         }
     }
 
@@ -524,6 +439,68 @@ impl InputStore {
                     .into(),
             );
         };
+        let _lock = self.admission_lock()?;
+        let plan = self.plan(key, planned);
+        let victims = match plan.victims {
+            Some(victims) => victims,
+            None => {
+                self.refused(key, planned, plan.room_later);
+                return Err(plan.why);
+            }
+        };
+        // Every victim is tried (no short circuit): one in use since the plan just stays.
+        let failed = victims.iter().filter(|v| !self.remove_unlocked(v)).count();
+        if failed > 0 {
+            let left: u64 = self.scan().iter().map(|e| e.bytes).sum();
+            if left.saturating_add(plan.reserved).saturating_add(planned) > plan.cap {
+                self.refused(key, planned, true);
+                return Err(plan.why);
+            }
+        }
+        std::fs::write(self.reservation(key), planned.to_string())
+            .map_err(|e| format!("cannot write the reservation of {key}: {e}"))?;
+        self.refusals().remove(key);
+        Ok(())
+    }
+
+    /// Would an entry of `planned` bytes be admitted now? The same decision as [`Self::admit`],
+    /// under the same lock, with nothing removed or reserved: a deferred entry is retried only once
+    /// this says yes, so a retry that would be refused again starts no generator.
+    pub fn would_admit(&self, key: &str, planned: u64) -> bool {
+        let Ok(_lock) = self.admission_lock() else {
+            return false;
+        };
+        self.plan(key, planned).victims.is_some()
+    }
+
+    /// The planned bytes of `key`'s last refusal here when it was refused for want of room that
+    /// other entries (held by queued candidates, or being made) will give back: it fits this store
+    /// alone, so waiting for room beats drawing the inputs inside a lease.
+    pub fn refused_for_now(&self, key: &str) -> Option<u64> {
+        self.refusals()
+            .get(key)
+            .and_then(|r| r.room_later.then_some(r.planned))
+    }
+
+    fn refusals(&self) -> std::sync::MutexGuard<'_, HashMap<String, Refusal>> {
+        self.refusals.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn refused(&self, key: &str, planned: u64, room_later: bool) {
+        self.refusals().insert(
+            key.to_string(),
+            Refusal {
+                planned,
+                room_later,
+            },
+        );
+    }
+
+    /// The store's admission lock (one admission at a time, across processes), held while the
+    /// returned file lives.
+    fn admission_lock(&self) -> Result<std::fs::File, String> {
+        std::fs::create_dir_all(&self.root)
+            .map_err(|e| format!("cannot create {}: {e}", self.root.display()))?;
         let lock_path = self.root.join(ADMISSION_LOCK);
         let lock = std::fs::OpenOptions::new()
             .create(true)
@@ -533,6 +510,11 @@ impl InputStore {
             .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?;
         lock.lock()
             .map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?;
+        Ok(lock)
+    }
+
+    /// Admission's decision for `key` of `planned` bytes (the admission lock held by the caller).
+    fn plan(&self, key: &str, planned: u64) -> Plan {
         let (reserved, mut busy) = self.reservations(key);
         busy.extend(self.held_keys());
         let entries = self.scan();
@@ -544,32 +526,32 @@ impl InputStore {
         {
             cap = memory_cap(cap, stored, available, total);
         }
-        let refused = || {
-            let (tier, key) = if self.memory {
-                ("the in-memory store", "resources.reference_ram_gb")
-            } else {
-                ("the store", "resources.reference_cache_gb")
-            };
-            format!(
-                "{planned} bytes do not fit {tier}: cap {cap} bytes ({key} {}, free space {free} \
-                 bytes), {reserved} bytes being made by others",
-                self.limit
-            )
+        let victims = plan_admission(&entries, reserved, planned, cap, key, &busy);
+        // Refused, but it would fit were the held and reserved entries gone: room comes later.
+        let room_later =
+            victims.is_none() && plan_admission(&entries, 0, planned, cap, key, &[]).is_some();
+        let (tier, limit_key) = if self.memory {
+            ("the in-memory store", "resources.reference_ram_gb")
+        } else {
+            ("the store", "resources.reference_cache_gb")
         };
-        let victims =
-            plan_admission(&entries, reserved, planned, cap, key, &busy).ok_or_else(refused)?;
-        // Every victim is tried (no short circuit): one in use since the plan just stays.
-        let failed = victims.iter().filter(|v| !self.remove_unlocked(v)).count();
-        if failed > 0 {
-            let left: u64 = self.scan().iter().map(|e| e.bytes).sum();
-            if left.saturating_add(reserved).saturating_add(planned) > cap {
-                return Err(refused());
+        let why = format!(
+            "{planned} bytes do not fit {tier}: cap {cap} bytes ({limit_key} {}, free space {free} \
+             bytes), {reserved} bytes being made by others{}",
+            self.limit,
+            if room_later {
+                ", the rest held by queued candidates"
+            } else {
+                ""
             }
+        );
+        Plan {
+            victims,
+            room_later,
+            reserved,
+            cap,
+            why,
         }
-        std::fs::write(self.reservation(key), planned.to_string())
-            .map_err(|e| format!("cannot write the reservation of {key}: {e}"))?;
-        drop(lock);
-        Ok(())
     }
 
     /// The bytes reserved by other entries being made (their lock held), and their keys; stale
@@ -719,76 +701,6 @@ fn folder_bytes(dir: &Path) -> u64 {
 mod tests {
     use super::*;
 
-    fn at(key: &str, bytes: u64, secs: u64) -> EntryInfo {
-        EntryInfo {
-            key: key.into(),
-            bytes,
-            last_used: SystemTime::UNIX_EPOCH + Duration::from_secs(secs),
-        }
-    }
-
-    #[test]
-    fn eviction_removes_the_least_recently_used_until_the_rest_fit() {
-        let entries = [
-            at("a", 40, 3),
-            at("b", 30, 1),
-            at("c", 20, 2),
-            at("d", 10, 4),
-        ];
-        assert_eq!(plan_eviction(&entries, 100, "d"), Vec::<String>::new());
-        assert_eq!(plan_eviction(&entries, 70, "d"), vec!["b"]);
-        assert_eq!(plan_eviction(&entries, 60, "d"), vec!["b", "c"]);
-        assert_eq!(plan_eviction(&entries, 45, "d"), vec!["b", "c", "a"]);
-        // The kept entry stays even when it alone is over the limit.
-        assert_eq!(plan_eviction(&entries, 5, "a"), vec!["b", "c", "d"]);
-    }
-
-    #[test]
-    fn the_cap_keeps_a_tenth_of_the_file_system_or_5_gb_free() {
-        const GB: u64 = 1_000_000_000;
-        // 252 GB file system, 37 GB free: 25.2 GB kept free, so 11.8 GB more than the 3 GB stored.
-        assert_eq!(
-            effective_cap(30 * GB, 3 * GB, 37 * GB, 252 * GB),
-            14_800_000_000
-        );
-        // Plenty of room: the configured limit.
-        assert_eq!(effective_cap(30 * GB, 0, 900 * GB, 1000 * GB), 30 * GB);
-        // A small file system keeps 5 GB free (more than its tenth).
-        assert_eq!(effective_cap(30 * GB, GB, 8 * GB, 20 * GB), 4 * GB);
-        // Less free than the margin: only what is stored already (eviction can give it back).
-        assert_eq!(effective_cap(30 * GB, 2 * GB, 4 * GB, 20 * GB), 2 * GB);
-        assert_eq!(effective_cap(30 * GB, 0, 0, 0), 0);
-    }
-
-    #[test]
-    fn admission_counts_entries_being_made_and_evicts_only_when_it_helps() {
-        let entries = [at("a", 40, 3), at("b", 30, 1), at("c", 20, 2)];
-        let none: Vec<String> = Vec::new();
-        // 90 stored + 10 planned fit 100.
-        assert_eq!(
-            plan_admission(&entries, 0, 10, 100, "n", &none),
-            Some(vec![])
-        );
-        // 90 + 25 reserved by another + 10: b (oldest) goes.
-        assert_eq!(
-            plan_admission(&entries, 25, 10, 100, "n", &none),
-            Some(vec!["b".to_string()])
-        );
-        // b is in use: c then a go instead.
-        assert_eq!(
-            plan_admission(&entries, 25, 10, 100, "n", &["b".to_string()]),
-            Some(vec!["c".to_string(), "a".to_string()])
-        );
-        // Larger than the cap alone, or with what others are making: refused, nothing removed.
-        assert_eq!(plan_admission(&entries, 0, 101, 100, "n", &none), None);
-        assert_eq!(plan_admission(&entries, 60, 50, 100, "n", &none), None);
-        // Even removing every entry not in use is not enough.
-        assert_eq!(
-            plan_admission(&entries, 0, 80, 100, "n", &["a".to_string()]),
-            None
-        );
-    }
-
     #[test]
     fn a_held_entry_is_never_evicted_to_make_room() {
         let dir = tempfile::tempdir().unwrap();
@@ -823,23 +735,21 @@ mod tests {
         let _x = store.hold("x");
         let e = store.admit("y", Some(4000)).unwrap_err();
         assert!(e.contains("do not fit the store"), "{e}");
+        assert!(e.contains("held by queued candidates"), "{e}");
         assert!(exists("old"));
-        // Released: it is evicted like any other.
+        // Refused for room the held entries give back: y waits for it (no generator meanwhile).
+        assert_eq!(store.refused_for_now("y"), Some(4000));
+        assert!(!store.would_admit("y", 4000));
+        // Larger than the store alone: nothing to wait for.
+        assert!(store.admit("huge", Some(20_000)).is_err());
+        assert_eq!(store.refused_for_now("huge"), None);
+        // Released: it is evicted like any other; asking removes nothing, admitting does.
         drop(hold);
+        assert!(store.would_admit("y", 4000));
+        assert!(exists("old"));
         store.admit("y", Some(4000)).unwrap();
         assert!(!exists("old"));
-    }
-
-    #[test]
-    fn the_memory_tier_leaves_a_quarter_of_memory_available() {
-        const GB: u64 = 1_000_000_000;
-        // 128 GB machine, 100 GB available, nothing stored: 100 - 32 = 68 GB may be admitted.
-        assert_eq!(memory_cap(60 * GB, 0, 100 * GB, 128 * GB), 60 * GB);
-        assert_eq!(memory_cap(90 * GB, 0, 100 * GB, 128 * GB), 68 * GB);
-        // Stored entries count as available again (eviction gives them back).
-        assert_eq!(memory_cap(90 * GB, 10 * GB, 50 * GB, 128 * GB), 28 * GB);
-        // Less available than the reserve: only what eviction frees.
-        assert_eq!(memory_cap(90 * GB, 5 * GB, 20 * GB, 128 * GB), 5 * GB);
+        assert_eq!(store.refused_for_now("y"), None);
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! - `outcome`: [`pool`]'s call failures and the one mapping from a failure to a verdict's words.
 //! - `reference`: outcomes of preparing a problem's reference data ahead of its candidates.
 //! - [`input_store`]: the on-disk store of reference inputs made on the CPU, off the device lease.
+//! - [`input_admission`]: how large that store may grow and which entries go to make room.
 //! - `build_store`: publishing builds into the shared cache, sealing them, the copy-on-write taint
 //!   check.
 //! - [`pause`]: stopping the compile pool while the CPU device times a candidate.
@@ -36,6 +37,7 @@ mod compile;
 pub mod config;
 mod execute;
 pub mod harness;
+pub mod input_admission;
 pub mod input_store;
 mod loss;
 mod outcome;

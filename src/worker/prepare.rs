@@ -13,7 +13,7 @@ use super::outcome::{CallError, elapsed_ms, secs};
 use super::pool::WorkerPool;
 use super::protocol::{PrepareRequest, RequestBody, ResponseBody, TimingSpec};
 use crate::services::{DeviceId, Unavailable};
-use crate::types::{ExecOutcome, InputsOutcome, PrepareOutcome, Problem, Verdict};
+use crate::types::{ExecOutcome, INPUTS_DEFERRED, InputsOutcome, PrepareOutcome, Problem, Verdict};
 
 impl WorkerPool {
     /// Build all of `problem`'s reference data on `device` in one request, as every evaluation did
@@ -154,6 +154,18 @@ impl WorkerPool {
         };
         let started = Instant::now();
         let key = self.inputs_key(problem);
+        let tiers: Vec<&InputStore> = [Some(store), self.ram_store.as_ref()]
+            .into_iter()
+            .flatten()
+            .collect();
+        // Deferred before: no generator is started (it would import torch only to be refused
+        // again) until one tier would take the entry now.
+        let known = tiers.iter().find_map(|t| t.refused_for_now(&key));
+        if let Some(planned) = known
+            && !tiers.iter().any(|t| t.would_admit(&key, planned))
+        {
+            return Ok(Some(deferred(planned, elapsed_ms(started))));
+        }
         let mut answer = self.ensure_in(store, processes, &key, problem).await;
         // Too large for the disk store: the in-memory tier, still off the lease (the worker would
         // otherwise draw these inputs inside a candidate's lease).
@@ -171,6 +183,14 @@ impl WorkerPool {
                     };
                     a
                 });
+        }
+        // Refused by every tier, but one of them has room once queued candidates are done with
+        // their entries: made later (see `crate::refprep`), not inside a lease now.
+        if let Ok(a) = &mut answer
+            && a.status == GenerateStatus::OverBudget
+            && tiers.iter().any(|t| t.refused_for_now(&key).is_some())
+        {
+            a.status = GenerateStatus::Deferred;
         }
         let duration_ms = elapsed_ms(started);
         Ok(Some(match answer {
@@ -268,5 +288,18 @@ impl WorkerPool {
                 ),
             },
         })
+    }
+}
+
+/// The CPU stage's outcome for an entry no tier takes yet (see [`GenerateStatus::Deferred`]).
+fn deferred(planned: u64, duration_ms: u64) -> InputsOutcome {
+    InputsOutcome {
+        status: INPUTS_DEFERRED.into(),
+        bytes: 0,
+        duration_ms,
+        parallel: 0,
+        detail: Some(format!(
+            "{planned} bytes wait for room that queued candidates' entries give back"
+        )),
     }
 }
