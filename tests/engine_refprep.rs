@@ -233,6 +233,15 @@ async fn pool_with_store(
     disk_bytes: u64,
     ram_bytes: u64,
 ) -> (std::sync::Arc<WorkerPool>, std::path::PathBuf) {
+    pool_with_stores(dir, disk_bytes, ram_bytes, false).await
+}
+
+async fn pool_with_stores(
+    dir: &std::path::Path,
+    disk_bytes: u64,
+    ram_bytes: u64,
+    keep_ram: bool,
+) -> (std::sync::Arc<WorkerPool>, std::path::PathBuf) {
     let work = dir.join("work");
     let harness = deployed_harness(dir).await;
     let mut settings = cpu_settings(
@@ -245,6 +254,7 @@ async fn pool_with_store(
     settings.reference_cache = Some(store.clone());
     settings.reference_cache_bytes = disk_bytes;
     settings.reference_ram_bytes = ram_bytes;
+    settings.reference_ram_keep = keep_ram;
     let pool = WorkerPool::start(settings).await.expect("pool starts");
     (pool, store)
 }
@@ -398,7 +408,7 @@ async fn inputs_too_large_for_the_disk_go_to_the_in_memory_tier() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let (pool, _store) = pool_with_store(tmp.path(), 1, 1_000_000_000).await;
-    let ram = krefine::worker::input_store::ram_store_dir().join("inputs");
+    let ram = krefine::worker::input_store::ram_store_dir(false).join("inputs");
 
     let base = problem_add();
     let in_memory = run(&pool, &tmp.path().join("ram"), (*base).clone(), 2).await;
@@ -445,4 +455,77 @@ async fn inputs_too_large_for_the_disk_go_to_the_in_memory_tier() {
         !ram.parent().unwrap().exists(),
         "the in-memory folder outlived its pool"
     );
+}
+
+/// With `resources.reference_ram_keep` the in-memory tier is the machine's kept folder: an entry one
+/// run made there outlives it, and the next run (another pool, another disk store) finds it (`hit`)
+/// and reads its inputs from memory through the sandbox, with the same verdicts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_in_memory_tier_serves_the_next_run() {
+    if !std::path::Path::new("/dev/shm").is_dir() {
+        eprintln!("no /dev/shm on this machine: nothing to test");
+        return;
+    }
+    let kept = krefine::worker::input_store::ram_store_dir(true).join("inputs");
+    let entries = || -> std::collections::BTreeSet<std::ffi::OsString> {
+        std::fs::read_dir(&kept)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.path().join("manifest.json").is_file())
+                    .map(|e| e.file_name())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let before = entries();
+    let tmp = tempfile::tempdir().unwrap();
+    let base = problem_add();
+    // Code no other run has: its entry is this test's alone (removed at the end).
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let problem = Problem {
+        key: ProblemKey {
+            level: 1,
+            problem_id: 904,
+        },
+        name: "904_add.py".into(),
+        code: format!(
+            "{}\n# kept tier {} {nonce}\n",
+            base.code,
+            std::process::id()
+        ),
+    };
+    let (pool, _) = pool_with_stores(&tmp.path().join("a"), 1, 1_000_000_000, true).await;
+    let first = run(&pool, &tmp.path().join("first"), problem.clone(), 2).await;
+    pool.shutdown().await;
+    drop(pool);
+    let made: Vec<_> = entries().difference(&before).cloned().collect();
+    let (pool, _) = pool_with_stores(&tmp.path().join("b"), 1, 1_000_000_000, true).await;
+    let second = run(&pool, &tmp.path().join("second"), problem, 2).await;
+    pool.shutdown().await;
+    drop(pool);
+    for key in &made {
+        let _ = std::fs::remove_dir_all(kept.join(key));
+        let mut lock = key.clone();
+        lock.push(".lock");
+        let _ = std::fs::remove_file(kept.join(lock));
+    }
+
+    assert_eq!(
+        made.len(),
+        1,
+        "the first run's entry outlived it in the kept tier"
+    );
+    assert_eq!(inputs_statuses(&first), ["generated"]);
+    assert_eq!(inputs_statuses(&second), ["hit"], "{:?}", kinds(&second));
+    for sample in [0, 1] {
+        let (a, b) = (executed(&first, sample), executed(&second, sample));
+        assert_eq!(
+            (a.verdict, a.compiled, a.correctness, &a.metadata),
+            (b.verdict, b.compiled, b.correctness, &b.metadata),
+            "sample {sample}"
+        );
+    }
 }

@@ -517,6 +517,7 @@ async fn build_eval_services(
                     Some(gb) => (gb * 1e9) as u64,
                     None => crate::worker::input_store::default_ram_bytes(),
                 };
+                s.reference_ram_keep = cfg.resources.reference_ram_keep;
             } else {
                 s.reference_cache = None;
             }

@@ -67,6 +67,12 @@ pub struct ResourcesSection {
     /// off. An entry is admitted only while a quarter of the memory stays available to the rest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference_ram_gb: Option<f64>,
+    /// Keep the in-memory tier for later runs on this machine: one folder in `/dev/shm`
+    /// (`krefine-inputs.kept`) shared by runs, left in place when a run ends (gone at reboot or
+    /// removed by hand), so a second run reads large problems' inputs from memory instead of drawing
+    /// them again. Off by default: memory stays taken after the run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reference_ram_keep: bool,
 }
 
 fn default_reference_cache_gb() -> f64 {
@@ -123,6 +129,7 @@ impl Default for ResourcesSection {
             prepare_ahead: default_prepare_ahead(),
             reference_cache_gb: default_reference_cache_gb(),
             reference_ram_gb: None,
+            reference_ram_keep: false,
         }
     }
 }

@@ -45,9 +45,19 @@ pub fn effective_cap(limit: u64, stored: u64, free: u64, fs_total: u64) -> u64 {
 /// died).
 pub const RAM_STORE_PREFIX: &str = "krefine-inputs-";
 
-/// This process's in-memory tier folder.
-pub fn ram_store_dir() -> PathBuf {
-    Path::new("/dev/shm").join(format!("{RAM_STORE_PREFIX}{}", std::process::id()))
+/// The in-memory tier kept for later runs (`resources.reference_ram_keep`): one folder in `/dev/shm`
+/// shared by every run on the machine and left in place when a run ends (gone at reboot, or removed
+/// by hand). Not a scratch folder: no run sweeps it.
+pub const RAM_STORE_KEPT: &str = "krefine-inputs.kept";
+
+/// The in-memory tier's folder: this process's own, or the kept one shared by runs (`keep`).
+pub fn ram_store_dir(keep: bool) -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if keep {
+        shm.join(RAM_STORE_KEPT)
+    } else {
+        shm.join(format!("{RAM_STORE_PREFIX}{}", std::process::id()))
+    }
 }
 
 /// Share of the machine's memory the in-memory tier may hold by default

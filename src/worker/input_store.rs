@@ -39,8 +39,9 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 pub use super::input_admission::{
-    EntryInfo, MIN_FREE_BYTES, RAM_RESERVE_SHARE, RAM_SHARE, RAM_STORE_PREFIX, default_ram_bytes,
-    effective_cap, meminfo, memory_cap, plan_admission, plan_eviction, ram_store_dir,
+    EntryInfo, MIN_FREE_BYTES, RAM_RESERVE_SHARE, RAM_SHARE, RAM_STORE_KEPT, RAM_STORE_PREFIX,
+    default_ram_bytes, effective_cap, meminfo, memory_cap, plan_admission, plan_eviction,
+    ram_store_dir,
 };
 use tokio::io::AsyncWriteExt;
 

@@ -169,9 +169,24 @@ impl WorkerPool {
             }
             _ => None,
         };
-        // The in-memory tier: this run's own folder in /dev/shm (a dead run's is swept).
+        // The in-memory tier: this run's own folder in /dev/shm (a dead run's is swept), or the
+        // machine's kept one, shared by runs and left in place.
         let shm = std::path::Path::new("/dev/shm");
+        let ram_root = match &input_store {
+            Some(_) if settings.reference_ram_keep && settings.reference_ram_bytes > 0 => {
+                let dir = super::input_store::ram_store_dir(true);
+                match std::fs::create_dir_all(dir.join("inputs")) {
+                    Ok(()) => Some(dir.join("inputs")),
+                    Err(e) => {
+                        tracing::warn!("no in-memory input store in {}: {e}", dir.display());
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         let ram_scratch = match &input_store {
+            Some(_) if ram_root.is_some() => None,
             Some(_) if settings.reference_ram_bytes > 0 && shm.is_dir() => {
                 match crate::scratch::Scratch::claim(shm, super::input_store::RAM_STORE_PREFIX) {
                     Ok(s) => Some(s),
@@ -183,10 +198,11 @@ impl WorkerPool {
             }
             _ => None,
         };
-        let ram_store = match (&input_store, &ram_scratch) {
-            (Some(disk), Some(scratch)) => Some(
+        let ram_root = ram_root.or_else(|| ram_scratch.as_ref().map(|s| s.path().join("inputs")));
+        let ram_store = match (&input_store, ram_root) {
+            (Some(disk), Some(root)) => Some(
                 InputStore::new(
-                    scratch.path().join("inputs"),
+                    root,
                     settings.reference_ram_bytes,
                     settings.python.clone(),
                     settings.harness_dir.clone(),

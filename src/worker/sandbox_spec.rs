@@ -79,9 +79,11 @@ pub(super) fn visible_dirs(settings: &WorkerSettings) -> Vec<PathBuf> {
     // The store of CPU-made inputs, read (never written) by the evaluation workers.
     if let Some(store) = &settings.reference_cache {
         dirs.push(store.clone());
-        // Its in-memory tier, this process's folder in /dev/shm (see `WorkerPool::new`).
+        // Its in-memory tier in /dev/shm, this process's or the kept one (see `WorkerPool::new`).
         if settings.reference_ram_bytes > 0 {
-            dirs.push(super::input_store::ram_store_dir());
+            dirs.push(super::input_store::ram_store_dir(
+                settings.reference_ram_keep,
+            ));
         }
     }
     // The Hugging Face cache level-4 models load from (often under the hidden home).

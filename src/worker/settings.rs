@@ -69,6 +69,9 @@ pub struct WorkerSettings {
     pub reference_cache_bytes: u64,
     /// `resources.reference_ram_gb` in bytes: the store's in-memory tier (`/dev/shm`); 0: none.
     pub reference_ram_bytes: u64,
+    /// `resources.reference_ram_keep`: the in-memory tier is the machine's kept folder, shared by
+    /// runs and left in place, instead of this run's own.
+    pub reference_ram_keep: bool,
     /// Extra worker environment (the Hugging Face cache and offline mode, see `crate::hf`).
     pub extra_env: Vec<(String, std::ffi::OsString)>,
     /// The orchestrator's own `CUDA_VISIBLE_DEVICES` (set by the user or a scheduler), against which
@@ -117,6 +120,7 @@ impl WorkerSettings {
             reference_cache: None,
             reference_cache_bytes: 0,
             reference_ram_bytes: 0,
+            reference_ram_keep: false,
             extra_env: Vec::new(),
             visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
             sandbox: SandboxMode::default(),
