@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H100 checks, run from the repository root on the GPU machine with the kit of make-kit.sh in .gpu/.
-#   bash bench/gpu/run.sh STEP...     steps: env refeq fused-l2 fused-l1 big-l1 big-l1-19 hostile strict-hostile gpu-checks
+#   bash bench/gpu/run.sh STEP...     steps: env refeq fused-l2 fused-l1 big-l1 big-l1-19 hostile strict-hostile gpu-checks parity oom-sweep
 #                                     baseline int-l4 cvd triton compile-baseline
 # Each step's results land in $OUT as soon as it ends: summary.txt (appended) and runs.tgz (every run
 # directory so far, scratch folders left out). KREFINE names another binary (default .gpu/krefine);
@@ -180,6 +180,56 @@ step_compile_baseline() { # issue 26: `krefine baseline --mode compile` against 
     --json "$OUT/compile-baseline-table.json" ${DRY:+--dry-run} >> "$S" 2>&1
   echo "exit $?" >> "$S"
   [ -z "${DRY:-}" ] && { cp runs/baseline-compile.json "$OUT/" 2>/dev/null; save; }
+}
+step_parity() { # issues 23/24: faithful-mode parity, re-run. The same kernels (PARITY_RUNS, a runs folder: by
+  # default bench/gpu/throughput_batch.py's samples 0, 1 and 3 of eight small level-1 problems) through
+  # KernelBench's own evaluation (a checkout's src/ in .gpu/kb/src: built in parallel, then one fresh
+  # process per kernel) and through `krefine eval` (faithful), then compared kernel by kernel.
+  local runs=${PARITY_RUNS:-.gpu/parity-runs} kb=${PARITY_KB:-.gpu/kb/src}
+  mkdir -p "$OUT/parity"
+  log "parity: krefine eval $runs (faithful)"
+  local t0; t0=$(date +%s%N)
+  $K eval "$runs" --dataset "$DATA" --level 1 --out runs/parity-krefine --set resources.compile_workers=16 \
+    > runs/parity-krefine.txt 2>&1
+  echo "krefine eval exit $? wall $(ms_since "$t0") ms" >> "$S"
+  tail -25 runs/parity-krefine.txt >> "$S"
+  log "parity: KernelBench's evaluation of $runs"
+  PATH=/usr/local/cuda/bin:$PATH python3 bench/gpu/parity.py kb --kb-src "$kb" --runs "$runs" \
+    --dataset "$DATA" --out "$OUT/parity" >> "$S" 2>&1
+  python3 bench/gpu/parity.py compare --kb "$OUT/parity/kb.jsonl" --krefine runs/parity-krefine \
+    --out "$OUT/parity/table.md" >> "$S" 2>&1
+  save
+}
+step_oom_sweep() { # issue 24: every level-1 problem's reference-equivalent candidate (no build) through
+  # `krefine eval` with resources.prepare_ahead at its default; counts any out-of-memory and says whose.
+  # OOM_SETS: extra --set arguments (default: device-drawn inputs, so the sweep fits one call).
+  local gen=runs/l1-refeq-all
+  rm -rf "$gen"
+  python3 bench/gpu/throughput_batch.py "$DATA" "$gen" --problems "$(seq -s, 1 100)" --samples 0 >> "$S"
+  log "oom sweep: krefine eval of $(ls "$gen" | wc -l) candidates ${OOM_SETS:---set eval.inputs=\"device\"}"
+  local t0; t0=$(date +%s%N)
+  # shellcheck disable=SC2086
+  $K eval "$gen" --dataset "$DATA" --level 1 --out runs/oom-sweep ${OOM_SETS:---set eval.inputs=\"device\"} \
+    > runs/oom-sweep.txt 2>&1
+  echo "krefine eval exit $? wall $(ms_since "$t0") ms" >> "$S"
+  tail -15 runs/oom-sweep.txt >> "$S"
+  python3 - runs/oom-sweep/events.jsonl >> "$S" 2>&1 <<'PY'
+import collections, json, sys
+verdicts, oom = collections.Counter(), []
+for line in open(sys.argv[1]):
+    r = json.loads(line); e = r.get("event", {})
+    if e.get("type") != "executed":
+        continue
+    o = e["outcome"]; verdicts[o["verdict"]] += 1
+    text = (o.get("feedback", "") + json.dumps(o.get("metadata", {}))).lower()
+    if "out of memory" in text or "outofmemory" in text:
+        oom.append((r["task"], o["verdict"], o.get("feedback", "")[:160].replace("\n", " ")))
+print("oom sweep verdicts:", dict(verdicts))
+print(f"out of memory: {len(oom)}")
+for t in oom:
+    print("  ", *t)
+PY
+  save
 }
 for step in "$@"; do "step_${step//-/_}"; done
 log done

@@ -1,6 +1,6 @@
 """Write the level-1 throughput batch as a KernelBench runs folder: 16 problems x 4 candidates.
 
-    python3 bench/gpu/throughput_batch.py PROBLEMS.jsonl OUT_DIR [--problems 8,14,...]
+    python3 bench/gpu/throughput_batch.py PROBLEMS.jsonl OUT_DIR [--problems 8,14,...] [--samples 0,1,2,3]
 
 The problems are issue 24's (level 1: 8, 14, 15, 17, 43, 49, 54, 60, 64, 66, 70, 71, 77, 80, 86, 93).
 Each gets four candidates of our own, so the batch exercises what a real one does (builds, correct
@@ -122,8 +122,10 @@ def main() -> None:
     ap.add_argument("problems_jsonl", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--problems", default=PROBLEMS)
+    ap.add_argument("--samples", default="0,1,2,3", help="which of the four candidates to write")
     a = ap.parse_args()
     wanted = {int(p) for p in a.problems.split(",")}
+    samples = [int(s) for s in a.samples.split(",")]
     a.out.mkdir(parents=True, exist_ok=True)
     written = 0
     with a.problems_jsonl.open() as f:
@@ -131,7 +133,7 @@ def main() -> None:
             d = json.loads(line)
             if d["level"] != 1 or d["problem_id"] not in wanted:
                 continue
-            for s in range(4):
+            for s in samples:
                 name = f"level_1_problem_{d['problem_id']}_sample_{s}_kernel.py"
                 (a.out / name).write_text(candidate(d["code"], d["problem_id"], s))
                 written += 1
