@@ -809,3 +809,25 @@ async fn a_print_flood_is_capped_per_request_in_the_worker_log() {
         2
     );
 }
+
+/// A process's niceness, from `/proc/<pid>/stat` (field 19).
+fn nice_of(pid: u32) -> i64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // After the command's closing parenthesis the fields start at field 3 (the state).
+    let after = &stat[stat.rfind(')').unwrap() + 1..];
+    after.split_whitespace().nth(19 - 3).unwrap().parse().unwrap()
+}
+
+/// Builds yield the cores to timings: the compile worker runs at niceness 10 (or its parent's, when
+/// that is nicer already), the evaluation worker at its parent's.
+#[tokio::test]
+async fn compile_workers_run_nicer_than_evaluation_workers() {
+    let (_tmp, pool) = fake_pool("ok").await;
+    healthy(&pool).await;
+    // Compile workers first, then evaluation workers.
+    let pids = pool.worker_pids().await;
+    assert_eq!(pids.len(), 2);
+    let own = nice_of(std::process::id());
+    assert_eq!(nice_of(pids[0]), own.max(10), "the compile worker");
+    assert_eq!(nice_of(pids[1]), own, "the evaluation worker");
+}

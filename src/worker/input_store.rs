@@ -334,8 +334,13 @@ impl InputStore {
         // A generator outlives no krefine, even a killed one (see `die_with_parent`).
         let krefine = std::process::id() as libc::pid_t;
         // SAFETY: only async-signal-safe `prctl` and `getppid` between fork and exec.
+        // It draws inputs beside the evaluation workers' timings: at a builder's priority.
+        // SAFETY: only async-signal-safe `getpriority`, `setpriority`, `prctl` and `getppid`.
         unsafe {
-            cmd.pre_exec(move || super::session::die_with_parent(krefine));
+            cmd.pre_exec(move || {
+                super::session::lower_priority();
+                super::session::die_with_parent(krefine)
+            });
         }
         let mut child = super::session::spawn_tied(cmd)
             .await

@@ -21,12 +21,12 @@ use super::WorkerError;
 use super::budget::Clock;
 use super::harness::HARNESS_ENTRY;
 use super::protocol::{
-    OkResponse, Ready, Request, RequestBody, Response, ResponseBody, parse_response,
+    OkResponse, Ready, Request, RequestBody, Response, ResponseBody, WorkerRole, parse_response,
 };
 use super::worker_log::{open_log, pump_log};
 // The pieces a worker process is made of, where callers have always found them.
 pub use super::budget::Budget;
-use super::session::die_with_parent;
+use super::session::{die_with_parent, lower_priority};
 pub use super::session::{kill_group, signal_session, signal_session_async};
 pub use super::spawn_spec::{Remote, SpawnSpec, worker_env};
 pub use super::worker_log::{LOG_BYTES_PER_REQUEST, log_tail};
@@ -177,10 +177,16 @@ impl WorkerProcess {
         // worker, see `kill_group`. And the worker dies with krefine, stopped or not (before the
         // sandbox's fork, so that its supervisor, the process we start, is the one tied to us).
         let krefine = std::process::id() as libc::pid_t;
-        // SAFETY: between fork and exec only the async-signal-safe `setsid`, `prctl` and `getppid`.
+        // Builds yield the cores to the evaluation workers' timings (see `BACKGROUND_NICE`).
+        let background = spec.role == WorkerRole::Compile;
+        // SAFETY: between fork and exec only the async-signal-safe `setsid`, `getpriority`,
+        // `setpriority`, `prctl` and `getppid`.
         unsafe {
             cmd.pre_exec(move || {
                 nix::unistd::setsid().map_err(std::io::Error::from)?;
+                if background {
+                    lower_priority();
+                }
                 die_with_parent(krefine)
             });
         }
