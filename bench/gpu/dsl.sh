@@ -51,11 +51,12 @@ kit() { # ThunderKittens checkout -> .gpu/dsl/part1..4, each at most 50 MB
   rm -rf "$d" && mkdir -p "$dl" "$d"/part{1,2,3,4}
   # nvidia-cutlass-dsl 4.8.1 with its CUDA 13 libraries (its cu12 ones, a hard requirement of the meta
   # package, are left out: install it --no-deps); tilelang 0.1.15 (CUDA libraries dlopened through
-  # stubs); the dependencies torch's Python does not have (numpy, typing_extensions, torch assumed).
+  # stubs); the dependencies torch's Python does not have (numpy, typing_extensions, torch assumed);
+  # pip itself, for a venv made without it.
   "${pip[@]}" nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 \
     nvidia-cutlass-dsl-libs-cu13==4.8.1 "cuda-bindings==13.0.*" cuda-pathfinder protobuf \
     tilelang==0.1.15 "apache-tvm-ffi<0.1.13,>=0.1.11" torch-c-dlpack-ext cloudpickle ml-dtypes psutil tqdm \
-    "z3-solver<4.15.5,>=4.13.0"
+    "z3-solver<4.15.5,>=4.13.0" pip
   local cu13
   cu13=$(cd "$dl" && ls nvidia_cutlass_dsl_libs_cu13-*.whl)
   (cd "$dl" && sha256sum "$cu13") > "$d/part4/cutlass_cu13.sha256"
@@ -89,7 +90,10 @@ install() { # the venv, with torch from the machine's Python; each backend's pac
     cat "$w/cutlass_cu13.whl.part00" "$w/cutlass_cu13.whl.part01" > "$w/$whl"
     (cd "$w" && sha256sum -c cutlass_cu13.sha256) >> "$L" 2>&1 || say "cute: the reassembled wheel's sha256 differs"
   fi
-  [ -x "$VENV/bin/python" ] || "$SYS_PY" -m venv --system-site-packages "$VENV" >> "$L" 2>&1
+  if [ ! -x "$VENV/bin/python" ] && ! "$SYS_PY" -m venv --system-site-packages "$VENV" >> "$L" 2>&1; then
+    rm -rf "$VENV" # no ensurepip in this Python: a venv without pip, which the kit's wheel provides
+    "$SYS_PY" -m venv --without-pip --system-site-packages "$VENV" >> "$L" 2>&1
+  fi
   # python3 here is itself a venv (/opt/torch/.venv): --system-site-packages reaches the interpreter's
   # base install, not that venv's packages. A .pth adds its site-packages after the new venv's own.
   if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
@@ -98,6 +102,11 @@ install() { # the venv, with torch from the machine's Python; each backend's pac
     "$SYS_PY" -c 'import site; print("\n".join(site.getsitepackages()))' > "$site/machine-torch.pth"
   fi
   "$VENV/bin/python" -c 'import torch; print("venv torch", torch.__version__, torch.__file__)' >> "$L" 2>&1
+  if ! "$VENV/bin/python" -m pip --version >> "$L" 2>&1; then
+    local pipwhl
+    pipwhl=$(ls "$w"/pip-*.whl | head -1)
+    "$VENV/bin/python" "$pipwhl/pip" install --no-index "$pipwhl" >> "$L" 2>&1
+  fi
   local pip=("$VENV/bin/python" -m pip install --no-index --find-links "$w" --disable-pip-version-check)
   log "pip: cute (nvidia-cutlass-dsl 4.8.1, CUDA 13 libraries; the cu12 ones are left out)"
   "${pip[@]}" nvidia-cutlass-dsl-libs-core nvidia-cutlass-dsl-libs-base nvidia-cutlass-dsl-libs-cu13 >> "$L" 2>&1 &&
