@@ -16,7 +16,9 @@
 # BACKENDS picks backends (default: all three). A backend that fails does not stop the others.
 # KREFINE names the binary (default .gpu/krefine, else .gpu/krefine.xz unpacked); DATA the level 1
 # problems (default .gpu/problems.jsonl). SANDBOX_RETRY=1 (default) evaluates again with the sandbox
-# off where a candidate was not correct, to tell the sandbox's part from the package's.
+# off where a candidate was not correct, to tell the sandbox's part from the package's. EXAMPLES=0 or
+# L1=0 leaves out the worked examples or the level 1 candidates (problem 19's inputs are 1.6 G elements,
+# a minute of CPU each); EVAL_TIMEOUT bounds each `krefine eval` (default 420 s).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/krefine-out}
@@ -68,8 +70,12 @@ kit() { # ThunderKittens checkout -> .gpu/dsl/part1..4, each at most 50 MB
   local rev
   rev=$(git -C "$tk" rev-parse --short=8 HEAD)
   git -C "$tk" archive --prefix=ThunderKittens/ HEAD include LICENSE | gzip -9 > "$d/part4/thunderkittens-$rev.tar.gz"
-  { echo "DSL kit for bench/gpu/dsl.sh (made $(date -u +%F)): carry one part per device call, then run."
-    du -sb "$d"/part* ; echo; du -b "$d"/part*/* ; } > "$d/README.txt"
+  { echo "DSL kit for bench/gpu/dsl.sh (made $(date -u +%F)). Sizes in bytes; each part is one device call's"
+    echo "carry (at most 50 MB). Calls back to back, on one warm machine (its files go with it):"
+    echo "  carry .gpu/dsl/part1: bash bench/gpu/dsl.sh stage   (likewise part2, part3)"
+    echo "  carry .gpu/dsl/part4 .gpu/krefine.xz .gpu/problems.jsonl: bash bench/gpu/dsl.sh run"
+    echo "The CUDA 13 CuTe DSL wheel ($cu13) is split in two (part1, part2), joined and checked by sha256."
+    echo; du -sb "$d"/part* ; echo; du -b "$d"/part*/* ; } > "$d/README.txt"
   cat "$d/README.txt"
 }
 
@@ -180,7 +186,7 @@ evaluate() { # backend label generations dataset [sets...]
   sets+=(--set "resources.python=\"$VENV/bin/python\"")
   rm -rf "runs/$name"
   log "krefine eval $gen (backend $b) -> runs/$name"
-  timeout "${EVAL_TIMEOUT:-900}" $K eval "$gen" --dataset "$data" --level 1 --out "runs/$name" "${sets[@]}" \
+  timeout "${EVAL_TIMEOUT:-420}" $K eval "$gen" --dataset "$data" --level 1 --out "runs/$name" "${sets[@]}" \
     > "runs/$name.txt" 2>&1
   echo "exit $?" >> "runs/$name.txt"; tail -5 "runs/$name.txt" >> "$L"
   $K report "runs/$name" >> "$L" 2>&1
@@ -202,8 +208,8 @@ backend() { # backend: its import check, then KernelBench's add example and our 
   log "krefine check --backend $b"
   $K check --backend "$b" --mode faithful "$ex/gen"/*.py "bench/gpu/candidates/$b"/*.py >> "$L" 2>&1
   say "$b: krefine check exit $?"
-  evaluate "$b" example "$ex/gen" "$ex/problems"
-  evaluate "$b" l1 "bench/gpu/candidates/$b" "$DATA"
+  [ "${EXAMPLES:-1}" = 1 ] && evaluate "$b" example "$ex/gen" "$ex/problems"
+  [ "${L1:-1}" = 1 ] && evaluate "$b" l1 "bench/gpu/candidates/$b" "$DATA"
 }
 
 K=$(krefine_bin)
