@@ -42,6 +42,12 @@ stage() { # copy every part present into $KIT/wheels (the wheels) and $KIT (Thun
     log "staged $p: $(ls "$p" | tr '\n' ' ')"
   done
   du -sb "$KIT/wheels" | tee -a "$L"
+  local have=()
+  [ -f "$KIT/wheels/cutlass_cu13.whl.part00" ] && have+=(part1)
+  [ -f "$KIT/wheels/cutlass_cu13.whl.part01" ] && have+=(part2)
+  ls "$KIT/wheels"/tilelang-*.whl > /dev/null 2>&1 && have+=(part3)
+  ls "$KIT/wheels"/thunderkittens-*.tar.gz > /dev/null 2>&1 && have+=(part4)
+  say "kit: staged ${have[*]:-nothing} (of part1..part4) in $KIT"
 }
 
 kit() { # ThunderKittens checkout -> .gpu/dsl/part1..4, each at most 50 MB
