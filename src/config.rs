@@ -6,7 +6,9 @@
 //!
 //! Each room owns its section (`llm::config`, `prompt::config`, `launcher::config`, `worker::config`,
 //! `sim`, `checks`) and the enums several rooms share live in [`crate::settings`]; this module only
-//! assembles them, and re-exports them where callers have always found them.
+//! assembles them, and re-exports them where callers have always found them. The sections no lower
+//! room owns are its own: `[dataset]` (`dataset`) and `[report]` (`report`, read by the report room
+//! above) in submodules, `[run]`, `[method]` and `[output]` here.
 
 use std::path::{Path, PathBuf};
 
@@ -26,6 +28,11 @@ pub use crate::settings::{Backend, DeviceSelection, HistoryPolicy};
 pub use crate::sim::SimulatedSection;
 pub use crate::worker::config::{BuildMode, EvalSection, ExecutorKind, InputsMode, Timeouts};
 pub use crate::worker::sandbox::SandboxMode;
+pub use dataset::DatasetSection;
+pub use report::{DEFAULT_EXTRA_FAST_P, ReportSection, check_fast_p};
+
+mod dataset;
+mod report;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -64,6 +71,8 @@ pub struct Config {
     #[serde(default)]
     pub prompt: PromptSection,
     #[serde(default)]
+    pub report: ReportSection,
+    #[serde(default)]
     pub output: OutputSection,
 }
 
@@ -73,64 +82,6 @@ pub struct RunSection {
     /// Run name; the run directory is `<output.dir>/<name>`. Defaults to the config file's stem.
     #[serde(default)]
     pub name: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct DatasetSection {
-    /// A KernelBench checkout, a folder of `{id}_{name}.py` files (or of `level{L}/` folders), or a
-    /// JSONL file with `level, problem_id, name, code`.
-    pub path: PathBuf,
-    #[serde(default = "default_level")]
-    pub level: u32,
-    /// Problem selection such as `"1-10,42"`, or `"all"`; a problem id (`1`) or a list of ids
-    /// (`[1, 3]`) is taken as that selection.
-    #[serde(default = "default_problems", deserialize_with = "problem_selection")]
-    pub problems: String,
-}
-
-/// `dataset.problems` as the selection string: a string as is, an integer as that problem id (so
-/// `--set dataset.problems=1`, which reads as a TOML integer, just works), a list of ids (and
-/// ranges as strings) joined with commas.
-fn problem_selection<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Item {
-        Id(i64),
-        Text(String),
-    }
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Raw {
-        One(Item),
-        List(Vec<Item>),
-    }
-    let expected = "expected a selection such as \"1-10,42\" or \"all\", a problem id, or a list of problem ids";
-    let item = |i: Item| match i {
-        Item::Id(n) if n >= 0 => Ok(n.to_string()),
-        Item::Id(n) => Err(serde::de::Error::custom(format!(
-            "{expected}; got {n}, and problem ids are not negative"
-        ))),
-        Item::Text(t) => Ok(t),
-    };
-    match Raw::deserialize(d).map_err(|_| serde::de::Error::custom(expected))? {
-        Raw::One(i) => item(i),
-        Raw::List(v) if v.is_empty() => {
-            Err(serde::de::Error::custom(format!("{expected}; got []")))
-        }
-        Raw::List(v) => Ok(v
-            .into_iter()
-            .map(item)
-            .collect::<Result<Vec<_>, _>>()?
-            .join(",")),
-    }
-}
-
-fn default_level() -> u32 {
-    1
-}
-fn default_problems() -> String {
-    "all".into()
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -565,6 +516,7 @@ fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
     {
         return Err(invalid("budget.usd", "expected a non-negative number"));
     }
+    report::check_fast_p(&c.report.fast_p).map_err(|m| invalid("report.fast_p", &m))?;
     Ok(())
 }
 

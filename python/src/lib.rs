@@ -112,12 +112,14 @@ impl Run {
             .collect()
     }
 
-    /// `krefine report --format json` of this run, as text (with the command's default thresholds
-    /// beyond KernelBench's, Fast@1.2).
+    /// `krefine report --format json` of this run, as text (with the run's `report.fast_p`
+    /// thresholds beyond KernelBench's; Fast@1.2 where its frozen config's are not usable).
     fn report_json(&self) -> String {
-        let report = self
+        let thresholds = self
             .run
-            .with_extra(&krefine::report::load::DEFAULT_EXTRA_FAST_P);
+            .configured_fast_p()
+            .unwrap_or(&krefine::report::load::DEFAULT_EXTRA_FAST_P);
+        let report = self.run.with_extra(thresholds);
         render(std::slice::from_ref(&report), Format::Json)
     }
 

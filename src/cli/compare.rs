@@ -19,14 +19,10 @@ pub struct CompareArgs {
     format: Format,
     /// fast_p thresholds shown besides KernelBench's: a column `fast_<p>` at every budget (every
     /// format; no intervals), and a line per run over all its candidates (text and md); a
-    /// comma-separated list, empty for none.
-    #[arg(
-        long,
-        value_name = "P,...",
-        default_value = "1.2",
-        value_delimiter = ','
-    )]
-    fast_p: Vec<String>,
+    /// comma-separated list, empty for none. Default: the runs' `report.fast_p` (every threshold any
+    /// of them set; 1.2 unless set).
+    #[arg(long, value_name = "P,...", value_delimiter = ',')]
+    fast_p: Option<Vec<String>>,
     /// Also draw the comparison (fast_1 against every budget axis, speedup distributions) into this
     /// file: `.svg` or `.png`.
     #[arg(long, value_name = "FILE")]
@@ -49,8 +45,13 @@ pub fn compare_cmd(args: CompareArgs) -> anyhow::Result<ExitCode> {
             args.level
         );
     }
-    let thresholds = super::report::parse_thresholds(&args.fast_p)?;
+    let given = args
+        .fast_p
+        .as_deref()
+        .map(super::report::parse_thresholds)
+        .transpose()?;
     let runs = super::report::load_runs(&args.runs)?;
+    let thresholds = super::report::thresholds_of(given, &runs)?;
     let settings = CompareSettings {
         resamples: args.resamples,
         seed: args.seed,

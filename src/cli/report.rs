@@ -19,14 +19,9 @@ pub struct ReportArgs {
     format: Format,
     /// fast_p thresholds shown besides KernelBench's (0, 0.5, 0.8, 1, 1.5, 2): columns `fast_<p>` in
     /// every format, and a line over all of a run's candidates (text and md); a comma-separated list,
-    /// empty for none.
-    #[arg(
-        long,
-        value_name = "P,...",
-        default_value = "1.2",
-        value_delimiter = ','
-    )]
-    fast_p: Vec<String>,
+    /// empty for none. Default: the run's `report.fast_p` (1.2 unless its config set it).
+    #[arg(long, value_name = "P,...", value_delimiter = ',')]
+    fast_p: Option<Vec<String>>,
     /// Draw fast_p@N curves and the speedup distribution into this file (`.svg` or `.png`; one run).
     #[arg(long, value_name = "FILE")]
     plot: Option<PathBuf>,
@@ -53,8 +48,9 @@ pub fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
             "--plot and --submission take one run directory; use `krefine compare --plot` for several"
         );
     }
-    let thresholds = parse_thresholds(&args.fast_p)?;
+    let given = args.fast_p.as_deref().map(parse_thresholds).transpose()?;
     let runs = load_runs(&args.runs)?;
+    let thresholds = thresholds_of(given, &runs)?;
     let reports: Vec<RunReport> = runs.iter().map(|r| r.with_extra(&thresholds)).collect();
     let mut out = render_reports(&reports, args.format);
     if matches!(args.format, Format::Text | Format::Md) {
@@ -103,6 +99,21 @@ pub fn parse_thresholds(given: &[String]) -> anyhow::Result<Vec<f64>> {
             _ => bail!("--fast-p {t:?}: expected speedup thresholds like 1.2 or 3 (>= 0)"),
         })
         .collect()
+}
+
+/// The thresholds to show: those given with `--fast-p`, else the runs' own `report.fast_p` (several
+/// runs show every threshold any of them asked for, in increasing order).
+pub fn thresholds_of(given: Option<Vec<f64>>, runs: &[LoadedRun]) -> anyhow::Result<Vec<f64>> {
+    if let Some(given) = given {
+        return Ok(given);
+    }
+    let mut all = Vec::new();
+    for run in runs {
+        all.extend_from_slice(run.configured_fast_p().map_err(anyhow::Error::msg)?);
+    }
+    all.sort_by(f64::total_cmp);
+    all.dedup();
+    Ok(all)
 }
 
 /// One line per run: fast_p at the extra thresholds over all its candidates (empty for none).

@@ -1,6 +1,6 @@
 //! What `report` and `compare` show beyond KernelBench's fixed fast_p set: fast_p at thresholds the
-//! user picks (`--fast-p`, Fast@1.2 by default) and the mean fraction of speed of light of the
-//! candidates whose roofline is known, per step of the curve.
+//! user picks (`--fast-p`, else the run's `report.fast_p`, Fast@1.2 by default) and the mean
+//! fraction of speed of light of the candidates whose roofline is known, per step of the curve.
 //!
 //! Both follow the curve's rules ([`super::run_metrics`]): step `n` covers attempts `1..=n` of each
 //! problem; fast_p takes each problem's best correct speedup so far (strict `>`, unverified

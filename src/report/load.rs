@@ -156,13 +156,29 @@ pub struct LoadedRun {
     pub torn_tail: Option<String>,
     /// Why `provenance.json` could not be read, when it exists but is damaged.
     pub provenance_warning: Option<String>,
+    /// `report.fast_p` of the run's frozen config, as written (Fast@1.2 where the config has none or
+    /// cannot be read); [`LoadedRun::configured_fast_p`] checks it.
+    pub fast_p: Vec<f64>,
 }
 
-/// The fast_p thresholds `report` and `compare` show besides KernelBench's set when none are asked
-/// (`--fast-p`): Fast@1.2.
-pub const DEFAULT_EXTRA_FAST_P: [f64; 1] = [1.2];
+/// The fast_p thresholds `report` and `compare` show besides KernelBench's set when neither the
+/// run's config (`report.fast_p`) nor the command line (`--fast-p`) names any: Fast@1.2.
+pub use crate::config::DEFAULT_EXTRA_FAST_P;
 
 impl LoadedRun {
+    /// The run's `report.fast_p`, or why it cannot be used (a hand-edited frozen config), naming the
+    /// file and the key.
+    pub fn configured_fast_p(&self) -> Result<&[f64], String> {
+        crate::config::check_fast_p(&self.fast_p)
+            .map(|()| self.fast_p.as_slice())
+            .map_err(|m| {
+                format!(
+                    "{}: key `report.fast_p`: {m} (or choose thresholds with --fast-p)",
+                    self.dir.join(crate::store::CONFIG_FILE).display()
+                )
+            })
+    }
+
     /// Its report with fast_p at `thresholds` (those beyond KernelBench's set) and the mean fraction
     /// of speed of light, per step (`report` and `compare` with `--fast-p`).
     pub fn with_extra(&self, thresholds: &[f64]) -> RunReport {
@@ -301,6 +317,10 @@ pub fn load_run_with_log(dir: &Path) -> Result<(LoadedRun, ReadLog), LoadError> 
         task_ids,
         torn_tail: log.torn_tail,
         provenance_warning,
+        fast_p: config.as_ref().map_or_else(
+            || DEFAULT_EXTRA_FAST_P.to_vec(),
+            |c| c.report.fast_p.clone(),
+        ),
     };
     let log = ReadLog {
         torn_tail: loaded.torn_tail.clone(),
