@@ -198,7 +198,8 @@ step_parity() { # issues 23/24: faithful-mode parity, re-run. The same kernels (
     --dataset "$DATA" --out "$OUT/parity" >> "$S" 2>&1
   python3 bench/gpu/parity.py compare --kb "$OUT/parity/kb.jsonl" --krefine runs/parity-krefine \
     --out "$OUT/parity/table.md" >> "$S" 2>&1
-  save
+  # The run's event log (its build folders would not fit what comes back).
+  cp runs/parity-krefine/events.jsonl "$OUT/parity/krefine-events.jsonl"
 }
 step_oom_sweep() { # issue 24: every level-1 problem's reference-equivalent candidate (no build) through
   # `krefine eval` with resources.prepare_ahead at its default; counts any out-of-memory and says whose.
@@ -229,7 +230,7 @@ print(f"out of memory: {len(oom)}")
 for t in oom:
     print("  ", *t)
 PY
-  save
+  gzip -c runs/oom-sweep/events.jsonl > "$OUT/oom-sweep-events.jsonl.gz"
 }
 for step in "$@"; do "step_${step//-/_}"; done
 log done
