@@ -520,36 +520,58 @@ def serve_reference(conn: Any, ctx: kb_reference.ProblemContext) -> dict[str, An
                 raise kb_wire.ForbiddenMessage("a result that is not a verdict")
             result: dict[str, Any] = message[1]
             return result
-        try:
-            if op == "trial":
-                _, trials, index, seed = message
-                data = ctx.trial(trials, index, seed)
-                reply: tuple[str, Any] = ("ok", (data.inputs, data.output, data.rng.cpu, data.rng.cuda))
-            elif op == "strict_trial":
-                _, trials, index, seed = message
-                data = ctx.strict_trial(trials, index, seed)
-                reply = ("ok", (data.inputs, data.output, data.rng.cpu, data.rng.cuda))
-            elif op == "strict_compare":
-                reply = ("ok", ctx.strict_compare(message[1], kb_strict.from_wire(message[2])))
-            elif op == "verify":
-                reply = ("ok", ctx.verify_trial(message[1], message[2]))
-            elif op == "init_inputs":
-                reply = ("ok", ctx.init_inputs())
-            elif op == "timing_inputs":
-                reply = ("ok", ctx.timing_inputs())
-            elif op == "strict_warmup":
-                reply = ("ok", ctx.strict_warmup())
-            elif op == "strict_inputs":
-                reply = ("ok", ctx.strict_inputs(message[1]))
-            elif op == "strict_check":
-                reply = ("ok", ctx.strict_check(message[1], kb_strict.from_wire(message[2]), message[3]))
-            else:
-                reply = ("error", f"unknown request {op!r}")
-        except ReferenceFailure:
-            reply = ("reference_failed", message[2])
-        except CANDIDATE_ERRORS as exc:
-            reply = ("error", f"the reference failed while serving {op}: {type(exc).__name__}: {exc}")
+        reply = _serve_one(ctx, op, message)
+        if reply is _OUT_OF_MEMORY:
+            # krefine's own caches (other problems' reference data on the device) give way before a
+            # reference runs out of memory: the request is answered once more without them.
+            ctx.cache.evict_others(ctx)
+            reply = _serve_one(ctx, op, message, retry=False)
         conn.send(reply)
+
+
+# The marker _serve_one returns for a reference that ran out of memory on the device (retry=True).
+_OUT_OF_MEMORY: tuple[str, Any] = ("out_of_memory", None)
+
+
+def _serve_one(
+    ctx: kb_reference.ProblemContext, op: str, message: tuple[Any, ...], retry: bool = True
+) -> tuple[str, Any]:
+    """One request of serve_reference, answered. With `retry`, a CUDA out-of-memory error returns
+    _OUT_OF_MEMORY (outside the except clause, so the failed attempt's tensors are freed first)."""
+    try:
+        return _dispatch(ctx, op, message)
+    except ReferenceFailure:
+        return ("reference_failed", message[2])
+    except CANDIDATE_ERRORS as exc:
+        if retry and ctx.device.type == "cuda" and kb_correctness.is_out_of_memory(exc):
+            return _OUT_OF_MEMORY
+        return ("error", f"the reference failed while serving {op}: {type(exc).__name__}: {exc}")
+
+
+def _dispatch(ctx: kb_reference.ProblemContext, op: str, message: tuple[Any, ...]) -> tuple[str, Any]:
+    if op == "trial":
+        _, trials, index, seed = message
+        data = ctx.trial(trials, index, seed)
+        return ("ok", (data.inputs, data.output, data.rng.cpu, data.rng.cuda))
+    if op == "strict_trial":
+        _, trials, index, seed = message
+        data = ctx.strict_trial(trials, index, seed)
+        return ("ok", (data.inputs, data.output, data.rng.cpu, data.rng.cuda))
+    if op == "strict_compare":
+        return ("ok", ctx.strict_compare(message[1], kb_strict.from_wire(message[2])))
+    if op == "verify":
+        return ("ok", ctx.verify_trial(message[1], message[2]))
+    if op == "init_inputs":
+        return ("ok", ctx.init_inputs())
+    if op == "timing_inputs":
+        return ("ok", ctx.timing_inputs())
+    if op == "strict_warmup":
+        return ("ok", ctx.strict_warmup())
+    if op == "strict_inputs":
+        return ("ok", ctx.strict_inputs(message[1]))
+    if op == "strict_check":
+        return ("ok", ctx.strict_check(message[1], kb_strict.from_wire(message[2]), message[3]))
+    return ("error", f"unknown request {op!r}")
 
 
 def verdict_to_wire(verdict: Verdict) -> dict[str, Any]:

@@ -638,6 +638,20 @@ class ReferenceCache:
         release_memory(device)
         return held
 
+    def evict_others(self, ctx: ProblemContext) -> int:
+        """`ctx`'s problem ran out of memory on its device while a candidate of it is being evaluated:
+        every other problem cached there gives way (`ctx` itself stays, its data may be lent to the
+        candidate's process). Returns the device bytes they held (0: krefine's own caches were not in
+        the way, and a retry would not help)."""
+        others = [k for k, c in self.contexts.items() if c.device == ctx.device and c is not ctx]
+        held = sum(self.contexts[k].device_bytes for k in others)
+        for key in others:
+            del self.contexts[key]
+        self.evicted_for_room += len(others)
+        if others:
+            release_memory(ctx.device)
+        return held
+
     def device_bytes(self, device: torch.device) -> int:
         return self._used(device, "device_bytes")
 

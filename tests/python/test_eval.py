@@ -592,6 +592,17 @@ def test_oom_request_sizes_are_read_from_torch_messages() -> None:
     assert kb_correctness.oom_request_bytes("out of memory") is None
 
 
+def test_other_problems_give_way_to_one_that_ran_out_of_memory(harness: Harness) -> None:
+    harness.evaluate(CORRECT, measure=False)
+    first = _context(harness)
+    harness.evaluate(DROPOUT_CANDIDATE, problem=DROPOUT, measure=False)
+    assert len(harness.worker.references.contexts) == 2
+    other = next(c for c in harness.worker.references.contexts.values() if c is not first)
+    held = other.device_bytes
+    assert harness.worker.references.evict_others(first) == held
+    assert list(harness.worker.references.contexts.values()) == [first]
+
+
 def test_contexts_are_evicted_least_recently_used(harness: Harness) -> None:
     harness.worker.references.max_contexts = 1
     harness.evaluate(CORRECT, measure=False)
