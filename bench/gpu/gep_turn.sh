@@ -88,7 +88,8 @@ profiler = "both"
 EOF
 
 echo "== krefine run (G+E+P, profiler both, problem 1/$PROBLEM, 2 turns: $TURN1, $TURN2)" | tee -a "$S"
-$K run "$W/gep-turn.toml" --no-tui --out "$R" "${sets[@]}" >> "$S" 2> "$R.stderr"
+# shellcheck disable=SC2086 # GEP_SETS: extra --set arguments, split on spaces
+$K run "$W/gep-turn.toml" --no-tui --out "$R" "${sets[@]}" ${GEP_SETS:-} >> "$S" 2> "$R.stderr"
 echo "exit $?" | tee -a "$S"
 tail -5 "$R.stderr" >> "$S"
 tar czf "$OUT/gep-turn-run.tgz" --exclude='*/scratch' "$R" "$W" 2>/dev/null
