@@ -101,6 +101,9 @@ pub struct WorkerProcess {
     remote: Option<Remote>,
     /// Time the last request spent in reference work the worker announced (see [`Budget`]).
     reference_spent: Duration,
+    /// The last request never reached the worker: it was already stopped, or writing it found the
+    /// pipe closed (the worker died, or closed its input, before the request). See [`Self::unsent`].
+    unsent: bool,
 }
 
 impl std::fmt::Debug for WorkerProcess {
@@ -244,6 +247,7 @@ impl WorkerProcess {
             },
             next_id: 1,
             reference_spent: Duration::ZERO,
+            unsent: false,
             alive: true,
             line: Vec::new(),
             remote: spec.remote.clone(),
@@ -383,6 +387,15 @@ impl WorkerProcess {
         self.request_within(body, Budget::plain(timeout)).await
     }
 
+    /// True when the last request failed before it reached the worker: the worker was already
+    /// stopped, or its input pipe was closed when the request was written. Nothing of the request ran,
+    /// so the failure says nothing about its candidate: a worker that died while idle (the OOM killer,
+    /// `kill -9`) in the moment between the pool's idle check and the write (or whose sandbox
+    /// supervisor had not yet passed its child's death on) ends up here.
+    pub fn unsent(&self) -> bool {
+        self.unsent
+    }
+
     /// Time the last request spent in announced reference work (zero without an allowance for it).
     pub fn reference_spent(&self) -> Duration {
         self.reference_spent
@@ -395,7 +408,9 @@ impl WorkerProcess {
         budget: Budget,
     ) -> Result<ResponseBody, RequestError> {
         self.reference_spent = Duration::ZERO;
+        self.unsent = false;
         if !self.alive {
+            self.unsent = true;
             return Err(RequestError::StreamClosed {
                 log_tail: "the worker was already stopped".into(),
             });
@@ -428,8 +443,12 @@ impl WorkerProcess {
                 self.kill().await;
                 return Err(RequestError::Timeout { after: timeout });
             }
-            // Broken pipe: the worker is gone; find out how it ended.
-            Ok(Err(_)) => return Err(self.ended().await),
+            // Broken pipe: the worker is gone (or closed its input) before the request reached it;
+            // find out how it ended.
+            Ok(Err(_)) => {
+                self.unsent = true;
+                return Err(self.ended().await);
+            }
             Ok(Ok(())) => {}
         }
         let mut clock = Clock::new(
