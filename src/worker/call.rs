@@ -74,6 +74,20 @@ impl WorkerPool {
                 return (Err(CallError::Lost(loss)), Duration::ZERO);
             }
         }
+        if let Some(p) = alive.as_mut()
+            && p.gone_inside().await
+        {
+            // A local sandboxed worker died while idle and its supervisor has not passed it on
+            // yet: the same loss, seen a moment earlier.
+            p.kill().await;
+            slot.pgid.store(0, Ordering::SeqCst);
+            state.served = 0;
+            let loss = Self::local_loss(
+                slot,
+                "its process ended while idle (inside the sandbox)".into(),
+            );
+            return (Err(CallError::Lost(loss)), Duration::ZERO);
+        }
         let alive = alive.and_then(|mut p| (!p.exited_while_idle()).then_some(p));
         let mut process = match alive {
             Some(p) => p,

@@ -99,6 +99,9 @@ pub struct WorkerProcess {
     line: Vec<u8>,
     /// The launcher that started it remotely: killing the local `srun`/`ssh` is not enough.
     remote: Option<Remote>,
+    /// Started in the namespaces sandbox on this machine: the process krefine holds is the
+    /// sandbox's supervisor, and the worker is its only child (see [`Self::gone_inside`]).
+    supervised: bool,
     /// Time the last request spent in reference work the worker announced (see [`Budget`]).
     reference_spent: Duration,
     /// The last request never reached the worker: it was already stopped, or writing it found the
@@ -251,6 +254,7 @@ impl WorkerProcess {
             alive: true,
             line: Vec::new(),
             remote: spec.remote.clone(),
+            supervised: spec.sandbox.is_some() && spec.remote.is_none(),
         };
         match worker.read_response(spec.load_timeout).await {
             Ok(Response::Ok(r)) if r.id == 0 => match r.body {
@@ -366,6 +370,20 @@ impl WorkerProcess {
             // Cannot tell: treat it as alive; a real problem shows up as a failed request.
             Err(_) => None,
         }
+    }
+
+    /// True when a sandboxed worker's own process is gone while the supervisor krefine holds still
+    /// runs: between its child's death and its own exit it passes the death on, and until then
+    /// [`Self::ended_while_idle`] cannot see it (nor if the supervisor is held up, e.g. stopped). Read
+    /// from /proc on a blocking thread; false where that cannot be told.
+    pub async fn gone_inside(&self) -> bool {
+        if !self.alive || !self.supervised {
+            return false;
+        }
+        let pid = self.pid;
+        tokio::task::spawn_blocking(move || supervisor_childless(pid))
+            .await
+            .unwrap_or(false)
     }
 
     /// The last lines this incarnation wrote to its log.
@@ -646,6 +664,25 @@ impl Drop for WorkerProcess {
             self.kill_remote();
         }
     }
+}
+
+/// Whether the supervisor `pid` (single-threaded: a fork of krefine that never `exec`s) has no
+/// child that still runs (none, or only a zombie). False when /proc cannot tell.
+fn supervisor_childless(pid: u32) -> bool {
+    let Ok(children) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) else {
+        return false;
+    };
+    !children
+        .split_whitespace()
+        .filter_map(|c| c.parse::<u32>().ok())
+        .any(|c| {
+            std::fs::read_to_string(format!("/proc/{c}/stat")).is_ok_and(|stat| {
+                // The state follows the command name, which may hold spaces: after the last ')'.
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().next())
+                    .is_some_and(|state| state != "Z" && state != "X")
+            })
+        })
 }
 
 enum ReadOutcome {
