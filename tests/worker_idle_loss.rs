@@ -123,6 +123,42 @@ async fn a_local_worker_killed_while_idle_is_a_lost_worker() {
     assert!(third.worker_losses.is_empty(), "{:?}", third.worker_losses);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compile_worker_killed_while_idle_is_a_lost_worker() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pool = pool(tmp.path()).await;
+    let first = pool
+        .compile(compile_job(CORRECT, tmp.path(), "idle"))
+        .await
+        .expect("a build");
+    assert_eq!(first.status, CompileStatus::Ok, "{}", first.feedback);
+
+    let needle = format!(
+        "serve --role compile --scratch {}",
+        tmp.path().join("work/scratch/compile-0").display()
+    );
+    let all = find(&needle);
+    let top: Vec<u32> = all
+        .iter()
+        .copied()
+        .filter(|p| parent(*p).is_some_and(|pp| !all.contains(&pp)))
+        .collect();
+    assert_eq!(top.len(), 1, "one compile worker: {all:?} -> {top:?}");
+    kill(Pid::from_raw(top[0] as i32), Signal::SIGKILL).unwrap();
+    assert!(wait_gone(&top, Duration::from_secs(10)).await.is_empty());
+
+    // Another source (not a cache hit): the build needs the worker.
+    let other = format!("{CORRECT}\n# another candidate\n");
+    let second = pool
+        .compile(compile_job(&other, tmp.path(), "idle"))
+        .await
+        .expect("a build");
+    pool.shutdown().await;
+    assert_eq!(second.status, CompileStatus::Ok, "{}", second.feedback);
+    assert_eq!(second.worker_losses.len(), 1, "{:?}", second.worker_losses);
+    assert_eq!(second.worker_losses[0].worker, "compile-0");
+}
+
 /// Inside the sandbox the process krefine holds is the supervisor, which passes its child's death on
 /// a moment later. The supervisor is held stopped here, so the worker's death never reaches krefine
 /// as an exit status: the idle check finds the supervisor childless, and the request is retried on a
