@@ -4,6 +4,7 @@
 //! view of the cache.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::sandbox::SandboxSpec;
 
@@ -85,6 +86,8 @@ pub(crate) fn publish_pchs(upper: &Path, cache: &Path) -> std::io::Result<Vec<St
         other => other?,
     };
     let to = cache.join(PCH_DIR);
+    // What a krefine killed while publishing here left (0.5 GB or more a header).
+    sweep_publish_leftovers(&to, STALE_PUBLISH);
     let mut published = Vec::new();
     for entry in entries {
         let entry = entry?;
@@ -123,6 +126,64 @@ pub(crate) fn publish_pchs(upper: &Path, cache: &Path) -> std::io::Result<Vec<St
         }
     }
     Ok(published)
+}
+
+/// How long a publish folder whose publisher is gone from this machine must have sat untouched before
+/// [`sweep_publish_leftovers`] removes it. The build cache may be shared by runs on other machines
+/// (a cluster's shared file system), where a live publisher's pid means nothing here; a publish
+/// copies one build or header (seconds, a minute on a slow file system), so a folder untouched this
+/// long is no live copy's.
+pub(crate) const STALE_PUBLISH: Duration = Duration::from_secs(10 * 60);
+
+/// The publisher's pid in the name of a publish folder: `<key>.publish-<pid>` ([`publish_build`]) or
+/// `<key>.publish-<pid>-<n>` ([`publish_pchs`]); None for any other name.
+fn publisher_pid(name: &str) -> Option<i32> {
+    let (key, tail) = name.rsplit_once(".publish-")?;
+    let (pid, n) = tail.split_once('-').unwrap_or((tail, "0"));
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (!key.is_empty() && digits(pid) && digits(n))
+        .then(|| pid.parse().ok())
+        .flatten()
+        .filter(|p| *p > 0)
+}
+
+/// Remove the temporary folders a krefine killed mid-publish left in `dir` (the build cache, or its
+/// `pch/`): those named by a publisher that no process of this machine is any more, untouched for
+/// `stale_after` (see [`STALE_PUBLISH`]). A folder whose publisher lives, or that changed lately, is
+/// kept. Returns the folders removed. Blocking.
+pub(crate) fn sweep_publish_leftovers(dir: &Path, stale_after: Duration) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(publisher_pid) else {
+            continue;
+        };
+        // Signal 0: only asks whether the process exists (EPERM: it does, someone else's).
+        let alive = !matches!(
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+            Err(nix::errno::Errno::ESRCH)
+        );
+        let Ok(meta) = entry.metadata() else { continue };
+        let untouched = meta
+            .modified()
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .is_some_and(|age| age >= stale_after);
+        if alive || !untouched || !meta.is_dir() {
+            continue;
+        }
+        let path = entry.path();
+        match remove_tree(&path) {
+            Ok(()) => removed.push(path),
+            Err(e) => tracing::warn!(
+                "could not remove {} (left by a publisher that is gone): {e}",
+                path.display()
+            ),
+        }
+    }
+    removed
 }
 
 /// Copy one PCH folder: its regular files only (a PCH folder holds nothing else).
@@ -244,6 +305,75 @@ fn is_opaque(dir: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A publish folder as a killed publisher leaves it: a sealed file inside, last changed `ago`.
+    fn leftover(dir: &Path, name: &str, ago: Duration) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(name);
+        std::fs::create_dir_all(&path).unwrap();
+        let file = path.join("krefine_pch.h.gch");
+        std::fs::write(&file, b"half a header").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o444)).unwrap();
+        let then = std::time::SystemTime::now() - ago;
+        std::fs::File::open(&path)
+            .unwrap()
+            .set_modified(then)
+            .unwrap();
+        path
+    }
+
+    #[test]
+    fn publish_leftovers_of_gone_publishers_are_swept_live_ones_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        // A pid no process has any more: a child that ended and was reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        child.wait().unwrap();
+        let gone = child.id();
+        let me = std::process::id();
+        let old = STALE_PUBLISH + Duration::from_secs(60);
+        let stale_pch = leftover(dir, &format!("0a1b.publish-{gone}-3"), old);
+        let stale_build = leftover(dir, &format!("77ff00aa11bb22cc.publish-{gone}"), old);
+        // A live publisher's (ours), however old; a gone one's changed lately; other names.
+        let live = leftover(dir, &format!("0a1b.publish-{me}-0"), old);
+        let recent = leftover(dir, &format!("0c0d.publish-{gone}-1"), Duration::ZERO);
+        let build = leftover(dir, "77ff00aa11bb22cc", old);
+        let odd = leftover(dir, &format!("x.publish-{gone}-y"), old);
+        let lock = dir.join(format!("0e0f.publish-{gone}"));
+        std::fs::write(&lock, b"a file, not a folder").unwrap();
+
+        let mut removed = sweep_publish_leftovers(dir, STALE_PUBLISH);
+        removed.sort();
+        let mut want = vec![stale_pch.clone(), stale_build.clone()];
+        want.sort();
+        assert_eq!(removed, want);
+        assert!(!stale_pch.exists() && !stale_build.exists());
+        for kept in [&live, &recent, &build, &odd, &lock] {
+            assert!(kept.exists(), "{} was removed", kept.display());
+        }
+        // Once it is old enough, the gone publisher's recent folder goes too.
+        assert_eq!(sweep_publish_leftovers(dir, Duration::ZERO), vec![recent]);
+        assert!(live.exists());
+        assert!(sweep_publish_leftovers(&dir.join("missing"), Duration::ZERO).is_empty());
+    }
+
+    #[test]
+    fn publisher_pids_are_read_from_publish_names_only() {
+        assert_eq!(publisher_pid("0a1b.publish-123-4"), Some(123));
+        assert_eq!(publisher_pid("77ff.publish-99"), Some(99));
+        for name in [
+            "0a1b",
+            "0a1b.lock",
+            ".publish-5",
+            "0a1b.publish-",
+            "0a1b.publish-0",
+            "0a1b.publish-5-",
+            "0a1b.publish-a-1",
+            "0a1b.tmp-5",
+        ] {
+            assert_eq!(publisher_pid(name), None, "{name}");
+        }
+    }
 
     #[test]
     fn only_complete_headers_are_published_sealed_and_once() {

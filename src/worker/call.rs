@@ -51,18 +51,42 @@ impl WorkerPool {
         if let Some(p) = alive.as_mut()
             && let Some(exit) = p.ended_while_idle()
         {
-            // A remote worker that died between requests is a lost worker, as one that dies during
-            // a request is: its host is charged, and the request is retried on a fresh worker.
+            // A worker that died between requests (the OOM killer, `kill -9`, a remote step or
+            // connection lost) is a lost worker, as one that dies during a request is: the request is
+            // retried on a fresh worker, never blamed on its candidate; a remote worker's host is
+            // charged when its launcher recognises the loss.
+            let how = exit.describe();
             let died = RequestError::Exited {
                 exit,
                 log_tail: p.log_tail(20).await,
             };
             alive = None;
             slot.pgid.store(0, Ordering::SeqCst);
-            if let Some(loss) = self.lost(slot, &died).await {
+            let loss = match slot.spec.remote {
+                Some(_) => self.lost(slot, &died).await,
+                None => Some(Self::local_loss(
+                    slot,
+                    format!("ended while idle with {how}"),
+                )),
+            };
+            if let Some(loss) = loss {
                 state.served = 0;
                 return (Err(CallError::Lost(loss)), Duration::ZERO);
             }
+        }
+        if let Some(p) = alive.as_mut()
+            && p.gone_inside().await
+        {
+            // A local sandboxed worker died while idle and its supervisor has not passed it on
+            // yet: the same loss, seen a moment earlier.
+            p.kill().await;
+            slot.pgid.store(0, Ordering::SeqCst);
+            state.served = 0;
+            let loss = Self::local_loss(
+                slot,
+                "its process ended while idle (inside the sandbox)".into(),
+            );
+            return (Err(CallError::Lost(loss)), Duration::ZERO);
         }
         let alive = alive.and_then(|mut p| (!p.exited_while_idle()).then_some(p));
         let mut process = match alive {
@@ -95,6 +119,8 @@ impl WorkerPool {
             process.request_within(body, budget).await
         };
         let reference = process.reference_spent();
+        // Nothing of the request reached the worker: whatever ended it, its candidate did not.
+        let unsent = process.unsent();
         if counts {
             state.served += 1;
         }
@@ -145,6 +171,13 @@ impl WorkerPool {
             (Err(_), None) if self.closed.load(Ordering::SeqCst) => Err(CallError::Closed),
             (Err(e), None) => match self.lost(slot, &e).await {
                 Some(loss) => Err(CallError::Lost(loss)),
+                // Dead (or its input closed) before the request was written: the worker died while
+                // idle in the moment after the idle check (or its sandbox's supervisor had not yet
+                // passed its child's death on), a loss of the worker, not a verdict.
+                None if unsent => Err(CallError::Lost(Self::local_loss(
+                    slot,
+                    format!("gone before the request reached it ({})", unsent_why(&e)),
+                ))),
                 None => Err(CallError::Request(e)),
             },
         };
@@ -251,6 +284,22 @@ impl WorkerPool {
         Some(self.charge(slot, detail))
     }
 
+    /// A worker lost with nothing to charge to a host (a local worker, or a remote one whose
+    /// launcher does not recognise the failure): retried like any loss, bounded by
+    /// `resources.loss_retries`, and never drains a host.
+    fn local_loss(slot: &Slot, detail: String) -> WorkerLoss {
+        tracing::warn!(
+            "worker {} lost: {detail}; the request goes to a fresh worker",
+            slot.spec.name
+        );
+        WorkerLoss {
+            worker: slot.spec.name.clone(),
+            host: slot.host(),
+            detail,
+            drained: false,
+        }
+    }
+
     /// Record a lost worker against its host; drain the host (and retire a slot bound to it) when
     /// it lost `resources.drain_after` workers.
     pub(super) fn charge(&self, slot: &Slot, detail: String) -> WorkerLoss {
@@ -301,5 +350,18 @@ impl WorkerPool {
             }
             slot.pgid.store(0, Ordering::SeqCst);
         }
+    }
+}
+
+/// How a request that never reached its worker failed, in a few words.
+fn unsent_why(err: &RequestError) -> String {
+    match err {
+        RequestError::Exited { exit, .. } => format!("it ended with {}", exit.describe()),
+        RequestError::StreamClosed { .. } => "its input was closed".into(),
+        RequestError::Timeout { after } | RequestError::ReferenceTimeout { after } => {
+            format!("writing it took over {}", secs(*after))
+        }
+        RequestError::Protocol { detail, .. } => detail.clone(),
+        RequestError::Harness { error } => error.clone(),
     }
 }

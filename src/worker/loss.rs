@@ -1,5 +1,6 @@
-//! Lost workers: what the pool does when a worker's node, Slurm step or SSH connection dies
-//! (see [`crate::launcher`] for how a loss is recognised).
+//! Lost workers: what the pool does when a worker's node, Slurm step or SSH connection dies (see
+//! [`crate::launcher`] for how a loss is recognised), or a worker of this machine dies while idle
+//! (the OOM killer, `kill -9`: found before the request reached it, see `call.rs`).
 //!
 //! A loss is never a verdict. The request is retried (a fresh worker: a new step wherever Slurm
 //! puts it, the drained nodes excluded, or the same SSH host until it is drained), at most

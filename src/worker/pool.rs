@@ -14,7 +14,7 @@
 //! `call` (one request through a slot), `compile`, `execute`, `prepare`, `build_cache`, `outcome`.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -22,6 +22,7 @@ use std::time::Duration;
 use tokio::sync::{Mutex, Semaphore};
 
 use super::WorkerError;
+use super::build_store::{PCH_DIR, STALE_PUBLISH, sweep_publish_leftovers};
 use super::config::InputsMode;
 use super::input_store::InputStore;
 use super::loss::toolchain_mismatch;
@@ -111,6 +112,7 @@ impl WorkerPool {
                 .await
                 .map_err(|e| WorkerError::io(what, dir, e))?;
         }
+        sweep_build_cache(&settings.build_cache).await;
         if let Some(dir) = &settings.reference_cache {
             // Before the sandboxes are made: they show it to the workers (read-only).
             tokio::fs::create_dir_all(dir)
@@ -460,5 +462,24 @@ impl WorkerPool {
             DeviceId::Gpu(_) => "cuda:0",
             DeviceId::Cpu => "cpu",
         }
+    }
+}
+
+/// Remove what a krefine killed while publishing into the build cache left there (a build's or a
+/// precompiled header's temporary folder, [`sweep_publish_leftovers`]).
+async fn sweep_build_cache(cache: &Path) {
+    let cache = cache.to_path_buf();
+    let swept = tokio::task::spawn_blocking(move || {
+        let mut removed = sweep_publish_leftovers(&cache, STALE_PUBLISH);
+        removed.extend(sweep_publish_leftovers(&cache.join(PCH_DIR), STALE_PUBLISH));
+        removed
+    })
+    .await
+    .unwrap_or_default();
+    if !swept.is_empty() {
+        tracing::info!(
+            "removed {} folder(s) left in the build cache by a publisher that is gone",
+            swept.len()
+        );
     }
 }

@@ -99,8 +99,14 @@ pub struct WorkerProcess {
     line: Vec<u8>,
     /// The launcher that started it remotely: killing the local `srun`/`ssh` is not enough.
     remote: Option<Remote>,
+    /// Started in the namespaces sandbox on this machine: the process krefine holds is the
+    /// sandbox's supervisor, and the worker is its only child (see [`Self::gone_inside`]).
+    supervised: bool,
     /// Time the last request spent in reference work the worker announced (see [`Budget`]).
     reference_spent: Duration,
+    /// The last request never reached the worker: it was already stopped, or writing it found the
+    /// pipe closed (the worker died, or closed its input, before the request). See [`Self::unsent`].
+    unsent: bool,
 }
 
 impl std::fmt::Debug for WorkerProcess {
@@ -250,9 +256,11 @@ impl WorkerProcess {
             },
             next_id: 1,
             reference_spent: Duration::ZERO,
+            unsent: false,
             alive: true,
             line: Vec::new(),
             remote: spec.remote.clone(),
+            supervised: spec.sandbox.is_some() && spec.remote.is_none(),
         };
         match worker.read_response(spec.load_timeout).await {
             Ok(Response::Ok(r)) if r.id == 0 => match r.body {
@@ -370,6 +378,20 @@ impl WorkerProcess {
         }
     }
 
+    /// True when a sandboxed worker's own process is gone while the supervisor krefine holds still
+    /// runs: between its child's death and its own exit it passes the death on, and until then
+    /// [`Self::ended_while_idle`] cannot see it (nor if the supervisor is held up, e.g. stopped). Read
+    /// from /proc on a blocking thread; false where that cannot be told.
+    pub async fn gone_inside(&self) -> bool {
+        if !self.alive || !self.supervised {
+            return false;
+        }
+        let pid = self.pid;
+        tokio::task::spawn_blocking(move || supervisor_childless(pid))
+            .await
+            .unwrap_or(false)
+    }
+
     /// The last lines this incarnation wrote to its log.
     pub async fn log_tail(&self, max_lines: usize) -> String {
         if !self.alive {
@@ -389,6 +411,15 @@ impl WorkerProcess {
         self.request_within(body, Budget::plain(timeout)).await
     }
 
+    /// True when the last request failed before it reached the worker: the worker was already
+    /// stopped, or its input pipe was closed when the request was written. Nothing of the request ran,
+    /// so the failure says nothing about its candidate: a worker that died while idle (the OOM killer,
+    /// `kill -9`) in the moment between the pool's idle check and the write (or whose sandbox
+    /// supervisor had not yet passed its child's death on) ends up here.
+    pub fn unsent(&self) -> bool {
+        self.unsent
+    }
+
     /// Time the last request spent in announced reference work (zero without an allowance for it).
     pub fn reference_spent(&self) -> Duration {
         self.reference_spent
@@ -401,7 +432,9 @@ impl WorkerProcess {
         budget: Budget,
     ) -> Result<ResponseBody, RequestError> {
         self.reference_spent = Duration::ZERO;
+        self.unsent = false;
         if !self.alive {
+            self.unsent = true;
             return Err(RequestError::StreamClosed {
                 log_tail: "the worker was already stopped".into(),
             });
@@ -434,8 +467,12 @@ impl WorkerProcess {
                 self.kill().await;
                 return Err(RequestError::Timeout { after: timeout });
             }
-            // Broken pipe: the worker is gone; find out how it ended.
-            Ok(Err(_)) => return Err(self.ended().await),
+            // Broken pipe: the worker is gone (or closed its input) before the request reached it;
+            // find out how it ended.
+            Ok(Err(_)) => {
+                self.unsent = true;
+                return Err(self.ended().await);
+            }
             Ok(Ok(())) => {}
         }
         let mut clock = Clock::new(
@@ -633,6 +670,25 @@ impl Drop for WorkerProcess {
             self.kill_remote();
         }
     }
+}
+
+/// Whether the supervisor `pid` (single-threaded: a fork of krefine that never `exec`s) has no
+/// child that still runs (none, or only a zombie). False when /proc cannot tell.
+fn supervisor_childless(pid: u32) -> bool {
+    let Ok(children) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) else {
+        return false;
+    };
+    !children
+        .split_whitespace()
+        .filter_map(|c| c.parse::<u32>().ok())
+        .any(|c| {
+            std::fs::read_to_string(format!("/proc/{c}/stat")).is_ok_and(|stat| {
+                // The state follows the command name, which may hold spaces: after the last ')'.
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().next())
+                    .is_some_and(|state| state != "Z" && state != "X")
+            })
+        })
 }
 
 enum ReadOutcome {
