@@ -382,10 +382,31 @@ def functions_dict(functions: Any) -> dict[str, str] | None:
     return None
 
 
+# Below this many usable cores the two units of a build share a core (with each other and the other
+# builds), and each unit repeats the template instantiations its precompiled header leaves out (GCC
+# writes a PCH before the end-of-unit instantiations: about 3.5 s of CPU per unit for torch/all.h):
+# one unit is then faster. Measured on a 2-core machine against plain load_inline, cold candidates,
+# headers from the previous run: one unit 0.31-0.46x, split 0.33-0.60x (docs/benchmarks.md).
+SPLIT_MIN_CORES = 4
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def split_reason(a: dict[str, Any]) -> str | None:
-    """Why a `load_inline` call (its bound arguments) is not split, or None when it can be tried."""
-    if os.environ.get("KREFINE_SPLIT_CPP") == "0":
+    """Why a `load_inline` call (its bound arguments) is not split, or None when it can be tried.
+    KREFINE_SPLIT_CPP=0 never splits, =1 splits whatever the cores; unset, it splits with at least
+    SPLIT_MIN_CORES usable cores."""
+    setting = os.environ.get("KREFINE_SPLIT_CPP")
+    if setting == "0":
         return "turned off (KREFINE_SPLIT_CPP=0)"
+    if setting != "1" and (cores := usable_cores()) < SPLIT_MIN_CORES:
+        return f"{cores} usable cores: the two units would share them (KREFINE_SPLIT_CPP=1 splits anyway)"
     if "no_implicit_headers" not in a:
         return "a torch without no_implicit_headers"
     if a.get("cuda_sources") or a.get("sycl_sources") or a.get("no_implicit_headers") or a.get("use_pch"):

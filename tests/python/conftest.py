@@ -27,6 +27,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def split_builds() -> Iterator[None]:
+    """The suite's C++ builds are split into two units on any machine (unset, KREFINE_SPLIT_CPP splits
+    only with kb_split.SPLIT_MIN_CORES cores): what it asserts of builds and of the shared headers is
+    the split build's. Workers started by the tests inherit it."""
+    previous = os.environ.get("KREFINE_SPLIT_CPP")
+    os.environ["KREFINE_SPLIT_CPP"] = "1"
+    yield
+    if previous is None:
+        os.environ.pop("KREFINE_SPLIT_CPP", None)
+    else:
+        os.environ["KREFINE_SPLIT_CPP"] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
 def native_timer_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Strict mode's native timer is built once per session (kb_native), here and not next to the
     harness folder (which is the source tree in tests); workers started by the tests inherit it."""

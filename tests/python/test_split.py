@@ -93,6 +93,7 @@ def test_which_calls_are_split(monkeypatch: pytest.MonkeyPatch) -> None:
         "use_pch": False,
         "is_python_module": True,
     }
+    monkeypatch.setenv("KREFINE_SPLIT_CPP", "1")
     assert kb_split.split_reason(base) is None
     assert kb_split.split_reason({**base, "cuda_sources": "__global__ void k() {}"}) is not None
     assert kb_split.split_reason({**base, "functions": None}) == "no functions to bind"
@@ -103,6 +104,12 @@ def test_which_calls_are_split(monkeypatch: pytest.MonkeyPatch) -> None:
     assert kb_split.split_reason(older_torch) == "a torch without no_implicit_headers"
     monkeypatch.setenv("KREFINE_SPLIT_CPP", "0")
     assert kb_split.split_reason(base) == "turned off (KREFINE_SPLIT_CPP=0)"
+    # Unset: split with enough cores for both units, one unit below that.
+    monkeypatch.delenv("KREFINE_SPLIT_CPP")
+    monkeypatch.setattr(kb_split, "usable_cores", lambda: kb_split.SPLIT_MIN_CORES)
+    assert kb_split.split_reason(base) is None
+    monkeypatch.setattr(kb_split, "usable_cores", lambda: 2)
+    assert kb_split.split_reason(base) == "2 usable cores: the two units would share them (KREFINE_SPLIT_CPP=1 splits anyway)"
 
 
 def test_the_two_units_texts() -> None:
