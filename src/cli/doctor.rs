@@ -196,8 +196,8 @@ pub fn strict_lines(
     lines.push(match found {
         Some(p) => format!("  C++ compiler: {cxx} ({})", p.display()),
         None => format!(
-            "  C++ compiler: MISSING: {cxx} is not on PATH; strict evaluations will be refused \
-             (install g++ or clang, or set CXX)"
+            "  C++ compiler: MISSING: {cxx} not found (on PATH, or as the path given); strict \
+             evaluations will be refused (install g++ or clang, or set CXX)"
         ),
     });
     lines.push(match headers {
@@ -256,7 +256,7 @@ mod tests {
             ]
         );
         let missing = strict_lines("clang++", None, Some(Ok(("/opt/py/include".into(), false))));
-        assert!(missing[1].starts_with("  C++ compiler: MISSING: clang++ is not on PATH"));
+        assert!(missing[1].starts_with("  C++ compiler: MISSING: clang++ not found"));
         assert!(missing[2].starts_with("  Python.h: MISSING in /opt/py/include; "));
         assert!(missing[2].contains("python3-dev"));
         let unknown = strict_lines("c++", None, None);

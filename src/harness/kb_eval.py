@@ -395,7 +395,9 @@ def _record_strict_timing(verdict: Verdict, strict_ref: kb_strict.StrictReferenc
     verdict.metadata["strict_timing"] = {
         "candidate": regime,
         "reference": strict_ref.regime if strict_ref is not None else None,
-        "reference_timed_in": strict_ref.timed_in if strict_ref is not None else "given (reference_runtime)",
+        "reference_timed_in": strict_ref.timed_in
+        if strict_ref is not None
+        else f"not timed by this worker ({verdict.ref_runtime_source or 'no reference time'})",
     }
 
 
