@@ -3,8 +3,10 @@
 The persistent worker holds what is expensive and trusted: torch, the device context, the reference
 data (kb_reference) and the reference's timing. Each candidate runs in its own pre-warmed single-use
 process (kb_candidate), which checks and times it against the worker's reference data; the worker then
-adds the reference timing, the speedup and the excessive-speedup guard (re-timing a flagged candidate in
-a fresh process on fresh inputs in strict mode), and writes the response.
+adds the reference timing (in strict mode taken in a single-use process too, served as a candidate's
+is: `time_strict_reference`), holds a strict timed result to its own count and clock (kb_strict), adds
+the speedup and the excessive-speedup guard (re-timing a flagged candidate in a fresh process on fresh
+inputs in strict mode), and writes the response.
 
 KernelBench fidelity (faithful mode) is described in kb_reference and kb_correctness; docs/evaluation.md
 lists every deliberate difference.
