@@ -334,6 +334,12 @@ def _run_in_process_or_here(worker: Worker, job: dict[str, Any], ctx: ProblemCon
     except kb_wire.ForbiddenMessage as exc:
         return forbidden_message_verdict(exc), waited
     except ChildDied as died:
+        if job["kind"] == "reference":
+            # The reference's own timing process (trusted code, no candidate in it): its death is not a
+            # candidate's to report, so the worker lives on and times the reference itself.
+            failed = Verdict(status="runtime_error", compiled=True, correctness=False)
+            failed.feedback.append(f"the reference's timing process ended without a result ({died})")
+            return failed, waited
         print(f"krefine harness: {died}; ending the worker the same way", file=sys.stderr)
         worker.close()
         worker.on_child_death(died)

@@ -71,6 +71,32 @@ def test_the_reference_is_timed_in_the_candidates_regime(worker: kb_eval.Worker,
     assert "strict_timing" not in faithful["metadata"] and "worker_clock" not in faithful["metadata"]
 
 
+# A reference whose forward ends the process it runs in when that is a candidate process: its strict
+# timing process dies (the worker, which builds its trials, never sees it happen).
+DYING = MATMUL.replace(
+    "        return torch.matmul(A, B)",
+    "        import multiprocessing, os\n"
+    "        if multiprocessing.current_process().name == 'krefine-candidate':\n"
+    "            os._exit(3)\n"
+    "        return torch.matmul(A, B)",
+)
+
+
+@pytest.mark.slow
+def test_a_reference_timing_process_that_dies_leaves_the_worker_to_time_it(
+    worker: kb_eval.Worker, tmp_path: Path
+) -> None:
+    """Not a candidate's death to report: the worker lives on, times the reference in its own loop, says
+    so in the result, and holds nothing to a clock it could not calibrate."""
+    assert DYING != MATMUL
+    response = evaluate(worker, DYING, HONEST, tmp_path / "dying")
+    assert response["status"] == "correct" and response["speedup"] is not None, response
+    where = response["metadata"]["strict_timing"]["reference_timed_in"]
+    assert where.startswith("worker: the reference's timing process ended without a result"), where
+    assert "exit code 3" in where
+    assert response["metadata"]["worker_clock"]["allowance_ms"] is None
+
+
 def test_the_reference_job_runs_the_candidates_loop_in_the_session() -> None:
     """In one process (the harness's unit-test mode): the reference job is served by a strict session
     like a candidate's: every timed call's inputs handed out by it, its output back to it, its spans on
