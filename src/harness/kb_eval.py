@@ -437,6 +437,7 @@ def _run_candidate(
             observed = session.observed_timed_ms(int(job["timing"]["discard_first"]))
             verdict.metadata["worker_clock"] = {
                 "observed_mean_ms": statistics.fmean(observed) if observed else None,
+                "observed_trimmed_ms": kb_strict.trimmed_mean(observed) if observed else None,
                 "observed_calls": len(observed),
                 "reported_mean_ms": float(verdict.runtime_stats["mean"]),
             }

@@ -131,24 +131,42 @@ def test_the_worker_clock_refuses_a_rewritten_time(worker: kb_eval.Worker, tmp_p
 
 
 def test_the_clock_bound_holds_honest_times_and_refuses_forged_ones() -> None:
-    """hold_to_worker_clock's arithmetic: reported >= observed - (CLOCK_FACTOR x overhead + CLOCK_SLACK_MS)
-    stands; below it is forged; without a calibration the figures are recorded and nothing is held."""
+    """hold_to_worker_clock's arithmetic: reported >= observed - (CLOCK_FACTOR x overhead + CLOCK_SLACK_MS
+    + CLOCK_SHARE x observed) stands; below it is forged; without a calibration the figures are recorded
+    and nothing is held."""
     reference = kb_strict.StrictReference("process", {}, 0.5)
-    allowance = kb_strict.CLOCK_FACTOR * 0.5 + kb_strict.CLOCK_SLACK_MS
+    fixed = kb_strict.CLOCK_FACTOR * 0.5 + kb_strict.CLOCK_SLACK_MS
 
     def held(reported: float, observed: float, ref: kb_strict.StrictReference | None) -> kb_eval.Verdict:
         verdict = kb_eval.Verdict(status="correct", correctness=True)
         verdict.runtime_stats = {"mean": reported, "num_trials": 10}
-        verdict.metadata["worker_clock"] = {"observed_mean_ms": observed, "observed_calls": 10, "reported_mean_ms": reported}
+        verdict.metadata["worker_clock"] = {
+            "observed_mean_ms": observed,
+            "observed_trimmed_ms": observed,
+            "observed_calls": 10,
+            "reported_mean_ms": reported,
+        }
         kb_strict.hold_to_worker_clock(verdict, ref)
         return verdict
 
-    tiny = held(0.001, allowance, reference)  # serving dominates: an honest tiny kernel
-    assert tiny.status == "correct" and tiny.metadata["worker_clock"]["allowance_ms"] == allowance
+    tiny = held(0.001, fixed, reference)  # serving dominates: an honest tiny kernel
+    assert tiny.status == "correct"
+    assert tiny.metadata["worker_clock"]["allowance_ms"] == fixed + kb_strict.CLOCK_SHARE * fixed
+    allowance = fixed + kb_strict.CLOCK_SHARE * 10.0
     edge = held(10.0 - allowance, 10.0, reference)
     assert edge.status == "correct"
+    assert held(10.0 - allowance - 0.01, 10.0, reference).status == "incorrect"
     forged = held(1.0, 10.0, reference)
     assert forged.status == "incorrect" and forged.runtime_stats == {}
     assert forged.metadata["correctness_issue_name"] == "forged_result"
     uncalibrated = held(1.0, 10.0, None)
     assert uncalibrated.status == "correct" and uncalibrated.metadata["worker_clock"]["allowance_ms"] is None
+
+
+def test_the_observed_side_leaves_out_the_longest_spans() -> None:
+    """A span stretched by the machine (a descheduled process) only eases the bound: the longest fifth of
+    the spans is left out of the observed mean, never more than all but one."""
+    assert kb_strict.trimmed_mean([10.0, 10.0, 10.0, 10.0, 60.0]) == 10.0
+    assert kb_strict.trimmed_mean([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 100.0]) == 4.5
+    assert kb_strict.trimmed_mean([3.0, 1.0]) == 2.0
+    assert kb_strict.trimmed_mean([7.0]) == 7.0
