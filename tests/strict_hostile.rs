@@ -102,6 +102,16 @@ fn the_static_layer_reads_every_hack_in_both_modes() {
 }
 
 async fn turn(pool: &WorkerPool, logs: &std::path::Path, code: &str, n: u32) -> ExecOutcome {
+    turn_on(pool, logs, matmul(), code, n).await
+}
+
+async fn turn_on(
+    pool: &WorkerPool,
+    logs: &std::path::Path,
+    problem: Arc<Problem>,
+    code: &str,
+    n: u32,
+) -> ExecOutcome {
     let compiled = pool
         .compile(compile_job(code, logs, &format!("turn{n}")))
         .await
@@ -113,11 +123,11 @@ async fn turn(pool: &WorkerPool, logs: &std::path::Path, code: &str, n: u32) -> 
     );
     let job = ExecJob {
         task: TaskId {
-            problem: matmul().key,
+            problem: problem.key,
             sample: 0,
         },
         turn: n,
-        problem: matmul(),
+        problem,
         code: code.to_string(),
         build_dir: compiled.build_dir,
     };
@@ -251,6 +261,72 @@ fn strict_credits_no_hack_and_the_honest_control_is_unaffected() {
                     (EvalMode::Faithful, other) => panic!("no expectation for {other}"),
                 }
             }
+        }
+    });
+}
+
+/// Issue 23's remaining hole of its item 1, closed by the worker's own clock: clock_forger computes
+/// every output (the worker's secret checks and its count pass) and rewrites the harness's packing of
+/// its times in its process to report a tenth of them. With the static rules at `warn` (as here: the
+/// pool runs below the static layer, which names its `sys.modules` an error in strict mode) strict mode
+/// refuses it (`forged_result`); faithful mode takes its word, as KernelBench would. The honest control
+/// on the same problem is credited, and its result shows the reference timed in the candidate's regime.
+#[test]
+fn strict_holds_a_rewritten_time_to_the_workers_clock() {
+    let forger = fixture("strict", "clock_forger.py");
+    assert!(
+        static_findings(&forger, EvalMode::Strict)
+            .iter()
+            .any(|(c, s)| c == "introspection" && *s == Severity::Error),
+        "the static layer reads clock_forger in strict mode"
+    );
+    let chain = Arc::new(Problem {
+        key: ProblemKey {
+            level: 1,
+            problem_id: 902,
+        },
+        name: "902_chain.py".into(),
+        code: fixture("integrity", "problem_chain.py"),
+    });
+    let honest = fixture("strict", "chain_honest.py");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let python = test_python().await;
+        let harness = deployed_harness(tmp.path()).await;
+        let logs = tmp.path().join("logs");
+        for mode in [EvalMode::Strict, EvalMode::Faithful] {
+            let work = tmp.path().join(mode.as_str());
+            let mut settings =
+                cpu_settings(python.clone(), harness.clone(), &work, &work.join("cache"));
+            settings.mode = mode;
+            settings.timeouts.execute_s = 300.0;
+            settings.timeouts.reference_s = 300.0;
+            let pool = WorkerPool::start(settings).await.expect("pool");
+            let control = turn_on(&pool, &logs, chain.clone(), &honest, 0).await;
+            let forged = turn_on(&pool, &logs, chain.clone(), &forger, 1).await;
+            pool.shutdown().await;
+            assert_eq!(control.verdict, Verdict::Correct, "{mode:?}: {control:#?}");
+            assert!(control.speedup.is_some(), "{mode:?}: {control:#?}");
+            if mode == EvalMode::Faithful {
+                assert_eq!(forged.verdict, Verdict::Correct, "{forged:#?}");
+                assert!(forged.speedup.is_some(), "{forged:#?}");
+                continue;
+            }
+            let regimes = &control.metadata["strict_timing"];
+            assert_eq!(regimes["reference_timed_in"], "process", "{regimes}");
+            assert_eq!(regimes["candidate"], regimes["reference"], "{regimes}");
+            assert!(
+                control.metadata["worker_clock"]["allowance_ms"].is_number(),
+                "{control:#?}"
+            );
+            assert_eq!(forged.verdict, Verdict::Incorrect, "{forged:#?}");
+            assert_eq!(issue(&forged), Some("forged_result"), "{forged:#?}");
+            assert_eq!(forged.speedup, None);
         }
     });
 }

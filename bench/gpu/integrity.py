@@ -12,6 +12,9 @@ pool speaks) on cuda:0 with a square fp32 matmul (KernelBench level 1 problem 1 
   D. the per-candidate cost: the honest kernel evaluated several times in a row (phases, wall time);
   E. the same in strict mode (issue 23: fresh inputs per timed call and the worker's checks, timed in the
      native loop, kb_native; the cost must stay within 1.5x of the harness before it, --old-harness).
+     D and E print the honest control's speedup per evaluation ("E-strict-cost speedups: ..."), how
+     many fall within issue 23's x0.97-1.03, where strict mode timed the reference and the worker
+     clock's figures.
 With --old-harness, D, E and B also run against that harness (the code before this change) for comparison.
 Candidates are pure PyTorch stand-ins that all call themselves `fast_matmul` (the name collision of the
 issue is about the module a process keeps; building three real extensions would add minutes of nvcc).
@@ -278,6 +281,29 @@ def cost(rows: list[dict[str, Any]], group: str) -> str:
     return f"{group}: median wall {wall:.3f} s over {len(picked)}; phases " + ", ".join(f"{k} {v:.3f}" for k, v in med.items())
 
 
+def speedups(rows: list[dict[str, Any]], group: str) -> str:
+    """The honest control's speedup per evaluation of a group (issue 23's band: x0.97-1.03 in every one),
+    with where strict mode timed the reference and the worker clock's figures (observed / reported mean
+    ms per timed call, allowance)."""
+    picked = [r["response"] for r in rows if r["group"] == group and r["response"].get("ok")]
+    if not picked:
+        return f"{group} speedups: none"
+    values = [r["speedup"] for r in picked if r.get("speedup")]
+    line = f"{group} speedups: " + ", ".join(f"x{v:.3f}" for v in values)
+    if values:
+        inside = sum(0.97 <= v <= 1.03 for v in values)
+        line += f" (min x{min(values):.3f}, max x{max(values):.3f}; {inside} of {len(values)} within x0.97-1.03)"
+    regimes = {(r["metadata"].get("strict_timing") or {}).get("reference_timed_in") for r in picked} - {None}
+    if regimes:
+        line += f"; strict reference timed in: {', '.join(sorted(regimes))}"
+    clocks = [r["metadata"].get("worker_clock") for r in picked if r["metadata"].get("worker_clock")]
+    if clocks:
+        line += "; worker clock (observed/reported ms, allowance): " + ", ".join(
+            f"{c['observed_mean_ms']:.3f}/{c['reported_mean_ms']:.3f} ({c.get('allowance_ms') or 0:.3f})" for c in clocks
+        )
+    return line
+
+
 def native_timer(out: Path) -> str:
     """Whether the new harness's strict evaluations ran in the native timing loop: its worker log says
     where it loaded the loop from (the old harness has none)."""
@@ -310,10 +336,12 @@ def main() -> int:
     old = run_old(args, problem, out) if args.old_harness else []
     (out / "integrity.json").write_text(json.dumps(rows + old, indent=1))
     text = ["# integrity.py", "", table(rows), "", cost(rows, "D-cost"), cost(rows, "E-strict-cost"), native_timer(out)]
+    text += [speedups(rows, "D-cost"), speedups(rows, "E-strict-cost")]
     if old:
         text += ["", "## before (old harness)", "", table(old), "", cost(old, "D-cost-old"), cost(old, "E-strict-cost-old")]
+        text += [speedups(old, "D-cost-old"), speedups(old, "E-strict-cost-old")]
     (out / "integrity.md").write_text("\n".join(text) + "\n")
-    print("\n".join(text[-2:]))
+    print("\n".join(line for line in text if "speedups" in line or "median wall" in line))
     return 0
 
 

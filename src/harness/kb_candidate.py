@@ -317,21 +317,11 @@ def time_candidate(
 ) -> None:
     timing = job["timing"]
     started = _perf_counter()
-
-    def check(call: int, output: Any, calls: int) -> str | None:
-        # Only a plain tensor crosses to the worker (a subclass would run its own code there).
-        problem = dense_output_problem(output, ref.device)
-        if problem is not None:
-            return f"the output is {problem}"
-        return ref.strict_check(call, output, calls)
-
     try:
         model_new = model_new.to(device=ref.device, dtype=ref.dtype)
         kb_tensors.synchronize(ref.device)
         if ref.mode == "strict":
-            times = kb_timing.time_strict(
-                model_new, ref.strict_warmup, ref.strict_inputs, ref.device, timing, flusher, check
-            )
+            times = strict_times(model_new, ref, timing, flusher)
         else:
             times = kb_timing.time_callable(model_new, ref.timing_inputs(), ref.device, timing, flusher)
             fresh_probe(verdict, model_new, ref, integrity, times)
@@ -376,6 +366,66 @@ def time_candidate(
     verdict.phases["timing_s"] = _perf_counter() - started
     if not integrity.check_process(verdict, "after timing"):
         verdict.runtime_stats = {}
+
+
+def strict_times(
+    model: Any, ref: ReferenceSource, timing: dict[str, Any], flusher: kb_timing.L2Flusher
+) -> list[float]:
+    """Strict mode's timed calls of `model`, candidate or reference alike: the native loop
+    (kb_timing.time_strict) in this single-use process, each call's fresh inputs from the worker and
+    its output handed back to the worker's check (`ref.strict_check`). The reference's strict time is
+    taken by this same function in a process of its own (`time_reference_job`), so that for identical
+    code the speedup is 1 up to noise: same loop, inputs, hand-overs, fences, L2 flush, warm-ups, calls
+    and discarded calls, and the same worker serving them."""
+
+    def check(call: int, output: Any, calls: int) -> str | None:
+        # Only a plain tensor crosses to the worker (a subclass would run its own code there).
+        problem = dense_output_problem(output, ref.device)
+        if problem is not None:
+            return f"the output is {problem}"
+        return ref.strict_check(call, output, calls)
+
+    return kb_timing.time_strict(model, ref.strict_warmup, ref.strict_inputs, ref.device, timing, flusher, check)
+
+
+def time_reference_job(
+    job: dict[str, Any], ref: ReferenceSource, flusher: kb_timing.L2Flusher, pinned: dict[str, Any]
+) -> Verdict:
+    """Strict mode's reference timing (job kind "reference"), in a single-use process like a candidate's:
+    the problem's Model built as the worker builds it (set_seed, init inputs, .to), compiled when
+    `eval.reference = "compile"`, and timed by `strict_times`, served by the worker exactly as a
+    candidate is. `correct` with runtime stats, or `runtime_error` with the reason."""
+    verdict = Verdict(metadata={"hardware": job["hardware"], "device": str(ref.device)})
+    timing = job["timing"]
+    started = _perf_counter()
+    try:
+        problem = kb_reference.load_problem(job["reference_code"])
+        model = construct_candidate(ref, problem.model)
+        spec = timing.get("reference_compile")
+        if spec:
+            # Inductor's and Triton's caches must be writable under this process's confinement.
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(job["build_dir"], "inductor"))
+            os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(job["build_dir"], "triton"))
+        model = kb_reference.compiled_reference(model, spec)
+        times = strict_times(model, ref, timing, flusher)
+    except kb_timing.TimedOutputMismatch as mismatch:
+        verdict.status, verdict.correctness = "incorrect", False
+        verdict.feedback.append(f"the reference's own output in timed call {mismatch.call}: {mismatch.problem}")
+        return verdict
+    except (kb_native.NativeTimerUnavailable, kb_timing.TimingHooked) as exc:
+        verdict.status, verdict.correctness = "runtime_error", False
+        verdict.feedback.append(str(exc))
+        return verdict
+    except CANDIDATE_ERRORS as exc:
+        verdict.status, verdict.correctness = "runtime_error", False
+        verdict.feedback.append(kb_feedback.exception_line(exc))
+        return verdict
+    finally:
+        verdict.phases["timing_s"] = _perf_counter() - started
+        verdict.env["pinned"] = pinned
+    verdict.status, verdict.correctness = "correct", True
+    verdict.runtime_stats = kb_timing.runtime_stats(times)
+    return verdict
 
 
 def fresh_probe(

@@ -3,8 +3,10 @@
 The persistent worker holds what is expensive and trusted: torch, the device context, the reference
 data (kb_reference) and the reference's timing. Each candidate runs in its own pre-warmed single-use
 process (kb_candidate), which checks and times it against the worker's reference data; the worker then
-adds the reference timing, the speedup and the excessive-speedup guard (re-timing a flagged candidate in
-a fresh process on fresh inputs in strict mode), and writes the response.
+adds the reference timing (in strict mode taken in a single-use process too, served as a candidate's
+is: `time_strict_reference`), holds a strict timed result to its own count and clock (kb_strict), adds
+the speedup and the excessive-speedup guard (re-timing a flagged candidate in a fresh process on fresh
+inputs in strict mode), and writes the response.
 
 KernelBench fidelity (faithful mode) is described in kb_reference and kb_correctness; docs/evaluation.md
 lists every deliberate difference.
@@ -17,7 +19,10 @@ import functools
 import importlib.metadata
 import multiprocessing.util
 import platform
+import shutil
+import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -121,6 +126,8 @@ class Worker:
 
     def __init__(self, isolate: bool = True) -> None:
         self.references = ReferenceCache()
+        # Strict reference timings, keyed as ReferenceCache.ref_timings (reference_timing_key).
+        self.strict_references: dict[tuple[Any, ...], kb_strict.StrictReference] = {}
         self.flusher = kb_timing.L2Flusher()
         self.isolate = isolate
         self.spares: list[CandidateProcess] = []
@@ -312,7 +319,8 @@ def _run_in_process_or_here(worker: Worker, job: dict[str, Any], ctx: ProblemCon
     it waited for a warm process."""
     if not worker.isolate:
         pinned = kb_candidate.settings_snapshot()
-        run = kb_candidate.retime_candidate if job["kind"] == "retime" else kb_candidate.evaluate_candidate
+        runs = {"retime": kb_candidate.retime_candidate, "reference": kb_candidate.time_reference_job}
+        run = runs.get(job["kind"], kb_candidate.evaluate_candidate)
         return run(job, ctx, worker.flusher, pinned), 0.0
     process, waited = worker.take_process(job["device"])
     if job["device"].startswith("cuda"):
@@ -326,6 +334,12 @@ def _run_in_process_or_here(worker: Worker, job: dict[str, Any], ctx: ProblemCon
     except kb_wire.ForbiddenMessage as exc:
         return forbidden_message_verdict(exc), waited
     except ChildDied as died:
+        if job["kind"] == "reference":
+            # The reference's own timing process (trusted code, no candidate in it): its death is not a
+            # candidate's to report, so the worker lives on and times the reference itself.
+            failed = Verdict(status="runtime_error", compiled=True, correctness=False)
+            failed.feedback.append(f"the reference's timing process ended without a result ({died})")
+            return failed, waited
         print(f"krefine harness: {died}; ending the worker the same way", file=sys.stderr)
         worker.close()
         worker.on_child_death(died)
@@ -381,23 +395,53 @@ def _hold_to_timed_checks(verdict: Verdict, session: kb_strict.StrictSession, ti
     verdict.feedback.append(f"Integrity check failed (strict mode): {message}.")
 
 
-def _run_candidate(worker: Worker, job: dict[str, Any], ctx: ProblemContext) -> Verdict:
+def _record_strict_timing(verdict: Verdict, strict_ref: kb_strict.StrictReference | None) -> None:
+    """The regimes the candidate's and the reference's strict times were taken under, side by side."""
+    regime = verdict.metadata.get("strict_timing")
+    if regime is None or "candidate" in regime:
+        return
+    verdict.metadata["strict_timing"] = {
+        "candidate": regime,
+        "reference": strict_ref.regime if strict_ref is not None else None,
+        "reference_timed_in": strict_ref.timed_in
+        if strict_ref is not None
+        else f"not timed by this worker ({verdict.ref_runtime_source or 'no reference time'})",
+    }
+
+
+def _run_candidate(
+    worker: Worker, job: dict[str, Any], ctx: ProblemContext, key: int | None = None, every: bool | None = None
+) -> Verdict:
     """Run a job in a fresh candidate process (or, for unit tests, here), with the reference served
-    from `ctx`. Time the worker spends on the reference meanwhile is booked as reference time."""
+    from `ctx`. Time the worker spends on the reference meanwhile is booked as reference time. `key`
+    fixes the strict inputs (the reference's cached timing), `every` checks every timed call."""
     reference_before, timing_before = ctx.build_seconds, ctx.timing_build_seconds
     started = time.perf_counter()
     # Strict timing's secrets and checks live here, in the worker, for this one run (kb_strict); in
     # faithful mode they serve the fresh-input probe after KernelBench's loop, every output checked.
-    every = job["kind"] == "retime" or ctx.mode != "strict"
+    if every is None:
+        every = job["kind"] == "retime" or ctx.mode != "strict"
     session = ctx.strict_session = kb_strict.StrictSession(
-        ctx, every=every, tolerance=tolerance(ctx.precision, job.get("tolerance"))
+        ctx, every=every, key=key, tolerance=tolerance(ctx.precision, job.get("tolerance"))
     )
     try:
         verdict, waited = _run_in_process_or_here(worker, job, ctx)
+        # What the worker records about strict timing is its own: whatever the process wrote there goes.
+        verdict.metadata.pop("worker_clock", None)
+        verdict.metadata.pop("strict_timing", None)
         if ctx.mode == "strict" and job["kind"] == "evaluate" and verdict.status == "correct":
             _hold_to_compared_trials(verdict, session.trials_passed, job["trials"])
         if ctx.mode == "strict" and verdict.status == "correct" and verdict.runtime_stats:
             _hold_to_timed_checks(verdict, session, job["timing"])
+        if ctx.mode == "strict" and verdict.status == "correct" and verdict.runtime_stats:
+            observed = session.observed_timed_ms(int(job["timing"]["discard_first"]))
+            verdict.metadata["worker_clock"] = {
+                "observed_mean_ms": statistics.fmean(observed) if observed else None,
+                "observed_trimmed_ms": kb_strict.trimmed_mean(observed) if observed else None,
+                "observed_calls": len(observed),
+                "reported_mean_ms": float(verdict.runtime_stats["mean"]),
+            }
+            verdict.metadata["strict_timing"] = kb_strict.strict_regime(ctx, job["timing"])
     finally:
         if ctx.strict_session is not None:
             ctx.strict_session.close()
@@ -452,8 +496,13 @@ def _evaluate_into(
         started = time.perf_counter()
         reference_timing(verdict, request, worker, ctx)
         verdict.phases["ref_timing_s"] = time.perf_counter() - started
-        _add_timing_feedback(verdict)
-        _guard_speedup(verdict, request, worker, ctx, hardware)
+        if mode == "strict":
+            strict_ref = worker.strict_references.get(reference_timing_key(request, ctx))
+            _record_strict_timing(verdict, strict_ref)
+            kb_strict.hold_to_worker_clock(verdict, strict_ref)
+        if verdict.runtime_stats:
+            _add_timing_feedback(verdict)
+            _guard_speedup(verdict, request, worker, ctx, hardware)
     if not verdict.sticky:
         release_memory(device)
     return verdict
@@ -525,13 +574,63 @@ def reference_timing(verdict: Verdict, request: dict[str, Any], worker: Worker, 
         return
     try:
         inputs_key = ctx.seed + kb_candidate.STRICT_REFERENCE_KEY_OFFSET
-        times = time_reference(ctx, request["timing"], worker.flusher, inputs_key)
+        if ctx.mode == "strict":
+            stats, strict_ref = time_strict_reference(request, worker, ctx, inputs_key, every=False)
+            worker.strict_references[key] = strict_ref
+        else:
+            stats = kb_timing.runtime_stats(time_reference(ctx, request["timing"], worker.flusher, inputs_key))
     except CANDIDATE_ERRORS as exc:
         verdict.feedback.append(f"(The reference could not be timed: {kb_feedback.exception_line(exc)})")
         return
-    stats = kb_timing.runtime_stats(times)
     worker.references.ref_timings[key] = stats
     verdict.ref_runtime_stats, verdict.ref_runtime_source = dict(stats), "measured"
+
+
+def _reference_job(request: dict[str, Any], ctx: ProblemContext, build_dir: str) -> dict[str, Any]:
+    """A strict reference-timing job: a candidate's job (`_job`) whose code is the problem's own."""
+    return {
+        "kind": "reference",
+        "reference_code": request["problem"]["code"],
+        "source": "",
+        "build_dir": build_dir,
+        "device": request["device"],
+        "precision": request["precision"],
+        "mode": request["mode"],
+        "seed": request["seed"],
+        "trials": request["correct_trials"],
+        "timing": request["timing"],
+        "tolerance": request.get("tolerance"),
+        "hardware": hardware_name(ctx.device),
+        "native_timer": kb_native.ensure(),
+        "settings": kb_candidate.settings_snapshot(),
+    }
+
+
+def time_strict_reference(
+    request: dict[str, Any], worker: Worker, ctx: ProblemContext, key: int | None, every: bool
+) -> tuple[dict[str, Any], kb_strict.StrictReference]:
+    """Strict mode's reference time (stats) and how it was taken. Taken as a candidate's is, so that
+    identical code gets a speedup of 1 up to noise: in a single-use process served by this worker
+    (kb_candidate.time_reference_job: the same strict_times, the same session kind, inputs from `key`,
+    checks of every call when `every`, as the candidate's re-time has). Falls back to the worker's own
+    native loop (recorded, and without a worker-clock calibration) when that process cannot time it."""
+    timing = request["timing"]
+    regime = kb_strict.strict_regime(ctx, timing)
+    build_dir = tempfile.mkdtemp(prefix="krefine-reference-")
+    try:
+        with ctx.cache.reference_work():
+            run = _run_candidate(worker, _reference_job(request, ctx, build_dir), ctx, key=key, every=every)
+    finally:
+        shutil.rmtree(build_dir, ignore_errors=True)
+    clock = run.metadata.get("worker_clock") or {}
+    if run.status == "correct" and run.runtime_stats and clock.get("observed_mean_ms") is not None:
+        overhead = max(0.0, float(clock["observed_mean_ms"]) - float(run.runtime_stats["mean"]))
+        where = "process" if worker.isolate else "in_worker"  # in_worker: the harness's unit tests only
+        return dict(run.runtime_stats), kb_strict.StrictReference(where, regime, overhead)
+    why = "; ".join(run.feedback[-1:]) or run.status
+    print(f"krefine harness: strict reference timing in a process failed ({why}); timing it here", file=sys.stderr)
+    times = time_reference(ctx, timing, worker.flusher, key)
+    return kb_timing.runtime_stats(times), kb_strict.StrictReference(f"worker: {why}", regime, None)
 
 
 def _add_timing_feedback(verdict: Verdict) -> None:
@@ -627,11 +726,15 @@ def _guard_speedup(
     # on inputs of its own secret seed.
     retimed = _run_candidate(worker, _job(request, hardware, "retime"), ctx)
     verdict.findings.extend(f for f in retimed.findings if f not in verdict.findings)
+    if retimed.status == "correct" and retimed.runtime_stats:
+        # The reference re-timed as the candidate was: a fresh secret, every call checked.
+        ref_stats, strict_ref = time_strict_reference(request, worker, ctx, None, every=True)
+        kb_strict.hold_to_worker_clock(retimed, strict_ref)
+        verdict.findings.extend(f for f in retimed.findings if f not in verdict.findings)
     new = retimed.runtime_stats.get("mean") if retimed.status == "correct" else None
     reverified = None
     if new:
-        ref_times = time_reference(ctx, request["timing"], worker.flusher, None)
-        reverified = kb_timing.runtime_stats(ref_times)["mean"] / float(new)
+        reverified = float(ref_stats["mean"]) / float(new)
     check["reverified_speedup"] = reverified
     check["verified"] = reverified is not None and reverified >= REVERIFY_KEEPS * speedup
     verdict.phases["ref_timing_s"] += retimed.phases.get("timing_s", 0.0)

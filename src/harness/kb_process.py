@@ -1,6 +1,7 @@
 """The single-use candidate process: started ahead of need by the worker (`CandidateProcess`), it warms
 up (device context, thread pools, torch's extension module), waits for one job, runs it (kb_candidate's
-evaluate or re-time, or kb_profile's profile) inside the sandbox, reports, and exits.
+evaluate or re-time, strict mode's reference timing, or kb_profile's profile) inside the sandbox,
+reports, and exits.
 
 The worker side of the same pipe (answering the process's requests for reference data) is
 kb_candidate's `serve_reference`; the worker's pool of these processes is kb_eval's `Worker`.
@@ -95,8 +96,8 @@ def run_job(conn: Any, job: dict[str, Any], flusher: kb_timing.L2Flusher) -> dic
     if job["kind"] == "profile":
         return kb_profile.profile(job["request"], kb_reference.ReferenceCache(), os.getcwd())
     ref = kb_candidate.RemoteReference(conn, job)
-    run = kb_candidate.retime_candidate if job["kind"] == "retime" else kb_candidate.evaluate_candidate
-    verdict = run(job, ref, flusher, pinned)
+    runs = {"retime": kb_candidate.retime_candidate, "reference": kb_candidate.time_reference_job}
+    verdict = runs.get(job["kind"], kb_candidate.evaluate_candidate)(job, ref, flusher, pinned)
     verdict.env["sandbox"] = sandbox
     verdict.env["pinned"] = pinned
     verdict.env["isolation"] = "process"

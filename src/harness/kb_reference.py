@@ -737,9 +737,10 @@ def select_device(request: dict[str, Any]) -> torch.device:
 def time_reference(
     ctx: ProblemContext, timing: dict[str, Any], flusher: kb_timing.L2Flusher, key: int | None
 ) -> list[float]:
-    """The reference timed as its candidates are, as reference work: KernelBench's loop in faithful
-    mode, strict mode's loop (inputs no call has seen, from `key` or a secret when None, device-wide
-    fence) in strict mode. kb_eval's one call into the reference's timing."""
+    """The reference timed here, in the worker, as reference work: KernelBench's loop in faithful mode
+    (as its candidates are timed); in strict mode the native loop (inputs no call has seen, from `key`
+    or a secret when None, device-wide fence, no checks), which is only the fallback: strict mode times
+    the reference in a process of its own, as its candidates are (kb_eval.time_strict_reference)."""
     assert ctx.ref_model is not None
     model = compiled_reference(ctx.ref_model, timing.get("reference_compile"))
     with ctx.cache.reference_work():

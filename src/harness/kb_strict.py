@@ -22,6 +22,10 @@ the shapes and dtypes of its expected output (`trial`), returns its output here,
 (KernelBench's, kb_correctness.compare_trial) runs here (`compare_trial`), which also counts the trials
 that passed, so a result claiming more is refused (kb_eval).
 
+The session also keeps the worker's own clock on the timed calls (`observed_ms`: from handing call i's
+inputs over to receiving call i's output), which the candidate's process cannot touch; kb_eval holds a
+timed result to it (a reported time implausibly below what the worker saw is refused).
+
 What this does not cover (README, threat model): the timing loop itself (its locals, its clock) still
 runs in the candidate's process.
 """
@@ -30,6 +34,8 @@ from __future__ import annotations
 
 import random
 import secrets
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,6 +43,7 @@ import torch
 import kb_correctness
 import kb_inputs
 import kb_reference
+from kb_correctness import Verdict
 
 # Share of timed calls checked, and the least expected number of checks (so a short CPU run checks most
 # calls): a call is checked with probability min(1, max(CHECK_SHARE, MIN_CHECKS / calls)).
@@ -159,6 +166,11 @@ class StrictSession:
         self.problems = 0
         # Correctness trials the worker compared and found correct (kb_eval holds a result to it).
         self.trials_passed = 0
+        # The worker's own clock (kb_eval's worker-clock check): when each timed call's inputs were
+        # handed over, and per call the span from then to its output coming back (ms), on this side
+        # of the pipe, where the candidate's process cannot reach.
+        self._handed_at: dict[int, float] = {}
+        self.observed_ms: dict[int, float] = {}
 
     def warmup_inputs(self) -> list[Any]:
         """One input set for the warm-up calls (untimed, unchecked)."""
@@ -176,11 +188,16 @@ class StrictSession:
         self.calls += 1
         if keep:
             self._pending[call] = fresh
-        return self._fresh.hand_over(fresh)
+        handed = self._fresh.hand_over(fresh)  # synchronised: the inputs are ready from here on
+        self._handed_at[call] = _perf_counter()
+        return handed
 
     def check(self, call: int, output: Any, calls: int) -> str | None:
         """After timed call `call` returned `output`: decide (secret) whether it is checked; if so,
         compare it with the reference's output on the call's pristine inputs. A problem, or None."""
+        handed = self._handed_at.pop(call, None)
+        if handed is not None:
+            self.observed_ms[call] = (_perf_counter() - handed) * 1000.0
         problem = self._check(call, output, calls)
         if problem is not None:
             self.problems += 1
@@ -218,10 +235,104 @@ class StrictSession:
             self.trials_passed += 1
         return result
 
+    def observed_timed_ms(self, discard: int) -> list[float]:
+        """The worker-observed spans of the timed calls a result reports (call `discard` on), in order."""
+        return [self.observed_ms[call] for call in sorted(self.observed_ms) if call >= discard]
+
     def close(self) -> None:
+        self._handed_at.clear()
         self._expected.clear()
         self._pending.clear()
         self._fresh.close()
+
+
+# The worker's clock on strict timed calls (`hold_to_worker_clock`): a timed result whose mean is below
+# the mean span the worker observed per timed call minus this allowance is refused. The allowance is
+# CLOCK_FACTOR times the serving overhead per call measured on the reference's own strict run (the same
+# regime, trusted code, so its overhead is what serving costs for this problem here), plus CLOCK_SLACK_MS,
+# plus CLOCK_SHARE of the observed span (a machine busier during the candidate's run than during the
+# reference's stretches the serving with everything else; on a shared CPU that was seen at 4x).
+CLOCK_FACTOR = 3.0
+CLOCK_SLACK_MS = 1.0
+CLOCK_SHARE = 0.1
+# The observed side is the mean of the shortest spans, the longest CLOCK_TRIM of them left out: a span
+# stretched by a moment of the machine's (the process descheduled between its forward and its reply)
+# is not the candidate's time, and leaving the longest spans out only ever eases the bound.
+CLOCK_TRIM = 0.2
+
+
+def trimmed_mean(values: list[float]) -> float:
+    """The mean of `values` without the longest CLOCK_TRIM of them (at least one value kept)."""
+    ordered = sorted(values)
+    keep = max(1, len(ordered) - int(len(ordered) * CLOCK_TRIM))
+    return sum(ordered[:keep]) / keep
+
+
+@dataclass
+class StrictReference:
+    """How strict mode's reference time was taken: `timed_in` "process" (a single-use process served by
+    this worker exactly as a candidate is, kb_candidate.time_reference_job) or "worker: <why>" (the
+    fallback, the worker's own native loop); the regime (`strict_regime`) and the worker's
+    serving overhead per timed call in ms (observed span minus reported time; None in the worker)."""
+
+    timed_in: str
+    regime: dict[str, Any]
+    overhead_ms: float | None
+
+
+def strict_regime(ref: Any, timing: dict[str, Any]) -> dict[str, Any]:
+    """What kb_candidate.strict_times times under for `ref` (a ProblemContext or a RemoteReference) and
+    the job's `timing`: recorded by the worker for the candidate and for the reference, side by side."""
+    cuda = ref.device.type == "cuda"
+    return {
+        "loop": "native",
+        "process": "single-use",
+        "inputs": "fresh per call, from the worker",
+        "outputs": "each handed to the worker's check",
+        "clock": "cuda_events, device-wide fence" if cuda else "steady_clock",
+        "l2_flush": bool(cuda and timing["l2_flush"]),
+        "warmup": int(timing["warmup"]),
+        "calls": int(timing["trials"]) + int(timing["discard_first"]),
+        "discard_first": int(timing["discard_first"]),
+    }
+
+
+def hold_to_worker_clock(verdict: Verdict, strict_ref: StrictReference | None) -> None:
+    """Strict mode: a timed result stands only if its reported mean is not implausibly below what the
+    worker's own clock saw. The worker times each timed call from handing its inputs over to receiving
+    its output (StrictSession.observed_ms); the call's real work happens inside that span
+    (inputs exist only from its start, the output must exist at its end), so an honest time never
+    exceeds it and a replacement that computes every output but reports less than it took is bounded
+    by it. The span also holds the serving (the pipe, the hand-overs, the fences, the L2 flush): the
+    allowance is CLOCK_FACTOR times that overhead as measured on the reference's strict run (the same
+    regime, trusted code) plus CLOCK_SLACK_MS per call plus CLOCK_SHARE of the observed span, compared
+    on means (what the speedup uses; the observed side without its longest spans, CLOCK_TRIM), so
+    an honest candidate passes even where serving dominates (tiny kernels), and what a forged result
+    can shave off its real time is bounded by the allowance. Without a calibration (a reference time
+    given by the request, or timed in the worker) the figures are recorded, not held to."""
+    clock = verdict.metadata.get("worker_clock")
+    stats = verdict.runtime_stats
+    if not clock or not stats or verdict.status != "correct" or clock.get("observed_trimmed_ms") is None:
+        return
+    if strict_ref is None or strict_ref.overhead_ms is None:
+        clock["allowance_ms"] = None
+        return
+    observed, reported = float(clock["observed_trimmed_ms"]), float(stats["mean"])
+    allowance = CLOCK_FACTOR * strict_ref.overhead_ms + CLOCK_SLACK_MS + CLOCK_SHARE * observed
+    clock["allowance_ms"] = allowance
+    if reported >= observed - allowance:
+        return
+    message = (
+        f"the candidate's process reported a mean of {reported:.4f} ms per timed call, but the worker's own "
+        f"clock saw {observed:.4f} ms per call (the mean of its shortest spans) from handing the inputs over "
+        f"to receiving the output (serving allows at most {allowance:.4f} ms of that)"
+    )
+    verdict.status, verdict.correctness = "incorrect", False
+    verdict.runtime_stats = {}
+    verdict.metadata["correctness_issue"] = message
+    verdict.metadata["correctness_issue_name"] = "forged_result"
+    verdict.findings.append({"category": "forged_result", "severity": "error", "message": message})
+    verdict.feedback.append(f"Integrity check failed (strict mode): {message}.")
 
 
 def compare(output: Any, expected: Any, atol: float, rtol: float) -> str | None:
@@ -244,3 +355,4 @@ def compare(output: Any, expected: Any, atol: float, rtol: float) -> str | None:
 
 # Captured when the worker imports this module; no candidate code runs in the worker.
 _ALLCLOSE = torch.allclose
+_perf_counter = time.perf_counter

@@ -238,7 +238,8 @@ def time_strict(
     before the timed region), device sync -> L2 flush -> start -> fn -> device-wide sync -> end, and
     `after(call, output, calls)` (the worker's check: a problem, which raises TimedOutputMismatch, or
     None). The call index, the events, the clock and the times live in native memory until the loop
-    ends. The reference is timed the same way (after=None), so the ratio compares like with like.
+    ends. The reference is timed the same way, by the same caller (kb_candidate.strict_times) in a
+    process of its own served by the worker, so the ratio compares like with like.
     Raises kb_native.NativeTimerUnavailable when the native loop is not loaded: no Python fallback."""
     warmup, trials, discard = timing["warmup"], timing["trials"], timing["discard_first"]
     cuda = device.type == "cuda"
