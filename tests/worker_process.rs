@@ -815,7 +815,12 @@ fn nice_of(pid: u32) -> i64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     // After the command's closing parenthesis the fields start at field 3 (the state).
     let after = &stat[stat.rfind(')').unwrap() + 1..];
-    after.split_whitespace().nth(19 - 3).unwrap().parse().unwrap()
+    after
+        .split_whitespace()
+        .nth(19 - 3)
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 /// Builds yield the cores to timings: the compile worker runs at niceness 10 (or its parent's, when
