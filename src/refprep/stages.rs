@@ -285,6 +285,19 @@ mod tests {
         }
     }
 
+    /// A problem prepared whole in one step.
+    fn prepared_in_one_step() -> PrepareOutcome {
+        PrepareOutcome {
+            status: PrepareStatus::Ready,
+            built: vec!["trial 1".into()],
+            trials_ready: 1,
+            done: true,
+            next: None,
+            duration_ms: 0,
+            error: None,
+        }
+    }
+
     /// An executor that records what it is asked, in order: problem 1's inputs must be made with
     /// the device free, and problem 2's while problem 1 holds the device (each waits for the other
     /// to have started, so the test ends only if both overlap).
@@ -361,15 +374,7 @@ mod tests {
                 let mut making = self.two_making.subscribe();
                 let _ = making.wait_for(|m| *m).await;
             }
-            Ok(PrepareOutcome {
-                status: PrepareStatus::Ready,
-                built: vec!["trial 1".into()],
-                trials_ready: 1,
-                done: true,
-                next: None,
-                duration_ms: 0,
-                error: None,
-            })
+            Ok(prepared_in_one_step())
         }
     }
 
@@ -501,15 +506,7 @@ mod tests {
             // The device stage may take a problem only once its inputs are made.
             assert_eq!(*self.tries.lock().unwrap(), 3, "prepared before its inputs");
             self.prepared.lock().unwrap().push(problem.key.problem_id);
-            Ok(PrepareOutcome {
-                status: PrepareStatus::Ready,
-                built: vec!["trial 1".into()],
-                trials_ready: 1,
-                done: true,
-                next: None,
-                duration_ms: 0,
-                error: None,
-            })
+            Ok(prepared_in_one_step())
         }
     }
 
