@@ -525,7 +525,8 @@ mod tests {
     use super::*;
     use crate::types::Precision;
 
-    const MIN: &str = r#"
+    /// The smallest valid config (the room's other test modules use it too).
+    pub(super) const MIN: &str = r#"
 [dataset]
 path = "problems"
 [model]
@@ -533,7 +534,8 @@ provider = "scripted"
 answers = "answers.jsonl"
 "#;
 
-    fn p(text: &str, sets: &[&str]) -> Result<LoadedConfig, ConfigError> {
+    /// `text` parsed with `sets` (`--set` overrides).
+    pub(super) fn p(text: &str, sets: &[&str]) -> Result<LoadedConfig, ConfigError> {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
         parse(text, Path::new("exp.toml"), &sets)
     }

@@ -74,22 +74,8 @@ pub fn check_fast_p(thresholds: &[f64]) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
-    use crate::config::{ConfigError, LoadedConfig, parse};
-
-    const MIN: &str = r#"
-[dataset]
-path = "problems"
-[model]
-provider = "scripted"
-answers = "answers.jsonl"
-"#;
-
-    fn p(text: &str, sets: &[&str]) -> Result<LoadedConfig, ConfigError> {
-        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        parse(text, Path::new("exp.toml"), &sets)
-    }
+    use crate::config::ConfigError;
+    use crate::config::tests::{MIN, p};
 
     #[test]
     fn fast_p_defaults_to_fast_at_1_2_and_is_frozen_with_the_run() {
