@@ -1,8 +1,8 @@
 """KernelBench's evaluation of one compiled candidate, written out plainly: the yardstick of
 `krefine bench reference` ("no later than KernelBench's own evaluation would end").
 
-The order of operations of `eval_kernel_against_ref` as /work/shared/reference/kernelbench-protocol.md
-describes it (§1.2-1.3, §3.2, §4.1), in one fresh process and with nothing cached: the reference model,
+The order of operations of `eval_kernel_against_ref` as KernelBench's evaluation
+does it (its eval.py at 423217d), in one fresh process and with nothing cached: the reference model,
 the candidate (its build already made, as after KernelBench's CPU pre-compile), five correctness trials
 whose inputs are made per trial (all of them unless a trial raises or a shape differs), then, when
 timing is asked for, the candidate timed on seed-42 inputs if it passed, and the reference timed on
