@@ -158,11 +158,12 @@ impl WorkerPool {
             .into_iter()
             .flatten()
             .collect();
-        // Deferred before: no generator is started (it would import torch only to be refused
-        // again) until one tier would take the entry now.
+        // Deferred before (and not made since): no generator is started (it would import torch only
+        // to be refused again) until one tier would take the entry now.
         let known = tiers.iter().find_map(|t| t.refused_for_now(&key));
         if let Some(planned) = known
-            && !tiers.iter().any(|t| t.would_admit(&key, planned))
+            && self.stored_inputs(problem).is_none()
+            && !admits_now(&tiers, &key, planned).await
         {
             return Ok(Some(deferred(planned, elapsed_ms(started))));
         }
@@ -302,4 +303,19 @@ fn deferred(planned: u64, duration_ms: u64) -> InputsOutcome {
             "{planned} bytes wait for room that queued candidates' entries give back"
         )),
     }
+}
+
+/// Would any of `tiers` admit `key`'s entry of `planned` bytes now? Each asks under its admission
+/// lock (a file lock, and a scan of its folder): off the runtime's threads.
+async fn admits_now(tiers: &[&InputStore], key: &str, planned: u64) -> bool {
+    for tier in tiers {
+        let (tier, key) = ((*tier).clone(), key.to_string());
+        let yes = tokio::task::spawn_blocking(move || tier.would_admit(&key, planned))
+            .await
+            .unwrap_or(false);
+        if yes {
+            return true;
+        }
+    }
+    false
 }
