@@ -6,7 +6,10 @@
 //!
 //! - **PID**: the worker is PID 1 of its own namespace and sees no other process, so it can neither
 //!   read another process's `/proc/*/environ` nor signal the orchestrator.
-//! - **network**: a namespace with only a loopback device, left down: no connection anywhere.
+//! - **network**: a namespace with only a loopback device: no connection anywhere outside it. The
+//!   loopback is brought up, since Nsight Compute (`eval.profiler = "ncu"`) talks to the process it
+//!   profiles over a local port; it reaches only processes in this same namespace (the worker and
+//!   its children), which could already talk through abstract Unix sockets and the shared scratch.
 //! - **mount**: the whole file system is made read-only (recursively), then
 //!   - `hidden` folders (the user's home, `/tmp`, `/dev/shm`, the workers' scratch root) are covered
 //!     by empty private tmpfs,
@@ -396,6 +399,36 @@ fn fail(step: &[u8]) -> io::Error {
     err
 }
 
+/// Bring the new network namespace's loopback device up (`ip link set lo up`, which also gives it
+/// 127.0.0.1). Signal-safe: one socket and two ioctls on a stack struct.
+fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket/ioctl/close on a zeroed `ifreq` owned by this frame.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(fail(b"socket (bringing the loopback up)"));
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        req.ifr_name[0] = b'l' as libc::c_char;
+        req.ifr_name[1] = b'o' as libc::c_char;
+        let mut r = libc::ioctl(fd, libc::SIOCGIFFLAGS as _, &mut req as *mut libc::ifreq);
+        if r >= 0 {
+            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+            r = libc::ioctl(fd, libc::SIOCSIFFLAGS as _, &req as *const libc::ifreq);
+        }
+        let saved = if r < 0 {
+            Some(fail(b"ioctl (bringing the loopback up)"))
+        } else {
+            None
+        };
+        libc::close(fd);
+        match saved {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
 fn check(r: libc::c_long, step: &[u8]) -> io::Result<()> {
     if r < 0 { Err(fail(step)) } else { Ok(()) }
 }
@@ -459,6 +492,7 @@ impl Prepared {
                 b"writing /proc/self/gid_map",
             )?;
             libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0, 0, 0);
+            loopback_up()?;
             check(
                 libc::mount(
                     std::ptr::null(),
