@@ -71,7 +71,7 @@ step_strict_hostile() { # issue 23: the second-generation hacks with real CUDA k
   for v in faithful strict strict-runtime; do
     local sets=(--set "eval.mode=${v%-runtime}")
     [ "$v" = strict-runtime ] && sets+=(--set eval.checks.introspection=warn --set eval.checks.thread_injection=warn \
-      --set eval.checks.timing_patch=warn --set eval.checks.stream_injection=warn)
+      --set eval.checks.timing_patch=warn --set eval.checks.stream_injection=warn --set eval.checks.code_bypass=warn)
     log "krefine eval $d (${sets[*]}) -> runs/strict-hostile-$v"
     $K eval "$d" --dataset .gpu/problems.jsonl --level 1 --out "runs/strict-hostile-$v" "${sets[@]}" \
       > "runs/strict-hostile-$v.txt" 2>&1
@@ -229,6 +229,19 @@ print("oom sweep verdicts:", dict(verdicts))
 print(f"out of memory: {len(oom)}")
 for t in oom:
     print("  ", *t)
+# A problem's reference preparation on the device (issue 24: <= 5 s with device-drawn inputs): its steps
+# prepared ahead (`reference_prepared`) and what its candidates' leases spent on reference work.
+prep = collections.defaultdict(float)
+for line in open(sys.argv[1]):
+    r = json.loads(line); e = r.get("event", {})
+    if e.get("type") == "reference_prepared":
+        prep[e["problem"]] += e["outcome"].get("duration_ms", 0) / 1000
+    elif e.get("type") == "executed":
+        ph = e["outcome"].get("phases", {})
+        prep[r["task"].rsplit("/", 1)[0]] += ph.get("reference_s", 0) + ph.get("ref_timing_s", 0)
+slow = sorted(((s, p) for p, s in prep.items()), reverse=True)
+print(f"reference preparation per problem: {len(prep)} problems, median {sorted(prep.values())[len(prep) // 2]:.2f} s, "
+      f"over 5 s: {sum(s > 5 for s, _ in slow)}; slowest:", ", ".join(f"{p} {s:.1f} s" for s, p in slow[:8]))
 PY
   gzip -c runs/oom-sweep/events.jsonl > "$OUT/oom-sweep-events.jsonl.gz"
 }
