@@ -203,10 +203,11 @@ step_parity() { # issues 23/24: faithful-mode parity, re-run. The same kernels (
 }
 step_oom_sweep() { # issue 24: every level-1 problem's reference-equivalent candidate (no build) through
   # `krefine eval` with resources.prepare_ahead at its default; counts any out-of-memory and says whose.
-  # OOM_SETS: extra --set arguments (default: device-drawn inputs, so the sweep fits one call).
+  # OOM_SETS: extra --set arguments (default: device-drawn inputs, so the sweep fits one call);
+  # OOM_PROBLEMS: a comma-separated subset of the problems (default all 100).
   local gen=runs/l1-refeq-all
   rm -rf "$gen"
-  python3 bench/gpu/throughput_batch.py "$DATA" "$gen" --problems "$(seq -s, 1 100)" --samples 0 >> "$S"
+  python3 bench/gpu/throughput_batch.py "$DATA" "$gen" --problems "${OOM_PROBLEMS:-$(seq -s, 1 100)}" --samples 0 >> "$S"
   log "oom sweep: krefine eval of $(ls "$gen" | wc -l) candidates ${OOM_SETS:---set eval.inputs=\"device\"}"
   local t0; t0=$(date +%s%N)
   # shellcheck disable=SC2086
