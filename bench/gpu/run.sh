@@ -241,7 +241,8 @@ for line in open(sys.argv[1]):
         ph = e["outcome"].get("phases", {})
         prep[r["task"].rsplit("/", 1)[0]] += ph.get("reference_s", 0) + ph.get("ref_timing_s", 0)
 slow = sorted(((s, p) for p, s in prep.items()), reverse=True)
-print(f"reference preparation per problem: {len(prep)} problems, median {sorted(prep.values())[len(prep) // 2]:.2f} s, "
+median = sorted(prep.values())[len(prep) // 2] if prep else 0.0
+print(f"reference preparation per problem: {len(prep)} problems, median {median:.2f} s, "
       f"over 5 s: {sum(s > 5 for s, _ in slow)}; slowest:", ", ".join(f"{p} {s:.1f} s" for s, p in slow[:8]))
 PY
   gzip -c runs/oom-sweep/events.jsonl > "$OUT/oom-sweep-events.jsonl.gz"
