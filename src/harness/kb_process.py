@@ -4,7 +4,7 @@ evaluate or re-time, strict mode's reference timing, or kb_profile's profile) in
 reports, and exits.
 
 The worker side of the same pipe (answering the process's requests for reference data) is
-kb_candidate's `serve_reference`; the worker's pool of these processes is kb_eval's `Worker`.
+kb_candidate's `serve_reference`; the worker's pool of these processes is kb_pool's `Worker`.
 """
 
 from __future__ import annotations

@@ -205,7 +205,7 @@ class ProblemContext:
         self.trials: dict[int, list[TrialEntry | None]] = {}
         self.timing_inputs_cache: list[Any] | None = None
         self.timing_fingerprint: list[Any] | None = None
-        # The strict timing session of the candidate being timed (kb_strict.StrictSession; kb_eval sets
+        # The strict timing session of the candidate being timed (kb_strict.StrictSession; kb_pool sets
         # and clears it). Typed Any: kb_strict sits above this module.
         self.strict_session: Any = None
         # Raw get_inputs() results made ahead (in parallel) by prepare, per seed; used once.
@@ -485,7 +485,7 @@ class ProblemContext:
         self.counts["strict_checks"] += 1
         return output
 
-    # The strict session of the candidate being timed (kb_strict.StrictSession, set by kb_eval); a
+    # The strict session of the candidate being timed (kb_strict.StrictSession, set by kb_pool); a
     # candidate run in this process (unit tests) reaches it through these methods, one in its own
     # process through the pipe (kb_candidate.serve_reference).
 

@@ -20,7 +20,7 @@ checked, and if so runs the reference on the pristine inputs and compares, here,
 The correctness trials follow the same rule in strict mode: the candidate gets a trial's inputs and only
 the shapes and dtypes of its expected output (`trial`), returns its output here, and the comparison
 (KernelBench's, kb_correctness.compare_trial) runs here (`compare_trial`), which also counts the trials
-that passed, so a result claiming more is refused (kb_eval).
+that passed, so a result claiming more is refused (kb_pool).
 
 The session also keeps the worker's own clock on the timed calls (`observed_ms`: from handing call i's
 inputs over to receiving call i's output), which the candidate's process cannot touch; kb_eval holds a
@@ -160,11 +160,11 @@ class StrictSession:
         self._expected: dict[int, Any] = {}
         self._next = 0
         # Counts for tests and logs: calls handed inputs, calls checked; and checks that found a problem
-        # (kb_eval holds a result to them: a timed call that failed here fails the candidate).
+        # (kb_pool holds a result to them: a timed call that failed here fails the candidate).
         self.calls = 0
         self.checked = 0
         self.problems = 0
-        # Correctness trials the worker compared and found correct (kb_eval holds a result to it).
+        # Correctness trials the worker compared and found correct (kb_pool holds a result to it).
         self.trials_passed = 0
         # The worker's own clock (kb_eval's worker-clock check): when each timed call's inputs were
         # handed over, and per call the span from then to its output coming back (ms), on this side

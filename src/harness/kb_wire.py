@@ -9,7 +9,7 @@ whose `find_class` resolves only the globals the legitimate messages need (`ALLO
 rebuild (outputs on the GPU), the tensor, storage, size, device and dtype types it takes, and
 kb_strict's `HostTensor` (outputs on the CPU, as bytes). Containers, strings, numbers and bytes need no
 global. Anything else, or a message that fails to load, is a `ForbiddenMessage`; the worker then ends
-the process and fails the candidate (kb_eval).
+the process and fails the candidate (kb_pool).
 
 The other direction (the worker's replies, the job) is written by the worker and read by the candidate:
 nothing to guard there.

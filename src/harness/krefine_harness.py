@@ -17,7 +17,8 @@ the floors or along one, never up, and never in a circle. From the top:
 
     protocol   krefine_harness (this file: the serve loop) > kb_protocol (message shapes);
                kb_bench (`krefine bench compile`'s driver, a script)
-    eval       kb_prepare (`op: prepare`) > kb_eval (`op: evaluate`, the worker's candidate processes)
+    eval       kb_prepare (`op: prepare`) > kb_eval (`op: evaluate`: the reference's timing, the speedup
+               guard, the response) > kb_pool (the worker's candidate processes, one job run in one)
     process    kb_process (the single-use candidate process: warm-up, one job, exit)
     profile    kb_profile (`op: profile`: torch.profiler table, ncu run)
     candidate  kb_candidate (load, check and time one candidate; the reference over a pipe)
@@ -315,9 +316,9 @@ class Server:
             with self.reference_progress(request["id"]):
                 return kb_eval.evaluate(request, self.worker)
         if op == "profile":
-            import kb_eval
+            import kb_pool
 
-            return kb_eval.profile_isolated(request, self.worker, self.scratch)
+            return kb_pool.profile_isolated(request, self.worker, self.scratch)
         if self._pch is not None:
             self._pch.stop()
         return {"id": request["id"], "ok": True, "kind": "shutdown"}

@@ -13,7 +13,7 @@ use super::WorkerError;
 pub const HARNESS_ENTRY: &str = "krefine_harness.py";
 
 /// Every harness file: (file name, content): the Python modules and the native timer's C++ source.
-pub const HARNESS_FILES: [(&str, &str); 27] = [
+pub const HARNESS_FILES: [(&str, &str); 28] = [
     (
         "krefine_harness.py",
         include_str!("../harness/krefine_harness.py"),
@@ -21,6 +21,7 @@ pub const HARNESS_FILES: [(&str, &str); 27] = [
     ("kb_protocol.py", include_str!("../harness/kb_protocol.py")),
     ("kb_compile.py", include_str!("../harness/kb_compile.py")),
     ("kb_eval.py", include_str!("../harness/kb_eval.py")),
+    ("kb_pool.py", include_str!("../harness/kb_pool.py")),
     (
         "kb_reference.py",
         include_str!("../harness/kb_reference.py"),

@@ -9,8 +9,10 @@
 //! - `session`: signalling a worker's whole session; `budget`: a request's two clocks;
 //!   `spawn_spec`: how to start one worker and its scrubbed environment; `worker_log`: the worker
 //!   log, its per-request cap and its tail.
+//! - `sandbox_enter`: entering the namespaces between `fork` and `exec` (the id maps, the mounts,
+//!   PID 1 and the supervisor left outside it).
 //! - [`sandbox`]: the namespaces every worker runs in (no other process, no network, a read-only
-//!   file system view with its own scratch writable).
+//!   file system view with its own scratch writable): the spec, its preparation, the probe.
 //! - [`process`]: one worker process: own process group, `ready`, requests under a deadline, kill,
 //!   reap (re-exports the pieces above where callers have always found them).
 //! - `loss`: lost workers (remote launchers), when to give up retrying.
@@ -49,6 +51,7 @@ pub mod protocol;
 pub mod python;
 mod reference;
 pub mod sandbox;
+mod sandbox_enter;
 mod sandbox_spec;
 mod session;
 mod settings;
