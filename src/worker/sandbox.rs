@@ -6,10 +6,7 @@
 //!
 //! - **PID**: the worker is PID 1 of its own namespace and sees no other process, so it can neither
 //!   read another process's `/proc/*/environ` nor signal the orchestrator.
-//! - **network**: a namespace with only a loopback device: no connection anywhere outside it. The
-//!   loopback is brought up, since Nsight Compute (`eval.profiler = "ncu"`) talks to the process it
-//!   profiles over a local port; it reaches only processes in this same namespace (the worker and
-//!   its children), which could already talk through abstract Unix sockets and the shared scratch.
+//! - **network**: a namespace with only a loopback device, left down: no connection anywhere.
 //! - **mount**: the whole file system is made read-only (recursively), then
 //!   - `hidden` folders (the user's home, `/tmp`, `/dev/shm`, the workers' scratch root) are covered
 //!     by empty private tmpfs,

@@ -3,7 +3,7 @@
 //!
 //! [`Prepared`] holds what [`SandboxSpec::prepare`](super::sandbox::SandboxSpec::prepare) built before
 //! the fork (C strings, the ordered mount operations); [`Prepared::enter`] unshares the namespaces,
-//! writes the id maps, brings the loopback up, makes the file system read-only, hides, binds and
+//! writes the id maps, makes the file system read-only, hides, binds and
 //! overlays, forks PID 1 and leaves the first process supervising it. Only async-signal-safe raw
 //! system calls on that prepared data, never an allocation; a failing step writes one line naming
 //! itself and the errno to fd 2 (the worker log). What the sandbox confines, and why, is
@@ -115,36 +115,6 @@ fn fail(step: &[u8]) -> io::Error {
     err
 }
 
-/// Bring the new network namespace's loopback device up (`ip link set lo up`, which also gives it
-/// 127.0.0.1). Signal-safe: one socket and two ioctls on a stack struct.
-fn loopback_up() -> io::Result<()> {
-    // SAFETY: socket/ioctl/close on a zeroed `ifreq` owned by this frame.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(fail(b"socket (bringing the loopback up)"));
-        }
-        let mut req: libc::ifreq = std::mem::zeroed();
-        req.ifr_name[0] = b'l' as libc::c_char;
-        req.ifr_name[1] = b'o' as libc::c_char;
-        let mut r = libc::ioctl(fd, libc::SIOCGIFFLAGS as _, &mut req as *mut libc::ifreq);
-        if r >= 0 {
-            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-            r = libc::ioctl(fd, libc::SIOCSIFFLAGS as _, &req as *const libc::ifreq);
-        }
-        let saved = if r < 0 {
-            Some(fail(b"ioctl (bringing the loopback up)"))
-        } else {
-            None
-        };
-        libc::close(fd);
-        match saved {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-}
-
 fn check(r: libc::c_long, step: &[u8]) -> io::Result<()> {
     if r < 0 { Err(fail(step)) } else { Ok(()) }
 }
@@ -208,7 +178,6 @@ impl Prepared {
                 b"writing /proc/self/gid_map",
             )?;
             libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0, 0, 0);
-            loopback_up()?;
             check(
                 libc::mount(
                     std::ptr::null(),
