@@ -27,7 +27,7 @@ import kb_timing
 import kb_wire
 from kb_correctness import Verdict
 from kb_process import BadFork, CandidateProcess, ChildDied
-from kb_reference import ProblemContext, ReferenceCache, tolerance
+from kb_reference import ProblemContext, ReferenceCache, select_device, tolerance
 
 # A candidate process still alive this long after its result is killed (it should exit at once).
 RETIRED_GRACE_S = 5.0
@@ -247,18 +247,26 @@ def profile_isolated(request: dict[str, Any], worker: Worker, scratch: str) -> d
     if not worker.isolate:
         return kb_profile.profile(request, worker.references, scratch)
     process, _ = worker.take_process(request["device"])
+    # ncu is started from here, not from the confined candidate process: its injection needs, while
+    # CUDA initialises in the profiled process, writes the confinement refuses; that process confines
+    # itself once CUDA is up (kb_profile.ncu_target).
     job = {
         "kind": "profile",
-        "request": request,
+        "request": {**request, "ncu_from_worker": True},
         "build_dir": request["candidate"]["build_dir"],
         "settings": kb_candidate.settings_snapshot(),
     }
     try:
         # A profile asks for no reference data.
-        return process.run(job, None)  # type: ignore[arg-type]
+        result: dict[str, Any] = process.run(job, None)  # type: ignore[arg-type]
     except ChildDied as died:
         worker.close()
         worker.on_child_death(died)
         raise
     finally:
         worker.warm_spares(request["device"])
+    if result.get("status") == "ok" and kb_profile.profiler_of(request) != "torch":
+        started = time.perf_counter()
+        kb_profile.add_ncu(result, request, select_device(request), scratch)
+        result["duration_s"] = round(result.get("duration_s", 0.0) + time.perf_counter() - started, 6)
+    return result

@@ -19,6 +19,7 @@ import torch
 import kb_compile
 import kb_feedback
 import kb_ncu
+import kb_sandbox
 from kb_candidate import construct_candidate
 from kb_correctness import is_out_of_memory, sticky_error
 from kb_feedback import CANDIDATE_ERRORS
@@ -130,9 +131,8 @@ def _profile_into(
         profiler = profiler_of(request)
         if profiler == "ncu":
             result["table"] = ""
-        if profiler != "torch":
-            result["ncu"], result["note"], section = ncu_feedback(request, device, scratch)
-            result["table"] = "\n\n".join(part for part in (result["table"], section) if part)
+        if profiler != "torch" and not request.get("ncu_from_worker"):
+            add_ncu(result, request, device, scratch)
     finally:
         kb_compile.unload_candidate(loaded)
         if not result["sticky"]:
@@ -184,18 +184,30 @@ def run_ncu_raw(request: dict[str, Any], device: torch.device, scratch: str) -> 
         exe,
         "--profile-from-start", "off",
         "--clock-control", "none",
+        # Only the forward's process: loading a candidate runs ninja, which must not carry ncu's
+        # injection under the confinement (it fails there, and the load with it).
+        "--target-processes", "application-only",
         "--metrics", ",".join(metrics),
         "--csv", "--page", "raw", "--print-units", "base",
         sys.executable, script_path,
     ]  # fmt: skip
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S, check=False)
+        # ncu's lock folder ($TMPDIR/nvidia/nsight_compute) must be writable by the profiled process,
+        # which may write only in its own folder once confined.
+        env = {**os.environ, "TMPDIR": os.path.dirname(script_path)}
+        done = subprocess.run(command, capture_output=True, text=True, timeout=NCU_TIMEOUT_S, check=False, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"ncu did not finish: {exc}"
     if done.returncode != 0:
         tail = kb_feedback.clip((done.stdout + done.stderr).strip()[-1500:], 1500)
         return None, f"ncu exited with status {done.returncode}: {tail}"
     return done.stdout, None
+
+
+def add_ncu(result: dict[str, Any], request: dict[str, Any], device: torch.device, scratch: str) -> None:
+    """Run ncu on the request's candidate and add its section after the torch table (if any)."""
+    result["ncu"], result["note"], section = ncu_feedback(request, device, scratch)
+    result["table"] = "\n\n".join(part for part in (result["table"], section) if part)
 
 
 def ncu_feedback(
@@ -247,6 +259,13 @@ def ncu_target(job_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
     device = torch.device(job["device"])
     torch.cuda.set_device(device)
+    # The candidate's confinement (kb_sandbox), applied once CUDA is up and before any candidate code
+    # is imported: ncu's injection writes under /proc while CUDA initialises, which the confinement
+    # refuses (seen on the H200: cudaGetDeviceCount error 304 in every confined variant).
+    torch.zeros(1, device=device)
+    torch.cuda.synchronize(device)
+    folder = os.path.dirname(job_path)
+    kb_sandbox.enter_candidate(folder, [job["build_dir"], folder])
     ctx = ReferenceCache().context(job["code"], device, job["precision"], "faithful", 42)
     if ctx.error is not None:
         raise ctx.error.exc
