@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 import kb_timing
@@ -56,3 +57,19 @@ def test_time_callable_dispatches_on_device_and_reads_the_request_fields() -> No
     assert len(times) == 5 and count[0] == 2 + 5 + 2
     assert kb_timing.timing_method(torch.device("cpu")) == "cpu_perf_counter"
     assert kb_timing.timing_method(torch.device("cuda", 0)) == "cuda_event"
+
+
+def test_a_patched_perf_counter_never_reaches_the_cpu_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the integrity fixture timer_patch.py does at import: the loop must keep the clock it captured.
+    import time
+
+    calls: list[int] = []
+
+    def patched() -> float:
+        calls.append(1)
+        return 0.0
+
+    monkeypatch.setattr(time, "perf_counter", patched)
+    times = kb_timing.time_cpu(lambda: None, (), warmup=1, trials=3, discard_first=1)
+    assert len(times) == 3 and calls == []
+    assert kb_timing.patched_functions() == ["time.perf_counter"]
