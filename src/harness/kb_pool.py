@@ -162,12 +162,7 @@ def _hold_to_compared_trials(verdict: Verdict, passed: int, trials: int) -> None
     if passed == trials:
         return
     message = f"the candidate's process reported it correct, but {passed} of {trials} trials passed the worker's comparison"
-    verdict.status, verdict.correctness = "incorrect", False
-    verdict.runtime_stats = {}
-    verdict.metadata["correctness_issue"] = message
-    verdict.metadata["correctness_issue_name"] = "forged_result"
-    verdict.findings.append({"category": "forged_result", "severity": "error", "message": message})
-    verdict.feedback.append(f"Integrity check failed (strict mode): {message}.")
+    kb_strict.refuse_forged(verdict, message)
 
 
 def _hold_to_timed_checks(verdict: Verdict, session: kb_strict.StrictSession, timing: dict[str, Any]) -> None:
@@ -182,12 +177,7 @@ def _hold_to_timed_checks(verdict: Verdict, session: kb_strict.StrictSession, ti
         message = f"the candidate's process reported it correct and timed, but {session.problems} of the worker's checks of its timed calls failed"
     else:
         message = f"the candidate's process reported {timed} timed calls, but the worker handed out inputs for {session.calls}"
-    verdict.status, verdict.correctness = "incorrect", False
-    verdict.runtime_stats = {}
-    verdict.metadata["correctness_issue"] = message
-    verdict.metadata["correctness_issue_name"] = "forged_result"
-    verdict.findings.append({"category": "forged_result", "severity": "error", "message": message})
-    verdict.feedback.append(f"Integrity check failed (strict mode): {message}.")
+    kb_strict.refuse_forged(verdict, message)
 
 
 def run_candidate(

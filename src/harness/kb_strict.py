@@ -327,6 +327,11 @@ def hold_to_worker_clock(verdict: Verdict, strict_ref: StrictReference | None) -
         f"clock saw {observed:.4f} ms per call (the mean of its shortest spans) from handing the inputs over "
         f"to receiving the output (serving allows at most {allowance:.4f} ms of that)"
     )
+    refuse_forged(verdict, message)
+
+
+def refuse_forged(verdict: Verdict, message: str) -> None:
+    """Strict mode: a result the harness's own loop and checks did not produce is incorrect, untimed."""
     verdict.status, verdict.correctness = "incorrect", False
     verdict.runtime_stats = {}
     verdict.metadata["correctness_issue"] = message
