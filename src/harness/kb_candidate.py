@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -556,15 +557,25 @@ class RemoteReference:
         return result
 
 
-def serve_reference(conn: Any, ctx: kb_reference.ProblemContext) -> dict[str, Any]:
+# The requests a candidate process makes right before a timed loop (faithful timing, strict timing).
+TIMING_REQUESTS = ("timing_inputs", "strict_warmup")
+
+
+def serve_reference(
+    conn: Any, ctx: kb_reference.ProblemContext, before_timing: Callable[[], None] | None = None
+) -> dict[str, Any]:
     """In the worker: answer the candidate process's requests for reference data until it sends its
     result. Raises EOFError when the process died, kb_wire.ForbiddenMessage when it wrote anything
-    but a harness message (messages are read with kb_wire's unpickler, never `conn.recv`)."""
+    but a harness message (messages are read with kb_wire's unpickler, never `conn.recv`).
+    `before_timing` (the worker's Worker.settle_spares) runs before answering a request that starts a
+    timed loop, so nothing of the worker's is still starting on the device while the loop runs."""
     while True:
         message = kb_wire.recv(conn)
         if type(message) is not tuple or not message or type(message[0]) is not str:
             raise kb_wire.ForbiddenMessage(f"a {type(message).__name__} instead of a request")
         op = message[0]
+        if before_timing is not None and op in TIMING_REQUESTS:
+            before_timing()
         if op == "result":
             if len(message) != 2 or type(message[1]) is not dict:
                 raise kb_wire.ForbiddenMessage("a result that is not a verdict")

@@ -364,6 +364,7 @@ def reference_timing(verdict: Verdict, request: dict[str, Any], worker: Worker, 
             stats, strict_ref = time_strict_reference(request, worker, ctx, inputs_key, every=False)
             worker.strict_references[key] = strict_ref
         else:
+            worker.settle_spares()  # nothing starting on the device while the reference is timed here
             stats = kb_timing.runtime_stats(time_reference(ctx, request["timing"], worker.flusher, inputs_key))
     except CANDIDATE_ERRORS as exc:
         verdict.feedback.append(f"(The reference could not be timed: {kb_feedback.exception_line(exc)})")
@@ -415,6 +416,7 @@ def time_strict_reference(
         return dict(run.runtime_stats), kb_strict.StrictReference(where, regime, overhead)
     why = "; ".join(run.feedback[-1:]) or run.status
     print(f"krefine harness: strict reference timing in a process failed ({why}); timing it here", file=sys.stderr)
+    worker.settle_spares()
     times = time_reference(ctx, timing, worker.flusher, key)
     return kb_timing.runtime_stats(times), kb_strict.StrictReference(f"worker: {why}", regime, None)
 

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -160,12 +161,18 @@ class CandidateProcess:
             raise RuntimeError(f"candidate process sent {message[0]!r} instead of ready")
         self.ready = True
 
-    def run(self, job: dict[str, Any], ctx: kb_reference.ProblemContext) -> dict[str, Any]:
+    def run(
+        self,
+        job: dict[str, Any],
+        ctx: kb_reference.ProblemContext,
+        before_timing: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:
         """Send the job, serve the reference until the result comes, let the process go. A message
-        the harness does not send (kb_wire) ends the process at once and raises ForbiddenMessage."""
+        the harness does not send (kb_wire) ends the process at once and raises ForbiddenMessage.
+        `before_timing` runs before the requests that start a timed loop (kb_candidate.serve_reference)."""
         self.conn.send(job)
         try:
-            result = kb_candidate.serve_reference(self.conn, ctx)
+            result = kb_candidate.serve_reference(self.conn, ctx, before_timing)
         except (EOFError, OSError) as exc:
             self.process.join(10)
             raise ChildDied(self.process.exitcode) from exc
