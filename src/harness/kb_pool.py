@@ -90,10 +90,10 @@ class Worker:
 
     def settle_spares(self) -> None:
         """Wait until no spare is still starting. A starting process creates its CUDA context and its L2
-        flush buffer on the device; a call timed meanwhile shares the GPU with that work (seen on the
-        H200: the reference timed in the worker while the first spares started, and candidates timed
-        while the spare replacing the last one started, with single calls 1.7-4.4 ms over a 2.7 ms
-        median). Called before every timed loop; a spare that fails to start is dropped here."""
+        flush buffer on the device; a call timed meanwhile shares the GPU with that work (on the H200,
+        timed loops that could overlap a starting spare had single calls 2-4.5 ms over a 2.8 ms median;
+        not yet measured with this wait). Called before every timed loop; a spare that fails to start is
+        dropped here."""
         for process in list(self.spares):
             try:
                 process.wait_ready()
