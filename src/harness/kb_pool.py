@@ -36,6 +36,8 @@ RETIRED_GRACE_S = 5.0
 # 0.8 s, so back-to-back candidates rarely wait. On the CPU one, started after a result so that warming
 # never competes with a candidate being timed on the same cores.
 SPARES = {"cuda": 3, "cpu": 1}
+# How long settle_spares waits for one spare to finish starting (a CUDA context takes well under a second).
+SPARE_START_TIMEOUT_S = 60.0
 
 
 class Worker:
@@ -95,6 +97,12 @@ class Worker:
         not yet measured with this wait). Called before every timed loop; a spare that fails to start is
         dropped here."""
         for process in list(self.spares):
+            if not process.ready and not process.conn.poll(SPARE_START_TIMEOUT_S):
+                # A spare that hangs while starting is dropped, not waited for: the loop it would stall
+                # is a candidate's, whose timeout it must not become.
+                self.spares.remove(process)
+                process.kill()
+                continue
             try:
                 process.wait_ready()
             except BadFork:

@@ -5,6 +5,7 @@ compares durations: what is asserted is which spares the worker waited for befor
 
 from __future__ import annotations
 
+import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,27 @@ def test_spares_started_after_a_candidate_are_ready_before_the_next_is_timed(
         assert pending[1].ready
     finally:
         worker.close()
+
+
+def test_a_spare_that_never_finishes_starting_is_dropped_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kb_pool, "SPARE_START_TIMEOUT_S", 0.2)
+    worker = kb_eval.Worker(isolate=True)
+    parent, child = multiprocessing.Pipe()  # its "ready" never comes
+
+    class Stuck:
+        ready = False
+        conn = parent
+        killed = False
+
+        def kill(self) -> None:
+            self.killed = True
+
+        def wait_ready(self) -> None:
+            raise AssertionError("waited for a spare that never finished starting")
+
+    stuck = Stuck()
+    worker.spares.append(stuck)  # type: ignore[arg-type]
+    worker.settle_spares()
+    assert worker.spares == [] and stuck.killed
+    child.close()
+    worker.close()
