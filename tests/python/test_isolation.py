@@ -121,11 +121,8 @@ def test_three_turns_timer_patch_honest_memoise(worker: IsolatedWorker, mode: st
     else:
         assert patched["status"] == "correct"
         assert "timing_patch" in categories(patched, "warning")
-        # Patched, every interval would look 100x shorter. Not an absolute bound (the excessive flag): the
-        # reference is timed once and cached, so on a loaded machine the honest turns can be flagged too;
-        # compared with the honest turns of this same worker, a patch that reached the timer stands out.
-        # (That the loop keeps its captured clock is asserted exactly in test_timing.)
-        assert patched["speedup"] < 10 * max(alone["speedup"], honest["speedup"]), (patched, alone, honest)
+        # That the patch never reaches the timer (the loop keeps the clock it captured) is asserted
+        # exactly in test_timing; speeds are not compared here.
     # The memoising turn: KernelBench's loop cannot see it (faithful: correct, as KernelBench judges it;
     # its speedup is only flagged when above the bound). Strict timing gives every call fresh inputs and
     # checks the outputs, so it fails and no speedup is credited.
