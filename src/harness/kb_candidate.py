@@ -562,20 +562,30 @@ TIMING_REQUESTS = ("timing_inputs", "strict_warmup")
 
 
 def serve_reference(
-    conn: Any, ctx: kb_reference.ProblemContext, before_timing: Callable[[], None] | None = None
+    conn: Any,
+    ctx: kb_reference.ProblemContext,
+    before_timing: Callable[[], None] | None = None,
+    between: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """In the worker: answer the candidate process's requests for reference data until it sends its
     result. Raises EOFError when the process died, kb_wire.ForbiddenMessage when it wrote anything
     but a harness message (messages are read with kb_wire's unpickler, never `conn.recv`).
     `before_timing` (the worker's Worker.settle_spares) runs before answering a request that starts a
-    timed loop, so nothing of the worker's is still starting on the device while the loop runs."""
+    timed loop, so nothing of the worker's is still starting on the device while the loop runs;
+    `between` (Worker.grant_spares) before answering any request until then. After the first timed
+    loop starts, everything up to the result (more timed loops, faithful mode's probes, which compare
+    times too) counts as timed."""
+    timing = False
     while True:
         message = kb_wire.recv(conn)
         if type(message) is not tuple or not message or type(message[0]) is not str:
             raise kb_wire.ForbiddenMessage(f"a {type(message).__name__} instead of a request")
         op = message[0]
+        timing = timing or op in TIMING_REQUESTS
         if before_timing is not None and op in TIMING_REQUESTS:
             before_timing()
+        elif between is not None and not timing:
+            between()
         if op == "result":
             if len(message) != 2 or type(message[1]) is not dict:
                 raise kb_wire.ForbiddenMessage("a result that is not a verdict")

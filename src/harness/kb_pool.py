@@ -32,11 +32,11 @@ from kb_reference import ProblemContext, ReferenceCache, select_device, toleranc
 # A candidate process still alive this long after its result is killed (it should exit at once).
 RETIRED_GRACE_S = 5.0
 # Warm candidate processes kept per device. On a GPU three, and a replacement starts warming as soon
-# as one is taken: a forked process needs 2-4 s for its CUDA context on the H100, a candidate about
-# 0.8 s, so back-to-back candidates rarely wait. On the CPU one, started after a result so that warming
-# never competes with a candidate being timed on the same cores.
+# as one is taken: a forked process needs about 0.4 s for its CPU step and 0.2-0.5 s for its CUDA
+# context on the H200, a candidate about 0.8 s, so back-to-back candidates rarely wait. On the CPU one,
+# started after a result so that warming never competes with a candidate being timed on the same cores.
 SPARES = {"cuda": 3, "cpu": 1}
-# How long settle_spares waits for one spare to finish starting (a CUDA context takes well under a second).
+# How long settle_spares waits for one spare's device step (a CUDA context takes well under a second).
 SPARE_START_TIMEOUT_S = 60.0
 
 
@@ -56,6 +56,7 @@ class Worker:
         # A candidate process that died: by default the worker ends the same way (see ChildDied).
         self.on_child_death = ChildDied.reproduce
         self.processes_started = 0
+        self.warned_preload = False
         # How candidate processes start: forked from a torch-preloaded server, or spawned (fallback).
         self.start_method = "forkserver"
         multiprocessing.util.Finalize(self, _kill_all, args=(self.spares,), exitpriority=10)
@@ -65,15 +66,14 @@ class Worker:
         """A warm candidate process for `device` and how long we waited for it to be ready."""
         self.reap()
         started = time.perf_counter()
+        self.grant_spares()  # nothing is timed between jobs: every spare that asked may take its device step
         while self.spares and (self.spares[0].device != device or not self.spares[0].process.is_alive()):
             self.spares.pop(0).kill()
         process = self.spares.pop(0) if self.spares else self._start(device)
         try:
             process.wait_ready()
         except BadFork:
-            print("krefine harness: forked candidate processes cannot use CUDA; spawning them", file=sys.stderr)
-            self.start_method = "spawn"
-            _kill_all(self.spares)
+            self._forks_cannot_use_cuda()
             process = self._start(device)
             process.wait_ready()
         self.retired.append(process)
@@ -90,14 +90,37 @@ class Worker:
                 process.kill()
                 self.retired.remove(process)
 
-    def settle_spares(self) -> None:
-        """Wait until no spare is still starting. A starting process creates its CUDA context and its L2
-        flush buffer on the device; a call timed meanwhile shares the GPU with that work (on the H200,
-        timed loops that could overlap a starting spare had single calls 2-4.5 ms over a 2.8 ms median;
-        not yet measured with this wait). Called before every timed loop; a spare that fails to start is
-        dropped here."""
+    def grant_spares(self) -> None:
+        """Let every spare that has finished its CPU step take its device step (kb_process's module
+        doc). Called only where nothing is timed: between jobs, and while a job loads and is checked."""
         for process in list(self.spares):
-            if not process.ready and not process.conn.poll(SPARE_START_TIMEOUT_S):
+            try:
+                process.grant()
+            except BadFork:
+                self._forks_cannot_use_cuda()
+                return
+            except (ChildDied, RuntimeError):
+                self.spares.remove(process)
+                process.kill()
+                continue
+            if process.preloaded is False and self.start_method == "forkserver" and not self.warned_preload:
+                self.warned_preload = True
+                print(
+                    "krefine harness: candidate processes import torch themselves (the forkserver did not "
+                    "preload the harness); each starts seconds slower",
+                    file=sys.stderr,
+                )
+
+    def settle_spares(self) -> None:
+        """Before every timed loop: wait until no spare is in its device step. A process creating its
+        CUDA context slows calls timed meanwhile on the same GPU (on the H200, about one in five by
+        0.3-1.5 ms); spares still in their CPU step are left alone, as they take their device step only
+        when granted, and no grant is given until the timed job's result is in. A spare that does not
+        finish its device step in SPARE_START_TIMEOUT_S is dropped."""
+        for process in list(self.spares):
+            if process.state != "granted":
+                continue
+            if not process.conn.poll(SPARE_START_TIMEOUT_S):
                 # A spare that hangs while starting is dropped, not waited for: the loop it would stall
                 # is a candidate's, whose timeout it must not become.
                 self.spares.remove(process)
@@ -106,12 +129,16 @@ class Worker:
             try:
                 process.wait_ready()
             except BadFork:
-                self.start_method = "spawn"
-                _kill_all(self.spares)
+                self._forks_cannot_use_cuda()
                 return
             except (ChildDied, RuntimeError):
                 self.spares.remove(process)
                 process.kill()
+
+    def _forks_cannot_use_cuda(self) -> None:
+        print("krefine harness: forked candidate processes cannot use CUDA; spawning them", file=sys.stderr)
+        self.start_method = "spawn"
+        _kill_all(self.spares)
 
     def warm_spares(self, device: str) -> None:
         if not self.isolate:
@@ -119,6 +146,7 @@ class Worker:
         wanted = SPARES["cuda" if device.startswith("cuda") else "cpu"]
         while len(self.spares) < wanted:
             self.spares.append(self._start(device))
+        self.grant_spares()
 
     def _start(self, device: str) -> CandidateProcess:
         self.processes_started += 1
@@ -144,11 +172,12 @@ def _run_in_process_or_here(worker: Worker, job: dict[str, Any], ctx: ProblemCon
         return run(job, ctx, worker.flusher, pinned), 0.0
     process, waited = worker.take_process(job["device"])
     if job["device"].startswith("cuda"):
-        # The replacement starts now and warms while this job loads and checks; before the job's timed
-        # loop, settle_spares waits until it is ready, so timing never competes with a starting process.
+        # The replacement starts its CPU step now; its device step is granted while this job loads and
+        # is checked, or after its result, never while it is timed (settle_spares, grant_spares).
         worker.warm_spares(job["device"])
     try:
-        wire = process.run(job, ctx, before_timing=worker.settle_spares)
+        wire = process.run(job, ctx, between=worker.grant_spares, before_timing=worker.settle_spares)
+        worker.grant_spares()
         try:
             return kb_candidate.verdict_from_wire(wire), waited
         except (KeyError, TypeError, ValueError) as exc:

@@ -1,7 +1,13 @@
 """The single-use candidate process: started ahead of need by the worker (`CandidateProcess`), it warms
-up (device context, thread pools, torch's extension module), waits for one job, runs it (kb_candidate's
-evaluate or re-time, strict mode's reference timing, or kb_profile's profile) inside the sandbox,
-reports, and exits.
+up (thread pools, torch's extension module, then, once the worker allows it, its device context), waits
+for one job, runs it (kb_candidate's evaluate or re-time, strict mode's reference timing, or
+kb_profile's profile) inside the sandbox, reports, and exits.
+
+Starting up is two steps because only the second touches the GPU: creating a CUDA context slows calls
+timed meanwhile on the same device (on the H200, about one call in five by 0.3-1.5 ms for the 0.2-0.5 s
+it takes), while the CPU step does not measurably. So a process does its CPU step at once, then asks
+(`device?`) and waits until the worker grants it (`device`), which the worker does only while nothing
+is being timed (kb_pool's Worker.grant_spares and settle_spares).
 
 The worker side of the same pipe (answering the process's requests for reference data) is
 kb_candidate's `serve_reference`; the worker's pool of these processes is kb_pool's `Worker`.
@@ -13,6 +19,7 @@ import contextlib
 import ctypes
 import gc
 import importlib
+import json
 import os
 import signal
 import sys
@@ -31,6 +38,28 @@ import kb_timing
 import kb_wire
 
 HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
+# The process this module was imported in: a candidate process whose pid differs had it preloaded by
+# the forkserver (see process_context).
+_IMPORTED_IN = os.getpid()
+# Set only while the forkserver starts: PYTHONPATH as it was before (JSON, null for unset).
+_FORKSERVER_ENV = "KREFINE_FORKSERVER_PYTHONPATH"
+
+
+def _restore_pythonpath() -> None:
+    """In the forkserver, which imports this module as a preload: put PYTHONPATH back as it was, so
+    that candidate processes (forked from the server, with its environment) and what they start do not
+    inherit the harness's folder on it."""
+    saved = os.environ.pop(_FORKSERVER_ENV, None)
+    if saved is None:
+        return
+    previous = json.loads(saved)
+    if previous is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = previous
+
+
+_restore_pythonpath()
 
 
 def _die_with_parent() -> None:
@@ -50,18 +79,21 @@ def child_main(conn: Any, device_name: str, harness_dir: str) -> None:
         conn.send(("bad_fork", os.getpid()))
         os._exit(0)
     device = kb_tensors.normalize_device(device_name)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        torch.empty(1, device=device)  # the CUDA context, before it is needed
-        torch.cuda.synchronize(device)
     # Start the CPU thread pool now, so its threads are not the candidate's "new native threads".
     torch.ones(256, 256) @ torch.ones(256, 256)
     torch.ones(1 << 17).add_(1)
     importlib.import_module("torch.utils.cpp_extension")  # slow to import; every candidate load needs it
     flusher = kb_timing.L2Flusher()
     try:
+        # The device step waits for the worker's grant (see the module doc).
+        conn.send(("device?", os.getpid(), _IMPORTED_IN != os.getpid()))
+        conn.recv()
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            torch.empty(1, device=device)  # the CUDA context, before it is needed
+            torch.cuda.synchronize(device)
         conn.send(("ready", os.getpid()))
-    except OSError:  # the worker let this spare go (shutdown, another device): nothing to report
+    except (EOFError, OSError):  # the worker let this spare go (shutdown, another device)
         os._exit(0)
     try:
         job = conn.recv()
@@ -121,8 +153,35 @@ def process_context(method: str) -> Any:
     context = torch_mp.get_context("forkserver")
     # Not torch.utils.cpp_extension: importing it marks later forks as unable to use CUDA (seen on the
     # H100 with torch 2.11); each candidate process imports it after the fork, while it is a spare.
-    context.set_forkserver_preload(["kb_candidate", "kb_profile", "kb_process", "kb_sandbox"])
+    context.set_forkserver_preload(PRELOAD)
+    _start_forkserver()
     return context
+
+
+# What the forkserver imports once, so that a candidate process forked from it starts without
+# importing torch (seconds) itself.
+PRELOAD = ["kb_candidate", "kb_profile", "kb_process", "kb_sandbox"]
+
+
+def _start_forkserver() -> None:
+    """Start the forkserver (if it is not running) with the harness's folder on PYTHONPATH. Before
+    CPython 3.12.8 and 3.13.1 (gh-117378) the server ignores the sys.path it is handed, so the preload
+    failed without a word and every candidate process imported torch itself: 2.8 s of a 3.5 s start on
+    the H200 (Python 3.12.3). The environment variable is the workaround CPython's fix names; the server
+    takes it back out as it preloads this module (_restore_pythonpath)."""
+    from multiprocessing import forkserver
+
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([HARNESS_DIR, *([previous] if previous else [])])
+    os.environ[_FORKSERVER_ENV] = json.dumps(previous)
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.environ.pop(_FORKSERVER_ENV, None)
+        if previous is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = previous
 
 
 class BadFork(Exception):
@@ -142,11 +201,17 @@ class CandidateProcess:
         self.finished: float | None = None
         self.process.start()
         child.close()
-        self.ready = False
+        # starting (its CPU step) -> asking (for the device step) -> granted -> ready
+        self.state = "starting"
+        # Whether the forkserver had preloaded the harness (known once it asks; see process_context).
+        self.preloaded: bool | None = None
 
-    def wait_ready(self) -> None:
-        if self.ready:
-            return
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def _receive(self) -> None:
+        """One start-up message: `device?` after the CPU step, `ready` after the device step."""
         try:
             message = kb_wire.recv(self.conn)
         except (EOFError, OSError) as exc:
@@ -157,22 +222,48 @@ class CandidateProcess:
         if message[0] == "bad_fork":
             self.process.join(5)
             raise BadFork()
-        if message[0] != "ready":
-            raise RuntimeError(f"candidate process sent {message[0]!r} instead of ready")
-        self.ready = True
+        expected = {"starting": "device?", "granted": "ready"}.get(self.state)
+        if message[0] != expected:
+            raise RuntimeError(f"candidate process sent {message[0]!r} instead of {expected}")
+        if expected == "device?":
+            self.state, self.preloaded = "asking", bool(message[2]) if len(message) > 2 else None
+        else:
+            self.state = "ready"
+
+    def grant(self) -> bool:
+        """Let the process take its device step if it has asked (without waiting for it); true if it
+        was granted now. Raises ChildDied, BadFork or RuntimeError for a process that failed to start."""
+        if self.state == "starting" and self.conn.poll(0):
+            self._receive()
+        if self.state != "asking":
+            return False
+        self.conn.send(("device",))
+        self.state = "granted"
+        return True
+
+    def wait_ready(self) -> None:
+        """Wait until the process is ready, granting its device step: call only while nothing is
+        being timed on its device."""
+        while self.state != "ready":
+            if self.state == "asking":
+                self.grant()
+            else:
+                self._receive()
 
     def run(
         self,
         job: dict[str, Any],
         ctx: kb_reference.ProblemContext,
+        between: Callable[[], None] | None = None,
         before_timing: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
         """Send the job, serve the reference until the result comes, let the process go. A message
         the harness does not send (kb_wire) ends the process at once and raises ForbiddenMessage.
-        `before_timing` runs before the requests that start a timed loop (kb_candidate.serve_reference)."""
+        `between` runs before each request until the job's first timed loop, `before_timing` before
+        the requests that start one (kb_candidate.serve_reference)."""
         self.conn.send(job)
         try:
-            result = kb_candidate.serve_reference(self.conn, ctx, before_timing)
+            result = kb_candidate.serve_reference(self.conn, ctx, before_timing, between)
         except (EOFError, OSError) as exc:
             self.process.join(10)
             raise ChildDied(self.process.exitcode) from exc
