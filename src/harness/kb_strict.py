@@ -247,14 +247,38 @@ class StrictSession:
 
 
 # The worker's clock on strict timed calls (`hold_to_worker_clock`): a timed result whose mean is below
-# the mean span the worker observed per timed call minus this allowance is refused. The allowance is
-# CLOCK_FACTOR times the serving overhead per call measured on the reference's own strict run (the same
-# regime, trusted code, so its overhead is what serving costs for this problem here), plus CLOCK_SLACK_MS,
-# plus CLOCK_SHARE of the observed span (a machine busier during the candidate's run than during the
-# reference's stretches the serving with everything else; on a shared CPU that was seen at 4x).
-CLOCK_FACTOR = 3.0
-CLOCK_SLACK_MS = 1.0
-CLOCK_SHARE = 0.1
+# the mean span the worker observed per timed call minus an allowance is refused. The allowance is
+# `factor` times the serving overhead per call measured on the reference's own strict run (the same
+# regime, trusted code, so its overhead is what serving costs for this problem here), plus `slack_ms`,
+# plus `share` of the observed span (a machine busier during the candidate's run than during the
+# reference's stretches the serving with everything else).
+
+
+@dataclass(frozen=True)
+class ClockBound:
+    factor: float
+    slack_ms: float
+    share: float
+
+    def allowance(self, overhead_ms: float, observed_ms: float) -> float:
+        return self.factor * overhead_ms + self.slack_ms + self.share * observed_ms
+
+
+# On the CPU (the candidate's work and the serving share the cores; on a shared CPU the serving was
+# seen stretched 4x): loose.
+CLOCK_CPU = ClockBound(factor=3.0, slack_ms=1.0, share=0.1)
+# On a GPU: the serving overhead measured 1.0-3.1 ms per call on the H200 for 50 honest strict results
+# of 16 level-1 problems, at most 1.09x the reference's own (with 16 CUDA builds running on the host
+# meanwhile), so this bound leaves every one of them at least 1.0 ms of margin. The CPU bound there came
+# to 5.4-12.5 ms, more than the whole span of any kernel under about 5 ms: it refused no time at all.
+CLOCK_CUDA = ClockBound(factor=1.5, slack_ms=0.25, share=0.02)
+
+
+def clock_bound(regime: dict[str, Any]) -> ClockBound:
+    """The bound for a strict regime (`strict_regime`): CLOCK_CUDA where the loop times CUDA events."""
+    return CLOCK_CUDA if str(regime.get("clock", "")).startswith("cuda") else CLOCK_CPU
+
+
 # The observed side is the mean of the shortest spans, the longest CLOCK_TRIM of them left out: a span
 # stretched by a moment of the machine's (the process descheduled between its forward and its reply)
 # is not the candidate's time, and leaving the longest spans out only ever eases the bound.
@@ -304,9 +328,9 @@ def hold_to_worker_clock(verdict: Verdict, strict_ref: StrictReference | None) -
     (inputs exist only from its start, the output must exist at its end), so an honest time never
     exceeds it and a replacement that computes every output but reports less than it took is bounded
     by it. The span also holds the serving (the pipe, the hand-overs, the fences, the L2 flush): the
-    allowance is CLOCK_FACTOR times that overhead as measured on the reference's strict run (the same
-    regime, trusted code) plus CLOCK_SLACK_MS per call plus CLOCK_SHARE of the observed span, compared
-    on means (what the speedup uses; the observed side without its longest spans, CLOCK_TRIM), so
+    allowance is a ClockBound (`clock_bound` of the reference's regime: tighter on a GPU than on the
+    CPU) of that overhead as measured on the reference's strict run (the same regime, trusted code) and
+    of the observed span, compared on means (what the speedup uses; the observed side without its longest spans, CLOCK_TRIM), so
     an honest candidate passes even where serving dominates (tiny kernels), and what a forged result
     can shave off its real time is bounded by the allowance. Without a calibration (a reference time
     given by the request, or timed in the worker) the figures are recorded, not held to."""
@@ -318,7 +342,7 @@ def hold_to_worker_clock(verdict: Verdict, strict_ref: StrictReference | None) -
         clock["allowance_ms"] = None
         return
     observed, reported = float(clock["observed_trimmed_ms"]), float(stats["mean"])
-    allowance = CLOCK_FACTOR * strict_ref.overhead_ms + CLOCK_SLACK_MS + CLOCK_SHARE * observed
+    allowance = clock_bound(strict_ref.regime).allowance(strict_ref.overhead_ms, observed)
     clock["allowance_ms"] = allowance
     if reported >= observed - allowance:
         return
