@@ -268,7 +268,7 @@ class ClockBound:
 # seen stretched 4x): loose.
 CLOCK_CPU = ClockBound(factor=3.0, slack_ms=1.0, share=0.1)
 # On a GPU: in two strict runs of 16 level-1 problems on the H200 (100 honest results, 16 CUDA builds
-# running on the host meanwhile) the serving overhead was 0.4-3.1 ms per call and at most 1.39x the
+# running on the host meanwhile) the serving overhead was 0.6-3.1 ms per call and at most 1.39x the
 # reference's own, so this bound left every one of them at least 0.7 ms of margin. The CPU bound there
 # came to 5.4-12.5 ms, more than the whole span of any kernel under about 5 ms: it refused no time.
 CLOCK_CUDA = ClockBound(factor=1.5, slack_ms=0.5, share=0.02)
