@@ -18,6 +18,7 @@ import multiprocessing.util
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import kb_candidate
@@ -94,22 +95,11 @@ class Worker:
         """Let every spare that has finished its CPU step take its device step (kb_process's module
         doc). Called only where nothing is timed: between jobs, and while a job loads and is checked."""
         for process in list(self.spares):
-            try:
-                process.grant()
-            except BadFork:
-                self._forks_cannot_use_cuda()
+            outcome = self._advance(process, process.grant)
+            if outcome == "bad_fork":
                 return
-            except (ChildDied, RuntimeError):
-                self.spares.remove(process)
-                process.kill()
-                continue
-            if process.preloaded is False and self.start_method == "forkserver" and not self.warned_preload:
-                self.warned_preload = True
-                print(
-                    "krefine harness: candidate processes import torch themselves (the forkserver did not "
-                    "preload the harness); each starts seconds slower",
-                    file=sys.stderr,
-                )
+            if outcome == "ok" and process.preloaded is False:
+                self._say_not_preloaded()
 
     def settle_spares(self) -> None:
         """Before every timed loop: wait until no spare is in its device step. A process creating its
@@ -123,17 +113,36 @@ class Worker:
             if not process.conn.poll(SPARE_START_TIMEOUT_S):
                 # A spare that hangs while starting is dropped, not waited for: the loop it would stall
                 # is a candidate's, whose timeout it must not become.
-                self.spares.remove(process)
-                process.kill()
-                continue
-            try:
-                process.wait_ready()
-            except BadFork:
-                self._forks_cannot_use_cuda()
+                self._drop(process)
+            elif self._advance(process, process.wait_ready) == "bad_fork":
                 return
-            except (ChildDied, RuntimeError):
-                self.spares.remove(process)
-                process.kill()
+
+    def _advance(self, process: CandidateProcess, step: Callable[[], object]) -> str:
+        """One start-up step of a spare: "ok"; "dropped" (it failed to start: gone from the pool);
+        "bad_fork" (forked processes cannot use CUDA: every spare is gone, spawned from now on)."""
+        try:
+            step()
+        except BadFork:
+            self._forks_cannot_use_cuda()
+            return "bad_fork"
+        except (ChildDied, RuntimeError):
+            self._drop(process)
+            return "dropped"
+        return "ok"
+
+    def _say_not_preloaded(self) -> None:
+        """Once: a forked candidate process found nothing preloaded (kb_process.process_context)."""
+        if self.start_method == "forkserver" and not self.warned_preload:
+            self.warned_preload = True
+            print(
+                "krefine harness: candidate processes import torch themselves (the forkserver did not "
+                "preload the harness); each starts seconds slower",
+                file=sys.stderr,
+            )
+
+    def _drop(self, process: CandidateProcess) -> None:
+        self.spares.remove(process)
+        process.kill()
 
     def _forks_cannot_use_cuda(self) -> None:
         print("krefine harness: forked candidate processes cannot use CUDA; spawning them", file=sys.stderr)
