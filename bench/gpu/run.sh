@@ -77,9 +77,10 @@ step_strict_hostile() { # issue 23: the second-generation hacks with real CUDA k
       > "runs/strict-hostile-$v.txt" 2>&1
     echo "exit $?" >> "runs/strict-hostile-$v.txt"; cat "runs/strict-hostile-$v.txt" >> "$S"
     $K report "runs/strict-hostile-$v" >> "$S" 2>&1
-    # Strict mode times in the native loop (kb_native): its worker says where it loaded it from.
-    [ "$v" != faithful ] && { grep -rh "native loop" "runs/strict-hostile-$v" 2>/dev/null | head -1 \
-      || echo "native loop: no worker log line under runs/strict-hostile-$v"; } >> "$S"
+    # Strict mode times only in the native loop (kb_native): a strict evaluation it could not serve is
+    # refused with the finding native_timer_unavailable, which the run's event log would carry.
+    [ "$v" != faithful ] && echo "native loop: $(grep -o native_timer_unavailable "runs/strict-hostile-$v/events.jsonl" \
+      2>/dev/null | wc -l) event(s) with native_timer_unavailable in runs/strict-hostile-$v" >> "$S"
     save
   done
 }
