@@ -114,3 +114,18 @@ def test_a_spare_that_never_finishes_starting_is_dropped_not_waited_for(monkeypa
     assert worker.spares == [] and stuck.killed
     child.close()
     worker.close()
+
+
+def test_a_candidate_process_inherits_the_workers_pythonpath_not_the_forkservers(tmp_path: Path) -> None:
+    """The forkserver starts with the harness's folder on PYTHONPATH (so that it can preload the harness)
+    and takes it back out as it preloads: a candidate process, and what it starts, sees PYTHONPATH as the
+    worker had it."""
+    candidate = 'import os\nraise RuntimeError("PYTHONPATH=" + repr(os.environ.get("PYTHONPATH")))\n'
+    worker = kb_eval.Worker(isolate=True)
+    try:
+        response = kb_eval.evaluate(evaluate_request(1, MATMUL, candidate, tmp_path / "c", measure=False), worker)
+    finally:
+        worker.close()
+    assert response["status"] != "correct", response
+    assert "PYTHONPATH=" + repr(os.environ.get("PYTHONPATH")) in response["feedback"], response["feedback"]
+    assert kb_process.HARNESS_DIR not in (os.environ.get("PYTHONPATH") or "")
