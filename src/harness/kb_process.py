@@ -50,13 +50,15 @@ def _restore_pythonpath() -> None:
     that candidate processes (forked from the server, with its environment) and what they start do not
     inherit the harness's folder on it."""
     saved = os.environ.pop(_FORKSERVER_ENV, None)
-    if saved is None:
-        return
-    previous = json.loads(saved)
-    if previous is None:
+    if saved is not None:
+        _set_pythonpath(json.loads(saved))
+
+
+def _set_pythonpath(value: str | None) -> None:
+    if value is None:
         os.environ.pop("PYTHONPATH", None)
     else:
-        os.environ["PYTHONPATH"] = previous
+        os.environ["PYTHONPATH"] = value
 
 
 _restore_pythonpath()
@@ -178,10 +180,7 @@ def _start_forkserver() -> None:
         forkserver.ensure_running()
     finally:
         os.environ.pop(_FORKSERVER_ENV, None)
-        if previous is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = previous
+        _set_pythonpath(previous)
 
 
 class BadFork(Exception):

@@ -131,6 +131,8 @@ def test_the_worker_clock_refuses_a_rewritten_time(worker: kb_eval.Worker, tmp_p
 
 
 def _held(reported: float, observed: float, ref: kb_strict.StrictReference | None) -> kb_eval.Verdict:
+    """hold_to_worker_clock on fixed figures (ms): nothing is timed in these tests, the bound's
+    arithmetic is asserted exactly."""
     verdict = kb_eval.Verdict(status="correct", correctness=True)
     verdict.runtime_stats = {"mean": reported, "num_trials": 10}
     verdict.metadata["worker_clock"] = {
