@@ -3,11 +3,11 @@
 //! reader (frames), a loop-state hunter (frames and gc, looking for the timer's own state), a content
 //! memoiser, an output stealer (gc), a comparison patcher (sys.modules) and
 //! a spelled-out import (a side thread). The static layer reads each of them in both modes (errors in
-//! strict, warnings in faithful); at run time strict mode credits none of them (the timed calls run in a
-//! native loop, so the frame reader and the hunter find no loop state and compute; the content memo never
-//! hits, so it is only as fast as its matmul: tests/python/test_strict.py counts its hits; the trials
-//! compare in the worker, so the stealer and the patcher fail them), and the honest control is
-//! unaffected in every position. Verdicts and findings only, never durations.
+//! strict, warnings in faithful); at run time strict mode credits none of them more than the work it
+//! does (the worker times each call on its own clock, so the frame reader and the hunter find no loop
+//! state in their process and compute; the content memo never hits, so it is only as fast as its
+//! matmul; the trials compare in the worker, so the stealer and the patcher fail them), and the honest
+//! control is unaffected in every position. Verdicts and findings only, never durations.
 
 mod worker_support;
 
@@ -176,23 +176,17 @@ fn strict_credits_no_hack_and_the_honest_control_is_unaffected() {
                 hacks.push((*name, turn(&pool, &logs, &code, i as u32 + 1).await));
             }
             let last = turn(&pool, &logs, &honest, 9).await;
-            let sandbox = format!("{:?}", pool.sandbox_level());
             pool.shutdown().await;
-            if mode == EvalMode::Strict {
-                // The worker built (or reused) the native timing loop, inside its sandbox where the
-                // machine has one (then privately: the shared folder is not writable there).
-                let log = std::fs::read_to_string(work.join("workers").join("cpu-0.log"))
-                    .expect("the evaluation worker's log");
-                assert!(
-                    log.contains("strict timing's native loop loaded from"),
-                    "sandbox {sandbox}: {log}"
-                );
-            }
 
             for o in [&first, &last] {
                 assert_eq!(o.verdict, Verdict::Correct, "{mode:?}: {o:#?}");
                 assert!(o.findings.is_empty(), "{mode:?}: {:?}", o.findings);
                 assert!(o.speedup.is_some(), "{mode:?}: {o:#?}");
+                if mode == EvalMode::Strict {
+                    // Timed on the worker's clock, the reference in the same regime.
+                    let regimes = &o.metadata["strict_timing"];
+                    assert_eq!(regimes["reference_timed_in"], "process", "{regimes}");
+                }
             }
             for (name, o) in &hacks {
                 match (mode, *name) {
@@ -201,10 +195,10 @@ fn strict_credits_no_hack_and_the_honest_control_is_unaffected() {
                         assert_eq!(o.verdict, Verdict::Correct, "{name}: {o:#?}");
                     }
                     (EvalMode::Strict, "frame_reader.py" | "loop_state_hunter.py") => {
-                        // The timed calls run in the native loop (kb_native): no frame above forward
-                        // holds the call index, the times or the events, so the reader never learns
-                        // which call it is and computes every one, and the hunter finds nothing to
-                        // report. Credited at the speed of the work it does.
+                        // The worker times the calls on its side: no frame in the candidate's process
+                        // holds a call index, a time or an event, so the reader never learns which call
+                        // it is and computes every one, and the hunter finds nothing to report.
+                        // Credited at the speed of the work it does.
                         assert_eq!(o.verdict, Verdict::Correct, "{name}: {o:#?}");
                         assert_eq!(issue(o), None, "{name}: {o:#?}");
                         assert!(o.findings.is_empty(), "{name}: {:?}", o.findings);
@@ -265,14 +259,15 @@ fn strict_credits_no_hack_and_the_honest_control_is_unaffected() {
     });
 }
 
-/// Issue 23's remaining hole of its item 1, closed by the worker's own clock: clock_forger computes
-/// every output (the worker's secret checks and its count pass) and rewrites the harness's packing of
-/// its times in its process to report a tenth of them. With the static rules at `warn` (as here: the
-/// pool runs below the static layer, which names its `sys.modules` an error in strict mode) strict mode
-/// refuses it (`forged_result`); faithful mode takes its word, as KernelBench would. The honest control
-/// on the same problem is credited, and its result shows the reference timed in the candidate's regime.
+/// Issue 23's remaining hole, closed for good by issue 35: clock_forger computes every output and
+/// rewrites the harness's packing of its times in its process to report a tenth of them. In strict mode
+/// nothing its process writes is a time: the worker's clock spans each call, so it is credited with the
+/// time its work takes, like its honest twin, and no forged figure appears. Faithful mode takes
+/// KernelBench's loop's word, as KernelBench would, and warns: calls on fresh inputs took far longer on
+/// the worker's clock than the loop reported (`memo_suspected`). The honest control on the same
+/// problem is credited, unwarned, and its result shows the reference timed in the candidate's regime.
 #[test]
-fn strict_holds_a_rewritten_time_to_the_workers_clock() {
+fn a_rewritten_time_reaches_no_strict_result_and_is_warned_in_faithful_mode() {
     let forger = fixture("strict", "clock_forger.py");
     assert!(
         static_findings(&forger, EvalMode::Strict)
@@ -312,21 +307,40 @@ fn strict_holds_a_rewritten_time_to_the_workers_clock() {
             pool.shutdown().await;
             assert_eq!(control.verdict, Verdict::Correct, "{mode:?}: {control:#?}");
             assert!(control.speedup.is_some(), "{mode:?}: {control:#?}");
+            assert!(
+                control.findings.is_empty(),
+                "{mode:?}: {:?}",
+                control.findings
+            );
+            assert_eq!(forged.verdict, Verdict::Correct, "{mode:?}: {forged:#?}");
+            assert!(forged.speedup.is_some(), "{mode:?}: {forged:#?}");
             if mode == EvalMode::Faithful {
-                assert_eq!(forged.verdict, Verdict::Correct, "{forged:#?}");
-                assert!(forged.speedup.is_some(), "{forged:#?}");
+                assert!(
+                    has(&forged, "memo_suspected", Severity::Warning),
+                    "{forged:#?}"
+                );
                 continue;
             }
             let regimes = &control.metadata["strict_timing"];
             assert_eq!(regimes["reference_timed_in"], "process", "{regimes}");
-            assert_eq!(regimes["candidate"], regimes["reference"], "{regimes}");
-            assert!(
-                control.metadata["worker_clock"]["allowance_ms"].is_number(),
-                "{control:#?}"
+            let (candidate, reference) = (&regimes["candidate"], &regimes["reference"]);
+            for field in [
+                "clock",
+                "inputs",
+                "outputs",
+                "warmup",
+                "calls",
+                "discard_first",
+            ] {
+                assert_eq!(candidate[field], reference[field], "{field}: {regimes}");
+            }
+            // The forger's own figure never reaches the result: no finding, and its time is the one the
+            // worker's clock took (the same regime as its control's).
+            assert!(forged.findings.is_empty(), "{:?}", forged.findings);
+            assert_eq!(
+                forged.metadata["strict_timing"]["candidate"]["clock"],
+                candidate["clock"]
             );
-            assert_eq!(forged.verdict, Verdict::Incorrect, "{forged:#?}");
-            assert_eq!(issue(&forged), Some("forged_result"), "{forged:#?}");
-            assert_eq!(forged.speedup, None);
         }
     });
 }

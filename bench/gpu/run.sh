@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H100 checks, run from the repository root on the GPU machine with the kit of make-kit.sh in .gpu/.
-#   bash bench/gpu/run.sh STEP...     steps: env refeq fused-l2 fused-l1 big-l1 big-l1-19 hostile strict-hostile gpu-checks parity oom-sweep
+#   bash bench/gpu/run.sh STEP...     steps: env refeq fused-l2 fused-l1 big-l1 big-l1-19 hostile strict-hostile exploits gpu-checks parity oom-sweep
 #                                     baseline int-l4 cvd triton compile-baseline
 # Each step's results land in $OUT as soon as it ends: summary.txt (appended) and runs.tgz (every run
 # directory so far, scratch folders left out). KREFINE names another binary (default .gpu/krefine);
@@ -77,12 +77,15 @@ step_strict_hostile() { # issue 23: the second-generation hacks with real CUDA k
       > "runs/strict-hostile-$v.txt" 2>&1
     echo "exit $?" >> "runs/strict-hostile-$v.txt"; cat "runs/strict-hostile-$v.txt" >> "$S"
     $K report "runs/strict-hostile-$v" >> "$S" 2>&1
-    # Strict mode times only in the native loop (kb_native): a strict evaluation it could not serve is
-    # refused with the finding native_timer_unavailable, which the run's event log would carry.
-    [ "$v" != faithful ] && echo "native loop: $(grep -o native_timer_unavailable "runs/strict-hostile-$v/events.jsonl" \
-      2>/dev/null | wc -l) event(s) with native_timer_unavailable in runs/strict-hostile-$v" >> "$S"
     save
   done
+}
+step_exploits() { # issue 35: the exploit corpus (GPU ports and the CPU ports) in both modes with the honest
+  # control between each, strict mode's cost, and the worker's clock against KernelBench's per size
+  log "bench/gpu/exploits.py ${EXPLOIT_ARGS:-}"
+  timeout "${EXPLOIT_TIMEOUT:-480}" python3 bench/gpu/exploits.py --harness src/harness --out runs/exploits ${EXPLOIT_ARGS:-} \
+    > runs/exploits.txt 2>&1
+  echo "exit $?" >> "$S"; cp runs/exploits/exploits.md "$OUT/" 2>/dev/null; tail -40 runs/exploits.txt >> "$S"; save
 }
 step_gpu_checks() {
   log "tests/python/run_gpu_checks.py"

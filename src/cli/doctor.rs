@@ -101,12 +101,6 @@ pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
         }
     );
     print_sandbox(loaded.as_ref(), python.as_ref().ok());
-    let cxx = std::env::var("CXX").ok().filter(|c| !c.trim().is_empty());
-    let cxx = cxx.as_deref().unwrap_or("c++");
-    let headers = python.as_ref().ok().map(|py| python_headers(py));
-    for line in strict_lines(cxx, find_program(cxx).as_deref(), headers) {
-        println!("{line}");
-    }
     if let Some(l) = &loaded {
         let problems = crate::dataset::load(
             &l.resolve(&l.config.dataset.path),
@@ -161,70 +155,6 @@ fn print_sandbox(loaded: Option<&LoadedConfig>, python: Option<&std::path::PathB
     }
 }
 
-/// Where the worker's Python keeps `Python.h`, and whether it is there (kb_native's own check).
-fn python_headers(python: &Path) -> Result<(String, bool), String> {
-    let out = std::process::Command::new(python)
-        .args([
-            "-c",
-            "import os, sysconfig\np = sysconfig.get_paths()['include']\nprint(p)\nprint(os.path.isfile(os.path.join(p, 'Python.h')))",
-        ])
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut lines = text.lines();
-    match (lines.next(), lines.next()) {
-        (Some(dir), Some(found)) if out.status.success() => Ok((dir.to_string(), found == "True")),
-        _ => Err(format!(
-            "{} did not say where its headers are ({})",
-            python.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )),
-    }
-}
-
-/// `krefine doctor`'s lines on what strict mode needs on the evaluation machine: a C++ compiler
-/// (`cxx`, as the worker calls it: `$CXX`, else `c++`; `found` where it is) and the worker's Python's
-/// headers (`headers`: their folder and whether `Python.h` is in it; None without a Python). Workers
-/// build strict mode's native timing loop with both and refuse strict evaluations without them.
-pub fn strict_lines(
-    cxx: &str,
-    found: Option<&Path>,
-    headers: Option<Result<(String, bool), String>>,
-) -> Vec<String> {
-    let mut lines =
-        vec!["Strict mode (eval.mode = \"strict\": the native timing loop):".to_string()];
-    lines.push(match found {
-        Some(p) => format!("  C++ compiler: {cxx} ({})", p.display()),
-        None => format!(
-            "  C++ compiler: MISSING: {cxx} not found (on PATH, or as the path given); strict \
-             evaluations will be refused (install g++ or clang, or set CXX)"
-        ),
-    });
-    lines.push(match headers {
-        Some(Ok((dir, true))) => format!("  Python.h: {dir}/Python.h"),
-        Some(Ok((dir, false))) => format!(
-            "  Python.h: MISSING in {dir}; strict evaluations will be refused (install python3-dev, \
-             or your Python's development headers)"
-        ),
-        Some(Err(e)) => format!("  Python.h: not checked: {e}"),
-        None => "  Python.h: not checked (no Python with torch)".to_string(),
-    });
-    lines
-}
-
-/// A program as a worker would start it: a path as it is, a bare name looked up on PATH.
-fn find_program(name: &str) -> Option<std::path::PathBuf> {
-    let first = name.split_whitespace().next()?;
-    if first.contains('/') {
-        let p = Path::new(first);
-        return p.is_file().then(|| p.to_path_buf());
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(first))
-        .find(|p| p.is_file())
-}
-
 fn which(name: &str) -> Option<std::path::PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
@@ -234,52 +164,4 @@ fn which(name: &str) -> Option<std::path::PathBuf> {
             let p = Path::new("/usr/local/cuda/bin").join(name);
             p.is_file().then_some(p)
         })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn strict_lines_name_what_is_there_and_what_is_missing() {
-        let ok = strict_lines(
-            "c++",
-            Some(Path::new("/usr/bin/c++")),
-            Some(Ok(("/usr/include/python3.12".into(), true))),
-        );
-        assert_eq!(
-            ok,
-            [
-                "Strict mode (eval.mode = \"strict\": the native timing loop):",
-                "  C++ compiler: c++ (/usr/bin/c++)",
-                "  Python.h: /usr/include/python3.12/Python.h",
-            ]
-        );
-        let missing = strict_lines("clang++", None, Some(Ok(("/opt/py/include".into(), false))));
-        assert!(missing[1].starts_with("  C++ compiler: MISSING: clang++ not found"));
-        assert!(missing[2].starts_with("  Python.h: MISSING in /opt/py/include; "));
-        assert!(missing[2].contains("python3-dev"));
-        let unknown = strict_lines("c++", None, None);
-        assert_eq!(unknown[2], "  Python.h: not checked (no Python with torch)");
-    }
-
-    #[test]
-    fn a_program_is_found_by_path_or_on_path() {
-        assert_eq!(find_program("/definitely/not/here/c++"), None);
-        let sh = find_program("sh").expect("sh is on PATH");
-        assert!(sh.is_file());
-        // `$CXX` may carry arguments ("ccache g++" runs ccache): the program is the first word.
-        assert_eq!(find_program("sh -x"), Some(sh));
-    }
-
-    #[test]
-    fn python_headers_are_read_from_the_interpreter() {
-        let python = std::env::var_os("KREFINE_TEST_PYTHON")
-            .map(std::path::PathBuf::from)
-            .or_else(|| find_program("python3"));
-        let python = python.expect("the tests' Python (KREFINE_TEST_PYTHON) or python3 on PATH");
-        let (dir, _) = python_headers(&python).expect("a Python says where its headers are");
-        assert!(!dir.is_empty());
-        assert!(python_headers(Path::new("/definitely/not/a/python")).is_err());
-    }
 }

@@ -1,14 +1,26 @@
-"""One candidate, one clean process: the candidate side of `op: evaluate`.
+"""One candidate, one clean process: the candidate process's side of a job (`serve`).
 
-Every candidate is imported, constructed, checked and timed in a fresh single-use process that the
-persistent worker starts ahead of need (kb_process: spawned, torch imported, the device context up,
-thread pools started, this module and kb_timing imported so the timer and the check are captured).
-The worker keeps what is expensive and trusted (the reference model, its cached inputs, outputs and RNG
-states, the reference timing) and serves them on request (`serve_reference`); tensors cross by
-torch.multiprocessing (CUDA IPC on the GPU, shared memory on the CPU), so nothing is regenerated and a
-candidate that writes into its inputs writes into the worker's cache, where the worker's own checksum
-sees it. When the process exits, nothing it did (patched functions, torch/cuDNN flags, threads, streams,
-imported modules, a `fast_matmul` extension of the same name as the next candidate's) survives.
+Every candidate is imported, constructed, run and (in faithful mode) checked and timed in a fresh
+single-use process that the persistent worker starts ahead of need (kb_process). The worker drives the
+job over the process's one channel (kb_channel) and lends it copies of the reference data in buffers of
+its own (kb_exchange); this module answers:
+
+- `load`: import the candidate (or, for strict reference timing, the problem's Model), construct it as
+  KernelBench does, report integrity findings;
+- `trial`: one strict correctness trial: forward on lent inputs with the trial's RNG state, the output
+  copied into the worker's output buffers (the worker compares: the expected output never comes here);
+- `warmup`, `bind`, `call`: untimed warm-up calls, then calls on inputs the worker writes into the bound
+  buffers, each output copied back and the device synchronised before `done` (the worker's clock spans
+  each call, kb_drive);
+- `faithful`: KernelBench's own loop, in this process as KernelBench runs it: the correctness trials
+  compared here against lent copies of the expected outputs, then its CUDA-event timing loop; the result
+  is KernelBench's (faithful mode takes it as KernelBench would, labelled untrusted);
+- `escape`: faithful mode's side-stream probe; `check`: the integrity checks of a phase;
+  `profile`: `op: profile`; `finish`: the process says goodbye and exits.
+
+In strict mode nothing this process says enters a verdict's time or correctness: the worker times,
+checks and counts on its side. What it reports (its own errors, shapes, findings) can only make its
+own result worse.
 
 `Integrity` holds the runtime checks: the settings the reference depends on are set by krefine before
 the candidate is imported and compared after every phase; Python threads left running after a forward,
@@ -21,7 +33,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,21 +40,22 @@ import torch
 import kb_compile
 import kb_correctness
 import kb_feedback
-import kb_native
 import kb_reference
-import kb_strict
+import kb_sandbox
 import kb_tensors
 import kb_timing
-import kb_wire
-from kb_correctness import LoopOutcome, ReferenceSource, Verdict
+from kb_channel import Channel, Frame, ProtocolError
+from kb_correctness import Verdict
+from kb_exchange import Borrowed
 from kb_feedback import CANDIDATE_ERRORS, get_error_name
 from kb_reference import ReferenceFailure, TrialData
-from kb_strict import dense_output_problem
 from kb_tensors import RngState
 
-# The reference's strict timing derives its inputs from the problem's seed plus this offset (its time is
+# Strict mode's reference timing draws its inputs from the problem's seed plus this offset (its time is
 # cached per problem); candidates' timed calls use secret seeds (kb_strict).
 STRICT_REFERENCE_KEY_OFFSET = 1_000_003
+# A `call` whose number is this runs no forward: the worker times the hand-over alone (kb_drive).
+NULL_CALL = -2
 _enumerate_threads = threading.enumerate
 _perf_counter = time.perf_counter
 
@@ -84,6 +96,24 @@ def native_threads() -> int:
         return len(os.listdir("/proc/self/task"))
     except OSError:
         return 0
+
+
+def dense_output_problem(output: Any, device: torch.device) -> str | None:
+    """None for a plain dense tensor (or a list/tuple of them) on `device`; else what it is. `type()`
+    rather than isinstance: a lazy wrapper can fake `__class__`."""
+    if isinstance(output, (list, tuple)) and type(output) in (list, tuple):
+        for item in output:
+            problem = dense_output_problem(item, device)
+            if problem is not None:
+                return problem
+        return None
+    if type(output) is not torch.Tensor:
+        return f"a {type(output).__module__}.{type(output).__qualname__}, not a plain torch.Tensor"
+    if output.layout != torch.strided:
+        return f"a tensor with layout {output.layout}, not a dense strided tensor"
+    if output.device != device:
+        return f"a tensor on {output.device}, not on {device}"
+    return None
 
 
 class Integrity:
@@ -165,82 +195,50 @@ class Integrity:
         return self.check_threads(verdict, f"after the forward {label}") and ok
 
 
-# --------------------------------------------------------------------------------- the candidate side
+# ------------------------------------------------------------------------------------ construction
 
 
-def evaluate_candidate(
-    job: dict[str, Any], ref: ReferenceSource, flusher: kb_timing.L2Flusher, pinned: dict[str, Any]
-) -> Verdict:
-    """Load, construct, check and time one candidate against `ref`. The worker adds the reference's
-    timing, the speedup and the reference's own failures."""
-    device, hardware = ref.device, job["hardware"]
-    verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
-    integrity = Integrity(ref.mode, device, pinned)
-    build_dir = job["build_dir"]
-    started = _perf_counter()
-    loaded = kb_compile.load_candidate(job["source"], build_dir, os.path.join(build_dir, "load.log"))
-    try:
-        if not loaded.ok:
-            verdict.phases["load_s"] = _perf_counter() - started
-            kb_correctness.compile_failed(verdict, loaded)
-            return verdict
-        ok = integrity.check_process(verdict, "at import")
-        model_new = construct_or_fail(verdict, ref, loaded, hardware)
-        verdict.phases["load_s"] = _perf_counter() - started
-        if model_new is None:
-            return verdict
-        ok = integrity.check_process(verdict, "in ModelNew's constructor") and ok
-        if not ok:
-            return verdict
-        check_and_time(verdict, job, ref, model_new, loaded.candidate_path, integrity, flusher)
-    finally:
-        verdict.env["pinned"] = pinned
-    return verdict
+def construct_candidate(ref: Any, cls: type) -> Any:
+    """`cls` constructed as KernelBench constructs ModelNew, for a reference source `ref` (its seed,
+    device, dtype and init inputs): kb_profile's use."""
+    return construct(ref.seed, ref.device, ref.dtype, ref.init_inputs(), cls)
 
 
-def retime_candidate(
-    job: dict[str, Any], ref: ReferenceSource, flusher: kb_timing.L2Flusher, pinned: dict[str, Any]
-) -> Verdict:
-    """Re-verification of an excessive speedup (strict): only construct and time, on fresh inputs from
-    new secrets (kb_strict), every output checked by the worker."""
-    device, hardware = ref.device, job["hardware"]
-    verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
-    integrity = Integrity(ref.mode, device, pinned)
-    loaded = kb_compile.load_candidate(job["source"], job["build_dir"], os.path.join(job["build_dir"], "load.log"))
-    if not loaded.ok:
-        kb_correctness.compile_failed(verdict, loaded)
-        return verdict
-    model_new = construct_or_fail(verdict, ref, loaded, hardware)
-    if model_new is None or not integrity.check_process(verdict, "at import"):
-        return verdict
-    verdict.status, verdict.correctness = "correct", True
-    time_candidate(verdict, job, ref, model_new, loaded.candidate_path, integrity, flusher)
-    return verdict
+def construct(seed: int, device: torch.device, dtype: torch.dtype, init: list[Any], cls: type) -> Any:
+    """KernelBench: under no_grad, set_seed(seed) -> ModelNew(*init_inputs) -> assert forward ->
+    .to(device, dtype) -> sync. Weights match the reference only by RNG replay."""
+    with torch.no_grad():
+        kb_reference.set_seed(seed)
+        model: torch.nn.Module = cls(*init)
+        if not hasattr(model, "forward"):
+            raise AssertionError()
+        model = model.to(device=device, dtype=dtype)
+        kb_tensors.synchronize(device)
+    return model
 
 
 def construct_or_fail(
-    verdict: Verdict, ref: ReferenceSource, loaded: kb_compile.LoadResult, hardware: str
-) -> torch.nn.Module | None:
+    verdict: Verdict, job: dict[str, Any], device: torch.device, init: list[Any], loaded: kb_compile.LoadResult
+) -> Any:
     assert loaded.model_new is not None
+    hardware = job["hardware"]
     try:
-        return construct_candidate(ref, loaded.model_new)
+        return construct(job["seed"], device, kb_reference.DTYPES[job["precision"]], init, loaded.model_new)
     except RuntimeError as exc:
         # KernelBench catches only RuntimeError here: compiled=True, correctness=False.
         verdict.metadata["runtime_error"] = str(exc)
         verdict.metadata["runtime_error_name"] = get_error_name(exc)
-        kb_correctness.fail_candidate_exception(
-            verdict, exc, ref.device, loaded.candidate_path, "while constructing ModelNew"
-        )
+        kb_correctness.fail_candidate_exception(verdict, exc, device, loaded.candidate_path, "while constructing ModelNew")
         return None
     except CANDIDATE_ERRORS as exc:
         # Anything else escapes KernelBench's eval; its batch script records compiled=False.
         verdict.compiled = False
-        poisoned = kb_correctness.sticky_error(exc, ref.device)
+        poisoned = kb_correctness.sticky_error(exc, device)
         if poisoned is not None:
-            verdict.metadata = kb_correctness.kernelbench_cuda_error_metadata(poisoned, hardware, ref.device)
+            verdict.metadata = kb_correctness.kernelbench_cuda_error_metadata(poisoned, hardware, device)
             verdict.status, verdict.sticky, verdict.sticky_cause = "cuda_error", True, poisoned
         else:
-            verdict.metadata = kb_correctness.other_error_metadata(exc, hardware, ref.device)
+            verdict.metadata = kb_correctness.other_error_metadata(exc, hardware, device)
             verdict.status = "runtime_error"
         verdict.feedback.append(
             "ModelNew(*get_init_inputs()) failed: ModelNew's constructor must accept the same arguments "
@@ -249,400 +247,18 @@ def construct_or_fail(
         return None
 
 
-def construct_candidate(ref: ReferenceSource, model_new_cls: type) -> torch.nn.Module:
-    """KernelBench: under no_grad, set_seed(seed) -> ModelNew(*init_inputs) -> assert forward ->
-    .to(device, dtype) -> sync. Weights match the reference only by RNG replay."""
-    init_inputs = ref.init_inputs()
-    with torch.no_grad():
-        kb_reference.set_seed(ref.seed)
-        model: torch.nn.Module = model_new_cls(*init_inputs)
-        if not hasattr(model, "forward"):
-            raise AssertionError()
-        model = model.to(device=ref.device, dtype=ref.dtype)
-        kb_tensors.synchronize(ref.device)
-    return model
+def _fresh(value: Any) -> Any:
+    if type(value) is torch.Tensor:
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fresh(item) for item in value)
+    return value
 
 
-def check_and_time(
-    verdict: Verdict,
-    job: dict[str, Any],
-    ref: ReferenceSource,
-    model_new: torch.nn.Module,
-    candidate_path: str,
-    integrity: Integrity,
-    flusher: kb_timing.L2Flusher,
-) -> None:
-    trials = job["trials"]
-    started = _perf_counter()
-    try:
-        outcome = kb_correctness.run_trials(ref, model_new, trials, verdict, candidate_path, integrity)
-    except ReferenceFailure as failure:
-        verdict.phases["correctness_s"] = _perf_counter() - started
-        verdict.reference_failure = (trials, failure.index)
-        return
-    except CANDIDATE_ERRORS as exc:
-        # Outside the per-trial try (e.g. ModelNew.to failing): KernelBench's outer catch.
-        verdict.metadata["runtime_error"] = str(exc)
-        verdict.metadata["runtime_error_name"] = get_error_name(exc)
-        kb_correctness.fail_candidate_exception(
-            verdict, exc, ref.device, candidate_path, "during the correctness check"
-        )
-        outcome = LoopOutcome(0, stop=True, poisoned=verdict.sticky)
-    verdict.phases["correctness_s"] = _perf_counter() - started
-    if outcome.poisoned:
-        kb_correctness.kernelbench_sticky_result(verdict, job["hardware"], ref.device)
-        return
-    if outcome.stop:
-        verdict.correctness = False
-        return
-    verdict.correctness = outcome.passed == trials
-    verdict.feedback.append(kb_feedback.correctness_summary(outcome.passed, trials, ref.precision, ref.atol, ref.rtol))
-    if not verdict.correctness:
-        verdict.status = "incorrect"
-        return
-    verdict.status = "correct"
-    if not integrity.check_process(verdict, "after the correctness trials"):
-        return
-    if job["timing"]["measure"]:
-        time_candidate(verdict, job, ref, model_new, candidate_path, integrity, flusher)
-
-
-def time_candidate(
-    verdict: Verdict,
-    job: dict[str, Any],
-    ref: ReferenceSource,
-    model_new: torch.nn.Module,
-    candidate_path: str,
-    integrity: Integrity,
-    flusher: kb_timing.L2Flusher,
-) -> None:
-    timing = job["timing"]
-    started = _perf_counter()
-    try:
-        model_new = model_new.to(device=ref.device, dtype=ref.dtype)
-        kb_tensors.synchronize(ref.device)
-        if ref.mode == "strict":
-            times = strict_times(model_new, ref, timing, flusher)
-        else:
-            times = kb_timing.time_callable(model_new, ref.timing_inputs(), ref.device, timing, flusher)
-            fresh_probe(verdict, model_new, ref, integrity, times)
-            if ref.device.type == "cuda":
-                stream_escape(verdict, model_new, ref, integrity)
-        verdict.runtime_stats = kb_timing.runtime_stats(times)
-    except kb_timing.TimedOutputMismatch as mismatch:
-        verdict.phases["timing_s"] = _perf_counter() - started
-        verdict.status, verdict.correctness = "incorrect", False
-        verdict.metadata["correctness_issue"] = f"Output mismatch in timed call {mismatch.call}"
-        verdict.metadata["correctness_issue_name"] = "timed_output_mismatch"
-        verdict.feedback.append(
-            f"Strict timing checks the outputs of timed calls, each on fresh inputs: in timed call "
-            f"{mismatch.call} {mismatch.problem}. The output must be computed from the inputs on every "
-            "call (no caching across calls, no work left running after forward returns)."
-        )
-        return
-    except kb_native.NativeTimerUnavailable as exc:
-        # The worker refuses strict evaluations without the loop, so this is a failed load here (or a
-        # candidate that unloaded it): no time, never the Python loop instead.
-        verdict.phases["timing_s"] = _perf_counter() - started
-        integrity.report(verdict, "native_timer_unavailable", f"strict timing could not run: {exc}")
-        verdict.runtime_stats = {}
-        return
-    except kb_timing.TimingHooked as hooked:
-        verdict.phases["timing_s"] = _perf_counter() - started
-        integrity.report(
-            verdict,
-            "timing_hook",
-            f"{hooked.message}: strict timing runs no code but forward inside its loop (trace, profile, "
-            "monitoring and gc hooks are refused)",
-        )
-        return
-    except CANDIDATE_ERRORS as exc:
-        verdict.phases["timing_s"] = _perf_counter() - started
-        verdict.metadata["error_during_performance"] = str(exc)
-        if kb_correctness.fail_candidate_exception(verdict, exc, ref.device, candidate_path, "while timing"):
-            kb_correctness.kernelbench_sticky_result(verdict, job["hardware"], ref.device)
-        else:
-            verdict.status = "correct"  # KernelBench keeps correctness; only the runtime stays -1
-        return
-    verdict.phases["timing_s"] = _perf_counter() - started
-    if not integrity.check_process(verdict, "after timing"):
-        verdict.runtime_stats = {}
-
-
-def strict_times(
-    model: Any, ref: ReferenceSource, timing: dict[str, Any], flusher: kb_timing.L2Flusher
-) -> list[float]:
-    """Strict mode's timed calls of `model`, candidate or reference alike: the native loop
-    (kb_timing.time_strict) in this single-use process, each call's fresh inputs from the worker and
-    its output handed back to the worker's check (`ref.strict_check`). The reference's strict time is
-    taken by this same function in a process of its own (`time_reference_job`), so that for identical
-    code the speedup is 1 up to noise: same loop, inputs, hand-overs, fences, L2 flush, warm-ups, calls
-    and discarded calls, and the same worker serving them."""
-
-    def check(call: int, output: Any, calls: int) -> str | None:
-        # Only a plain tensor crosses to the worker (a subclass would run its own code there).
-        problem = dense_output_problem(output, ref.device)
-        if problem is not None:
-            return f"the output is {problem}"
-        return ref.strict_check(call, output, calls)
-
-    return kb_timing.time_strict(model, ref.strict_warmup, ref.strict_inputs, ref.device, timing, flusher, check)
-
-
-def time_reference_job(
-    job: dict[str, Any], ref: ReferenceSource, flusher: kb_timing.L2Flusher, pinned: dict[str, Any]
-) -> Verdict:
-    """Strict mode's reference timing (job kind "reference"), in a single-use process like a candidate's:
-    the problem's Model built as the worker builds it (set_seed, init inputs, .to), compiled when
-    `eval.reference = "compile"`, and timed by `strict_times`, served by the worker exactly as a
-    candidate is. `correct` with runtime stats, or `runtime_error` with the reason."""
-    verdict = Verdict(metadata={"hardware": job["hardware"], "device": str(ref.device)})
-    timing = job["timing"]
-    started = _perf_counter()
-    try:
-        problem = kb_reference.load_problem(job["reference_code"])
-        model = construct_candidate(ref, problem.model)
-        spec = timing.get("reference_compile")
-        if spec:
-            # Inductor's and Triton's caches must be writable under this process's confinement.
-            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(job["build_dir"], "inductor"))
-            os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(job["build_dir"], "triton"))
-        model = kb_reference.compiled_reference(model, spec)
-        times = strict_times(model, ref, timing, flusher)
-    except kb_timing.TimedOutputMismatch as mismatch:
-        verdict.status, verdict.correctness = "incorrect", False
-        verdict.feedback.append(f"the reference's own output in timed call {mismatch.call}: {mismatch.problem}")
-        return verdict
-    except (kb_native.NativeTimerUnavailable, kb_timing.TimingHooked) as exc:
-        verdict.status, verdict.correctness = "runtime_error", False
-        verdict.feedback.append(str(exc))
-        return verdict
-    except CANDIDATE_ERRORS as exc:
-        verdict.status, verdict.correctness = "runtime_error", False
-        verdict.feedback.append(kb_feedback.exception_line(exc))
-        return verdict
-    finally:
-        verdict.phases["timing_s"] = _perf_counter() - started
-        verdict.env["pinned"] = pinned
-    verdict.status, verdict.correctness = "correct", True
-    verdict.runtime_stats = kb_timing.runtime_stats(times)
-    return verdict
-
-
-def fresh_probe(
-    verdict: Verdict, model_new: torch.nn.Module, ref: ReferenceSource, integrity: Integrity, times: list[float]
-) -> None:
-    """Faithful mode credits what KernelBench's loop measures on one input set. After it, a few calls on
-    inputs no call has seen (the worker's, as in strict mode), each output checked by the worker: an
-    output that does not match (a stolen, memoised, zeroed or unfinished one), or, on the GPU, fresh
-    calls much slower than the timed ones (kb_timing.faster_than_fresh: a memo or skipped work), is a
-    warning. The verdict and the timing stay KernelBench's."""
-    fresh: list[float] = []
-    calls = kb_timing.PROBE_CALLS
-    try:
-        for call in range(calls):
-            args = ref.strict_inputs(call)
-            output, ms = kb_timing.time_one(model_new, args, ref.device)
-            fresh.append(ms)
-            plain = dense_output_problem(output, ref.device)
-            problem = f"the output is {plain}" if plain is not None else ref.strict_check(call, output, calls)
-            del output, args
-            if problem is not None:
-                integrity.report(
-                    verdict,
-                    "fresh_output_mismatch",
-                    f"after timing, on inputs no call had seen, {problem}: the timed calls may have returned "
-                    "a stolen, memoised or unfinished output",
-                )
-                return
-    except CANDIDATE_ERRORS as exc:
-        integrity.report(
-            verdict,
-            "fresh_output_mismatch",
-            f"after timing, a call on inputs no call had seen raised {kb_feedback.exception_line(exc)}",
-        )
-        return
-    if ref.device.type == "cuda" and times and fresh:
-        median = float(sorted(times)[len(times) // 2])
-        if kb_timing.faster_than_fresh(median, min(fresh)):
-            integrity.report(
-                verdict,
-                "memo_suspected",
-                f"calls on inputs no call had seen took at least {min(fresh):.3f} ms, the timed calls "
-                f"{median:.3f} ms (median): the timed calls may hit a memo or skip work",
-            )
-
-
-def stream_escape(verdict: Verdict, model_new: torch.nn.Module, ref: ReferenceSource, integrity: Integrity) -> None:
-    """Faithful mode credits what KernelBench's events measure; work the candidate put on another stream
-    escapes them. A warning (never a verdict change) when a device-wide synchronize waits much longer
-    than the events saw (kb_timing.escaped). Strict mode's fence already times such work."""
-    event_ms, host_ms = kb_timing.stream_escape_probe(model_new, ref.timing_inputs(), ref.device)
-    if kb_timing.escaped(event_ms, host_ms):
-        integrity.report(
-            verdict,
-            "stream_escape",
-            f"a call took {host_ms:.3f} ms to a device-wide synchronize but {event_ms:.3f} ms on the "
-            "timed stream's events: work on another stream escapes the measurement, so the speedup is "
-            "overstated",
-            fatal=True,
-        )
-
-
-# ---------------------------------------------------------------------------- reference over a pipe
-
-
-class RemoteReferenceFailure(ReferenceFailure):
-    """The worker's cached reference forward failed for a trial; the worker fills in the details."""
-
-    def __init__(self, index: int) -> None:
-        Exception.__init__(self, f"reference failed in trial {index + 1}")
-        self.captured = None  # type: ignore[assignment]
-        self.index = index
-
-
-class RemoteReference:
-    """The candidate process's view of the worker's ProblemContext (kb_correctness.ReferenceSource)."""
-
-    def __init__(self, conn: Any, job: dict[str, Any]) -> None:
-        self.conn = conn
-        self.device = kb_tensors.normalize_device(job["device"])
-        self.precision = job["precision"]
-        self.dtype = kb_reference.DTYPES[self.precision]
-        self.mode = job["mode"]
-        self.seed = job["seed"]
-        self.atol, self.rtol = kb_reference.tolerance(self.precision, job.get("tolerance"))
-
-    def _ask(self, *message: Any) -> Any:
-        self.conn.send(message)
-        status, value = self.conn.recv()
-        if status == "reference_failed":
-            raise RemoteReferenceFailure(value)
-        if status == "error":
-            raise RuntimeError(value)
-        return value
-
-    def trial_seeds(self, trials: int) -> list[int]:
-        return kb_reference.trial_seeds(self.seed, trials)
-
-    def trial(self, trials: int, index: int, seed: int) -> TrialData:
-        inputs, output, cpu, cuda = self._ask("trial", trials, index, seed)
-        return TrialData(list(inputs), output, RngState(cpu, cuda))
-
-    def verify_trial(self, trials: int, index: int) -> bool:
-        return bool(self._ask("verify", trials, index))
-
-    def init_inputs(self) -> list[Any]:
-        return list(self._ask("init_inputs"))
-
-    def timing_inputs(self) -> list[Any]:
-        return list(self._ask("timing_inputs"))
-
-    def strict_warmup(self) -> list[Any]:
-        return list(self._ask("strict_warmup"))
-
-    def strict_inputs(self, call: int) -> list[Any]:
-        return list(self._ask("strict_inputs", call))
-
-    def strict_check(self, call: int, output: Any, calls: int) -> str | None:
-        problem: str | None = self._ask("strict_check", call, kb_strict.to_wire(output), calls)
-        return problem
-
-    def strict_trial(self, trials: int, index: int, seed: int) -> TrialData:
-        inputs, shapes, cpu, cuda = self._ask("strict_trial", trials, index, seed)
-        return TrialData(list(inputs), shapes, RngState(cpu, cuda))
-
-    def strict_compare(self, index: int, output: Any) -> kb_correctness.TrialComparison:
-        result: kb_correctness.TrialComparison = self._ask("strict_compare", index, kb_strict.to_wire(output))
-        return result
-
-
-# The requests a candidate process makes right before a timed loop (faithful timing, strict timing).
-TIMING_REQUESTS = ("timing_inputs", "strict_warmup")
-
-
-def serve_reference(
-    conn: Any,
-    ctx: kb_reference.ProblemContext,
-    before_timing: Callable[[], None] | None = None,
-    between: Callable[[], None] | None = None,
-) -> dict[str, Any]:
-    """In the worker: answer the candidate process's requests for reference data until it sends its
-    result. Raises EOFError when the process died, kb_wire.ForbiddenMessage when it wrote anything
-    but a harness message (messages are read with kb_wire's unpickler, never `conn.recv`).
-    `before_timing` (the worker's Worker.settle_spares) runs before answering a request that starts a
-    timed loop, so nothing of the worker's is still starting on the device while the loop runs;
-    `between` (Worker.grant_spares) before answering any request until then. After the first timed
-    loop starts, everything up to the result (more timed loops, faithful mode's probes, which compare
-    times too) counts as timed."""
-    timing = False
-    while True:
-        message = kb_wire.recv(conn)
-        if type(message) is not tuple or not message or type(message[0]) is not str:
-            raise kb_wire.ForbiddenMessage(f"a {type(message).__name__} instead of a request")
-        op = message[0]
-        timing = timing or op in TIMING_REQUESTS
-        if before_timing is not None and op in TIMING_REQUESTS:
-            before_timing()
-        elif between is not None and not timing:
-            between()
-        if op == "result":
-            if len(message) != 2 or type(message[1]) is not dict:
-                raise kb_wire.ForbiddenMessage("a result that is not a verdict")
-            result: dict[str, Any] = message[1]
-            return result
-        reply = _serve_one(ctx, op, message)
-        if reply is _OUT_OF_MEMORY:
-            # krefine's own caches (other problems' reference data on the device) give way before a
-            # reference runs out of memory: the request is answered once more without them.
-            ctx.cache.evict_others(ctx)
-            reply = _serve_one(ctx, op, message, retry=False)
-        conn.send(reply)
-
-
-# The marker _serve_one returns for a reference that ran out of memory on the device (retry=True).
-_OUT_OF_MEMORY: tuple[str, Any] = ("out_of_memory", None)
-
-
-def _serve_one(
-    ctx: kb_reference.ProblemContext, op: str, message: tuple[Any, ...], retry: bool = True
-) -> tuple[str, Any]:
-    """One request of serve_reference, answered. With `retry`, a CUDA out-of-memory error returns
-    _OUT_OF_MEMORY (outside the except clause, so the failed attempt's tensors are freed first)."""
-    try:
-        return _dispatch(ctx, op, message)
-    except ReferenceFailure:
-        return ("reference_failed", message[2])
-    except CANDIDATE_ERRORS as exc:
-        if retry and ctx.device.type == "cuda" and kb_correctness.is_out_of_memory(exc):
-            return _OUT_OF_MEMORY
-        return ("error", f"the reference failed while serving {op}: {type(exc).__name__}: {exc}")
-
-
-def _dispatch(ctx: kb_reference.ProblemContext, op: str, message: tuple[Any, ...]) -> tuple[str, Any]:
-    if op == "trial":
-        _, trials, index, seed = message
-        data = ctx.trial(trials, index, seed)
-        return ("ok", (data.inputs, data.output, data.rng.cpu, data.rng.cuda))
-    if op == "strict_trial":
-        _, trials, index, seed = message
-        data = ctx.strict_trial(trials, index, seed)
-        return ("ok", (data.inputs, data.output, data.rng.cpu, data.rng.cuda))
-    if op == "strict_compare":
-        return ("ok", ctx.strict_compare(message[1], kb_strict.from_wire(message[2])))
-    if op == "verify":
-        return ("ok", ctx.verify_trial(message[1], message[2]))
-    if op == "init_inputs":
-        return ("ok", ctx.init_inputs())
-    if op == "timing_inputs":
-        return ("ok", ctx.timing_inputs())
-    if op == "strict_warmup":
-        return ("ok", ctx.strict_warmup())
-    if op == "strict_inputs":
-        return ("ok", ctx.strict_inputs(message[1]))
-    if op == "strict_check":
-        return ("ok", ctx.strict_check(message[1], kb_strict.from_wire(message[2]), message[3]))
-    return ("error", f"unknown request {op!r}")
+def _leaves(value: Any) -> list[Any]:
+    if type(value) in (list, tuple):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
 
 
 def verdict_to_wire(verdict: Verdict) -> dict[str, Any]:
@@ -657,12 +273,375 @@ def verdict_to_wire(verdict: Verdict) -> dict[str, Any]:
         "runtime_stats": dict(verdict.runtime_stats),
         "phases": dict(verdict.phases),
         "findings": list(verdict.findings),
-        "reference_failure": verdict.reference_failure,
-        "env": dict(verdict.env),
+        "reference_failure": list(verdict.reference_failure) if verdict.reference_failure else None,
+        "env": kb_correctness.json_safe_metadata(verdict.env),
     }
 
 
-def verdict_from_wire(wire: dict[str, Any]) -> Verdict:
-    verdict = Verdict(**{k: v for k, v in wire.items() if k != "reference_failure"})
-    verdict.reference_failure = tuple(wire["reference_failure"]) if wire["reference_failure"] else None
-    return verdict
+# ---------------------------------------------------------------------------------------- serving
+
+
+class RemoteReferenceFailure(ReferenceFailure):
+    """The worker's cached reference forward failed for a trial; the worker fills in the details."""
+
+    def __init__(self, index: int) -> None:
+        Exception.__init__(self, f"reference failed in trial {index + 1}")
+        self.captured = None  # type: ignore[assignment]
+        self.index = index
+
+
+# The worker's ops a candidate process answers (each a Servant method of that name), besides `finish`.
+OPS = frozenset({"load", "trial", "warmup", "bind", "call", "faithful", "escape", "check", "profile"})
+
+
+class Servant:
+    """One job in a candidate process (module doc)."""
+
+    def __init__(
+        self, channel: Channel, device: torch.device, flusher: kb_timing.L2Flusher, profiler: Any = None
+    ) -> None:
+        self.channel = channel
+        # kb_profile.profile, handed down by kb_process (a floor above this one).
+        self.profiler = profiler
+        self.device = device
+        self.flusher = flusher
+        self.borrowed = Borrowed(device)
+        self.job: dict[str, Any] = {}
+        self.model: Any = None
+        self.path = ""
+        self.integrity: Integrity | None = None
+        self.pinned: dict[str, Any] = {}
+        self.sandbox: dict[str, Any] = {}
+        self.init: list[Any] = []
+        self.inputs: list[Any] = []
+        self.out: Any = None
+        self.timing_args: list[Any] | None = None
+
+    # -- frames
+
+    def next(self) -> Frame:
+        """The worker's next frame; `buffers` frames are taken on the way."""
+        while True:
+            frame = self.channel.recv()
+            if frame.op == "buffers":
+                self.borrowed.take(self.channel, frame)
+                continue
+            return frame
+
+    def value(self, wire: Any) -> Any:
+        return self.borrowed.value(wire)
+
+    # -- the job
+
+    def start(self, job: dict[str, Any]) -> None:
+        """Pin the settings, take the job's scratch folder, enter the sandbox."""
+        self.job = job
+        apply_settings(job["settings"])
+        self.pinned = settings_snapshot()
+        torch.set_printoptions(precision=4, threshold=10, edgeitems=3, linewidth=80)  # as KernelBench's eval
+        scratch = job["scratch"]
+        os.makedirs(scratch, exist_ok=True)
+        os.chdir(scratch)
+        for name in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "TORCH_EXTENSIONS_DIR"):
+            os.environ[name] = scratch
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(scratch, "triton")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(scratch, "inductor")
+        # Confinement only grants folders that exist (a stand-in candidate may come without a build).
+        os.makedirs(job["build_dir"], exist_ok=True)
+        self.sandbox = kb_sandbox.enter_candidate(scratch, [job["build_dir"], scratch])
+        self.integrity = Integrity(job["mode"], self.device, self.pinned)
+
+    def run(self) -> None:
+        while True:
+            frame = self.next()
+            if frame.op == "finish":
+                env = {"sandbox": self.sandbox, "pinned": self.pinned, "isolation": "process"}
+                self.channel.send("bye", env=kb_correctness.json_safe_metadata(env))
+                return
+            if frame.op not in OPS:
+                raise ProtocolError(f"an unknown op {frame.op!r}")
+            getattr(self, frame.op)(frame)
+
+    # -- load
+
+    def load(self, frame: Frame) -> None:
+        job = self.job
+        verdict = Verdict(metadata={"hardware": job["hardware"], "device": str(self.device)})
+        self.init = list(self.value(frame.raw("init")))
+        if job["kind"] == "reference":
+            self._load_reference(verdict)
+        else:
+            self._load_candidate(verdict)
+        ok = self.model is not None and verdict.status == "correct"
+        self.channel.send("loaded", ok=ok, verdict=verdict_to_wire(verdict))
+
+    def _load_candidate(self, verdict: Verdict) -> None:
+        build_dir = self.job["build_dir"]
+        loaded = kb_compile.load_candidate(self.job["source"], build_dir, os.path.join(build_dir, "load.log"))
+        self.path = loaded.candidate_path
+        if not loaded.ok:
+            kb_correctness.compile_failed(verdict, loaded)
+            return
+        assert self.integrity is not None
+        ok = self.integrity.check_process(verdict, "at import")
+        model = construct_or_fail(verdict, self.job, self.device, self.init, loaded)
+        if model is None:
+            if verdict.sticky:
+                kb_correctness.kernelbench_sticky_result(verdict, self.job["hardware"], self.device)
+            return
+        ok = self.integrity.check_process(verdict, "in ModelNew's constructor") and ok
+        if ok:
+            self.model = model
+
+    def _load_reference(self, verdict: Verdict) -> None:
+        """Strict reference timing: the problem's Model built as the worker builds it (set_seed, init
+        inputs, .to), compiled when `eval.reference = "compile"`."""
+        try:
+            problem = kb_reference.load_problem(self.job["reference_code"])
+            model = construct(
+                self.job["seed"], self.device, kb_reference.DTYPES[self.job["precision"]], self.init, problem.model
+            )
+            spec = self.job.get("reference_compile")
+            self.model = kb_reference.compiled_reference(model, spec)
+        except CANDIDATE_ERRORS as exc:
+            verdict.status, verdict.correctness = "runtime_error", False
+            verdict.feedback.append(kb_feedback.exception_line(exc))
+
+    # -- strict correctness trials
+
+    def trial(self, frame: Frame) -> None:
+        index, trials, seed = frame.get_int("index"), frame.get_int("trials"), frame.get_int("seed")
+        inputs = list(self.value(frame.raw("inputs")))
+        out = self.value(frame.raw("out"))
+        rng = _rng_from_wire(frame.get_dict("rng"))
+        label = f"in correctness trial {index + 1} of {trials}"
+        verdict = Verdict()
+        assert self.integrity is not None
+        reply: dict[str, Any] = {"index": index}
+        with torch.no_grad():
+            kb_reference.set_seed(seed)
+            try:
+                self.model = self.model.to(device=self.device, dtype=kb_reference.DTYPES[self.job["precision"]])
+                kb_tensors.restore_rng(rng, self.device)
+                kb_tensors.poison_free_memory(out, self.device)
+                output = self.model(*inputs)
+                kb_tensors.synchronize(self.device)
+                if not self.integrity.after_forward(verdict, output, label):
+                    reply["verdict"] = verdict_to_wire(verdict)
+                else:
+                    reply.update(_copy_out(output, out, self.device))
+            except CANDIDATE_ERRORS as exc:
+                reply["verdict"] = self._exception(verdict, exc, label)
+        if "verdict" not in reply and verdict.findings:
+            reply["findings"] = list(verdict.findings)
+        self.channel.send("trial_done", **reply)
+
+    def _exception(self, verdict: Verdict, exc: BaseException, label: str) -> dict[str, Any]:
+        verdict.metadata["runtime_error"] = kb_feedback.kernelbench_truncate(str(exc))
+        verdict.metadata["runtime_error_name"] = get_error_name(exc)
+        if kb_correctness.fail_candidate_exception(verdict, exc, self.device, self.path, label):
+            kb_correctness.kernelbench_sticky_result(verdict, self.job["hardware"], self.device)
+        return verdict_to_wire(verdict)
+
+    # -- calls the worker times
+
+    def warmup(self, frame: Frame) -> None:
+        inputs = list(self.value(frame.raw("inputs")))
+        reply: dict[str, Any] = {}
+        try:
+            with torch.no_grad():
+                for _ in range(frame.get_int("count")):
+                    self.model(*_fresh(inputs))
+                    kb_tensors.synchronize(self.device)
+        except CANDIDATE_ERRORS as exc:
+            reply["verdict"] = self._exception(Verdict(), exc, "while timing")
+        self.channel.send("warm", **reply)
+
+    def bind(self, frame: Frame) -> None:
+        self.inputs = list(self.value(frame.raw("inputs")))
+        self.out = self.value(frame.raw("out"))
+        self.channel.send("bound")
+
+    def call(self, frame: Frame) -> None:
+        n = frame.get_int("n")
+        if n == NULL_CALL:  # the worker measures the hand-over alone
+            kb_tensors.synchronize(self.device)
+            self.channel.send("done", n=n)
+            return
+        try:
+            with torch.no_grad():
+                output = self.model(*self.inputs)
+            reply = _copy_out(output, self.out, self.device)
+        except CANDIDATE_ERRORS as exc:
+            reply = {"verdict": self._exception(Verdict(), exc, "while timing")}
+        self.channel.send("done", n=n, **reply)
+
+    # -- faithful mode: KernelBench's loop in this process
+
+    def faithful(self, frame: Frame) -> None:
+        job = self.job
+        verdict = Verdict(metadata={"hardware": job["hardware"], "device": str(self.device)})
+        assert self.integrity is not None
+        ref = RemoteReference(self)
+        started = _perf_counter()
+        try:
+            outcome = kb_correctness.run_trials(ref, self.model, job["trials"], verdict, self.path, self.integrity)
+        except ReferenceFailure as failure:
+            verdict.phases["correctness_s"] = _perf_counter() - started
+            verdict.reference_failure = (job["trials"], failure.index)
+            self.channel.send("faithful_done", verdict=verdict_to_wire(verdict))
+            return
+        except CANDIDATE_ERRORS as exc:
+            # Outside the per-trial try (e.g. ModelNew.to failing): KernelBench's outer catch.
+            self._exception(verdict, exc, "during the correctness check")
+            outcome = kb_correctness.LoopOutcome(0, stop=True, poisoned=verdict.sticky)
+        verdict.phases["correctness_s"] = _perf_counter() - started
+        if outcome.poisoned:
+            if verdict.sticky_cause is not None:
+                kb_correctness.kernelbench_sticky_result(verdict, job["hardware"], self.device)
+        elif not outcome.stop:
+            verdict.correctness = outcome.passed == job["trials"]
+            verdict.feedback.append(
+                kb_feedback.correctness_summary(outcome.passed, job["trials"], ref.precision, ref.atol, ref.rtol)
+            )
+            verdict.status = "correct" if verdict.correctness else "incorrect"
+            checked = verdict.correctness and self.integrity.check_process(verdict, "after the correctness trials")
+            if checked and job["timing"]["measure"]:
+                self._faithful_timing(verdict, ref)
+        else:
+            verdict.correctness = False
+        self.channel.send("faithful_done", verdict=verdict_to_wire(verdict))
+
+    def _faithful_timing(self, verdict: Verdict, ref: RemoteReference) -> None:
+        timing = self.job["timing"]
+        started = _perf_counter()
+        try:
+            self.model = self.model.to(device=self.device, dtype=ref.dtype)
+            kb_tensors.synchronize(self.device)
+            self.timing_args = ref.timing_inputs()
+            times = kb_timing.time_callable(self.model, self.timing_args, self.device, timing, self.flusher)
+            verdict.runtime_stats = kb_timing.runtime_stats(times)
+        except CANDIDATE_ERRORS as exc:
+            verdict.phases["timing_s"] = _perf_counter() - started
+            verdict.metadata["error_during_performance"] = str(exc)
+            if kb_correctness.fail_candidate_exception(verdict, exc, self.device, self.path, "while timing"):
+                kb_correctness.kernelbench_sticky_result(verdict, self.job["hardware"], self.device)
+            else:
+                verdict.status = "correct"  # KernelBench keeps correctness; only the runtime stays -1
+            return
+        verdict.phases["timing_s"] = _perf_counter() - started
+        assert self.integrity is not None
+        if not self.integrity.check_process(verdict, "after timing"):
+            verdict.runtime_stats = {}
+
+    def escape(self, frame: Frame) -> None:
+        """Faithful mode's side-stream probe on KernelBench's timing inputs (kb_timing.stream_escape_probe)."""
+        try:
+            args = self.timing_args if self.timing_args is not None else []
+            event_ms, host_ms = kb_timing.stream_escape_probe(self.model, args, self.device)
+            self.channel.send("escape", event_ms=event_ms, host_ms=host_ms)
+        except CANDIDATE_ERRORS as exc:
+            self.channel.send("escape", error=kb_feedback.exception_line(exc))
+
+    def check(self, frame: Frame) -> None:
+        verdict = Verdict()
+        assert self.integrity is not None
+        ok = self.integrity.check_process(verdict, frame.get_str("phase", limit=200))
+        self.channel.send("checked", ok=ok, verdict=verdict_to_wire(verdict))
+
+    def profile(self, frame: Frame) -> None:
+        if self.profiler is None:
+            raise ProtocolError("a profile this process cannot run")
+        result = self.profiler(frame.get_dict("request"), kb_reference.ReferenceCache(), os.getcwd())
+        self.channel.send("profiled", result=kb_correctness.json_safe_metadata(result))
+
+
+def _copy_out(output: Any, out: Any, device: torch.device) -> dict[str, Any]:
+    """The output copied into the worker's buffers, the device synchronised (work on every stream done);
+    or, when it cannot go there, what it is instead (shape, dtype, structure) for the worker's verdict."""
+    got, slots = _leaves(output), _leaves(out)
+    if len(got) != len(slots):
+        return {"mismatch": "structure", "got": f"{len(got)} output(s)", "expected": f"{len(slots)}"}
+    for value, slot in zip(got, slots, strict=True):
+        if type(value) is not torch.Tensor:
+            return {"mismatch": "type", "got": type(value).__name__, "expected": "Tensor"}
+        if tuple(value.shape) != tuple(slot.shape):
+            return {"mismatch": "shape", "got": str(value.shape), "expected": str(slot.shape)}
+        if value.dtype != slot.dtype:
+            return {"mismatch": "dtype", "got": str(value.dtype), "expected": str(slot.dtype)}
+    with torch.no_grad():
+        for value, slot in zip(got, slots, strict=True):
+            slot.copy_(value)
+    kb_tensors.synchronize(device)
+    return {}
+
+
+def _rng_from_wire(wire: dict[str, Any]) -> RngState:
+    cpu = torch.frombuffer(bytearray(bytes.fromhex(wire["cpu"])), dtype=torch.uint8).clone()
+    cuda = wire.get("cuda")
+    cuda_state = torch.frombuffer(bytearray(bytes.fromhex(cuda)), dtype=torch.uint8).clone() if cuda else None
+    return RngState(cpu, cuda_state)
+
+
+def rng_to_wire(state: RngState) -> dict[str, Any]:
+    return {
+        "cpu": bytes(state.cpu.numpy().tobytes()).hex(),
+        "cuda": bytes(state.cuda.numpy().tobytes()).hex() if state.cuda is not None else None,
+    }
+
+
+class RemoteReference:
+    """Faithful mode's view of the worker's reference data (kb_correctness.ReferenceSource): trials and
+    timing inputs lent as copies on request."""
+
+    def __init__(self, servant: Servant) -> None:
+        job = servant.job
+        self.servant = servant
+        self.device = servant.device
+        self.precision = job["precision"]
+        self.dtype = kb_reference.DTYPES[self.precision]
+        self.mode = job["mode"]
+        self.seed = job["seed"]
+        self.atol, self.rtol = float(job["atol"]), float(job["rtol"])
+
+    def _ask(self, what: str, **fields: Any) -> Frame:
+        self.servant.channel.send("ask", what=what, **fields)
+        frame = self.servant.next()
+        if frame.op != "answer":
+            raise ProtocolError(f"a {frame.op!r} frame where an answer was due")
+        return frame
+
+    def trial_seeds(self, trials: int) -> list[int]:
+        return kb_reference.trial_seeds(self.seed, trials)
+
+    def trial(self, trials: int, index: int, seed: int) -> TrialData:
+        answer = self._ask("trial", trials=trials, index=index, seed=seed)
+        if answer.get_bool("reference_failed", optional=True):
+            raise RemoteReferenceFailure(index)
+        inputs = list(self.servant.value(answer.raw("inputs")))
+        wire = answer.raw("expected")
+        if type(wire) is dict and wire.get("t") == "alias":
+            expected = inputs[int(wire["input"])]  # the reference's output is (a view of) this input
+        else:
+            expected = self.servant.value(wire)
+        return TrialData(inputs, expected, _rng_from_wire(answer.get_dict("rng")))
+
+    def verify_trial(self, trials: int, index: int) -> bool:
+        return bool(self._ask("verify", trials=trials, index=index).get_bool("unchanged"))
+
+    def init_inputs(self) -> list[Any]:
+        return list(self.servant.init)
+
+    def timing_inputs(self) -> list[Any]:
+        return list(self.servant.value(self._ask("timing_inputs").raw("inputs")))
+
+
+def serve(channel: Channel, device: torch.device, flusher: kb_timing.L2Flusher, profiler: Any = None) -> None:
+    """In a candidate process, once its device step is done: take one job and serve it (module doc).
+    `profiler` is kb_profile.profile (for `op: profile` jobs)."""
+    servant = Servant(channel, device, flusher, profiler)
+    frame = servant.next()
+    if frame.op != "job":
+        raise ProtocolError(f"a {frame.op!r} frame where a job was due")
+    servant.start(frame.get_dict("job"))
+    servant.run()

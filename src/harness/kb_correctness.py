@@ -1,8 +1,11 @@
-"""Checking one candidate against the cached reference: the verdict, KernelBench's correctness loop
-and the classification of the candidate's failures (metadata exactly as KernelBench writes it).
+"""Checking one candidate against the reference: the verdict, KernelBench's correctness loop and
+comparison, and the classification of the candidate's failures (metadata exactly as KernelBench writes
+it).
 
-Runs in the candidate's own single-use process (kb_candidate); the reference data it checks against
-comes from the persistent worker (kb_reference), through any object with the `ReferenceSource` shape.
+KernelBench's loop (`run_trials`) runs in the candidate's own single-use process in faithful mode
+(kb_candidate), against copies of the worker's reference data lent through any object with the
+`ReferenceSource` shape; strict mode's trials are run by the worker (kb_drive), which uses
+`compare_trial` here on its side.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch
 import kb_feedback
 from kb_feedback import CANDIDATE_ERRORS, get_error_name
 from kb_reference import TrialData, release_memory, set_seed
-from kb_tensors import clone_tensors, poison_free_memory, restore_rng, same_bytes, synchronize
+from kb_tensors import restore_rng, synchronize
 
 STICKY_MARKERS = (
     "CUDA error",
@@ -31,8 +34,8 @@ _ALLCLOSE = torch.allclose
 
 
 class ReferenceSource(Protocol):
-    """What the check needs from the reference: kb_reference.ProblemContext in the worker itself, or
-    kb_candidate.RemoteReference in a candidate process (the same data, shared with the worker)."""
+    """What KernelBench's loop needs from the reference: kb_candidate.RemoteReference in a candidate
+    process (copies of the worker's data, lent on request)."""
 
     device: torch.device
     dtype: torch.dtype
@@ -47,15 +50,6 @@ class ReferenceSource(Protocol):
     def verify_trial(self, trials: int, index: int) -> bool: ...
     def init_inputs(self) -> list[Any]: ...
     def timing_inputs(self) -> list[Any]: ...
-    # Strict timing (kb_strict): warm-up inputs, each timed call's fresh inputs, and the worker's
-    # check of a call's output (the decision and the comparison happen where the session lives).
-    def strict_warmup(self) -> list[Any]: ...
-    def strict_inputs(self, call: int) -> list[Any]: ...
-    def strict_check(self, call: int, output: Any, calls: int) -> str | None: ...
-    # Strict mode's correctness trials: the inputs and the expected output's shapes and dtypes (meta
-    # tensors), then the comparison, done where the expected output is (kb_strict.StrictSession).
-    def strict_trial(self, trials: int, index: int, seed: int) -> TrialData: ...
-    def strict_compare(self, index: int, output: Any) -> TrialComparison: ...
 
 
 class OutputGuard(Protocol):
@@ -286,7 +280,7 @@ def run_trials(
     candidate_path: str,
     guard: OutputGuard | None = None,
 ) -> LoopOutcome:
-    """KernelBench's run_and_check_correctness with the reference served from the cache."""
+    """KernelBench's run_and_check_correctness (faithful mode) with the reference served by the worker."""
     atol, rtol = ctx.atol, ctx.rtol
     metadata = verdict.metadata
     passed = 0
@@ -296,16 +290,12 @@ def run_trials(
     with torch.no_grad():
         for index, seed in enumerate(seeds):
             label = f"in correctness trial {index + 1} of {trials}"
-            # ReferenceFailure escapes, as in KernelBench. In strict mode the expected output stays with
-            # the worker (its shapes and dtypes come as meta tensors) and the worker compares.
-            strict = ctx.mode == "strict"
-            data = ctx.strict_trial(trials, index, seed) if strict else ctx.trial(trials, index, seed)
+            # ReferenceFailure escapes, as in KernelBench.
+            data = ctx.trial(trials, index, seed)
             set_seed(seed)
             model_new = model_new.to(device=ctx.device, dtype=ctx.dtype)
             restore_rng(data.rng, ctx.device)
-            inputs = data.inputs if ctx.mode == "faithful" else clone_tensors(data.inputs)
-            if strict:
-                poison_free_memory(data.output, ctx.device)
+            inputs = data.inputs
             output = data.output
             try:
                 output_new = model_new(*inputs)
@@ -313,10 +303,7 @@ def run_trials(
                 if guard is not None and not guard.after_forward(verdict, output_new, label):
                     ctx.verify_trial(trials, index)
                     return LoopOutcome(passed, stop=True)
-                if strict and _inputs_modified(verdict, data.inputs, inputs, label):
-                    ctx.verify_trial(trials, index)
-                    return LoopOutcome(passed, stop=True)
-                compared = ctx.strict_compare(index, output_new) if strict else compare_trial(output, output_new, atol, rtol, index)
+                compared = compare_trial(output, output_new, atol, rtol, index)
                 if compared.shapes is not None:
                     expected_shape, got_shape = compared.shapes
                     message = f"Output shape mismatch: Expected {expected_shape}, got {got_shape}"
@@ -351,23 +338,6 @@ def run_trials(
     if wrote_inputs:
         verdict.feedback.append(kb_feedback.inputs_written_note(wrote_inputs))
     return LoopOutcome(passed, stop=False)
-
-
-def _inputs_modified(verdict: Verdict, pristine: list[Any], used: list[Any], label: str) -> bool:
-    """Strict mode: the candidate got clones; any change to them fails the candidate."""
-    changed = [i for i, (a, b) in enumerate(zip(pristine, used, strict=True)) if not same_bytes(a, b)]
-    if not changed:
-        return False
-    names = ", ".join(str(i) for i in changed)
-    verdict.metadata["correctness_issue"] = f"Input modified in place: input {names}"
-    verdict.metadata["correctness_issue_name"] = "input_modified"
-    verdict.status = "incorrect"
-    verdict.feedback.append(
-        f"Your ModelNew modified its input tensor(s) {names} in place {label}. Strict mode requires "
-        "inputs to stay unchanged: write results into new output tensors."
-    )
-    return True
-
 
 
 def allclose(expected: Any, got: Any, tol: float, rtol: float | None = None) -> bool:

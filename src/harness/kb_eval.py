@@ -30,8 +30,6 @@ import torch
 
 import kb_candidate
 import kb_feedback
-import kb_native
-import kb_strict
 import kb_timing
 from kb_candidate import construct_candidate
 from kb_correctness import (
@@ -226,26 +224,23 @@ def _job(request: dict[str, Any], hardware: str, kind: str) -> dict[str, Any]:
         "timing": request["timing"],
         "tolerance": request.get("tolerance"),
         "hardware": hardware,
-        # Strict timing's native loop (kb_native), which the process loads before the candidate.
-        "native_timer": kb_native.ensure() if request["mode"] == "strict" else None,
         # The settings the reference ran with; the candidate process sets them before the import.
         "settings": kb_candidate.settings_snapshot(),
     }
 
 
-def _record_strict_timing(verdict: Verdict, strict_ref: kb_strict.StrictReference | None) -> None:
+def _record_strict_timing(verdict: Verdict, strict_ref: dict[str, Any] | None) -> None:
     """The regimes the candidate's and the reference's strict times were taken under, side by side."""
     regime = verdict.metadata.get("strict_timing")
     if regime is None or "candidate" in regime:
         return
     verdict.metadata["strict_timing"] = {
         "candidate": regime,
-        "reference": strict_ref.regime if strict_ref is not None else None,
-        "reference_timed_in": strict_ref.timed_in
+        "reference": strict_ref,
+        "reference_timed_in": "process"
         if strict_ref is not None
         else f"not timed by this worker ({verdict.ref_runtime_source or 'no reference time'})",
     }
-
 
 
 def _evaluate_into(
@@ -285,7 +280,6 @@ def _evaluate_into(
         if mode == "strict":
             strict_ref = worker.strict_references.get(reference_timing_key(request, ctx))
             _record_strict_timing(verdict, strict_ref)
-            kb_strict.hold_to_worker_clock(verdict, strict_ref)
         if verdict.runtime_stats:
             _add_timing_feedback(verdict)
             _guard_speedup(verdict, request, worker, ctx, hardware)
@@ -366,6 +360,9 @@ def reference_timing(verdict: Verdict, request: dict[str, Any], worker: Worker, 
         else:
             worker.settle_spares()  # nothing starting on the device while the reference is timed here
             stats = kb_timing.runtime_stats(time_reference(ctx, request["timing"], worker.flusher, inputs_key))
+    except ReferenceUntimed as exc:
+        verdict.feedback.append(f"(The reference could not be timed: {exc})")
+        return
     except CANDIDATE_ERRORS as exc:
         verdict.feedback.append(f"(The reference could not be timed: {kb_feedback.exception_line(exc)})")
         return
@@ -376,49 +373,36 @@ def reference_timing(verdict: Verdict, request: dict[str, Any], worker: Worker, 
 def _reference_job(request: dict[str, Any], ctx: ProblemContext, build_dir: str) -> dict[str, Any]:
     """A strict reference-timing job: a candidate's job (`_job`) whose code is the problem's own."""
     return {
-        "kind": "reference",
+        **_job(request, hardware_name(ctx.device), "reference"),
         "reference_code": request["problem"]["code"],
+        "reference_compile": request["timing"].get("reference_compile"),
         "source": "",
         "build_dir": build_dir,
-        "device": request["device"],
-        "precision": request["precision"],
-        "mode": request["mode"],
-        "seed": request["seed"],
-        "trials": request["correct_trials"],
-        "timing": request["timing"],
-        "tolerance": request.get("tolerance"),
-        "hardware": hardware_name(ctx.device),
-        "native_timer": kb_native.ensure(),
-        "settings": kb_candidate.settings_snapshot(),
     }
+
+
+class ReferenceUntimed(RuntimeError):
+    """Strict mode's reference timing process gave no time (its reason is the message)."""
 
 
 def time_strict_reference(
     request: dict[str, Any], worker: Worker, ctx: ProblemContext, key: int | None, every: bool
-) -> tuple[dict[str, Any], kb_strict.StrictReference]:
-    """Strict mode's reference time (stats) and how it was taken. Taken as a candidate's is, so that
-    identical code gets a speedup of 1 up to noise: in a single-use process served by this worker
-    (kb_candidate.time_reference_job: the same strict_times, the same session kind, inputs from `key`,
-    checks of every call when `every`, as the candidate's re-time has). Falls back to the worker's own
-    native loop (recorded, and without a worker-clock calibration) when that process cannot time it."""
-    timing = request["timing"]
-    regime = kb_strict.strict_regime(ctx, timing)
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Strict mode's reference time (stats) and its regime. Taken as a candidate's is, so that identical
+    code gets a speedup of 1 up to noise: in a single-use process driven by this worker (kb_drive: the
+    same loop, clock, inputs from `key`, checks of every call when `every`, as the candidate's re-time
+    has). There is no other way to time it: a reference that cannot be timed so stays untimed
+    (ReferenceUntimed), since a time taken in another regime would bias the speedup."""
     build_dir = tempfile.mkdtemp(prefix="krefine-reference-")
     try:
         with ctx.cache.reference_work():
             run = run_candidate(worker, _reference_job(request, ctx, build_dir), ctx, key=key, every=every)
     finally:
         shutil.rmtree(build_dir, ignore_errors=True)
-    clock = run.metadata.get("worker_clock") or {}
-    if run.status == "correct" and run.runtime_stats and clock.get("observed_mean_ms") is not None:
-        overhead = max(0.0, float(clock["observed_mean_ms"]) - float(run.runtime_stats["mean"]))
-        where = "process" if worker.isolate else "in_worker"  # in_worker: the harness's unit tests only
-        return dict(run.runtime_stats), kb_strict.StrictReference(where, regime, overhead)
+    if run.status == "correct" and run.runtime_stats:
+        return dict(run.runtime_stats), dict(run.metadata.get("strict_timing") or {})
     why = "; ".join(run.feedback[-1:]) or run.status
-    print(f"krefine harness: strict reference timing in a process failed ({why}); timing it here", file=sys.stderr)
-    worker.settle_spares()
-    times = time_reference(ctx, timing, worker.flusher, key)
-    return kb_timing.runtime_stats(times), kb_strict.StrictReference(f"worker: {why}", regime, None)
+    raise ReferenceUntimed(f"strict timing of the reference in its own process failed: {why}")
 
 
 def _add_timing_feedback(verdict: Verdict) -> None:
@@ -514,14 +498,16 @@ def _guard_speedup(
     # on inputs of its own secret seed.
     retimed = run_candidate(worker, _job(request, hardware, "retime"), ctx)
     verdict.findings.extend(f for f in retimed.findings if f not in verdict.findings)
+    ref_stats: dict[str, Any] = {}
     if retimed.status == "correct" and retimed.runtime_stats:
         # The reference re-timed as the candidate was: a fresh secret, every call checked.
-        ref_stats, strict_ref = time_strict_reference(request, worker, ctx, None, every=True)
-        kb_strict.hold_to_worker_clock(retimed, strict_ref)
-        verdict.findings.extend(f for f in retimed.findings if f not in verdict.findings)
+        try:
+            ref_stats, _ = time_strict_reference(request, worker, ctx, None, every=True)
+        except ReferenceUntimed as exc:
+            retimed.feedback.append(str(exc))
     new = retimed.runtime_stats.get("mean") if retimed.status == "correct" else None
     reverified = None
-    if new:
+    if new and ref_stats:
         reverified = float(ref_stats["mean"]) / float(new)
     check["reverified_speedup"] = reverified
     check["verified"] = reverified is not None and reverified >= REVERIFY_KEEPS * speedup

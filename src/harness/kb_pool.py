@@ -2,36 +2,47 @@
 
 `Worker` keeps what a worker holds between requests: the reference data (kb_reference's
 ReferenceCache), strict reference timings, the L2 flusher, and the warm candidate processes
-(kb_process) that take one job each and exit. `run_candidate` runs one job (a candidate's
-evaluation, its strict re-time, the reference's strict timing) in a fresh process, or in this one
-for the harness's unit tests, with strict mode's session held by the worker (kb_strict): a strict
-result that claims more trials or timed calls than the worker served is refused as forged, and the
-time the worker spent on the reference meanwhile is booked as reference time. A message on the pipe
-the harness never sends fails the candidate (kb_wire). `profile_isolated` runs `op: profile` in such
-a process. kb_eval builds on this: what to run, the reference's timing, the speedup guard, the
-response.
+(kb_process) that take one job each. `run_candidate` runs one job (a candidate's evaluation, its strict
+re-time, the reference's strict timing) in a fresh process, driven by kb_drive; the time the worker
+spent on the reference meanwhile is booked as reference time. `profile_isolated` runs `op: profile` in
+such a process.
+
+One candidate must not reach the next. After its job, a candidate process is killed at once (it gets
+no grace to linger), and before the next timed loop the worker waits until it is gone, frees what it
+lent it, removes its scratch folder, and sweeps: every process descended from the worker that is not
+the forkserver, its resource tracker, a spare or the job's own process, and that is not in the
+worker's own session, is killed (a candidate process starts a session of its own before its job, so
+whatever it forks carries that mark, however it detaches; the worker is a child subreaper, so such a
+process, orphaned, is still the worker's descendant). A forkserver found dead after a job was killed
+by that job's candidate, which is blamed (`harness_tampering`): the worker starts a new server from a
+clean state and drops the spares forked from the old one. A forkserver that dies between jobs is
+restarted, and a job whose process could not start because of it is started again, never failed.
 """
 
 from __future__ import annotations
 
-import multiprocessing.util
-import statistics
+import contextlib
+import os
+import secrets
+import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import kb_candidate
-import kb_profile
-import kb_strict
+import kb_drive
+import kb_feedback
+import kb_process
 import kb_timing
-import kb_wire
-from kb_correctness import Verdict
+from kb_channel import ProtocolError
+from kb_correctness import Verdict, is_out_of_memory
+from kb_exchange import Exchange
+from kb_feedback import get_error_name
 from kb_process import BadFork, CandidateProcess, ChildDied
 from kb_reference import ProblemContext, ReferenceCache, select_device, tolerance
 
-# A candidate process still alive this long after its result is killed (it should exit at once).
-RETIRED_GRACE_S = 5.0
 # Warm candidate processes kept per device. On a GPU three, and a replacement starts warming as soon
 # as one is taken: a forked process needs about 0.4 s for its CPU step and 0.2-0.5 s for its CUDA
 # context on the H200, a candidate about 0.8 s, so back-to-back candidates rarely wait. On the CPU one,
@@ -39,57 +50,94 @@ RETIRED_GRACE_S = 5.0
 SPARES = {"cuda": 3, "cpu": 1}
 # How long settle_spares waits for one spare's device step (a CUDA context takes well under a second).
 SPARE_START_TIMEOUT_S = 60.0
+# How long the worker waits for a killed candidate process to be gone before a timed loop.
+REAP_TIMEOUT_S = 30.0
+# Starting a candidate process through a forkserver that just died: tries before giving up.
+START_TRIES = 3
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class Retired:
+    """A candidate process that has had its job: killed, then joined, its lent buffers freed and its
+    scratch folder removed before anything else is timed."""
+
+    def __init__(self, process: CandidateProcess, exchange: Exchange | None, scratch: str | None) -> None:
+        self.process = process
+        self.exchange = exchange
+        self.scratch = scratch
+
+    def collect(self, timeout: float) -> None:
+        self.process.kill()
+        self.process.join(timeout)
+        if self.exchange is not None:
+            self.exchange.close()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 class Worker:
-    """State a worker keeps between requests. `isolate=False` runs candidates in this process (only
-    for the harness's own unit tests of the checking logic: state then leaks between candidates)."""
+    """State a worker keeps between requests (module doc). `isolate=False` starts no spares ahead of
+    need (a worker that only prepares reference data)."""
 
     def __init__(self, isolate: bool = True) -> None:
         self.references = ReferenceCache()
         # Strict reference timings, keyed as ReferenceCache.ref_timings (reference_timing_key).
-        self.strict_references: dict[tuple[Any, ...], kb_strict.StrictReference] = {}
+        self.strict_references: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.flusher = kb_timing.L2Flusher()
         self.isolate = isolate
         self.spares: list[CandidateProcess] = []
-        # Processes that were handed a job; they exit by themselves and are reaped on the next take.
-        self.retired: list[CandidateProcess] = []
+        # Processes that had a job, to be collected before the next timed loop (Retired).
+        self.retired: list[Retired] = []
+        # The process running the current job (not a stray for the sweep).
+        self.current: CandidateProcess | None = None
         # A candidate process that died: by default the worker ends the same way (see ChildDied).
         self.on_child_death = ChildDied.reproduce
         self.processes_started = 0
         self.warned_preload = False
+        # Stray processes killed by sweeps (tests assert it; the log says it).
+        self.strays_killed = 0
+        # The sessions of the candidate processes that had a job (each starts its own: kb_process); what
+        # runs in one of them after its job is a stray.
+        self.candidate_sessions: set[int] = set()
+        # Whether every process below this one is the worker's (PID 1 of its sandbox, or a serving worker,
+        # `krefine_harness serve`): then a child in another session that it did not start is adopted
+        # (an orphan) and a stray. Not in the harness's tests, where the worker shares its process tree.
+        self.owns_tree = os.getpid() == 1
+        # Forkservers restarted after one died (tests assert it).
+        self.forkserver_restarts = 0
         # How candidate processes start: forked from a torch-preloaded server, or spawned (fallback).
         self.start_method = "forkserver"
-        multiprocessing.util.Finalize(self, _kill_all, args=(self.spares,), exitpriority=10)
-        multiprocessing.util.Finalize(self, _kill_all, args=(self.retired,), exitpriority=10)
+        self.scratch_root = os.path.join(os.getcwd(), "candidates")
+        become_subreaper()
+
+    # -- processes
 
     def take_process(self, device: str) -> tuple[CandidateProcess, float]:
         """A warm candidate process for `device` and how long we waited for it to be ready."""
-        self.reap()
         started = time.perf_counter()
+        self.collect(wait=False)
         self.grant_spares()  # nothing is timed between jobs: every spare that asked may take its device step
         while self.spares and (self.spares[0].device != device or not self.spares[0].process.is_alive()):
             self.spares.pop(0).kill()
         process = self.spares.pop(0) if self.spares else self._start(device)
-        try:
-            process.wait_ready()
-        except BadFork:
-            self._forks_cannot_use_cuda()
-            process = self._start(device)
-            process.wait_ready()
-        self.retired.append(process)
-        return process, time.perf_counter() - started
-
-    def reap(self) -> None:
-        """Collect candidate processes that have finished (each exits by itself after its result)."""
-        for process in list(self.retired):
-            if not process.process.is_alive():
-                process.process.join(0)
-                process.conn.close()
-                self.retired.remove(process)
-            elif process.finished is not None and time.perf_counter() - process.finished > RETIRED_GRACE_S:
+        for attempt in range(START_TRIES):
+            try:
+                process.wait_ready()
+                break
+            except BadFork:
+                self._forks_cannot_use_cuda()
+                process = self._start(device)
+            except (ChildDied, RuntimeError):
+                # A process that died while starting (its forkserver died under it): start another.
                 process.kill()
-                self.retired.remove(process)
+                if attempt == START_TRIES - 1:
+                    raise
+                self._restart_forkserver_if_dead()
+                process = self._start(device)
+        self.current = process
+        if process.pid is not None:
+            self.candidate_sessions.add(process.pid)  # the process started its own session (kb_process)
+        return process, time.perf_counter() - started
 
     def grant_spares(self) -> None:
         """Let every spare that has finished its CPU step take its device step (kb_process's module
@@ -110,12 +158,19 @@ class Worker:
         for process in list(self.spares):
             if process.state != "granted":
                 continue
-            if not process.conn.poll(SPARE_START_TIMEOUT_S):
+            if not process.channel.poll(SPARE_START_TIMEOUT_S):
                 # A spare that hangs while starting is dropped, not waited for: the loop it would stall
                 # is a candidate's, whose timeout it must not become.
                 self._drop(process)
             elif self._advance(process, process.wait_ready) == "bad_fork":
                 return
+
+    def before_timing(self) -> None:
+        """Nothing but the job's own process may run when a loop is timed: earlier candidate processes
+        gone, strays killed, no spare creating its CUDA context."""
+        self.collect(wait=True)
+        self.sweep()
+        self.settle_spares()
 
     def _advance(self, process: CandidateProcess, step: Callable[[], object]) -> str:
         """One start-up step of a spare: "ok"; "dropped" (it failed to start: gone from the pool);
@@ -125,7 +180,7 @@ class Worker:
         except BadFork:
             self._forks_cannot_use_cuda()
             return "bad_fork"
-        except (ChildDied, RuntimeError):
+        except (ChildDied, RuntimeError, OSError):
             self._drop(process)
             return "dropped"
         return "ok"
@@ -141,7 +196,8 @@ class Worker:
             )
 
     def _drop(self, process: CandidateProcess) -> None:
-        self.spares.remove(process)
+        if process in self.spares:
+            self.spares.remove(process)
         process.kill()
 
     def _forks_cannot_use_cuda(self) -> None:
@@ -152,18 +208,185 @@ class Worker:
     def warm_spares(self, device: str) -> None:
         if not self.isolate:
             return
+        self._restart_forkserver_if_dead()
         wanted = SPARES["cuda" if device.startswith("cuda") else "cpu"]
         while len(self.spares) < wanted:
             self.spares.append(self._start(device))
         self.grant_spares()
 
     def _start(self, device: str) -> CandidateProcess:
-        self.processes_started += 1
-        return CandidateProcess(device, self.start_method)
+        for attempt in range(START_TRIES):
+            try:
+                self.processes_started += 1
+                return CandidateProcess(device, self.start_method)
+            except (ConnectionError, FileNotFoundError, EOFError, OSError):
+                # The forkserver died since it was last used (and is not yet known dead): start a new
+                # one and try again; a job must not fail for krefine's own process.
+                if attempt == START_TRIES - 1:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+                self._restart_forkserver_if_dead(force=True)
+        raise AssertionError("unreachable")
+
+    def _restart_forkserver_if_dead(self, force: bool = False) -> bool:
+        """A dead forkserver replaced by a new one (from kb_process.start_forkserver's clean state), its
+        spares dropped. True when it was dead."""
+        if kb_process.forkserver_alive() and not force:
+            return False
+        pid = kb_process.forkserver_pid()
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, 0)
+        from multiprocessing import forkserver
+
+        server: Any = forkserver._forkserver
+        if server._forkserver_alive_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(server._forkserver_alive_fd)
+        server._forkserver_address = None
+        server._forkserver_alive_fd = None
+        server._forkserver_pid = None
+        _kill_all(self.spares)
+        self.forkserver_restarts += 1
+        print("krefine harness: the forkserver had died; started a new one", file=sys.stderr)
+        if self.start_method == "forkserver":
+            kb_process.start_forkserver()
+        return True
+
+    def retire(self, process: CandidateProcess, exchange: Exchange | None, scratch: str | None) -> None:
+        """The job's process is done: it and everything it started are killed now (collected before the
+        next timed loop)."""
+        if process.pid is not None:
+            for pid, _ in descendants_with_parents(process.pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+        process.kill()
+        if self.current is process:
+            self.current = None
+        self.retired.append(Retired(process, exchange, scratch))
+
+    def collect(self, wait: bool) -> None:
+        """Collect retired processes: all of them (`wait`: before a timed loop), or those already gone."""
+        for retired in list(self.retired):
+            if wait or not retired.process.process.is_alive():
+                retired.collect(REAP_TIMEOUT_S)
+                self.retired.remove(retired)
+
+    def sweep(self) -> int:
+        """Kill every stray process (module doc); returns how many were killed. Among the worker's
+        descendants a stray is a process in a candidate process's session (everything a candidate forks
+        stays in it unless it starts a session of its own), or in a session whose leader is gone (a
+        daemon's double fork), or, where the worker is the root of its own process tree (PID 1 of its
+        sandbox, or a serving worker), a child of the worker's in another session that the worker did not
+        start (an orphan adopted by this subreaper). The worker's own helpers stay in its session."""
+        known = {os.getpid()}
+        known.update(p for p in (kb_process.forkserver_pid(), _tracker_pid()) if p is not None)
+        known.update(p.pid for p in self.spares if p.pid is not None)
+        if self.current is not None and self.current.pid is not None:
+            known.add(self.current.pid)
+        own_session = os.getsid(0)
+        killed = 0
+        for pid, ppid in descendants_with_parents(os.getpid()):
+            if pid in known:
+                continue
+            try:
+                session = os.getsid(pid)
+            except (ProcessLookupError, PermissionError):
+                continue
+            if session == own_session:
+                continue  # the worker's own helpers (input makers, header builds, ncu)
+            adopted = self.owns_tree and ppid == os.getpid()
+            leaderless = session != pid and not os.path.exists(f"/proc/{session}")
+            if session in self.candidate_sessions or leaderless or adopted:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+        if killed:
+            self.strays_killed += killed
+            print(f"krefine harness: killed {killed} stray process(es) a candidate left behind", file=sys.stderr)
+            reap_orphans()
+        return killed
+
+    def new_scratch(self) -> str:
+        """A fresh folder for one job, named so that no earlier candidate could have guessed it."""
+        os.makedirs(self.scratch_root, exist_ok=True)
+        path = os.path.join(self.scratch_root, f"c-{secrets.token_hex(8)}")
+        os.makedirs(path, mode=0o700)
+        return path
 
     def close(self) -> None:
         _kill_all(self.spares)
-        _kill_all(self.retired)
+        if self.current is not None:
+            self.current.kill()
+        for retired in self.retired:
+            retired.process.kill()
+        self.collect(wait=True)
+
+
+def become_subreaper() -> None:
+    """Orphans of this process's descendants become its children (kb_pool's sweep finds them)."""
+    import ctypes
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _tracker_pid() -> int | None:
+    from multiprocessing import resource_tracker
+
+    pid = resource_tracker._resource_tracker._pid  # type: ignore[attr-defined]
+    return int(pid) if pid is not None else None
+
+
+def descendants(root: int) -> list[int]:
+    """Every process whose parent chain reaches `root` (read from /proc)."""
+    return [pid for pid, _ in descendants_with_parents(root)]
+
+
+def descendants_with_parents(root: int) -> list[tuple[int, int]]:
+    """(pid, parent pid) of every process whose parent chain reaches `root` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses; split after the last ')'.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found: list[tuple[int, int]] = []
+    stack = [root]
+    while stack:
+        parent = stack.pop()
+        for child in children.get(parent, []):
+            found.append((child, parent))
+            stack.append(child)
+    return found
+
+
+def reap_orphans() -> None:
+    """Collect exited children that no one waits for (killed strays reparented to this subreaper);
+    children this process started itself are left to their owners (multiprocessing, subprocess)."""
+    for pid in descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if fields and fields[0] == b"Z" and int(fields[1]) == os.getpid():
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
 
 
 def _kill_all(processes: list[CandidateProcess]) -> None:
@@ -171,117 +394,118 @@ def _kill_all(processes: list[CandidateProcess]) -> None:
         processes.pop().kill()
 
 
-def _run_in_process_or_here(worker: Worker, job: dict[str, Any], ctx: ProblemContext) -> tuple[Verdict, float]:
-    """`job`'s verdict from a fresh candidate process (or from this one, for unit tests), and how long
-    it waited for a warm process."""
-    if not worker.isolate:
-        pinned = kb_candidate.settings_snapshot()
-        runs = {"retime": kb_candidate.retime_candidate, "reference": kb_candidate.time_reference_job}
-        run = runs.get(job["kind"], kb_candidate.evaluate_candidate)
-        return run(job, ctx, worker.flusher, pinned), 0.0
+# ------------------------------------------------------------------------------------------- jobs
+
+
+def forbidden_message_verdict(message: str) -> Verdict:
+    """The candidate's process sent the worker something the harness never sends: nothing of it ran
+    here (kb_channel), the process is gone, and the candidate fails, in either mode (KernelBench's
+    harness has no such channel to abuse)."""
+    text = f"the candidate's process sent the worker a message the harness never sends: {message}"
+    verdict = Verdict(status="runtime_error", compiled=True, correctness=False)
+    verdict.metadata["runtime_error"] = text
+    verdict.metadata["runtime_error_name"] = "forbidden_message"
+    verdict.findings.append({"category": "forbidden_message", "severity": "error", "message": text})
+    verdict.feedback.append(
+        f"Integrity check failed: {text}. Candidates must not touch the harness's channel to the worker."
+    )
+    return verdict
+
+
+def reference_error_verdict(error: kb_drive.ReferenceServingError) -> Verdict:
+    """The reference (not the candidate) failed while the worker made data for the job; an
+    out-of-memory error is marked so that kb_eval evaluates once more after freeing krefine's caches."""
+    exc = error.exc
+    print(f"krefine harness: {error}", file=sys.stderr)
+    verdict = Verdict(status="reference_error", compiled=True, correctness=False)
+    verdict.metadata["runtime_error"] = str(exc)
+    verdict.metadata["runtime_error_name"] = get_error_name(exc)
+    if is_out_of_memory(exc):
+        verdict.metadata["reference_out_of_memory"] = True
+    verdict.feedback.append(
+        "The reference PyTorch Model itself failed on this machine (this is not your code's fault), "
+        f"so the candidate cannot be checked.\n{kb_feedback.exception_line(exc)}"
+    )
+    return verdict
+
+
+def tampering_verdict() -> Verdict:
+    """The candidate killed the forkserver the worker starts candidate processes from."""
+    text = (
+        "the worker's process server died while this candidate ran: candidates must not signal, write to "
+        "or otherwise touch processes of the harness"
+    )
+    verdict = Verdict(status="runtime_error", compiled=True, correctness=False)
+    verdict.metadata["runtime_error"] = text
+    verdict.metadata["runtime_error_name"] = "harness_tampering"
+    verdict.findings.append({"category": "harness_tampering", "severity": "error", "message": text})
+    verdict.feedback.append(f"Integrity check failed: {text}.")
+    return verdict
+
+
+def public_job(job: dict[str, Any], ctx: ProblemContext) -> dict[str, Any]:
+    """The job as the candidate process gets it: what it needs to load and run, nothing secret."""
+    atol, rtol = tolerance(ctx.precision, job.get("tolerance"))
+    return {**job, "atol": atol, "rtol": rtol}
+
+
+def run_candidate(
+    worker: Worker, job: dict[str, Any], ctx: ProblemContext, key: int | None = None, every: bool = False
+) -> Verdict:
+    """Run a job in a fresh candidate process, driven by kb_drive. Time the worker spends on the
+    reference meanwhile is booked as reference time. `key` fixes the strict inputs (the reference's
+    cached timing), `every` checks every timed call."""
+    reference_before, timing_before = ctx.build_seconds, ctx.timing_build_seconds
+    started = time.perf_counter()
     process, waited = worker.take_process(job["device"])
     if job["device"].startswith("cuda"):
         # The replacement starts its CPU step now; its device step is granted while this job loads and
         # is checked, or after its result, never while it is timed (settle_spares, grant_spares).
         worker.warm_spares(job["device"])
-    try:
-        wire = process.run(job, ctx, between=worker.grant_spares, before_timing=worker.settle_spares)
-        worker.grant_spares()
-        try:
-            return kb_candidate.verdict_from_wire(wire), waited
-        except (KeyError, TypeError, ValueError) as exc:
-            raise kb_wire.ForbiddenMessage(f"a result that is not a verdict ({exc})") from None
-    except kb_wire.ForbiddenMessage as exc:
-        return forbidden_message_verdict(exc), waited
-    except ChildDied as died:
-        if job["kind"] == "reference":
-            # The reference's own timing process (trusted code, no candidate in it): its death is not a
-            # candidate's to report, so the worker lives on and times the reference itself.
-            failed = Verdict(status="runtime_error", compiled=True, correctness=False)
-            failed.feedback.append(f"the reference's timing process ended without a result ({died})")
-            return failed, waited
-        print(f"krefine harness: {died}; ending the worker the same way", file=sys.stderr)
-        worker.close()
-        worker.on_child_death(died)
-        raise
-
-
-def forbidden_message_verdict(exc: kb_wire.ForbiddenMessage) -> Verdict:
-    """The candidate's process wrote something to the worker's pipe that the harness never sends (a
-    crafted pickle, a forged result): nothing of it ran here (kb_wire), the process is gone, and the
-    candidate fails, in either mode (KernelBench's harness has no such pipe to abuse)."""
-    message = f"the candidate's process sent the worker a message the harness never sends: {exc}"
-    verdict = Verdict(status="runtime_error", compiled=True, correctness=False)
-    verdict.metadata["runtime_error"] = message
-    verdict.metadata["runtime_error_name"] = "forbidden_message"
-    verdict.findings.append({"category": "forbidden_message", "severity": "error", "message": message})
-    verdict.feedback.append(
-        f"Integrity check failed: {message}. Candidates must not touch the harness's pipe to the worker."
-    )
-    return verdict
-
-
-def _hold_to_compared_trials(verdict: Verdict, passed: int, trials: int) -> None:
-    """Strict mode: the worker compared the correctness trials itself; a result from the candidate's
-    process that claims correct with fewer trials passed here is forged (the process wrote its own)."""
-    if passed == trials:
-        return
-    message = f"the candidate's process reported it correct, but {passed} of {trials} trials passed the worker's comparison"
-    kb_strict.refuse_forged(verdict, message)
-
-
-def _hold_to_timed_checks(verdict: Verdict, session: kb_strict.StrictSession, timing: dict[str, Any]) -> None:
-    """Strict mode: a timed result stands only if the worker served every timed call it reports and none
-    of its checks failed. A result with times for calls that never asked for inputs, or correct after a
-    failed check, was written by something other than the harness's loop (a replaced timer, a patched
-    check): refused as forged."""
-    timed = int(verdict.runtime_stats.get("num_trials", 0)) + int(timing["discard_first"])
-    if session.problems == 0 and session.calls >= timed:
-        return
-    if session.problems:
-        message = f"the candidate's process reported it correct and timed, but {session.problems} of the worker's checks of its timed calls failed"
-    else:
-        message = f"the candidate's process reported {timed} timed calls, but the worker handed out inputs for {session.calls}"
-    kb_strict.refuse_forged(verdict, message)
-
-
-def run_candidate(
-    worker: Worker, job: dict[str, Any], ctx: ProblemContext, key: int | None = None, every: bool | None = None
-) -> Verdict:
-    """Run a job in a fresh candidate process (or, for unit tests, here), with the reference served
-    from `ctx`. Time the worker spends on the reference meanwhile is booked as reference time. `key`
-    fixes the strict inputs (the reference's cached timing), `every` checks every timed call."""
-    reference_before, timing_before = ctx.build_seconds, ctx.timing_build_seconds
-    started = time.perf_counter()
-    # Strict timing's secrets and checks live here, in the worker, for this one run (kb_strict); in
-    # faithful mode they serve the fresh-input probe after KernelBench's loop, every output checked.
-    if every is None:
-        every = job["kind"] == "retime" or ctx.mode != "strict"
-    session = ctx.strict_session = kb_strict.StrictSession(
-        ctx, every=every, key=key, tolerance=tolerance(ctx.precision, job.get("tolerance"))
+    exchange = Exchange(ctx.device)
+    scratch = worker.new_scratch()
+    driver = kb_drive.Driver(
+        process,
+        ctx,
+        {**public_job(job, ctx), "scratch": scratch},
+        exchange,
+        worker.flusher,
+        between=worker.grant_spares,
+        before_timing=worker.before_timing,
     )
     try:
-        verdict, waited = _run_in_process_or_here(worker, job, ctx)
-        # What the worker records about strict timing is its own: whatever the process wrote there goes.
-        verdict.metadata.pop("worker_clock", None)
-        verdict.metadata.pop("strict_timing", None)
-        if ctx.mode == "strict" and job["kind"] == "evaluate" and verdict.status == "correct":
-            _hold_to_compared_trials(verdict, session.trials_passed, job["trials"])
-        if ctx.mode == "strict" and verdict.status == "correct" and verdict.runtime_stats:
-            _hold_to_timed_checks(verdict, session, job["timing"])
-        if ctx.mode == "strict" and verdict.status == "correct" and verdict.runtime_stats:
-            observed = session.observed_timed_ms(int(job["timing"]["discard_first"]))
-            verdict.metadata["worker_clock"] = {
-                "observed_mean_ms": statistics.fmean(observed) if observed else None,
-                "observed_trimmed_ms": kb_strict.trimmed_mean(observed) if observed else None,
-                "observed_calls": len(observed),
-                "reported_mean_ms": float(verdict.runtime_stats["mean"]),
-            }
-            verdict.metadata["strict_timing"] = kb_strict.strict_regime(ctx, job["timing"])
-    finally:
-        if ctx.strict_session is not None:
-            ctx.strict_session.close()
-        ctx.strict_session = None
+        verdict = driver.run(key=key, every=every)
+    except kb_drive.ForbiddenMessage as exc:
+        verdict = forbidden_message_verdict(str(exc))
+    except kb_drive.ReferenceServingError as exc:
+        verdict = reference_error_verdict(exc)
+    except kb_drive.ProcessSilent as exc:
+        process.kill()
+        verdict = Verdict(status="runtime_error", compiled=True, correctness=False)
+        verdict.metadata["runtime_error"] = str(exc)
+        verdict.metadata["runtime_error_name"] = "timeout"
+        verdict.feedback.append(f"{exc}: it was ended.")
+    except kb_drive.ProcessGone:
+        process.join(10)
+        died = ChildDied(process.process.exitcode)
+        # A candidate process dies with its forkserver (PR_SET_PDEATHSIG): give a dying server the
+        # moment its exit takes to show before deciding whose death this is.
+        if kb_process.forkserver_alive(settle_s=1.0) and job["kind"] != "reference":
+            worker.retire(process, exchange, scratch)
+            print(f"krefine harness: {died}; ending the worker the same way", file=sys.stderr)
+            worker.close()
+            worker.on_child_death(died)
+            raise died from None
+        # The reference's own timing process (trusted code, no candidate in it), or a process that died
+        # with its forkserver: not a candidate's crash to report the way the candidate died.
+        verdict = Verdict(status="runtime_error", compiled=True, correctness=False)
+        verdict.feedback.append(f"the job's process ended without a result ({died})")
+    worker.retire(process, exchange, scratch)
+    if not kb_process.forkserver_alive():
+        # Only the job's own process ran anything a candidate wrote while the server died.
+        if job["kind"] != "reference":
+            verdict = tampering_verdict()
+        worker._restart_forkserver_if_dead()
     total = time.perf_counter() - started
     # Reference data built while the candidate waited for it: trials during its check, the timing
     # inputs during its timing. Booked as reference time, taken out of the phase it waited in.
@@ -293,35 +517,54 @@ def run_candidate(
     measured = sum(verdict.phases[k] for k in ("load_s", "correctness_s", "timing_s", "reference_s"))
     # What isolation costs this candidate: waiting for a warm process, handing it the job and the
     # reference data, and its exit.
-    verdict.phases["isolation_s"] = max(0.0, total - waited - measured) if worker.isolate else 0.0
+    verdict.phases["isolation_s"] = max(0.0, total - waited - measured)
     verdict.phases["spawn_wait_s"] = verdict.phases.get("spawn_wait_s", 0.0) + waited
     return verdict
 
+
 def profile_isolated(request: dict[str, Any], worker: Worker, scratch: str) -> dict[str, Any]:
     """`op: profile` in a fresh candidate process (the profile imports and runs the candidate)."""
-    if not worker.isolate:
-        return kb_profile.profile(request, worker.references, scratch)
+    import kb_profile
+
     process, _ = worker.take_process(request["device"])
+    folder = worker.new_scratch()
     # ncu is started from here, not from the confined candidate process: its injection needs, while
     # CUDA initialises in the profiled process, writes the confinement refuses; that process confines
     # itself once CUDA is up (kb_profile.ncu_target).
     job = {
         "kind": "profile",
-        "request": {**request, "ncu_from_worker": True},
+        "mode": request.get("mode", "faithful"),
+        "device": request["device"],
+        "hardware": "",
         "build_dir": request["candidate"]["build_dir"],
+        "scratch": folder,
         "settings": kb_candidate.settings_snapshot(),
     }
     try:
-        # A profile asks for no reference data.
-        result: dict[str, Any] = process.run(job, None)  # type: ignore[arg-type]
-    except ChildDied as died:
+        process.channel.send("job", job=job)
+        process.channel.send("profile", request={**request, "ncu_from_worker": True})
+        frame = process.channel.expect("profiled")
+        result: dict[str, Any] = frame.get_dict("result")
+        process.channel.send("finish")
+        with contextlib.suppress(Exception):
+            process.channel.expect("bye")
+    except (EOFError, OSError) as exc:
+        process.join(10)
+        died = ChildDied(process.process.exitcode)
+        worker.retire(process, None, folder)
         worker.close()
         worker.on_child_death(died)
-        raise
+        raise died from exc
+    except ProtocolError as exc:
+        result = {"id": request["id"], "ok": True, "kind": "profile", "status": "error", "error": str(exc)}
     finally:
+        worker.retire(process, None, folder)
         worker.warm_spares(request["device"])
     if result.get("status") == "ok" and kb_profile.profiler_of(request) != "torch":
         started = time.perf_counter()
         kb_profile.add_ncu(result, request, select_device(request), scratch)
         result["duration_s"] = round(result.get("duration_s", 0.0) + time.perf_counter() - started, 6)
     return result
+
+
+__all__ = ["ReferenceCache", "Worker", "run_candidate"]

@@ -737,27 +737,12 @@ def select_device(request: dict[str, Any]) -> torch.device:
 def time_reference(
     ctx: ProblemContext, timing: dict[str, Any], flusher: kb_timing.L2Flusher, key: int | None
 ) -> list[float]:
-    """The reference timed here, in the worker, as reference work: KernelBench's loop in faithful mode
-    (as its candidates are timed); in strict mode the native loop (inputs no call has seen, from `key`
-    or a secret when None, device-wide fence, no checks), which is only the fallback: strict mode times
-    the reference in a process of its own, as its candidates are (kb_eval.time_strict_reference)."""
+    """The reference timed here, in the worker, as reference work, with KernelBench's loop (faithful
+    mode, as its candidates are timed; strict mode times the reference in a process of its own, as its
+    candidates are: kb_eval.time_strict_reference)."""
     assert ctx.ref_model is not None
     model = compiled_reference(ctx.ref_model, timing.get("reference_compile"))
     with ctx.cache.reference_work():
-        if ctx.mode == "strict":
-            fresh = kb_inputs.FreshInputs(ctx, key)
-            try:
-                return kb_timing.time_strict(
-                    model,
-                    lambda: fresh.hand_over(fresh.make(-1)),
-                    lambda call: fresh.hand_over(fresh.make(call)),
-                    ctx.device,
-                    timing,
-                    flusher,
-                    None,
-                )
-            finally:
-                fresh.close()
         return kb_timing.time_callable(model, ctx.timing_inputs(), ctx.device, timing, flusher)
 
 

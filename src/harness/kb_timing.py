@@ -7,13 +7,9 @@ Every clock and event function is captured when this module is imported, which i
 is before the candidate's code is: a candidate that replaces `time.perf_counter` or
 `torch.cuda.Event.elapsed_time` changes nothing here (and kb_candidate reports that it tried).
 
-Strict mode times differently (`time_strict`): each timed call gets inputs no call has seen (made
-outside the timed region by the worker from a secret seed, kb_strict), the timed region ends with a
-device-wide synchronize (work the candidate left on other streams is inside the measurement), and after
-each call its output goes to the worker, which decides from another secret whether to check it against
-the reference's, so neither a memo nor skipping work on unchecked calls can pass reliably. Its timed
-calls run in a native loop (kb_native, kb_native_timer.cpp): the call index, the events, the clock and
-the times are never in a Python frame or object the candidate's forward could reach.
+These timers are faithful mode's (KernelBench's loop, in the candidate's own process) and the worker's
+for the reference. Strict mode does not use them: the worker times each call on its own clock from the
+other side of the candidate process's channel (kb_drive).
 """
 
 from __future__ import annotations
@@ -26,8 +22,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-
-import kb_native
 
 # Captured before any candidate code runs (see the module doc). Keep these module-private names only.
 _perf_counter = time.perf_counter
@@ -56,15 +50,6 @@ CAPTURED: dict[str, tuple[Any, str, Any]] = {
 def patched_functions() -> list[str]:
     """The captured functions that are no longer what they were when this module was imported."""
     return [name for name, (owner, attr, original) in CAPTURED.items() if getattr(owner, attr, None) is not original]
-
-
-class TimedOutputMismatch(Exception):
-    """Strict timing: the output of a timed call did not match the reference for its inputs."""
-
-    def __init__(self, call: int, problem: str) -> None:
-        super().__init__(f"timed call {call}: {problem}")
-        self.call = call
-        self.problem = problem
 
 
 # KernelBench's flush buffer: torch.empty((32, 1024, 1024), dtype=torch.int64) = 256 MiB, fill_(42).
@@ -124,17 +109,8 @@ def time_cuda_events(
 
 
 # Faithful mode's side-stream probe (KernelBench's timing notes: work on another stream escapes CUDA
-# events recorded on the current one; a device-wide synchronize does not let it). A call is flagged when
-# the host waited, to a device-wide synchronize, at least ESCAPE_MIN_MS and ESCAPE_RATIO times longer
-# than its events measured.
-ESCAPE_PROBE_CALLS = 3
-ESCAPE_MIN_MS = 0.5
-ESCAPE_RATIO = 2.0
-
-
-def escaped(event_ms: float, host_ms: float) -> bool:
-    """True when the device-wide time says more work ran than the candidate stream's events saw."""
-    return host_ms - event_ms >= ESCAPE_MIN_MS and host_ms >= ESCAPE_RATIO * event_ms
+# events recorded on the current one; a device-wide synchronize does not let it): kb_drive judges it.
+ESCAPE_PROBE_CALLS = 5
 
 
 def stream_escape_probe(
@@ -158,37 +134,6 @@ def stream_escape_probe(
     return float(statistics.median(events)), float(statistics.median(hosts))
 
 
-# Faithful mode's fresh-input probe (kb_candidate.fresh_probe): after KernelBench's loop, PROBE_CALLS
-# calls on inputs no call has seen. On the GPU their fastest is compared with the timed median: at least
-# PROBE_MIN_MS and PROBE_RATIO times slower says the timed calls skipped work or hit a memo.
-PROBE_CALLS = 3
-PROBE_MIN_MS = 0.05
-PROBE_RATIO = 3.0
-
-
-def faster_than_fresh(timed_median_ms: float, fresh_ms: float) -> bool:
-    """True when a call on fresh inputs took much longer than KernelBench's timed calls did."""
-    return fresh_ms - timed_median_ms >= PROBE_MIN_MS and fresh_ms >= PROBE_RATIO * timed_median_ms
-
-
-def time_one(fn: Callable[..., Any], args: Sequence[Any], device: torch.device) -> tuple[Any, float]:
-    """One call timed as strict mode times it (device-wide fence on the GPU): (output, ms)."""
-    with _no_grad():
-        if device.type != "cuda":
-            started = _perf_counter()
-            output = fn(*args)
-            return output, (_perf_counter() - started) * 1000.0
-        with torch.cuda.device(device):
-            _cuda_synchronize(device=device)
-            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-            _event_record(start)
-            output = fn(*args)
-            _cuda_synchronize(device=device)
-            _event_record(end)
-            _cuda_synchronize(device=device)
-            return output, float(_event_elapsed(start, end))
-
-
 def time_cpu(
     fn: Callable[..., Any], args: Sequence[Any], warmup: int, trials: int, discard_first: int
 ) -> list[float]:
@@ -204,66 +149,6 @@ def time_cpu(
             if index >= discard_first:
                 times.append(elapsed_ms)
     return times
-
-
-def _fresh(value: Any) -> Any:
-    if type(value) is torch.Tensor:
-        return _clone(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_fresh(item) for item in value)
-    return value
-
-
-class TimingHooked(Exception):
-    """Strict timing: a trace/profile function, a sys.monitoring tool or a gc callback was installed
-    during the native loop (kb_native_timer.cpp), letting code other than forward run inside it."""
-
-    def __init__(self, call: int, message: str) -> None:
-        super().__init__(message)
-        self.call = call
-        self.message = message
-
-
-def time_strict(
-    fn: Callable[..., Any],
-    warmup_inputs: Callable[[], Sequence[Any]],
-    call_inputs: Callable[[int], Sequence[Any]],
-    device: torch.device,
-    timing: dict[str, Any],
-    flusher: L2Flusher,
-    after: Callable[[int, Any, int], str | None] | None,
-) -> list[float]:
-    """Strict mode's loop (module doc): warm-ups here on clones of one set (untimed, unchecked); then the
-    timed calls in the native loop (kb_native): per call its own inputs (`call_inputs(call)`, made
-    before the timed region), device sync -> L2 flush -> start -> fn -> device-wide sync -> end, and
-    `after(call, output, calls)` (the worker's check: a problem, which raises TimedOutputMismatch, or
-    None). The call index, the events, the clock and the times live in native memory until the loop
-    ends. The reference is timed the same way, by the same caller (kb_candidate.strict_times) in a
-    process of its own served by the worker, so the ratio compares like with like.
-    Raises kb_native.NativeTimerUnavailable when the native loop is not loaded: no Python fallback."""
-    warmup, trials, discard = timing["warmup"], timing["trials"], timing["discard_first"]
-    cuda = device.type == "cuda"
-    kb_native.require()
-    flush = (lambda: flusher.flush(device)) if cuda and timing["l2_flush"] else None
-    with _no_grad(), torch.cuda.device(device) if cuda else _no_grad():
-        if warmup:
-            warm = warmup_inputs()
-            for _ in range(warmup):
-                fn(*_fresh(warm))
-                if cuda:
-                    _cuda_synchronize(device=device)
-            del warm
-        stream = None
-        if cuda:
-            torch.cuda.empty_cache()
-            stream = int(torch.cuda.current_stream(device).cuda_stream)
-        times, stop = kb_native.run(fn, call_inputs, after, trials + discard, discard, stream, flush)
-    if stop is not None:
-        call, kind, message = stop
-        if kind == "mismatch":
-            raise TimedOutputMismatch(call, message)
-        raise TimingHooked(call, message)
-    return list(times)
 
 
 def time_callable(

@@ -9,8 +9,9 @@ Only the standard library is imported at module level: the protocol fds must be 
 
 No candidate code runs in this process. A compile runs in a child forked for it (a compile worker never
 initialises CUDA, so the fork is safe: `cuda_available` is read through NVML); an evaluation or a
-profile runs in a pre-warmed single-use process (kb_process). Whatever a candidate patches, sets,
-starts or imports ends with its process.
+profile runs in a pre-warmed single-use process (kb_process) that holds one channel to this one.
+Whatever a candidate patches, sets, starts or imports ends with its process. This process keeps only
+its own folder and the interpreter's on sys.path, is not dumpable, and adopts orphans (kb_pool).
 
 Floors. Every harness module sits on one floor; imports (at module level or inside a function) run down
 the floors or along one, never up, and never in a circle. From the top:
@@ -18,12 +19,16 @@ the floors or along one, never up, and never in a circle. From the top:
     protocol   krefine_harness (this file: the serve loop) > kb_protocol (message shapes);
                kb_bench (`krefine bench compile`'s driver, a script)
     eval       kb_prepare (`op: prepare`) > kb_eval (`op: evaluate`: the reference's timing, the speedup
-               guard, the response) > kb_pool (the worker's candidate processes, one job run in one)
-    process    kb_process (the single-use candidate process: warm-up, one job, exit)
+               guard, the response) > kb_pool (the worker's candidate processes, one job run in one,
+               strays swept) > kb_drive (the worker's side of one job: drives the process, lends it
+               data, times calls on its own clock, checks and judges) > kb_judge (what a process says
+               of itself, validated before it enters a verdict)
+    process    kb_process (the single-use candidate process: one channel, warm-up, one job, exit)
     profile    kb_profile (`op: profile`: torch.profiler table, ncu run)
-    candidate  kb_candidate (load, check and time one candidate; the reference over a pipe)
-               > kb_strict (strict mode's secret inputs and checks, held by the worker)
-               > kb_correctness (KernelBench's correctness loop and comparison, the verdict)
+    candidate  kb_candidate (the candidate process's side of a job: load, calls, KernelBench's own
+               loop in faithful mode) > kb_strict (strict mode's secret inputs and check decisions,
+               held by the worker) > kb_precision (precision against float64) > kb_correctness
+               (KernelBench's correctness loop and comparison, the verdict)
     build      kb_compile (`op: compile`, import a candidate) > kb_build (the fast load_inline)
                > kb_pch (shared precompiled headers) > kb_split (a C++ extension in two units);
                kb_nvcc (the overlapped nvcc, a script the build runs)
@@ -31,12 +36,12 @@ the floors or along one, never up, and never in a circle. From the top:
                devices: casts, moves, checksums and fingerprints of inputs, RNG state) > kb_store (the
                on-disk input store, a script the orchestrator runs off the lease) > kb_inputs (parallel
                input generation) > kb_problem (KernelBench's basics: seeds, loading, tensors)
-    timing     kb_timing (timers, L2 flush) > kb_native (strict mode's native timing loop, built from
-               kb_native_timer.cpp by the worker, sealed, loaded before the candidate)
+    exchange   kb_exchange (the buffers the worker lends a candidate process: copies only)
+    timing     kb_timing (KernelBench's timers, L2 flush)
     leaves     kb_feedback (feedback text, what a candidate's error is),
                kb_sandbox (confinement), kb_ncu (Nsight Compute's CSV and its P feedback text),
-               kb_wire (the worker's restricted unpickler for candidate processes' messages); none
-               imports a harness module
+               kb_channel (the one channel to a candidate process: typed, size-limited JSON frames);
+               none imports a harness module
 
 Read the table top to bottom, left to right: a module may import only modules named after it (`a > b`:
 a imports b). tests/python/test_floors.py reads the table and checks every import against it.
@@ -110,9 +115,31 @@ def isolate_stdio() -> ProtocolChannel:
     return ProtocolChannel(proto_in, proto_out)
 
 
-def prepare_process(scratch: str) -> None:
+def safe_path() -> None:
+    """Only the harness folder and the interpreter's own folders on sys.path: not the working
+    directory (`''`, where candidates may have written), not a user site folder. The forkserver, started
+    later, starts with PYTHONSAFEPATH and PYTHONNOUSERSITE (kb_process.start_forkserver); the harness's
+    own scripts (kb_pch, kb_nvcc, kb_store) still find their folder, as scripts do."""
+    import site
+
+    user_site = site.getusersitepackages() if hasattr(site, "getusersitepackages") else None
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != cwd and p != user_site]
     if HARNESS_DIR not in sys.path:
         sys.path.insert(0, HARNESS_DIR)
+    os.environ["PYTHONNOUSERSITE"] = "1"
+
+
+def make_non_dumpable() -> None:
+    """No process of the same user (a candidate that escaped its confinement) may ptrace the worker or
+    read its memory, where strict mode's secrets and the expected outputs live."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+
+
+def prepare_process(scratch: str) -> None:
+    safe_path()
+    make_non_dumpable()
     os.makedirs(scratch, exist_ok=True)
     os.chdir(scratch)  # candidates that write files write them here
     os.environ.setdefault("HOME", scratch)  # a scrubbed environment may lack it; caches need one
@@ -204,6 +231,9 @@ class Server:
         self.role = role
         self.scratch = scratch
         self.worker = kb_eval.Worker()
+        # A serving worker is the root of its own process tree: an adopted orphan in another session is a
+        # candidate's stray (kb_pool.Worker.sweep).
+        self.worker.owns_tree = True
         # Where `progress` notices go while an evaluate runs (None: not sent, as in unit tests).
         self.channel = channel
         self._pch: Any = None
@@ -281,16 +311,6 @@ class Server:
         device = request.get("device")
         if self.role == "compile" and isinstance(device, str) and device.startswith("cuda"):
             return "a compile worker does not use the GPU; send evaluate/profile for cuda to a gpu worker"
-        if request.get("op") == "evaluate" and request.get("mode") == "strict":
-            import kb_native
-
-            try:
-                kb_native.ensure()  # built once per worker, before any candidate process gets a job
-            except kb_native.NativeTimerUnavailable as exc:
-                return (
-                    f"strict mode refuses to evaluate: its native timing loop is unavailable ({exc}); strict "
-                    "timing never falls back to a Python loop (faithful mode does not need it)"
-                )
         return None
 
     def dispatch(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -301,14 +321,8 @@ class Server:
             self.build_wanted_pch(request, wanted)
             return response
         if op == "prepare":
-            import kb_native
             import kb_prepare
 
-            if request.get("mode") == "strict":
-                # Strict mode's native timing loop, built here, off the first candidate's evaluate; a
-                # failure is reported by that evaluate's refusal.
-                with contextlib.suppress(kb_native.NativeTimerUnavailable):
-                    kb_native.ensure()
             return kb_prepare.prepare(request, self.worker)
         if op == "evaluate":
             import kb_eval

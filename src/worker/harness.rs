@@ -12,8 +12,8 @@ use super::WorkerError;
 /// The script the workers run (`python -u krefine_harness.py serve ...`).
 pub const HARNESS_ENTRY: &str = "krefine_harness.py";
 
-/// Every harness file: (file name, content): the Python modules and the native timer's C++ source.
-pub const HARNESS_FILES: [(&str, &str); 28] = [
+/// Every harness file: (file name, content).
+pub const HARNESS_FILES: [(&str, &str); 30] = [
     (
         "krefine_harness.py",
         include_str!("../harness/krefine_harness.py"),
@@ -39,7 +39,14 @@ pub const HARNESS_FILES: [(&str, &str); 28] = [
     ("kb_prepare.py", include_str!("../harness/kb_prepare.py")),
     ("kb_timing.py", include_str!("../harness/kb_timing.py")),
     ("kb_strict.py", include_str!("../harness/kb_strict.py")),
-    ("kb_wire.py", include_str!("../harness/kb_wire.py")),
+    ("kb_channel.py", include_str!("../harness/kb_channel.py")),
+    ("kb_exchange.py", include_str!("../harness/kb_exchange.py")),
+    ("kb_drive.py", include_str!("../harness/kb_drive.py")),
+    ("kb_judge.py", include_str!("../harness/kb_judge.py")),
+    (
+        "kb_precision.py",
+        include_str!("../harness/kb_precision.py"),
+    ),
     ("kb_profile.py", include_str!("../harness/kb_profile.py")),
     ("kb_ncu.py", include_str!("../harness/kb_ncu.py")),
     ("kb_process.py", include_str!("../harness/kb_process.py")),
@@ -52,11 +59,6 @@ pub const HARNESS_FILES: [(&str, &str); 28] = [
     ("kb_split.py", include_str!("../harness/kb_split.py")),
     ("kb_problem.py", include_str!("../harness/kb_problem.py")),
     ("kb_store.py", include_str!("../harness/kb_store.py")),
-    ("kb_native.py", include_str!("../harness/kb_native.py")),
-    (
-        "kb_native_timer.cpp",
-        include_str!("../harness/kb_native_timer.cpp"),
-    ),
 ];
 
 /// 12 hex digits of blake3 over every file's name and content.

@@ -24,6 +24,9 @@ import kb_pch
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: builds a C++ extension or starts extra worker processes")
+    # Workers run in the test process have no orchestrator to end a silent candidate process: give up on
+    # one after this long instead of hanging the suite (kb_drive.FRAME_TIMEOUT_S).
+    os.environ.setdefault("KREFINE_FRAME_TIMEOUT_S", "600")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -38,20 +41,6 @@ def split_builds() -> Iterator[None]:
         os.environ.pop("KREFINE_SPLIT_CPP", None)
     else:
         os.environ["KREFINE_SPLIT_CPP"] = previous
-
-
-@pytest.fixture(scope="session", autouse=True)
-def native_timer_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Strict mode's native timer is built once per session (kb_native), here and not next to the
-    harness folder (which is the source tree in tests); workers started by the tests inherit it."""
-    folder = tmp_path_factory.mktemp("native-timer")
-    previous = os.environ.get("KREFINE_NATIVE_DIR")
-    os.environ["KREFINE_NATIVE_DIR"] = str(folder)
-    yield folder
-    if previous is None:
-        os.environ.pop("KREFINE_NATIVE_DIR", None)
-    else:
-        os.environ["KREFINE_NATIVE_DIR"] = previous
 
 
 @pytest.fixture(scope="session", autouse=True)

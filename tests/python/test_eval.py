@@ -13,13 +13,13 @@ import pytest
 import torch
 
 import kb_correctness
+import kb_drive
 import kb_eval
 import kb_inputs
 import kb_prepare
 import kb_protocol
 import kb_reference
 import kb_tensors
-import kb_timing
 from harness_client import HOSTILE, evaluate_request, prepare_request
 
 ADD = (HOSTILE / "problem_add.py").read_text()
@@ -68,12 +68,25 @@ def test_trial_seeds_golden_vector() -> None:
 def test_correct_candidate(harness: Harness) -> None:
     r = harness.evaluate(CORRECT)
     assert (r["status"], r["compiled"], r["correctness"], r["sticky"]) == ("correct", True, True, False)
-    assert r["metadata"] == {"hardware": HARDWARE, "device": "cpu", "correctness_trials": "(5 / 5)"}
+    # KernelBench's metadata, and what the worker measured on its side: its clock on fresh calls (the
+    # faithful probe after KernelBench's loop) and the precision probe.
+    assert {k: r["metadata"][k] for k in ("hardware", "device", "correctness_trials")} == {
+        "hardware": HARDWARE,
+        "device": "cpu",
+        "correctness_trials": "(5 / 5)",
+    }
+    assert set(r["metadata"]) - {"hardware", "device", "correctness_trials"} == {"worker_clock", "precision"}
+    assert r["metadata"]["precision"]["checked"] is True and r["metadata"]["precision"]["ratio"] < 16
     assert r["runtime"] == r["runtime_stats"]["mean"] > 0
     assert r["runtime_stats"]["num_trials"] == 100
     assert r["ref_runtime_source"] == "measured"
     assert math.isclose(r["speedup"], r["ref_runtime"] / r["runtime"])
-    assert r["env"] == {
+    # Every candidate runs in a single-use process of its own, confined as far as this machine allows.
+    env = dict(r["env"])
+    assert env.pop("isolation") == "process"
+    sandbox = env.pop("sandbox")
+    assert isinstance(sandbox["layers"], list)
+    assert env == {
         "device_name": HARDWARE,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -96,8 +109,6 @@ def test_correct_candidate(harness: Harness) -> None:
             "num_threads": torch.get_num_threads(),
             "default_dtype": "torch.float32",
         },
-        "sandbox": None,
-        "isolation": "in_worker",
         "integer_inputs": "kept",
         "inputs": "kernelbench",
         "transformers": kb_eval.package_version("transformers"),
@@ -319,10 +330,16 @@ def _context(harness: Harness, mode: str = "faithful") -> kb_eval.ProblemContext
 
 
 def test_the_reference_runs_once_per_problem(harness: Harness) -> None:
-    for _ in range(3):
-        assert harness.evaluate(CORRECT, problem=COUNTING, measure=False)["status"] == "correct"
+    assert harness.evaluate(CORRECT, problem=COUNTING, measure=False)["status"] == "correct"
     ctx = _context(harness)
-    assert ctx.problem is not None and ctx.problem.model.calls == 5
+    assert ctx.problem is not None
+    # Five trials, and the precision probe once per problem: the reference on signed inputs, in float32
+    # and in float64 (a copy of the same model).
+    first = ctx.problem.model.calls
+    assert first == 5 + 2
+    for _ in range(2):
+        assert harness.evaluate(CORRECT, problem=COUNTING, measure=False)["status"] == "correct"
+    assert ctx.problem.model.calls == first
 
 
 def test_inputs_modified_by_a_candidate_are_restored_for_the_next(harness: Harness) -> None:
@@ -331,8 +348,9 @@ def test_inputs_modified_by_a_candidate_are_restored_for_the_next(harness: Harne
     # KernelBench accepts it: the reference already ran on the same tensors.
     assert r["status"] == "correct"
     assert "wrote into its input tensors (trials 1, 2, 3, 4, 5)" in r["feedback"]
+    # It wrote into the copies it was lent: the worker's cached inputs never changed.
     ctx = _context(harness)
-    assert all(entry is not None and entry.dirty for entry in ctx.trials[5])
+    assert all(entry is not None and not entry.dirty for entry in ctx.trials[5])
     r = harness.evaluate(CORRECT, problem=COUNTING, measure=False)
     assert r["status"] == "correct", r["feedback"]
     for entry, seed in zip(ctx.trials[5], kb_eval.trial_seeds(42, 5), strict=True):
@@ -340,7 +358,7 @@ def test_inputs_modified_by_a_candidate_are_restored_for_the_next(harness: Harne
         kb_eval.set_seed(seed)
         fresh = [torch.rand(64, 64), torch.rand(64, 64)]
         assert all(torch.equal(a, b) for a, b in zip(entry.inputs or [], fresh, strict=True))
-    assert ctx.problem is not None and ctx.problem.model.calls == 5  # regenerated without re-running it
+    assert ctx.problem is not None and ctx.problem.model.calls == 5 + 2  # nothing rebuilt (+2: precision probe)
 
 
 def test_identity_reference_keeps_kernelbench_aliasing_without_corrupting_the_cache(harness: Harness) -> None:
@@ -505,7 +523,9 @@ def test_prepare_builds_the_reference_so_evaluate_only_checks(harness: Harness) 
     r = harness.evaluate(CORRECT, problem=COUNTING)
     assert r["status"] == "correct" and r["ref_runtime_source"] == "cached"
     # Nothing rebuilt; the only forwards are faithful mode's fresh-input probe's checks after timing.
-    assert ctx.problem.model.calls == 5 + 104 + kb_timing.PROBE_CALLS
+    # The evaluate adds the worker's fresh calls (one forward for the output's shape, one per checked call)
+    # and the precision probe (float32 and float64 forwards), once per problem.
+    assert ctx.problem.model.calls == 5 + 104 + 1 + kb_drive.PROBE_CALLS + 2
 
 
 def test_large_inputs_are_made_in_parallel_bit_for_bit(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -551,10 +571,14 @@ OOM_ONCE = candidate(
     """
     import os
 
+    # Its build folder: the one place a candidate process may write that outlives the process (each
+    # job's scratch folder is its own and removed after it).
+    MARK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "oom-once")
+
     class ModelNew(nn.Module):
         def forward(self, a, b):
-            if not os.path.exists("oom-once"):
-                open("oom-once", "w").close()
+            if not os.path.exists(MARK):
+                open(MARK, "w").close()
                 raise torch.OutOfMemoryError("CUDA out of memory.")
             return torch.add(a, b)
     """
@@ -572,8 +596,7 @@ def test_out_of_memory_next_to_cached_data_is_retried_off_the_device(
     assert "second time" in r["feedback"]
     ctx = _context(harness)
     assert not ctx.device_cache and {e.tier for e in ctx.trials[5] if e is not None} == {"recompute"}
-    # With nothing cached on the device, an out-of-memory verdict stands.
-    (tmp_path / "oom-once").unlink()
+    # With nothing cached on the device, an out-of-memory verdict stands (a new build folder: no mark).
     assert harness.evaluate(OOM_ONCE, problem=COUNTING, measure=False)["status"] == "out_of_memory"
 
 
@@ -662,24 +685,13 @@ def test_strict_rejects_input_modification(harness: Harness) -> None:
     assert harness.evaluate(CORRECT, mode="strict", measure=False)["status"] == "correct"
 
 
-def test_strict_uninitialised_output_fails(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    # On the CPU, malloc decides what an uninitialised output holds, so the verdict alone cannot show
-    # the defence (garbage fails either way). What must hold: strict mode poisons freed memory the
-    # size of the expected output right before every candidate forward, faithful mode never does.
-    poisoned: list[tuple[int, ...]] = []
-    real = kb_correctness.poison_free_memory
-
-    def spy(output: torch.Tensor, device: torch.device) -> None:
-        poisoned.append(tuple(output.shape))
-        real(output, device)
-
-    monkeypatch.setattr(kb_correctness, "poison_free_memory", spy)
+def test_strict_uninitialised_output_fails(harness: Harness) -> None:
+    # An uninitialised output (torch.empty) holds whatever the candidate's own process freed: in strict
+    # mode the worker lends empty output buffers and the process poisons freed memory the size of the
+    # expected output before every forward, and the expected output never enters that process at all.
     reuse = (HOSTILE / "reuse_freed.py").read_text()
     assert harness.evaluate(reuse, mode="strict", measure=False)["status"] == "incorrect"
-    assert poisoned == [(64, 64)] * 5
-    poisoned.clear()
     assert harness.evaluate(reuse, measure=False)["status"] == "incorrect"
-    assert poisoned == []
 
 
 def test_strict_pins_tf32_off_and_restores_it(harness: Harness) -> None:

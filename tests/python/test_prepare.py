@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+import kb_drive
 import kb_eval
 import kb_prepare
 import kb_protocol
-import kb_timing
 from harness_client import HOSTILE, WorkerProcess, evaluate_request, prepare_request
 
 ADD = (HOSTILE / "problem_add.py").read_text()
@@ -150,9 +150,10 @@ def test_prepare_builds_one_step_per_request_in_a_candidates_order(harness: Harn
     assert (ctx.counts["inputs"], _calls(ctx)) == (6, 5 + 104)
     r = harness.evaluate(CORRECT)
     assert r["status"] == "correct" and r["ref_runtime_source"] == "cached"
-    # The candidate found everything built; the only forwards are faithful mode's fresh-input probe's
-    # checks after timing (their inputs are counted as "strict_inputs").
-    assert (ctx.counts["inputs"], _calls(ctx)) == (6, 5 + 104 + kb_timing.PROBE_CALLS)
+    # The candidate found everything built; the only forwards are the worker's after KernelBench's loop
+    # (faithful mode's fresh calls: one for the output's shape, one per checked call; their inputs are
+    # counted as "strict_inputs") and the precision probe's (float32 and float64), once per problem.
+    assert (ctx.counts["inputs"], _calls(ctx)) == (6, 5 + 104 + 1 + kb_drive.PROBE_CALLS + 2)
 
 
 def test_prepare_without_steps_builds_everything_at_once(harness: Harness) -> None:

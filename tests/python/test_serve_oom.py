@@ -1,16 +1,18 @@
-"""The worker answering a candidate's process (kb_candidate.serve_reference): a reference that runs out of
-device memory while serving a request makes krefine's own caches give way (other problems' reference data
-on that device), and the request is answered once more; the candidate sees an error only when that fails
-too. Real pipes; the problem context is a stand-in whose device is named, never used (no GPU here)."""
+"""The worker making reference data for a job (kb_drive.serve_with_room): a reference that runs out of
+device memory makes krefine's own caches give way (other problems' reference data on that device) and
+the data is made once more; a failure then is the reference's (not the candidate's), marked out of
+memory so that kb_eval evaluates again after freeing more. The problem context is a stand-in whose
+device is named, never used (no GPU here)."""
 
 from __future__ import annotations
 
-import multiprocessing
 from typing import Any
 
+import pytest
 import torch
 
-import kb_candidate
+import kb_drive
+import kb_pool
 
 
 class _Cache:
@@ -23,7 +25,7 @@ class _Cache:
 
 
 class _Context:
-    """Runs out of memory on its first `fails` timing_inputs requests."""
+    """Runs out of memory on its first `fails` timing_inputs calls."""
 
     def __init__(self, fails: int, device: str = "cuda") -> None:
         self.device = torch.device(device)
@@ -38,32 +40,25 @@ class _Context:
         return [torch.ones(2)]
 
 
-def _serve(ctx: _Context) -> tuple[dict[str, Any], Any]:
-    worker, candidate = multiprocessing.Pipe()
-    candidate.send(("timing_inputs",))
-    candidate.send(("result", {"status": "correct"}))
-    result = kb_candidate.serve_reference(worker, ctx)  # type: ignore[arg-type]
-    return result, candidate.recv()
-
-
-def test_other_problems_give_way_and_the_request_is_answered() -> None:
+def test_other_problems_give_way_and_the_data_is_made() -> None:
     ctx = _Context(fails=1)
-    result, reply = _serve(ctx)
-    assert result == {"status": "correct"}
-    assert reply[0] == "ok" and torch.equal(reply[1][0], torch.ones(2))
+    made = kb_drive.serve_with_room(ctx, "the timing inputs", ctx.timing_inputs)
+    assert torch.equal(made[0], torch.ones(2))
     assert (ctx.cache.evicted, ctx.calls) == (1, 2)
 
 
-def test_a_second_failure_is_the_candidates_error() -> None:
+def test_a_second_failure_is_the_references_error() -> None:
     ctx = _Context(fails=2)
-    _, reply = _serve(ctx)
-    assert reply[0] == "error"
-    assert "OutOfMemoryError" in reply[1] and "timing_inputs" in reply[1]
-    assert (ctx.cache.evicted, ctx.calls) == (1, 2)
+    with pytest.raises(kb_drive.ReferenceServingError) as caught:
+        kb_drive.serve_with_room(ctx, "the timing inputs", ctx.timing_inputs)
+    verdict = kb_pool.reference_error_verdict(caught.value)
+    assert verdict.status == "reference_error"
+    assert verdict.metadata["reference_out_of_memory"] is True
+    assert "not your code's fault" in verdict.feedback[0]
 
 
-def test_no_retry_off_the_gpu() -> None:
+def test_on_the_cpu_nothing_is_evicted() -> None:
     ctx = _Context(fails=1, device="cpu")
-    _, reply = _serve(ctx)
-    assert reply[0] == "error"
-    assert (ctx.cache.evicted, ctx.calls) == (0, 1)
+    with pytest.raises(kb_drive.ReferenceServingError):
+        kb_drive.serve_with_room(ctx, "the timing inputs", ctx.timing_inputs)
+    assert ctx.cache.evicted == 0

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+import kb_channel
+import kb_drive
 import kb_eval
 import kb_pool
 import kb_process
@@ -29,7 +31,7 @@ def test_no_spare_takes_its_device_step_while_a_candidate_is_timed(
     # Two spares, so one stays in the pool while the other serves the next candidate.
     monkeypatch.setitem(kb_pool.SPARES, "cpu", 2)
     log: list[Any] = []
-    grant, run = kb_process.CandidateProcess.grant, kb_process.CandidateProcess.run
+    grant, run = kb_process.CandidateProcess.grant, kb_drive.Driver.run
 
     def logged_grant(self: kb_process.CandidateProcess) -> bool:
         granted = grant(self)
@@ -37,7 +39,7 @@ def test_no_spare_takes_its_device_step_while_a_candidate_is_timed(
             log.append("grant")
         return granted
 
-    def logged_run(self: kb_process.CandidateProcess, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def logged_run(self: kb_drive.Driver, *args: Any, **kwargs: Any) -> Any:
         result = run(self, *args, **kwargs)
         log.append("result")
         return result
@@ -49,7 +51,7 @@ def test_no_spare_takes_its_device_step_while_a_candidate_is_timed(
 
     time_reference = kb_eval.time_reference
     monkeypatch.setattr(kb_process.CandidateProcess, "grant", logged_grant)
-    monkeypatch.setattr(kb_process.CandidateProcess, "run", logged_run)
+    monkeypatch.setattr(kb_drive.Driver, "run", logged_run)
     monkeypatch.setattr(kb_eval, "time_reference", logged_reference)
     worker = kb_eval.Worker(isolate=True)
     settle = worker.settle_spares
@@ -99,7 +101,7 @@ def test_a_spare_that_never_finishes_starting_is_dropped_not_waited_for(monkeypa
 
     class Stuck:
         state = "granted"  # its device step granted; "ready" never comes
-        conn = parent
+        channel = kb_channel.Channel(parent)
         killed = False
 
         def kill(self) -> None:

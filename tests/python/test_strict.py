@@ -1,7 +1,8 @@
-"""Strict timing's inputs and checks (kb_strict) with the real loop (kb_timing.time_strict) and a real
-reference context on the CPU: every timed call sees inputs no call has seen, a content memo never hits,
-skipping work is caught by checks decided after the output exists, a re-verification checks every call,
-and the check decision is independent of the call. Counts and verdicts only, never durations."""
+"""Strict mode (issue 35): the worker times each call on its own clock and judges what it copied back; the
+candidate's process only computes. Unit tests of the secrets (kb_strict) on a real reference context, then
+real worker-side jobs (kb_eval.Worker in this process, every candidate in a process of its own) on the
+CPU. Verdicts, counts and causal floors only (a candidate that sleeps 25 ms per call cannot be timed
+under 25 ms), never a comparison of durations."""
 
 from __future__ import annotations
 
@@ -14,13 +15,10 @@ import pytest
 import torch
 
 import kb_eval
-import kb_native
 import kb_prepare
 import kb_protocol
 import kb_reference
 import kb_strict
-import kb_tensors
-import kb_timing
 from harness_client import FIXTURES, evaluate_request, prepare_request
 
 PROBLEM = """
@@ -41,200 +39,61 @@ def get_init_inputs():
     return []
 """
 
-TIMING = {"warmup": 2, "trials": 40, "discard_first": 1, "l2_flush": False}
-
 
 @pytest.fixture()
 def ctx() -> kb_reference.ProblemContext:
-    kb_native.ensure()  # strict timing's native loop, loaded here as a worker loads it for the reference
     cache = kb_reference.ReferenceCache()
     context = cache.context(PROBLEM, torch.device("cpu"), "fp32", "strict", 42)
     assert context.error is None
     return context
 
 
-def honest(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return x * 2 + y
-
-
-def run(ctx: kb_reference.ProblemContext, fn: Any, session: kb_strict.StrictSession) -> list[float]:
-    return kb_timing.time_strict(
-        fn, session.warmup_inputs, session.inputs, ctx.device, TIMING, kb_timing.L2Flusher(), session.check
-    )
-
-
-def test_every_timed_call_sees_inputs_no_call_has_seen(ctx: kb_reference.ProblemContext) -> None:
+def test_every_call_gets_inputs_no_call_has_seen(ctx: kb_reference.ProblemContext) -> None:
     session = kb_strict.StrictSession(ctx)
-    seen: set[bytes] = set()
-
-    def record(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        seen.add(x.numpy().tobytes() + y.numpy().tobytes())
-        return honest(x, y)
-
-    times = run(ctx, record, session)
-    calls = TIMING["trials"] + TIMING["discard_first"]
-    assert len(times) == TIMING["trials"]
-    # The warm-up set plus one set per timed call, all different.
-    assert len(seen) == calls + 1
-    assert session.calls == calls
-    assert ctx.counts["strict_inputs"] == calls + 1
-
-
-def test_a_content_memo_never_hits(ctx: kb_reference.ProblemContext) -> None:
-    memo: dict[bytes, torch.Tensor] = {}
-    hits = 0
-
-    def memoise(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        nonlocal hits
-        key = x.numpy().tobytes() + y.numpy().tobytes()
-        if key in memo:
-            hits += 1
-            return memo[key]
-        memo[key] = honest(x, y)
-        return memo[key]
-
-    run(ctx, memoise, kb_strict.StrictSession(ctx))
-    # Today's loop cycled through three sets (`call % 3`): the memo hit on every call after the third.
-    assert hits == TIMING["warmup"] - 1  # only the warm-ups repeat one set
-
-
-def test_skipping_work_on_unchecked_calls_is_caught(ctx: kb_reference.ProblemContext) -> None:
-    # Honest on the first four calls (what the old fixed schedule checked first), stale afterwards.
-    calls = 0
-    last: torch.Tensor | None = None
-
-    def skipper(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        nonlocal calls, last
-        calls += 1
-        if calls <= TIMING["warmup"] + 4 or last is None:
-            last = honest(x, y)
-        return last
-
-    session = kb_strict.StrictSession(ctx)
-    session._decide = random.Random(7)  # a fixed draw for a reproducible test; a secret one in the worker
-    with pytest.raises(kb_timing.TimedOutputMismatch) as caught:
-        run(ctx, skipper, session)
-    assert caught.value.call > 4
-    assert "does not match" in caught.value.problem
-
-
-def test_a_reverification_checks_every_call(ctx: kb_reference.ProblemContext) -> None:
-    session = kb_strict.StrictSession(ctx, every=True)
-    run(ctx, honest, session)
-    assert session.checked == TIMING["trials"] + TIMING["discard_first"]
-    # And the first stale output fails it.
-    stale: list[torch.Tensor] = []
-
-    def once(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if not stale:
-            stale.append(honest(x, y))
-        return stale[0]
-
-    with pytest.raises(kb_timing.TimedOutputMismatch) as caught:
-        run(ctx, once, kb_strict.StrictSession(ctx, every=True))
-    assert caught.value.call == 1  # the warm-ups ran on another set: the first timed call is checked and fails
-
-
-def test_checks_are_a_share_of_the_calls_decided_per_call(ctx: kb_reference.ProblemContext) -> None:
-    session = kb_strict.StrictSession(ctx)
-    session._decide = random.Random(3)
-    run(ctx, honest, session)
-    calls = TIMING["trials"] + TIMING["discard_first"]
-    p = kb_strict.check_probability(calls, every=False)
-    assert p == pytest.approx(max(kb_strict.CHECK_SHARE, kb_strict.MIN_CHECKS / calls))
-    assert 0 < session.checked < calls
-    assert kb_strict.check_probability(5, every=False) == 1.0
-    assert kb_strict.check_probability(1000, every=False) == kb_strict.CHECK_SHARE
+    sets = [session.make(n) for n in range(-1, 20)]
+    keys = {b"".join(t.numpy().tobytes() for t in inputs) for inputs in sets}
+    assert len(keys) == len(sets)  # the warm-up set and 20 calls, all different
+    assert session.calls == 20
 
 
 def test_inputs_follow_the_key_and_secret_keys_differ(ctx: kb_reference.ProblemContext) -> None:
-    a = kb_tensors.clone_tensors(kb_strict.StrictSession(ctx, key=5).inputs(0, keep=False))
-    b = kb_tensors.clone_tensors(kb_strict.StrictSession(ctx, key=5).inputs(0, keep=False))
-    c = kb_tensors.clone_tensors(kb_strict.StrictSession(ctx).inputs(0, keep=False))
-    d = kb_tensors.clone_tensors(kb_strict.StrictSession(ctx).inputs(0, keep=False))
+    a, b = kb_strict.StrictSession(ctx, key=5).make(0), kb_strict.StrictSession(ctx, key=5).make(0)
+    c, d = kb_strict.StrictSession(ctx).make(0), kb_strict.StrictSession(ctx).make(0)
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not torch.equal(c[0], d[0])
 
 
-def test_a_write_into_handed_inputs_does_not_reach_the_check(ctx: kb_reference.ProblemContext) -> None:
-    def overwrite(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        out = honest(x, y)
-        x.zero_()  # the check runs the reference on the pristine inputs, not on these
-        return out
-
-    session = kb_strict.StrictSession(ctx, every=True)
-    run(ctx, overwrite, session)
-    assert session.checked == TIMING["trials"] + TIMING["discard_first"]
-
-
-def test_only_plain_tensors_are_compared(ctx: kb_reference.ProblemContext) -> None:
-    class Sub(torch.Tensor):
-        pass
-
-    session = kb_strict.StrictSession(ctx, every=True)
-    args = session.inputs(0)
-    out = honest(*args).as_subclass(Sub)
-    problem = session.check(0, out, 1)
-    assert problem is not None and "not a plain torch.Tensor" in problem
-    assert session.check(1, honest(*args), 2) == "no inputs were handed out for this call"
-
-
-def test_the_side_stream_probe_flags_only_a_large_escaped_share() -> None:
-    # A side-stream kernel: the events see the launch, the device-wide synchronize waits for the work.
-    assert kb_timing.escaped(event_ms=0.01, host_ms=2.0)
-    # Honest: launch overhead on top of a short kernel, and a long kernel with its overhead.
-    assert not kb_timing.escaped(event_ms=0.02, host_ms=0.09)
-    assert not kb_timing.escaped(event_ms=3.0, host_ms=3.2)
-    # Half escaped, but the gap is below what launch jitter can explain.
-    assert not kb_timing.escaped(event_ms=0.1, host_ms=0.4)
-
-
-def test_cpu_outputs_cross_to_the_worker_as_bytes_without_a_serving_thread() -> None:
-    import threading
-
-    before = {t.ident for t in threading.enumerate()}
-    values = [torch.arange(6, dtype=torch.float32).reshape(2, 3), torch.tensor(3.5, dtype=torch.bfloat16),
-              torch.zeros(0, 4, dtype=torch.int64), torch.tensor([True, False])]
-    wired = kb_strict.to_wire((values[0], [values[1], values[2]], values[3]))
-    back = kb_strict.from_wire(wired)
-    assert type(back) is tuple and type(back[1]) is list
-    flat = [back[0], back[1][0], back[1][1], back[2]]
-    for got, want in zip(flat, values, strict=True):
-        assert type(got) is torch.Tensor and got.dtype == want.dtype and got.shape == want.shape
-        assert torch.equal(got, want)
-    assert {t.ident for t in threading.enumerate()} == before
-
-
-def test_inputs_are_handed_out_in_order_one_call_at_a_time(ctx: kb_reference.ProblemContext) -> None:
-    session = kb_strict.StrictSession(ctx, every=True)
-    args = session.inputs(0)
-    # Asking ahead (to compute call 1's output before it is timed) breaks the sequence.
-    with pytest.raises(kb_strict.StrictOrderError):
-        session.inputs(1)
-    assert session.check(0, honest(*args), 3) is None
-    with pytest.raises(kb_strict.StrictOrderError):
-        session.inputs(2)
-    session.inputs(1)
-    assert session.check(0, honest(*args), 3) == "no inputs were handed out for this call"
-
-
-def test_a_strict_trial_hands_out_shapes_only_and_compares_in_the_session(ctx: kb_reference.ProblemContext) -> None:
+def test_half_the_calls_are_checked_each_decided_on_its_own(ctx: kb_reference.ProblemContext) -> None:
+    assert kb_strict.check_probability(101, every=False) == kb_strict.CHECK_SHARE == 0.5
+    assert kb_strict.check_probability(11, every=False) == pytest.approx(8 / 11)
+    assert kb_strict.check_probability(5, every=False) == 1.0
+    assert kb_strict.check_probability(101, every=True) == 1.0
     session = kb_strict.StrictSession(ctx)
-    seeds = kb_reference.trial_seeds(ctx.seed, 2)
-    data = session.trial(2, 0, seeds[0])
-    assert data.output.device.type == "meta" and data.output.shape == (64,)
-    assert session.compare_trial(0, honest(*data.inputs)).passed
-    with pytest.raises(kb_strict.StrictOrderError):  # compared once
-        session.compare_trial(0, honest(*data.inputs))
-    data = session.trial(2, 1, seeds[1])
-    wrong = session.compare_trial(1, torch.zeros(64))
-    assert not wrong.passed and wrong.max_diff > 0 and wrong.detail is not None
-    assert session.trials_passed == 1
-    data = session.trial(2, 1, seeds[1])
-    assert session.compare_trial(1, torch.zeros(3)).shapes == ("torch.Size([64])", "torch.Size([3])")
+    session._decide = random.Random(3)  # a fixed draw for a reproducible count; a secret one in the worker
+    inputs = session.make(0)
+    right = inputs[0] * 2 + inputs[1]
+    for _ in range(101):
+        assert session.check(inputs, right, 101) is None
+    assert 30 < session.checked < 71
+    every = kb_strict.StrictSession(ctx, every=True)
+    for _ in range(7):
+        every.check(inputs, right, 7)
+    assert every.checked == 7
 
 
-# ---------------------------------------------------------------- correctness trials in real processes
+def test_a_wrong_output_fails_a_checked_call(ctx: kb_reference.ProblemContext) -> None:
+    session = kb_strict.StrictSession(ctx, every=True)
+    inputs = session.make(0)
+    problem = session.check(inputs, torch.zeros(64), 1)
+    assert problem is not None and "does not match" in problem
+    assert session.check(inputs, torch.zeros(3), 1) == "output shape (3,), expected (64,)"
+    assert session.check(inputs, (inputs[0] * 2 + inputs[1]).double(), 1) == (
+        "output dtype torch.float64, expected torch.float32"
+    )
+    assert session.problems == 3
+
+
+# ------------------------------------------------------------------ real candidate processes, CPU
 
 MATMUL = (FIXTURES / "integrity" / "problem_matmul.py").read_text()
 HONEST = (FIXTURES / "integrity" / "honest.py").read_text()
@@ -248,12 +107,21 @@ def worker() -> Iterator[kb_eval.Worker]:
     isolated.close()
 
 
-def evaluate(worker: kb_eval.Worker, root: Path, name: str, mode: str, measure: bool = True) -> dict[str, Any]:
-    source = HONEST if name == "honest" else (FIXTURES / "strict" / name).read_text()
-    request = evaluate_request(2, MATMUL, source, root / name, mode=mode, measure=measure, timing_trials=10)
+def source_of(name: str) -> str:
+    return HONEST if name == "honest" else (FIXTURES / "strict" / name).read_text()
+
+
+def evaluate(
+    worker: kb_eval.Worker, root: Path, name: str, mode: str, measure: bool = True, trials: int = 10
+) -> dict[str, Any]:
+    request = evaluate_request(2, MATMUL, source_of(name), root / name, mode=mode, measure=measure, timing_trials=trials)
     response = kb_eval.evaluate(request, worker)
     assert kb_protocol.check_response(response) == []
     return response
+
+
+def categories(response: dict[str, Any]) -> list[str]:
+    return [f["category"] for f in response["findings"]]
 
 
 @pytest.mark.slow
@@ -276,21 +144,90 @@ def test_trials_compare_where_the_expected_outputs_are(worker: kb_eval.Worker, t
     if mode == "strict":
         assert verdicts["compare_patcher.py"]["metadata"]["correctness_issue"] == "Output mismatch"
         assert verdicts["compare_patcher.py"]["metadata"]["correctness_trials"] == "(0 / 5)"
-        # The patched proxy reports 5 / 5; the worker's timed checks fail it, and without timing the
-        # worker's own count of trials passed does.
-        patched = verdicts["trial_patcher.py"]
-        assert patched["metadata"]["correctness_issue_name"] == "timed_output_mismatch", patched
-        untimed = evaluate(worker, tmp_path, "trial_patcher.py", mode, measure=False)
-        assert untimed["status"] == "incorrect", untimed
-        assert untimed["metadata"]["correctness_issue_name"] == "forged_result", untimed
-        # The stealer finds no expected output in its process: it computes, or returns what it found.
-        assert verdicts["gc_stealer.py"]["status"] in ("incorrect", "runtime_error")
+        # trial_patcher's proxy reports trials passed to nobody: the worker counted its own.
+        assert verdicts["trial_patcher.py"]["status"] == "incorrect", verdicts["trial_patcher.py"]
 
 
 @pytest.mark.slow
-def test_a_forged_result_is_refused_in_strict_mode(worker: kb_eval.Worker, tmp_path: Path) -> None:
-    response = evaluate(worker, tmp_path, "forged_result.py", "strict")
+def test_skipping_work_on_unchecked_calls_is_caught(worker: kb_eval.Worker, tmp_path: Path) -> None:
+    response = evaluate(worker, tmp_path, "skipper.py", "strict")
     assert response["status"] == "incorrect" and response["speedup"] is None, response
-    assert response["metadata"]["correctness_issue_name"] == "forged_result"
-    assert [f["category"] for f in response["findings"]] == ["forged_result"]
+    assert response["metadata"]["correctness_issue_name"] == "timed_output_mismatch", response
+
+
+@pytest.mark.slow
+def test_a_done_sent_before_the_work_copies_no_output(worker: kb_eval.Worker, tmp_path: Path) -> None:
+    """early_done rewrites the harness in its process to answer each call before computing it: the
+    worker's copy after `done` holds its poison, and a checked call fails."""
+    response = evaluate(worker, tmp_path, "early_done.py", "strict")
+    assert response["status"] == "incorrect" and response["speedup"] is None, response
+    assert response["metadata"]["correctness_issue_name"] == "timed_output_mismatch", response
+
+
+@pytest.mark.slow
+def test_the_time_is_the_workers_whatever_the_process_reads(worker: kb_eval.Worker, tmp_path: Path) -> None:
+    """Both candidates sleep 25 ms per call; the forger runs every clock of its process ten times slow.
+    Strict: both are timed by the worker's clock, which cannot read under the sleep (a causal floor, not a
+    duration comparison), and neither carries a finding. Faithful: KernelBench's loop reads the forged
+    clock (as KernelBench would), and the worker's fresh calls warn."""
+    for name in ("sleep_honest.py", "sleep_forger.py"):
+        strict = evaluate(worker, tmp_path / "strict", name, "strict", trials=5)
+        assert strict["status"] == "correct", strict
+        assert strict["runtime_stats"]["min"] >= 25.0, strict["runtime_stats"]
+        assert "timing_patch" not in categories(strict) or name == "sleep_forger.py"
+    faithful = evaluate(worker, tmp_path / "faithful", "sleep_forger.py", "faithful", trials=5)
+    assert faithful["status"] == "correct", faithful
+    assert faithful["runtime_stats"]["mean"] < 25.0  # the forged clock, credited as KernelBench would
+    assert "memo_suspected" in categories(faithful), faithful["findings"]
+    honest = evaluate(worker, tmp_path / "faithful", "sleep_honest.py", "faithful", trials=5)
+    assert "memo_suspected" not in categories(honest), honest["findings"]
+
+
+@pytest.mark.slow
+def test_lowered_precision_is_refused_in_strict_mode_and_warned_in_faithful_mode(
+    worker: kb_eval.Worker, tmp_path: Path
+) -> None:
+    """tf32_emulated passes KernelBench's trials (positive inputs) but not the precision probe (signed
+    inputs, judged against float64 relative to the reference's own error)."""
+    strict = evaluate(worker, tmp_path, "tf32_emulated.py", "strict")
+    assert strict["status"] == "incorrect" and strict["speedup"] is None, strict
+    assert strict["metadata"]["correctness_issue_name"] == "precision_lowered", strict
+    assert strict["metadata"]["correctness_trials"] == "(5 / 5)"
+    assert strict["metadata"]["precision"]["ratio"] >= 256, strict["metadata"]["precision"]
+    faithful = evaluate(worker, tmp_path, "tf32_emulated.py", "faithful")
+    assert faithful["status"] == "correct", faithful
+    assert "precision_lowered" in categories(faithful)
+    honest = evaluate(worker, tmp_path, "honest", "strict")
+    assert honest["status"] == "correct"
+    assert honest["metadata"]["precision"]["inputs"] == "signed"
+    assert honest["metadata"]["precision"]["ratio"] < 16
+
+
+@pytest.mark.slow
+def test_strict_mode_serves_no_reference_data_on_request(worker: kb_eval.Worker, tmp_path: Path) -> None:
+    response = evaluate(worker, tmp_path, "ask_in_strict.py", "strict")
+    assert response["status"] == "runtime_error", response
+    assert response["metadata"]["runtime_error_name"] == "forbidden_message", response
     assert evaluate(worker, tmp_path, "honest", "strict")["status"] == "correct"
+
+
+@pytest.mark.slow
+def test_a_forged_result_frame_fails_the_candidate(worker: kb_eval.Worker, tmp_path: Path) -> None:
+    """forged_result writes a pickled "result" down what it finds of the channel: not a frame."""
+    response = evaluate(worker, tmp_path, "forged_result.py", "strict")
+    assert response["status"] == "runtime_error" and response["speedup"] is None, response
+    assert categories(response) == ["forbidden_message"]
+    assert evaluate(worker, tmp_path, "honest", "strict")["status"] == "correct"
+
+
+@pytest.mark.slow
+def test_the_reference_is_timed_in_the_candidates_regime(worker: kb_eval.Worker, tmp_path: Path) -> None:
+    response = evaluate(worker, tmp_path, "honest", "strict")
+    regimes = response["metadata"]["strict_timing"]
+    assert regimes["reference_timed_in"] == "process", regimes
+    candidate, reference = dict(regimes["candidate"]), dict(regimes["reference"])
+    candidate.pop("checked"), reference.pop("checked")
+    assert candidate == reference
+    assert candidate["clock"].startswith("worker perf_counter") and candidate["calls"] == 11
+    faithful = evaluate(worker, tmp_path, "honest", "faithful")
+    assert "strict_timing" not in faithful["metadata"]
