@@ -50,15 +50,13 @@ from kb_reference import (
     CapturedError,
     ProblemContext,
     ReferenceCache,
-    cast_integers_of,
-    inputs_of,
+    ReferenceSpec,
     integer_inputs_policy,
     load_problem,
     reference_mode,
     release_memory,
     select_device,
     set_seed,
-    stored_of,
     time_reference,
     tolerance,
     tolerance_name,
@@ -79,8 +77,8 @@ __all__ = [
     "TOLERANCES",
     "ProblemContext",
     "ReferenceCache",
+    "ReferenceSpec",
     "Worker",
-    "cast_integers_of",
     "construct_candidate",
     "evaluate",
     "hardware_name",
@@ -168,15 +166,14 @@ def package_version(name: str) -> str | None:
 
 def evaluate(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     device = select_device(request)
-    precision, mode = request["precision"], request["mode"]
+    spec = ReferenceSpec.of(request)
+    precision, mode = spec.precision, spec.mode
     hardware = hardware_name(device)
     # KernelBench sets these print options in every eval; they shape tensor text inside error messages.
     torch.set_printoptions(precision=4, threshold=10, edgeitems=3, linewidth=80)
     verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
     with precision_policy(mode, precision):
-        env = environment(
-            device, hardware, precision, mode, cast_integers_of(request), inputs_of(request), request
-        )
+        env = environment(device, hardware, precision, mode, spec.cast_integers, spec.inputs, request)
         verdict = _evaluate_into(verdict, request, worker, device, hardware)
         cache = worker.references
         if verdict.metadata.get("reference_out_of_memory"):
@@ -191,15 +188,7 @@ def evaluate(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
             # KernelBench holds no reference data on the device between trials; a candidate must not
             # fail for memory that our cache took. Free it and evaluate once more.
             spent = dict(verdict.phases)
-            cache.move_off_device(
-                request["problem"]["code"],
-                device,
-                precision,
-                mode,
-                request["seed"],
-                cast_integers_of(request),
-                inputs_of(request),
-            )
+            cache.move_off_device(spec)
             verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
             verdict = _evaluate_into(verdict, request, worker, device, hardware)
             verdict.metadata["retried_without_device_cache"] = True
@@ -251,18 +240,9 @@ def _record_strict_timing(verdict: Verdict, strict_ref: kb_strict.StrictReferenc
 def _evaluate_into(
     verdict: Verdict, request: dict[str, Any], worker: Worker, device: torch.device, hardware: str
 ) -> Verdict:
-    precision, mode, seed = request["precision"], request["mode"], request["seed"]
+    mode = request["mode"]
     started = time.perf_counter()
-    ctx = worker.references.context(
-        request["problem"]["code"],
-        device,
-        precision,
-        mode,
-        seed,
-        cast_integers_of(request),
-        inputs_of(request),
-        stored_of(request),
-    )
+    ctx = worker.references.context(ReferenceSpec.of(request))
     reference_s = time.perf_counter() - started
     if ctx.error is not None:  # KernelBench builds the reference before loading the candidate
         verdict.phases["reference_s"] = reference_s

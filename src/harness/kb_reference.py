@@ -96,27 +96,56 @@ __all__ = ["ProblemCode", "load_problem", "set_seed", "trial_seeds"]
 InputsMode = Literal["kernelbench", "device"]
 
 
-def inputs_of(request: dict[str, Any]) -> InputsMode:
-    """The request's `inputs` (absent: "kernelbench")."""
-    return "device" if request.get("inputs") == "device" else "kernelbench"
-
-
-def stored_of(request: dict[str, Any]) -> str | None:
-    """The request's `stored_inputs`: the store entry of the problem's inputs, when the orchestrator
-    has one (src/worker/input_store.rs)."""
-    value = request.get("stored_inputs")
-    return value if isinstance(value, str) and value else None
-
-
-
 def integer_inputs_policy(cast_integers: bool) -> str:
     """How integer and bool inputs were treated, as the result's env records it."""
     return "cast" if cast_integers else "kept"
 
 
-def cast_integers_of(request: dict[str, Any]) -> bool:
-    """The request's `cast_integer_inputs` flag (absent: False, integer inputs keep their dtype)."""
-    return bool(request.get("cast_integer_inputs", False))
+def code_key(code: str) -> str:
+    """Our own hash of a problem's code, not the request's code_hash: a wrong hash must never serve the
+    reference outputs of another problem."""
+    return hashlib.sha256(code.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class ReferenceSpec:
+    """The reference data a request works against (kb_protocol.ReferenceSpec, the top-level fields of
+    prepare, evaluate and profile requests), read once: the problem's code, the device, precision, mode
+    and seed, the integer-input policy, where the inputs are drawn, and the store entry holding them.
+    `key()` is the worker's cache key (ReferenceCache); every reader takes this object, never the fields
+    one by one. The positional order is the one `ReferenceCache.context` took before it took a spec."""
+
+    code: str
+    device: torch.device
+    precision: str = "fp32"
+    mode: str = "faithful"
+    seed: int = 42
+    # eval.cast_integer_inputs: integer and bool inputs cast to the precision as KernelBench does.
+    cast_integers: bool = False
+    # eval.inputs: KernelBench's CPU generation, or the same distributions drawn on the device.
+    inputs: InputsMode = "kernelbench"
+    # The store entry holding the problem's CPU-made inputs (kb_store), when the orchestrator has one
+    # (src/worker/input_store.rs). Not part of the key: any whole entry of the problem holds the same bits.
+    stored: str | None = None
+
+    @classmethod
+    def of(cls, request: dict[str, Any]) -> ReferenceSpec:
+        """The spec of a request (absent optional fields: their defaults)."""
+        stored = request.get("stored_inputs")
+        return cls(
+            code=request["problem"]["code"],
+            device=normalize_device(request["device"]),
+            precision=request["precision"],
+            mode=request["mode"],
+            seed=int(request["seed"]),
+            cast_integers=bool(request.get("cast_integer_inputs", False)),
+            inputs="device" if request.get("inputs") == "device" else "kernelbench",
+            stored=stored if isinstance(stored, str) and stored else None,
+        )
+
+    def key(self) -> tuple[Any, ...]:
+        """What the worker's reference data is cached by: one context per key (ReferenceCache)."""
+        return (code_key(self.code), str(self.device), self.precision, self.mode, self.seed, self.cast_integers, self.inputs)
 
 
 # ----------------------------------------------------------------------------------------- the problem
@@ -175,30 +204,22 @@ class ProblemContext:
     """One reference problem at one (device, precision, mode, seed): the loaded code, the reference
     model (built once), cached trial data per trial count, and the seed-`seed` timing inputs."""
 
-    def __init__(
-        self,
-        cache: ReferenceCache,
-        code: str,
-        device: torch.device,
-        precision: str,
-        mode: str,
-        seed: int,
-        cast_integers: bool = False,
-        inputs: InputsMode = "kernelbench",
-    ) -> None:
+    def __init__(self, cache: ReferenceCache, spec: ReferenceSpec) -> None:
         self.cache = cache
-        self.code = code
-        self.device = device
-        self.precision = precision
-        self.dtype = DTYPES[precision]
+        self.spec = spec
+        self.code = spec.code
+        self.device = spec.device
+        self.precision = spec.precision
+        self.dtype = DTYPES[spec.precision]
         # The worker's own view checks with KernelBench's tolerance; a candidate process's with the job's.
-        self.atol, self.rtol = tolerance(precision, None)
-        self.mode = mode
-        self.cast_integers = cast_integers
-        self.inputs: InputsMode = inputs
-        # The store entry holding this problem's CPU-made inputs (kb_store), when there is one.
-        self.stored: str | None = None
-        self.seed = seed
+        self.atol, self.rtol = tolerance(spec.precision, None)
+        self.mode = spec.mode
+        self.cast_integers = spec.cast_integers
+        self.inputs: InputsMode = spec.inputs
+        # The store entry holding this problem's CPU-made inputs (kb_store), when there is one; a later
+        # request may name one when the first did not (the entry was still being made).
+        self.stored: str | None = spec.stored
+        self.seed = spec.seed
         self.problem: ProblemCode | None = None
         self.ref_model: torch.nn.Module | None = None
         self.error: CapturedError | None = None
@@ -226,7 +247,7 @@ class ProblemContext:
         # long timing the reference would hold the device).
         self.forward_seconds: list[float] = []
         with self.building():
-            self._build(code)
+            self._build(spec.code)
 
     @contextlib.contextmanager
     def building(self, for_timing: bool = False) -> Iterator[None]:
@@ -564,34 +585,21 @@ class ReferenceCache:
 
     @staticmethod
     def code_key(code: str) -> str:
-        # Our own hash of the code, not the request's code_hash: a wrong hash must never serve the
-        # reference outputs of another problem.
-        return hashlib.sha256(code.encode("utf-8")).hexdigest()
+        return code_key(code)
 
-    def context(
-        self,
-        code: str,
-        device: torch.device,
-        precision: str,
-        mode: str,
-        seed: int,
-        cast_integers: bool = False,
-        inputs: InputsMode = "kernelbench",
-        stored: str | None = None,
-    ) -> ProblemContext:
-        """The problem's context, made on first use. `stored`: the store entry of its inputs (not part
-        of the key: any whole entry of the problem holds the same bits)."""
-        key = (self.code_key(code), str(device), precision, mode, seed, cast_integers, inputs)
+    def context(self, spec: ReferenceSpec) -> ProblemContext:
+        """The problem's context for `spec`, made on first use (the store entry it names is taken up
+        by a context made before the entry was whole)."""
+        key = spec.key()
         ctx = self.contexts.get(key)
         if ctx is not None:
             self.contexts.move_to_end(key)
-            ctx.stored = stored or ctx.stored
+            ctx.stored = spec.stored or ctx.stored
             self.make_room(ctx)
             return ctx
         while len(self.contexts) >= self.max_contexts:
             self._evict_oldest(keep=None)
-        ctx = ProblemContext(self, code, device, precision, mode, seed, cast_integers, inputs)
-        ctx.stored = stored
+        ctx = ProblemContext(self, spec)
         ctx.device_cache = key not in self.off_device
         self.contexts[key] = ctx
         self.make_room(ctx)
@@ -655,22 +663,13 @@ class ReferenceCache:
     def device_bytes(self, device: torch.device) -> int:
         return self._used(device, "device_bytes")
 
-    def move_off_device(
-        self,
-        code: str,
-        device: torch.device,
-        precision: str,
-        mode: str,
-        seed: int,
-        cast_integers: bool = False,
-        inputs: InputsMode = "kernelbench",
-    ) -> None:
-        """Forget every cached problem on `device` (freeing its memory) and keep this problem's
+    def move_off_device(self, spec: ReferenceSpec) -> None:
+        """Forget every cached problem on `spec`'s device (freeing its memory) and keep this problem's
         reference data off the device from now on."""
-        self.off_device.add((self.code_key(code), str(device), precision, mode, seed, cast_integers, inputs))
-        for key in [k for k, c in self.contexts.items() if c.device == device]:
+        self.off_device.add(spec.key())
+        for key in [k for k, c in self.contexts.items() if c.device == spec.device]:
             del self.contexts[key]
-        release_memory(device)
+        release_memory(spec.device)
 
     def _evict_oldest(self, keep: ProblemContext | None) -> bool:
         victim = next((key for key, ctx in self.contexts.items() if ctx is not keep), None)

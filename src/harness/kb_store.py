@@ -3,9 +3,10 @@ later evaluation of the problem.
 
 KernelBench makes every input with the CPU's generator after `set_seed(seed)` (multi-GB for some level-1
 problems, 40-100 s of CPU). `generate` does exactly that, for the correctness trials' seeds and the timing
-seed, in a process of its own that the orchestrator starts without holding any device (src/refstore.rs),
-and writes the results into one store entry; the GPU worker's `load` then hands back the same bits, and
-the CPU generator's state right after `get_inputs()`, as if it had called `get_inputs()` itself.
+seed, in a process of its own that the orchestrator starts without holding any device
+(src/worker/input_store.rs), and writes the results into one store entry; the GPU worker's `load` then
+hands back the same bits, and the CPU generator's state right after `get_inputs()`, as if it had called
+`get_inputs()` itself.
 
 An entry is a folder (the orchestrator names it by a hash of the problem's code, the seeds and the torch
 version, and keeps the store bounded):

@@ -11,7 +11,7 @@ use super::input_store::{GenerateStatus, InputStore, entry_key};
 use super::loss::Fault;
 use super::outcome::{CallError, elapsed_ms, secs};
 use super::pool::WorkerPool;
-use super::protocol::{PrepareRequest, RequestBody, ResponseBody, TimingSpec};
+use super::protocol::{PrepareRequest, ReferenceSpec, RequestBody, ResponseBody, TimingSpec};
 use crate::services::{DeviceId, Unavailable};
 use crate::types::{ExecOutcome, INPUTS_DEFERRED, InputsOutcome, PrepareOutcome, Problem, Verdict};
 
@@ -52,9 +52,10 @@ impl WorkerPool {
         })
     }
 
-    /// The `prepare` request for `problem` on `device` (an evaluate is the same plus the candidate).
-    pub(super) fn prepare_request(&self, problem: &Problem, device: &DeviceId) -> PrepareRequest {
-        PrepareRequest {
+    /// The reference data `problem`'s requests on `device` work against (prepare, evaluate and
+    /// profile all carry it): the one place the pool's settings become the harness's reference spec.
+    pub(super) fn reference_spec(&self, problem: &Problem, device: &DeviceId) -> ReferenceSpec {
+        ReferenceSpec {
             problem: Self::problem_spec(problem),
             device: Self::worker_device(device).into(),
             precision: self.settings.precision.as_str().into(),
@@ -80,9 +81,16 @@ impl WorkerPool {
             inputs: (self.settings.inputs == InputsMode::Device)
                 .then(|| InputsMode::Device.as_str().into()),
             stored_inputs: self.stored_inputs(problem),
+            tolerance: self.settings.tolerance.clone(),
+        }
+    }
+
+    /// The `prepare` request for `problem` on `device`: everything (no step limit, timed).
+    pub(super) fn prepare_request(&self, problem: &Problem, device: &DeviceId) -> PrepareRequest {
+        PrepareRequest {
+            reference: self.reference_spec(problem, device),
             steps: None,
             quiet: None,
-            tolerance: self.settings.tolerance.clone(),
         }
     }
 

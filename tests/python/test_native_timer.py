@@ -57,7 +57,7 @@ WORKER_SIDE = ("a FreshInputs", "a StrictSession")
 def ctx() -> kb_reference.ProblemContext:
     kb_native.ensure()
     cache = kb_reference.ReferenceCache()
-    context = cache.context(PROBLEM, torch.device("cpu"), "fp32", "strict", 42)
+    context = cache.context(kb_reference.ReferenceSpec(PROBLEM, torch.device("cpu"), "fp32", "strict", 42))
     assert context.error is None
     return context
 

@@ -48,7 +48,7 @@ TIMING = {"warmup": 2, "trials": 40, "discard_first": 1, "l2_flush": False}
 def ctx() -> kb_reference.ProblemContext:
     kb_native.ensure()  # strict timing's native loop, loaded here as a worker loads it for the reference
     cache = kb_reference.ReferenceCache()
-    context = cache.context(PROBLEM, torch.device("cpu"), "fp32", "strict", 42)
+    context = cache.context(kb_reference.ReferenceSpec(PROBLEM, torch.device("cpu"), "fp32", "strict", 42))
     assert context.error is None
     return context
 

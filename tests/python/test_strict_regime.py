@@ -103,7 +103,7 @@ def test_the_reference_job_runs_the_candidates_loop_in_the_session() -> None:
     the worker's clock."""
     worker = kb_eval.Worker(isolate=False)
     request = evaluate_request(1, MATMUL, "", Path("."), mode="strict", timing_trials=6)
-    ctx = worker.references.context(MATMUL, kb_reference.select_device(request), "fp32", "strict", 42)
+    ctx = worker.references.context(kb_reference.ReferenceSpec.of(request))
     stats, strict_ref = kb_eval.time_strict_reference(request, worker, ctx, 7, every=True)
     assert stats["num_trials"] == 6
     assert strict_ref.timed_in == "in_worker" and strict_ref.overhead_ms is not None
