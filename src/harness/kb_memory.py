@@ -77,11 +77,12 @@ class Footprint:
         """The temporaries of comparing one output with the expected one."""
         return int(COMPARE_FACTOR * self.output)
 
-    def candidate(self) -> int:
-        """A candidate process's working set: a forward as large as the reference's, its check (faithful
-        mode compares in the candidate's process; its allocator keeps those blocks for the rest of its
-        run), and its CUDA context."""
-        return self.forward + self.check() + CONTEXT_BYTES
+    def candidate(self, strict: bool = False) -> int:
+        """A candidate process's working set: a forward as large as the reference's, its CUDA context,
+        and in faithful mode its check (compared in its own process, as KernelBench does; its allocator
+        keeps those blocks for the rest of its run), in strict mode the clones of its inputs (the worker
+        compares)."""
+        return self.forward + (self.inputs if strict else self.check()) + CONTEXT_BYTES
 
     def serving(self) -> int:
         """What the worker allocates while serving a candidate, beyond its cached data, at the most: a call
@@ -90,9 +91,10 @@ class Footprint:
         a trial made or copied up per use (its inputs and the forward)."""
         return 2 * self.inputs + max(self.inputs + self.forward, self.output + self.check())
 
-    def reserve(self, total: int) -> int:
-        """What must stay free beside krefine's cached data while a candidate of this problem runs."""
-        return self.candidate() + self.serving() + headroom(total)
+    def reserve(self, total: int, strict: bool = False) -> int:
+        """What must stay free beside krefine's cached data while a candidate of this problem runs (the
+        worker's serving peaks while the candidate's process still holds its working set)."""
+        return self.candidate(strict) + self.serving() + headroom(total)
 
     def kernelbench(self) -> int:
         """What KernelBench's own flow holds at its peak, in one process: the inputs, the reference's
@@ -126,11 +128,11 @@ def device_state(device: torch.device) -> DeviceState:
     return DeviceState(total=int(total), free=int(free), idle=max(int(idle), 0))
 
 
-def cache_room(state: DeviceState, cached: int, holding: int, footprint: Footprint) -> int:
+def cache_room(state: DeviceState, cached: int, holding: int, footprint: Footprint, strict: bool = False) -> int:
     """The most krefine's cache may hold on a device beside a candidate of a problem of `footprint`:
     what the device can give krefine (its available memory, the `cached` data, which can give way, and
     `holding`, data allocated already that is being placed) less the reserve (0 when that is all)."""
-    return max(state.available + cached + holding - footprint.reserve(state.total), 0)
+    return max(state.available + cached + holding - footprint.reserve(state.total, strict), 0)
 
 
 # The most this process's allocator reserved since `reset_worker_peak`, kept across the resets `peak_of`
@@ -210,7 +212,9 @@ def gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
-def figures(total: int, available: int, held: int, footprint: Footprint | None, planned: int | None) -> dict[str, Any]:
+def figures(
+    total: int, available: int, held: int, footprint: Footprint | None, planned: int | None, strict: bool = False
+) -> dict[str, Any]:
     """The memory figures a verdict records (`metadata.device_memory`), in bytes."""
     out: dict[str, Any] = {"total_bytes": total, "available_bytes": available, "krefine_held_bytes": held}
     if footprint is not None:
@@ -218,7 +222,7 @@ def figures(total: int, available: int, held: int, footprint: Footprint | None, 
             inputs_bytes=footprint.inputs,
             output_bytes=footprint.output,
             reference_forward_bytes=footprint.forward,
-            candidate_estimate_bytes=footprint.candidate(),
+            candidate_estimate_bytes=footprint.candidate(strict),
             kernelbench_needs_bytes=footprint.kernelbench(),
         )
     elif planned:

@@ -671,7 +671,7 @@ class ReferenceCache:
             return []
         state = device_state(ctx.device)
         if ctx.footprint is not None:
-            need = ctx.footprint.reserve(state.total)
+            need = ctx.footprint.reserve(state.total, ctx.mode == "strict")
         else:
             if ctx.planned_bytes is None:
                 ctx.planned_bytes = kb_inputs.planned_bytes(ctx.problem.get_inputs) or 0
@@ -700,11 +700,12 @@ class ReferenceCache:
         return evict
 
     def keeps(self, ctx: ProblemContext, size: int) -> bool:
-        """May `size` more bytes of `ctx`'s data stay on its device (the timing inputs)? Older problems
-        give way when that makes room."""
+        """May `size` more bytes of `ctx`'s data stay on its device (the timing inputs, kept beyond the
+        trials' share of the device, as they always were)? Not where they would take a candidate's room
+        (`_device_budget`); older problems give way when that makes room."""
         if not ctx.device_cache:
             return False
-        budget = self._device_budget(ctx, size)
+        budget = self._device_budget(ctx, size, share=False)
         while self._used(ctx.device, "device_bytes") + size > budget:
             if not self._evict_oldest(keep=ctx):
                 return False
@@ -753,7 +754,7 @@ class ReferenceCache:
         held = self.device_bytes(spec.device)
         footprint = ctx.footprint if ctx is not None else None
         planned = ctx.planned_bytes if ctx is not None else None
-        return figures(state.total, state.available + held, held, footprint, planned)
+        return figures(state.total, state.available + held, held, footprint, planned, spec.mode == "strict")
 
     def host_bytes(self, device: torch.device) -> int:
         return self._used(device, "host_bytes")
@@ -780,16 +781,19 @@ class ReferenceCache:
     def _used(self, device: torch.device, attr: str) -> int:
         return sum(getattr(c, attr) for c in self.contexts.values() if c.device == device)
 
-    def _device_budget(self, ctx: ProblemContext, holding: int) -> int:
-        """The most krefine's cache may hold on `ctx`'s device: DEVICE_CACHE_FRACTION of it, and on a
-        CUDA device once the problem's footprint is known never more than what leaves room for a
-        candidate of it and the worker's serving beside the cache (Footprint.reserve): the device's
-        available memory, the cache itself and `holding` (the data being placed, allocated already),
-        less that reserve."""
-        budget = memory_budgets(ctx.device)[0] if ctx.device_cache else 0
-        if ctx.device.type != "cuda" or ctx.footprint is None or budget == 0:
+    def _device_budget(self, ctx: ProblemContext, holding: int, share: bool = True) -> int:
+        """The most krefine's cache may hold on `ctx`'s device: DEVICE_CACHE_FRACTION of it (with
+        `share`; without, no such bound), and on a CUDA device once the problem's footprint is known
+        never more than what leaves room for a candidate of it and the worker's serving beside the cache
+        (Footprint.reserve): the device's available memory, the cache itself and `holding` (the data
+        being placed, allocated already), less that reserve."""
+        if not ctx.device_cache:
+            return 0
+        budget = memory_budgets(ctx.device)[0] if share else 1 << 62
+        if ctx.device.type != "cuda" or ctx.footprint is None:
             return budget
-        room = cache_room(device_state(ctx.device), self._used(ctx.device, "device_bytes"), holding, ctx.footprint)
+        used = self._used(ctx.device, "device_bytes")
+        room = cache_room(device_state(ctx.device), used, holding, ctx.footprint, ctx.mode == "strict")
         return min(budget, room)
 
     def place(self, ctx: ProblemContext, in_size: int, size: int, remaining: int, lean_ok: bool) -> Tier:

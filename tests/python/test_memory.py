@@ -28,6 +28,8 @@ CARD_24 = 24 * GIB
 def test_a_candidates_working_set_is_estimated_from_the_references_forward() -> None:
     assert CONV87.check() == 28 * GIB  # allclose's temporaries on an 8 GiB output
     assert CONV87.candidate() == 8 * GIB + 28 * GIB + kb_memory.CONTEXT_BYTES
+    # Strict mode compares in the worker; the candidate's process clones its inputs instead.
+    assert CONV87.candidate(strict=True) == 8 * GIB + 4 * GIB + kb_memory.CONTEXT_BYTES
     # The worker, serving a checked call on fresh inputs: the copy, the pristine set, and the comparison.
     assert CONV87.serving() == 8 * GIB + 36 * GIB
     assert CONV87.kernelbench() == (4 + 8 + 8 + 28) * GIB + kb_memory.CONTEXT_BYTES
