@@ -1,5 +1,6 @@
 //! The pool as [`Executor`]: evaluating and profiling a candidate on a device's worker.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -17,11 +18,11 @@ use super::protocol::{
     ProfileResponse, ProfileStatus, RequestBody, ResponseBody,
 };
 use super::slot::Slot;
-use crate::services::{DeviceId, ExecJob, Executor, Unavailable};
+use crate::services::{DeviceId, ExecJob, Executor, InputsPlan, Unavailable};
 use crate::types::RequestError;
 use crate::types::{
-    EvalEnv, ExecOutcome, InputsOutcome, Precision, PrepareOutcome, Problem, ProfileOutcome,
-    Verdict,
+    EvalEnv, ExecOutcome, InputsOutcome, Precision, PrepareOutcome, Problem, ProblemKey,
+    ProfileOutcome, Verdict,
 };
 
 impl WorkerPool {
@@ -258,6 +259,14 @@ impl Executor for WorkerPool {
 
     fn prepares_reference(&self) -> bool {
         true
+    }
+
+    async fn plan_inputs(
+        &self,
+        problems: Vec<Arc<Problem>>,
+        processes: Option<u32>,
+    ) -> HashMap<ProblemKey, InputsPlan> {
+        self.plan_inputs_now(&problems, processes).await
     }
 
     async fn make_inputs(

@@ -315,15 +315,15 @@ impl InputStore {
         Ok(answer)
     }
 
-    /// Run `kb_store.py generate`: the request goes in on stdin; a generator that has to make the
-    /// entry first reports its planned bytes (`{"planned": n}`) and waits for [`Self::admit`]'s answer
-    /// on the same stdin; its last JSON line is the answer.
-    async fn run_generator(&self, key: &str, request: &str) -> Result<GenerateAnswer, String> {
-        use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-
+    /// Start `kb_store.py <verb>` (`generate`, `plan`): in the store's folder, with the generator's
+    /// environment (no GPU visible), at a builder's priority, tied to this process.
+    async fn spawn_script(&self, verb: &str) -> Result<tokio::process::Child, String> {
+        tokio::fs::create_dir_all(&self.root)
+            .await
+            .map_err(|e| format!("cannot create {}: {e}", self.root.display()))?;
         let mut cmd = tokio::process::Command::new(&self.python);
         cmd.arg(self.harness_dir.join(STORE_SCRIPT))
-            .arg("generate")
+            .arg(verb)
             .current_dir(&self.root)
             .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
@@ -333,65 +333,27 @@ impl InputStore {
             .kill_on_drop(true);
         // A generator outlives no krefine, even a killed one (see `die_with_parent`).
         let krefine = std::process::id() as libc::pid_t;
-        // SAFETY: only async-signal-safe `prctl` and `getppid` between fork and exec.
         // It draws inputs beside the evaluation workers' timings: at a builder's priority.
-        // SAFETY: only async-signal-safe `getpriority`, `setpriority`, `prctl` and `getppid`.
+        // SAFETY: only async-signal-safe `getpriority`, `setpriority`, `prctl` and `getppid` between
+        // fork and exec.
         unsafe {
             cmd.pre_exec(move || {
                 super::session::lower_priority();
                 super::session::die_with_parent(krefine)
             });
         }
-        let mut child = super::session::spawn_tied(cmd)
+        super::session::spawn_tied(cmd)
             .await
-            .map_err(|e| format!("cannot start {}: {e}", self.python.display()))?;
-        let mut stdin = child.stdin.take();
-        let stdout = child.stdout.take();
-        let stderr_task = child.stderr.take().map(|mut err| {
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let _ = err.read_to_end(&mut buf).await;
-                buf
-            })
-        });
-        let dialogue = async {
-            if let Some(stdin) = stdin.as_mut() {
-                stdin
-                    .write_all(format!("{request}\n").as_bytes())
-                    .await
-                    .map_err(|e| format!("cannot send the generation request: {e}"))?;
-                let _ = stdin.flush().await;
-            }
-            let mut last = None;
-            if let Some(stdout) = stdout {
-                let mut lines = BufReader::new(stdout).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if !line.trim_start().starts_with('{') {
-                        continue;
-                    }
-                    match serde_json::from_str::<PlannedLine>(&line) {
-                        Ok(PlannedLine { planned }) => {
-                            let reply = self.admit_blocking(key, planned).await;
-                            let reply = serde_json::json!({
-                                "admit": reply.is_ok(),
-                                "detail": reply.err().unwrap_or_default(),
-                            });
-                            if let Some(stdin) = stdin.as_mut() {
-                                let _ = stdin.write_all(format!("{reply}\n").as_bytes()).await;
-                                let _ = stdin.flush().await;
-                            }
-                        }
-                        Err(_) => last = Some(line),
-                    }
-                }
-            }
-            drop(stdin.take());
-            let status = child
-                .wait()
-                .await
-                .map_err(|e| format!("the input generator failed: {e}"))?;
-            Ok::<_, String>((status, last))
-        };
+            .map_err(|e| format!("cannot start {}: {e}", self.python.display()))
+    }
+
+    /// Run `kb_store.py generate`: the request goes in on stdin; a generator that has to make the
+    /// entry first reports its planned bytes (`{"planned": n}`) and waits for [`Self::admit`]'s answer
+    /// on the same stdin; its last JSON line is the answer.
+    async fn run_generator(&self, key: &str, request: &str) -> Result<GenerateAnswer, String> {
+        let mut child = self.spawn_script("generate").await?;
+        let stderr = collect_stderr(&mut child);
+        let dialogue = self.dialogue(&mut child, key, request);
         let (status, last) = tokio::time::timeout(self.timeout, dialogue)
             .await
             .map_err(|_| {
@@ -402,18 +364,98 @@ impl InputStore {
             })??;
         match last.as_deref().map(serde_json::from_str::<GenerateAnswer>) {
             Some(Ok(a)) => Ok(a),
-            _ => {
-                let stderr = match stderr_task {
-                    Some(t) => t.await.unwrap_or_default(),
-                    None => Vec::new(),
+            _ => Err(format!(
+                "the input generator ended ({status}) without an answer: {}",
+                stderr_tail(stderr).await
+            )),
+        }
+    }
+
+    /// The generator's side of the conversation: send `request`, answer its admission question (the
+    /// `{"planned": n}` line) with [`Self::admit`]'s decision, keep the last other JSON line (its
+    /// answer), and wait for it to exit.
+    async fn dialogue(
+        &self,
+        child: &mut tokio::process::Child,
+        key: &str,
+        request: &str,
+    ) -> Result<(std::process::ExitStatus, Option<String>), String> {
+        use tokio::io::{AsyncBufReadExt, BufReader};
+
+        let mut stdin = child.stdin.take();
+        if let Some(stdin) = stdin.as_mut() {
+            send_line(stdin, request)
+                .await
+                .map_err(|e| format!("cannot send the generation request: {e}"))?;
+        }
+        let mut last = None;
+        if let Some(stdout) = child.stdout.take() {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if !line.trim_start().starts_with('{') {
+                    continue;
+                }
+                let Ok(PlannedLine { planned }) = serde_json::from_str::<PlannedLine>(&line) else {
+                    last = Some(line);
+                    continue;
                 };
-                let stderr = String::from_utf8_lossy(&stderr);
-                let tail: Vec<&str> = stderr.lines().rev().take(10).collect();
-                Err(format!(
-                    "the input generator ended ({status}) without an answer: {}",
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                ))
+                let reply = self.admit_blocking(key, planned).await;
+                let reply = serde_json::json!({
+                    "admit": reply.is_ok(),
+                    "detail": reply.err().unwrap_or_default(),
+                });
+                if let Some(stdin) = stdin.as_mut() {
+                    let _ = send_line(stdin, &reply.to_string()).await;
+                }
             }
+        }
+        drop(stdin);
+        let status = child
+            .wait()
+            .await
+            .map_err(|e| format!("the input generator failed: {e}"))?;
+        Ok((status, last))
+    }
+
+    /// The plans of several problems' entries (`kb_store.py plan`, one process sizing them all on
+    /// the meta device, nothing made): per code, in order, the entry's bytes for `seeds` seeds and
+    /// the processes its generator would use, at most `processes`.
+    pub async fn plan_entries(
+        &self,
+        codes: &[&str],
+        seeds: u32,
+        processes: Option<u32>,
+    ) -> Result<Vec<PlannedEntry>, String> {
+        let mut child = self.spawn_script("plan").await?;
+        let stderr = collect_stderr(&mut child);
+        let request = serde_json::json!({"codes": codes, "seeds": seeds, "processes": processes});
+        let talk = async {
+            if let Some(mut stdin) = child.stdin.take() {
+                send_line(&mut stdin, &request.to_string())
+                    .await
+                    .map_err(|e| format!("cannot send the plan request: {e}"))?;
+            }
+            let mut out = String::new();
+            if let Some(mut stdout) = child.stdout.take() {
+                use tokio::io::AsyncReadExt;
+                let _ = stdout.read_to_string(&mut out).await;
+            }
+            let status = child
+                .wait()
+                .await
+                .map_err(|e| format!("the input planner failed: {e}"))?;
+            Ok::<_, String>((status, out))
+        };
+        let (status, out) = tokio::time::timeout(self.timeout, talk)
+            .await
+            .map_err(|_| "planning the inputs took too long".to_string())??;
+        let answer = out.lines().rev().find(|l| l.trim_start().starts_with('{'));
+        match answer.map(serde_json::from_str::<PlanAnswer>) {
+            Some(Ok(a)) if a.plans.len() == codes.len() => Ok(a.plans),
+            _ => Err(format!(
+                "the input planner ended ({status}) without a plan: {}",
+                stderr_tail(stderr).await
+            )),
         }
     }
 
@@ -661,6 +703,49 @@ impl InputStore {
         }
         std::fs::remove_dir_all(self.entry(key)).is_ok()
     }
+}
+
+/// One entry's plan, as `kb_store.py plan` answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct PlannedEntry {
+    /// The entry's bytes (every seed); `None`: unknown until made.
+    pub bytes: Option<u64>,
+    /// Processes its generator would use (1: its own).
+    pub processes: u32,
+}
+
+#[derive(Deserialize)]
+struct PlanAnswer {
+    plans: Vec<PlannedEntry>,
+}
+
+/// Read a child's stderr to its end in the background (for the error of a child that gave no answer).
+fn collect_stderr(child: &mut tokio::process::Child) -> Option<tokio::task::JoinHandle<Vec<u8>>> {
+    use tokio::io::AsyncReadExt;
+
+    child.stderr.take().map(|mut err| {
+        tokio::spawn(async move {
+            let mut buf = Vec::new();
+            let _ = err.read_to_end(&mut buf).await;
+            buf
+        })
+    })
+}
+
+/// The last ten lines of a collected stderr.
+async fn stderr_tail(task: Option<tokio::task::JoinHandle<Vec<u8>>>) -> String {
+    let bytes = match task {
+        Some(t) => t.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let tail: Vec<&str> = text.lines().rev().take(10).collect();
+    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+}
+
+async fn send_line(stdin: &mut tokio::process::ChildStdin, line: &str) -> std::io::Result<()> {
+    stdin.write_all(format!("{line}\n").as_bytes()).await?;
+    stdin.flush().await
 }
 
 /// The generator's first line when it must make the entry: its planned bytes (null: unknown).
