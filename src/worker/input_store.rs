@@ -17,13 +17,14 @@
 //!   planned bytes first; under the store's admission lock (`.admission.lock`, across processes) the
 //!   finished entries, the reservations of entries being made (`.<key>.reserve`, counted while the
 //!   entry's lock is held, removed when it is free) and this entry must fit [`effective_cap`]
-//!   (`resources.reference_cache_gb`, and never past the file system's free space less a margin);
+//!   (the file system's free space less a margin, and `resources.reference_cache_gb` when set);
 //!   least recently used entries (the `used` file's mtime, touched at every use) are removed to make
 //!   room. An entry that cannot fit is not made (`over_budget`), and the worker makes those inputs.
 //!   After each generation the same LRU order trims the store to its limit. An entry being made (its
 //!   lock held) is never removed; a reader whose entry vanishes makes its inputs itself.
 //! - **In-memory tier** ([`InputStore::in_memory`]): a second store of the same layout in `/dev/shm`,
-//!   the run's own (removed when it ends, swept if it died), for entries the disk store refuses
+//!   kept for later runs (`resources.reference_ram_keep`, the default) or the run's own (removed when
+//!   it ends, swept if it died), for entries the disk store refuses
 //!   (a level-1 problem's six seeds reach 51 GB, more than a GPU machine's disk store holds). Its
 //!   admission also keeps a quarter of the machine's memory available ([`memory_cap`]), and the
 //!   generator then makes fewer seeds at once (each process holds its seed while the file fills
@@ -81,6 +82,7 @@ pub fn entry_key(code: &str, seed: u64, trials: u32, timing: bool, torch: &str) 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GenerateAnswer {
     pub status: GenerateStatus,
+    /// How long the generator took (its own clock).
     #[serde(default)]
     pub seconds: f64,
     /// Bytes of inputs in the entry.
@@ -89,6 +91,8 @@ pub struct GenerateAnswer {
     /// Processes that made seeds in parallel (0: one after another).
     #[serde(default)]
     pub parallel: u32,
+    /// Why an entry was rebuilt, refused or could not be stored (the `inputs_prepared` event's
+    /// detail).
     #[serde(default)]
     pub detail: String,
 }
@@ -117,10 +121,15 @@ pub enum GenerateStatus {
 /// The store: where it is, how large it may grow, and how to start the harness that fills it.
 #[derive(Debug, Clone)]
 pub struct InputStore {
+    /// The store's folder: one sub-folder per entry, their locks and reservations beside them.
     root: PathBuf,
-    /// `resources.reference_cache_gb` in bytes.
+    /// `resources.reference_cache_gb` in bytes (`u64::MAX` when unset: [`effective_cap`] then
+    /// bounds the store by the file system's free space alone); for the in-memory tier
+    /// `resources.reference_ram_gb`.
     limit: u64,
+    /// The workers' Python (the generator imports torch as they do, so entries match their torch).
     python: PathBuf,
+    /// The deployed harness, where `kb_store.py` is.
     harness_dir: PathBuf,
     /// The generator's whole environment (a worker's allowlist, no GPU visible).
     env: Vec<(String, OsString)>,
@@ -138,7 +147,9 @@ pub struct InputStore {
 /// A refused admission: the entry's planned bytes, and whether other entries' room comes back.
 #[derive(Debug, Clone, Copy)]
 struct Refusal {
+    /// The entry's planned bytes: a retry asks whether that much would be admitted now.
     planned: u64,
+    /// Other entries (held or being made) took the room: it comes back, so the entry is deferred.
     room_later: bool,
 }
 
@@ -148,7 +159,9 @@ struct Plan {
     victims: Option<Vec<String>>,
     /// Refused only for room held or reserved by other entries.
     room_later: bool,
+    /// Bytes other entries being made have reserved (counted against the cap).
     reserved: u64,
+    /// The cap this decision was made under ([`effective_cap`], [`memory_cap`]).
     cap: u64,
     /// Why it was refused.
     why: String,
@@ -157,7 +170,9 @@ struct Plan {
 /// Keeps an entry from being evicted while it lives (see [`InputStore::hold`]).
 #[derive(Debug)]
 pub struct InputsHold {
+    /// The store's hold counts (shared by its clones), decremented on drop.
     held: Arc<Mutex<HashMap<String, usize>>>,
+    /// The entry held.
     key: String,
 }
 
@@ -583,10 +598,13 @@ impl InputStore {
         } else {
             ("the store", "resources.reference_cache_gb")
         };
+        let limit = match self.limit {
+            u64::MAX => "unset".to_string(),
+            n => format!("{n} bytes"),
+        };
         let why = format!(
-            "{planned} bytes do not fit {tier}: cap {cap} bytes ({limit_key} {}, free space {free} \
-             bytes), {reserved} bytes being made by others{}",
-            self.limit,
+            "{planned} bytes do not fit {tier}: cap {cap} bytes ({limit_key} {limit}, free space \
+             {free} bytes), {reserved} bytes being made by others{}",
             if room_later {
                 ", the rest held by queued candidates"
             } else {
