@@ -223,7 +223,9 @@ class ProblemContext:
     model (built once), cached trial data per trial count, and the seed-`seed` timing inputs."""
 
     def __init__(self, cache: ReferenceCache, spec: ReferenceSpec) -> None:
+        # The worker's cache this context lives in (its budgets, its reference-work notices).
         self.cache = cache
+        # What this context is (its key), and its fields as the attributes below for the check's use.
         self.spec = spec
         self.code = spec.code
         self.device = spec.device
@@ -238,10 +240,15 @@ class ProblemContext:
         # request may name one when the first did not (the entry was still being made).
         self.stored: str | None = spec.stored
         self.seed = spec.seed
+        # The problem's loaded code and its model, built once (None when the reference failed to load
+        # or to build: `error` says how, and every candidate of it gets that reference error).
         self.problem: ProblemCode | None = None
         self.ref_model: torch.nn.Module | None = None
         self.error: CapturedError | None = None
+        # Per number of correctness trials, each trial's entry, built in order on first use.
         self.trials: dict[int, list[TrialEntry | None]] = {}
+        # The timing inputs kept on the device (None: not made yet, or not kept beside a candidate's
+        # room) and their fingerprint (a candidate that wrote into them has them made again).
         self.timing_inputs_cache: list[Any] | None = None
         self.timing_fingerprint: list[Any] | None = None
         # The strict timing session of the candidate being timed (kb_strict.StrictSession; kb_pool sets
@@ -249,8 +256,11 @@ class ProblemContext:
         self.strict_session: Any = None
         # Raw get_inputs() results made ahead (in parallel) by prepare, per seed; used once.
         self.pregenerated: dict[int, list[Any]] = {}
+        # Bytes of this problem's data kept on the device and in RAM: the cache's budgets count them.
         self.device_bytes = 0
         self.host_bytes = 0
+        # False once this problem's data must stay off the device (memory admission found no room
+        # beside its candidates, or one ran out of memory next to it).
         self.device_cache = True
         # Bytes one get_inputs() call makes (kb_inputs.planned_bytes; 0: unknown), for memory admission
         # (ReferenceCache.make_room); found on first need.
@@ -610,8 +620,12 @@ class ReferenceCache:
     """Per-worker cache of ProblemContexts (LRU) plus reference timings (kept across eviction)."""
 
     def __init__(self, max_contexts: int = MAX_CONTEXTS) -> None:
+        # Problems kept at most; the least recently used context goes first.
         self.max_contexts = max_contexts
+        # By ReferenceSpec.key(), least recently used first.
         self.contexts: OrderedDict[tuple[Any, ...], ProblemContext] = OrderedDict()
+        # Reference timings (kb_eval.reference_timing_key): kept when their context is evicted, since a
+        # problem's reference is timed once per worker.
         self.ref_timings: dict[tuple[Any, ...], dict[str, Any]] = {}
         # Problems whose candidates ran out of memory next to cached device data: cached in RAM from
         # then on, so the device is the candidate's.
@@ -620,6 +634,7 @@ class ReferenceCache:
         # serve loop points it at a `progress` notice while it answers an evaluate, so that the
         # orchestrator charges that time to eval.timeouts.reference_s, not to the candidate.
         self.on_reference: Callable[[bool], None] | None = None
+        # Nesting of reference work (only the outermost stretch is announced and timed).
         self.depth = 0
         # Problems evicted to make room on a device (memory admission and out-of-memory retries).
         self.evicted_for_room = 0

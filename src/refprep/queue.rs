@@ -25,6 +25,7 @@ pub fn cpu_ahead() -> usize {
 /// Which problems to prepare, and in which order (pure bookkeeping; [`Preparer`] shares it).
 #[derive(Debug, Default)]
 pub struct PrepQueue {
+    /// Problems a device holds prepared and not yet arrived, at most (`resources.prepare_ahead`).
     ahead: usize,
     /// CPU stage: problems whose inputs are made at once.
     cpu_parallel: usize,
