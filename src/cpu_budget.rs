@@ -4,8 +4,10 @@
 //! - A **build** claims what builds are measured to use: the mean, over the last few builds, of each
 //!   build's CPU time over its wall time as the compile worker reports it (`getrusage` of the worker
 //!   and its build children), 1 core until a build was measured ([`build_claim`]).
-//! - The **CPU stage** of a problem's reference inputs claims the processes it may use
-//!   ([`inputs_claim`]) and passes that number on, so the processes drawing inputs never exceed it.
+//! - The **CPU stage** of a problem's reference inputs claims the processes its maker runs, by the
+//!   maker's plan (one, its own, unless the inputs are large; at most [`inputs_claim`]; the most
+//!   when there is no plan), and passes that number on, so the processes drawing inputs never exceed
+//!   it.
 //! - **CPU-device timing** claims quiet cores ([`Claim::Quiet`]): it waits for the input makers to end
 //!   (they cannot be paused), the compiler pauses its builds, and nothing new starts from the moment
 //!   it asks until it ends.
@@ -84,8 +86,9 @@ pub fn cores_used(cpu_ms: u64, wall_ms: u64) -> Option<u64> {
     (wall_ms >= 10).then(|| cpu_ms.saturating_mul(CORE) / wall_ms)
 }
 
-/// Processes (whole cores) a problem's CPU stage claims: half the budget, at least 1 and at most
-/// [`MAX_INPUT_PROCESSES`], so builds keep the other half while inputs are made.
+/// The most processes (whole cores) a problem's CPU stage claims: half the budget, at least 1 and at
+/// most [`MAX_INPUT_PROCESSES`], so builds keep the other half while inputs are made. A maker whose
+/// plan runs fewer claims fewer (`crate::refprep`).
 pub fn inputs_claim(budget: u64) -> u64 {
     (budget / CORE / 2).clamp(1, MAX_INPUT_PROCESSES)
 }

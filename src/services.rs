@@ -4,6 +4,7 @@
 //! Python workers) and against the scripted and simulated ones used by tests, the quickstart and the
 //! scheduler benchmark.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -11,7 +12,7 @@ use tokio::sync::mpsc;
 
 use crate::types::{
     CompileOutcome, Event, ExecOutcome, InputsOutcome, LlmAnswer, LlmRequest, PrepareOutcome,
-    PrepareStatus, Problem, ProfileOutcome, TaskId,
+    PrepareStatus, Problem, ProblemKey, ProfileOutcome, TaskId,
 };
 
 /// Room in the informational-event channel. Bounded so that a flood (a fast token stream while the
@@ -127,6 +128,16 @@ pub struct ExecJob {
     pub build_dir: Option<String>,
 }
 
+/// What making a problem's inputs will take, known before they are made ([`Executor::plan_inputs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InputsPlan {
+    /// Bytes of the whole entry (every seed); `None` when the problem's `get_inputs()` cannot be sized
+    /// without running it.
+    pub bytes: Option<u64>,
+    /// Processes its maker runs (1: one after another, in its own process).
+    pub processes: u32,
+}
+
 /// A device the engine leases: `cpu` or a GPU index.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum DeviceId {
@@ -167,6 +178,18 @@ pub trait Executor: Send + Sync {
     /// data ahead of candidates, see `crate::refprep`).
     fn prepares_reference(&self) -> bool {
         false
+    }
+
+    /// The plans of `problems`' inputs, asked once before any is made (one process sizes them all on
+    /// the meta device, nothing is made): their size, so the largest start first, and how many
+    /// processes each one's maker runs, at most `processes`, so the CPU stage claims those cores and
+    /// no more. Empty: no plans (no store, or the sizing failed); makers then claim their cap.
+    async fn plan_inputs(
+        &self,
+        _problems: Vec<Arc<Problem>>,
+        _processes: Option<u32>,
+    ) -> HashMap<ProblemKey, InputsPlan> {
+        HashMap::new()
     }
 
     /// Make `problem`'s inputs on the CPU ahead of need (into the on-disk store), in processes of

@@ -69,6 +69,24 @@ async fn run(
     problem: Problem,
     prepare_ahead: usize,
 ) -> Vec<LogRecord> {
+    // Builds, the CPU stage and the CPU device's timings share two cores.
+    run_with_budget(
+        pool,
+        root,
+        problem,
+        prepare_ahead,
+        Arc::new(CpuBudget::new(2)),
+    )
+    .await
+}
+
+async fn run_with_budget(
+    pool: &Arc<WorkerPool>,
+    root: &std::path::Path,
+    problem: Problem,
+    prepare_ahead: usize,
+    budget: Arc<CpuBudget>,
+) -> Vec<LogRecord> {
     let key = problem.key;
     let plan = RunPlan {
         run: format!("refprep-{prepare_ahead}"),
@@ -80,7 +98,6 @@ async fn run(
         simulated: false,
     };
     let (open, gate) = watch::channel(false);
-    let budget = Arc::new(CpuBudget::new(2));
     let parts = EngineParts {
         llm: Arc::new(Answers {
             gate: (prepare_ahead > 0).then_some(gate),
@@ -92,7 +109,6 @@ async fn run(
         prompt_settings: krefine::prompt::PromptSettings::default(),
         llm_concurrency: 2,
         compile_workers: 1,
-        // Builds, the CPU stage and the CPU device's timings share two cores.
         cpu_budget: Some(budget.clone()),
         prepare_ahead,
     };
@@ -528,4 +544,32 @@ async fn a_kept_in_memory_tier_serves_the_next_run() {
             "sample {sample}"
         );
     }
+}
+
+/// The CPU stage claims the cores its input maker runs: a problem with small inputs is made by the
+/// generator's one process and claims one core, not the half of a 12-core budget (6) it once claimed
+/// whatever the maker ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_maker_claims_the_processes_it_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pool, _store) = pool_with_store(tmp.path(), 1 << 30, 0).await;
+    let budget = Arc::new(CpuBudget::new(12));
+    let most = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let watch = {
+        let (budget, most) = (budget.clone(), most.clone());
+        tokio::spawn(async move {
+            loop {
+                most.fetch_max(budget.held().inputs, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    let log = run_with_budget(&pool, tmp.path(), (*problem_add()).clone(), 2, budget).await;
+    watch.abort();
+    assert_eq!(inputs_statuses(&log), ["generated"]);
+    assert_eq!(
+        most.load(std::sync::atomic::Ordering::SeqCst),
+        krefine::cpu_budget::CORE,
+        "one core for the one process that made the inputs"
+    );
 }

@@ -233,3 +233,40 @@ async fn two_entries_made_at_once_never_exceed_the_cap_together() {
     assert!(total <= limit, "{total} > {limit}");
     assert!(!marker.exists(), "the reservation goes with the made entry");
 }
+
+/// The plans of several problems' entries from one planner process, before anything is made: their
+/// sizes, and a maker's processes (one, its own, unless the inputs are large enough to make in
+/// parallel, and never more than the cap). Nothing is written.
+#[tokio::test]
+async fn entries_are_planned_before_any_is_made() {
+    let work = tempfile::tempdir().unwrap();
+    let s = store(work.path(), u64::MAX).await;
+    let small = problem(64);
+    // 1 GiB a seed (2**28 fp32 values in each of two inputs: sized on the meta device, never made).
+    let large = problem(64).replace("torch.rand(N, N)", "torch.rand(1 << 27)");
+    let named = small.replace(
+        "a = torch.rand(N, N)",
+        "a = torch.rand(N, N, device=\"cpu\")",
+    );
+    let plans = s
+        .plan_entries(&[&small, &large, &named], 6, Some(6))
+        .await
+        .expect("plans");
+    assert_eq!(plans[0].bytes, Some(6 * 2 * 64 * 64 * 4));
+    assert_eq!(
+        plans[0].processes, 1,
+        "small inputs are made by the generator alone"
+    );
+    assert_eq!(plans[1].bytes, Some(6 * 2 * (1 << 27) * 4));
+    // Made in parallel (the machine's cores and memory decide how many), within the cap.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    assert!(
+        (2..=cores.min(6)).contains(&plans[1].processes),
+        "{plans:?}"
+    );
+    // A get_inputs() that names its device does not run on the meta device: unknown, made alone.
+    assert_eq!((plans[2].bytes, plans[2].processes), (None, 1));
+    let capped = s.plan_entries(&[&large], 6, Some(1)).await.expect("plans");
+    assert_eq!(capped[0].processes, 1, "the cap holds");
+    assert!(s.scan().is_empty(), "nothing is made by a plan");
+}

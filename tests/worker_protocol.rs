@@ -134,7 +134,10 @@ fn fixtures_carry_the_values_we_rely_on() {
                 let RequestBody::Evaluate(e) = req.body else {
                     panic!("{name}")
                 };
-                let rr = e.reference_runtime.expect("baseline reference runtime");
+                let rr = e
+                    .reference
+                    .reference_runtime
+                    .expect("baseline reference runtime");
                 assert!(rr.source.starts_with("baseline:"), "{}", rr.source);
             }
             "evaluate_response_incorrect.json" => {

@@ -506,13 +506,17 @@ async fn build_eval_services(
                 s.build_cache = std::path::absolute(p)?;
             }
             // Problems' CPU-made inputs, next to the build cache (shared by runs the same way).
-            if cfg.resources.reference_cache_gb > 0.0 {
+            if cfg.resources.reference_cache_gb != Some(0.0) {
                 let dir = match &cfg.eval.reference_cache {
                     Some(p) => std::path::absolute(p)?,
                     None => out_dir.join(".reference-cache"),
                 };
                 s.reference_cache = Some(dir);
-                s.reference_cache_bytes = (cfg.resources.reference_cache_gb * 1e9) as u64;
+                // Unset: no bound but the file system's free space (`input_store::effective_cap`).
+                s.reference_cache_bytes = cfg
+                    .resources
+                    .reference_cache_gb
+                    .map_or(u64::MAX, |gb| (gb * 1e9) as u64);
                 s.reference_ram_bytes = match cfg.resources.reference_ram_gb {
                     Some(gb) => (gb * 1e9) as u64,
                     None => crate::worker::input_store::default_ram_bytes(),

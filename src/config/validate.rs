@@ -66,12 +66,13 @@ pub(super) fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
     if c.resources.llm_concurrency == 0 {
         return Err(invalid("resources.llm_concurrency", "expected at least 1"));
     }
-    if !(c.resources.reference_cache_gb.is_finite() && c.resources.reference_cache_gb >= 0.0) {
+    if let Some(gb) = c.resources.reference_cache_gb
+        && !(gb.is_finite() && gb >= 0.0)
+    {
         return Err(invalid(
             "resources.reference_cache_gb",
             &format!(
-                "expected a size in GB, 0 or more (0 turns the reference input store off), got {}",
-                c.resources.reference_cache_gb
+                "expected a size in GB, 0 or more (0 turns the reference input store off), got {gb}"
             ),
         ));
     }
@@ -225,7 +226,9 @@ mod tests {
     #[test]
     fn reference_store_and_inputs_keys() {
         let c = p(MIN, &[]).unwrap().config;
-        assert_eq!(c.resources.reference_cache_gb, 40.0);
+        // Unset: the file system's free space bounds the store; the in-memory tier is kept.
+        assert_eq!(c.resources.reference_cache_gb, None);
+        assert!(c.resources.reference_ram_keep);
         assert_eq!(c.eval.inputs, InputsMode::Kernelbench);
         assert!(c.eval.reference_cache.is_none());
         let c = p(
@@ -239,7 +242,7 @@ mod tests {
         .unwrap()
         .config;
         assert_eq!(c.eval.inputs, InputsMode::Device);
-        assert_eq!(c.resources.reference_cache_gb, 0.0);
+        assert_eq!(c.resources.reference_cache_gb, Some(0.0));
         assert_eq!(
             c.eval.reference_cache.as_deref(),
             Some(Path::new("/tmp/refs"))

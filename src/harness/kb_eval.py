@@ -30,6 +30,7 @@ import torch
 
 import kb_candidate
 import kb_feedback
+import kb_memory
 import kb_timing
 from kb_candidate import construct_candidate
 from kb_correctness import (
@@ -48,15 +49,13 @@ from kb_reference import (
     CapturedError,
     ProblemContext,
     ReferenceCache,
-    cast_integers_of,
-    inputs_of,
+    ReferenceSpec,
     integer_inputs_policy,
     load_problem,
     reference_mode,
     release_memory,
     select_device,
     set_seed,
-    stored_of,
     time_reference,
     tolerance,
     tolerance_name,
@@ -77,8 +76,8 @@ __all__ = [
     "TOLERANCES",
     "ProblemContext",
     "ReferenceCache",
+    "ReferenceSpec",
     "Worker",
-    "cast_integers_of",
     "construct_candidate",
     "evaluate",
     "hardware_name",
@@ -166,48 +165,73 @@ def package_version(name: str) -> str | None:
 
 def evaluate(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     device = select_device(request)
-    precision, mode = request["precision"], request["mode"]
+    spec = ReferenceSpec.of(request)
+    precision, mode = spec.precision, spec.mode
     hardware = hardware_name(device)
     # KernelBench sets these print options in every eval; they shape tensor text inside error messages.
     torch.set_printoptions(precision=4, threshold=10, edgeitems=3, linewidth=80)
     verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
+    kb_memory.reset_worker_peak(device)
     with precision_policy(mode, precision):
-        env = environment(
-            device, hardware, precision, mode, cast_integers_of(request), inputs_of(request), request
-        )
+        env = environment(device, hardware, precision, mode, spec.cast_integers, spec.inputs, request)
         verdict = _evaluate_into(verdict, request, worker, device, hardware)
-        cache = worker.references
-        if verdict.metadata.get("reference_out_of_memory"):
-            # The reference, not the candidate, ran out of memory. When krefine's cache of other
-            # problems held device memory, that is krefine's doing: free it and evaluate once more.
-            freed = cache.evict_for_retry(device, request["problem"]["code"])
-            if freed > 0:
-                verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
-                verdict = _evaluate_into(verdict, request, worker, device, hardware)
-                verdict.metadata["reference_retried_after_eviction"] = freed
-        if cache_could_have_caused(verdict, cache.device_bytes(device), device):
-            # KernelBench holds no reference data on the device between trials; a candidate must not
-            # fail for memory that our cache took. Free it and evaluate once more.
-            spent = dict(verdict.phases)
-            cache.move_off_device(
-                request["problem"]["code"],
-                device,
-                precision,
-                mode,
-                request["seed"],
-                cast_integers_of(request),
-                inputs_of(request),
-            )
-            verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
-            verdict = _evaluate_into(verdict, request, worker, device, hardware)
-            verdict.metadata["retried_without_device_cache"] = True
-            verdict.metadata["first_try_s"] = round(sum(spent.values()), 3)
-            verdict.feedback.append(
-                "(Evaluated a second time with the cached reference data moved off the device, after "
-                "the first attempt ran out of memory.)"
-            )
+        verdict = _memory_retries(verdict, request, worker, spec, hardware)
+        _record_memory(verdict, worker, spec)
     worker.warm_spares(request["device"])
     return _response(request, verdict, env)
+
+
+# ---------------------------------------------------------------------------------- device memory
+
+
+def _memory_retries(
+    verdict: Verdict, request: dict[str, Any], worker: Worker, spec: ReferenceSpec, hardware: str
+) -> Verdict:
+    """Memory is the machine's and krefine's to manage (kb_memory): an evaluation that ran out of memory
+    where krefine's cached data may have been in the way is evaluated once more without it."""
+    cache, device = worker.references, spec.device
+    if verdict.metadata.get("reference_out_of_memory"):
+        # The reference, not the candidate, ran out of memory. When krefine's cache held device memory,
+        # that is krefine's doing: free it and evaluate once more.
+        freed = cache.evict_for_retry(device, spec.code)
+        if freed > 0:
+            verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
+            verdict = _evaluate_into(verdict, request, worker, device, hardware)
+            verdict.metadata["reference_retried_after_eviction"] = freed
+    if cache_could_have_caused(verdict, cache.device_bytes(device), device):
+        # KernelBench holds no reference data on the device between trials; a candidate must not
+        # fail for memory that our cache took. Free it and evaluate once more.
+        spent = dict(verdict.phases)
+        cache.move_off_device(spec)
+        verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
+        verdict = _evaluate_into(verdict, request, worker, device, hardware)
+        verdict.metadata["retried_without_device_cache"] = True
+        verdict.metadata["first_try_s"] = round(sum(spent.values()), 3)
+        verdict.feedback.append(
+            "(Evaluated a second time with the cached reference data moved off the device, after "
+            "the first attempt ran out of memory.)"
+        )
+    return verdict
+
+
+def _record_memory(verdict: Verdict, worker: Worker, spec: ReferenceSpec) -> None:
+    """On a CUDA device, the memory figures in the result (`metadata.device_memory`: the problem's
+    footprint, the candidate's estimated working set, what krefine held, the worker's peak). A problem
+    that does not fit the device is said so plainly, as a reference error that is not the candidate's
+    fault: its reference ran out of memory with krefine's caches given way, or a candidate ran out
+    where KernelBench's own flow would not fit either (`Footprint.kernelbench`)."""
+    if spec.device.type != "cuda":
+        return
+    numbers = worker.references.memory_figures(spec)
+    numbers["worker_peak_bytes"] = kb_memory.worker_peak(spec.device)
+    verdict.metadata["device_memory"] = numbers
+    reference_failed = bool(verdict.metadata.get("reference_out_of_memory"))
+    candidate_failed = verdict.status == "out_of_memory" and not verdict.sticky
+    if not kb_memory.problem_does_not_fit(numbers, reference_failed, candidate_failed):
+        return
+    verdict.status, verdict.correctness = "reference_error", False
+    verdict.metadata["problem_does_not_fit"] = True
+    verdict.feedback.append(kb_memory.does_not_fit(numbers, reference_failed))
 
 
 def _job(request: dict[str, Any], hardware: str, kind: str) -> dict[str, Any]:
@@ -246,18 +270,9 @@ def _record_strict_timing(verdict: Verdict, strict_ref: dict[str, Any] | None) -
 def _evaluate_into(
     verdict: Verdict, request: dict[str, Any], worker: Worker, device: torch.device, hardware: str
 ) -> Verdict:
-    precision, mode, seed = request["precision"], request["mode"], request["seed"]
+    mode = request["mode"]
     started = time.perf_counter()
-    ctx = worker.references.context(
-        request["problem"]["code"],
-        device,
-        precision,
-        mode,
-        seed,
-        cast_integers_of(request),
-        inputs_of(request),
-        stored_of(request),
-    )
+    ctx = worker.references.context(ReferenceSpec.of(request))
     reference_s = time.perf_counter() - started
     if ctx.error is not None:  # KernelBench builds the reference before loading the candidate
         verdict.phases["reference_s"] = reference_s

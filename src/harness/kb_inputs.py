@@ -7,7 +7,7 @@ so `prepare` makes them in spawned processes at once: each seeds its own generat
 would, so the values are bit for bit the same, and hands the tensors back through shared memory.
 
 Strict timing's inputs no call has seen (`FreshInputs`): one set per timed call, from seeds derived from a
-key or a secret, handed over in buffers reused from call to call.
+key or a secret.
 """
 
 from __future__ import annotations
@@ -109,70 +109,18 @@ class FreshSource(Protocol):
 
 class FreshInputs:
     """Inputs no call has seen, for strict timing: call `call`'s set is get_inputs() under a seed derived
-    from `key` and `call` (kb_reference.ProblemContext.fresh_inputs), handed over by copying it into buffers reused
-    from call to call (a candidate's process already maps them, so a call costs one device copy, not a
-    new shared allocation). `key` None draws a secret (`secrets`); kb_strict adds the checks."""
+    from `key` and `call` (kb_reference.ProblemContext.fresh_inputs), in the worker's memory; kb_drive
+    lends a copy of them to the candidate's process inside the call's span. `key` None draws a secret
+    (`secrets`); kb_strict adds the checks."""
 
     def __init__(self, ctx: FreshSource, key: int | None) -> None:
         self.ctx = ctx
         self._key = secrets.randbits(64) if key is None else key
-        self._slot: list[Any] | None = None
 
     def make(self, call: int) -> list[Any]:
         """Call `call`'s pristine inputs (-1: the warm-up set)."""
         digest = hashlib.blake2b(f"{self._key}:{call}".encode(), digest_size=8).digest()
         return self.ctx.fresh_inputs(int.from_bytes(digest, "little") & ((1 << 63) - 1))
 
-    def hand_over(self, fresh: list[Any]) -> list[Any]:
-        """`fresh` copied into the buffers handed out last time when the layout matches, else new ones."""
-        slot = self._slot
-        if slot is not None and _same_layout(slot, fresh):
-            with torch.no_grad():
-                _copy_into(slot, fresh)
-        else:
-            slot = _clone(fresh)
-            if self.ctx.device.type == "cpu":
-                for t in tensors(slot):
-                    t.share_memory_()
-            self._slot = slot
-        # The copy must be done before a candidate's process reads it: its synchronize waits for its own
-        # CUDA context only, and a storage it already maps is not event-synchronised again.
-        if self.ctx.device.type == "cuda":
-            torch.cuda.synchronize(self.ctx.device)
-        return slot
-
     def close(self) -> None:
-        self._slot = None
-
-
-def _same_layout(a: list[Any], b: list[Any]) -> bool:
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b, strict=True):
-        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
-            return False
-        if isinstance(x, torch.Tensor):
-            if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device or not x.is_contiguous():
-                return False
-        elif isinstance(x, (list, tuple)):
-            if not isinstance(y, (list, tuple)) or not _same_layout(list(x), list(y)):
-                return False
-        elif x != y:
-            return False
-    return True
-
-
-def _copy_into(slot: list[Any], fresh: list[Any]) -> None:
-    for x, y in zip(slot, fresh, strict=True):
-        if isinstance(x, torch.Tensor):
-            x.copy_(y)
-        elif isinstance(x, (list, tuple)):
-            _copy_into(list(x), list(y))
-
-
-def _clone(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (list, tuple)):
-        return type(value)(_clone(item) for item in value)
-    return value
+        """Nothing is held between calls (kept for the session's symmetry)."""

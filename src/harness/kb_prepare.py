@@ -31,15 +31,7 @@ import torch
 import kb_feedback
 from kb_correctness import Verdict, is_out_of_memory
 from kb_eval import Worker, precision_policy, reference_timing, reference_timing_needed
-from kb_reference import (
-    CapturedError,
-    ProblemContext,
-    cast_integers_of,
-    inputs_of,
-    release_memory,
-    select_device,
-    stored_of,
-)
+from kb_reference import CapturedError, ProblemContext, ReferenceSpec, release_memory, select_device
 
 Step = Literal["trial", "timing_inputs", "reference_timing"]
 # The longest a stepwise preparation may hold the device to time the reference (see the module doc).
@@ -69,23 +61,14 @@ def _prepare_once(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     then names `reference_timing` as the next step. Cheap when everything is cached already."""
     device = select_device(request)
     worker.warm_spares(request["device"])
-    precision, mode, seed = request["precision"], request["mode"], request["seed"]
+    spec = ReferenceSpec.of(request)
     limit: int | None = request.get("steps")
     quiet = bool(request.get("quiet", True))
     started = time.perf_counter()
     built: list[str] = []
     parallel = 0
-    with precision_policy(mode, precision):
-        ctx = worker.references.context(
-            request["problem"]["code"],
-            device,
-            precision,
-            mode,
-            seed,
-            cast_integers_of(request),
-            inputs_of(request),
-            stored_of(request),
-        )
+    with precision_policy(spec.mode, spec.precision):
+        ctx = worker.references.context(spec)
         error = ctx.error
 
         def room() -> bool:

@@ -23,7 +23,7 @@ import kb_sandbox
 from kb_candidate import construct_candidate
 from kb_correctness import is_out_of_memory, sticky_error
 from kb_feedback import CANDIDATE_ERRORS
-from kb_reference import ReferenceCache, release_memory, select_device
+from kb_reference import ReferenceCache, ReferenceSpec, release_memory, select_device
 from kb_tensors import synchronize
 
 TABLE_MAX_CHARS = 4000
@@ -109,7 +109,7 @@ def _profile_into(
     device: torch.device,
     scratch: str,
 ) -> None:
-    ctx = references.context(request["problem"]["code"], device, request["precision"], "faithful", 42)
+    ctx = references.context(ReferenceSpec.of(request))
     if ctx.error is not None:
         result["status"], result["note"] = "reference_error", kb_feedback.exception_line(ctx.error.exc)
         return
@@ -238,11 +238,11 @@ def _write_ncu_job(request: dict[str, Any], device: torch.device, scratch: str) 
     folder = Path(scratch) / f"ncu_{request['id']}"
     folder.mkdir(parents=True, exist_ok=True)
     job = {
-        "code": request["problem"]["code"],
+        # The request's reference spec (kb_reference.ReferenceSpec reads it in the ncu child).
+        "reference": {**request, "device": str(device)},
         "source": request["candidate"]["source"],
         "build_dir": request["candidate"]["build_dir"],
         "device": str(device),
-        "precision": request["precision"],
         "log_path": str(folder / "load.log"),
     }
     job_path = folder / "job.json"
@@ -266,7 +266,7 @@ def ncu_target(job_path: str) -> None:
     torch.cuda.synchronize(device)
     folder = os.path.dirname(job_path)
     kb_sandbox.enter_candidate(folder, [job["build_dir"], folder])
-    ctx = ReferenceCache().context(job["code"], device, job["precision"], "faithful", 42)
+    ctx = ReferenceCache().context(ReferenceSpec.of(job["reference"]))
     if ctx.error is not None:
         raise ctx.error.exc
     loaded = kb_compile.load_candidate(job["source"], job["build_dir"], job["log_path"])

@@ -83,8 +83,8 @@ class BaselineRuntime(RuntimeStats):
     source: str
 
 
-class EvalOptions(TypedDict, total=False):
-    """Optional fields of evaluate and prepare requests (absent means the default)."""
+class ReferenceOptions(TypedDict, total=False):
+    """Optional fields of a ReferenceSpec (absent means the default)."""
 
     # eval.cast_integer_inputs: cast integer and bool inputs to the precision as KernelBench does;
     # absent or false, they keep their dtype.
@@ -95,6 +95,21 @@ class EvalOptions(TypedDict, total=False):
     stored_inputs: str
     # eval.tolerance resolved to numbers; absent: KernelBench's per-precision table.
     tolerance: ToleranceSpec
+
+
+class ReferenceSpec(ReferenceOptions):
+    """The reference data a request works against, top-level fields of every request that reaches the
+    reference (prepare, evaluate, profile): the Rust side's `ReferenceSpec`, flattened there too.
+    kb_reference.ReferenceSpec reads it (and builds the worker's cache key from it)."""
+
+    problem: ProblemSpec
+    device: str
+    precision: Precision
+    mode: Mode
+    seed: int
+    correct_trials: int
+    timing: TimingSpec
+    reference_runtime: BaselineRuntime | None
 
 
 class CompileRequest(TypedDict):
@@ -114,18 +129,10 @@ class IntegritySpec(TypedDict):
     peak_bandwidth_gbs: float | None
 
 
-class EvaluateRequest(EvalOptions):
+class EvaluateRequest(ReferenceSpec):
     id: int
     op: Literal["evaluate"]
-    problem: ProblemSpec
     candidate: CandidateSpec
-    device: str
-    precision: Precision
-    mode: Mode
-    seed: int
-    correct_trials: int
-    timing: TimingSpec
-    reference_runtime: BaselineRuntime | None
     integrity: IntegritySpec | None
 
 
@@ -136,18 +143,15 @@ class ProfileOptions(TypedDict, total=False):
     peaks: IntegritySpec
 
 
-class ProfileRequest(ProfileOptions):
+class ProfileRequest(ReferenceSpec, ProfileOptions):
     id: int
     op: Literal["profile"]
-    problem: ProblemSpec
     candidate: CandidateSpec
-    device: str
-    precision: Precision
     row_limit: int
     ncu: bool
 
 
-class PrepareOptions(EvalOptions, total=False):
+class PrepareOptions(TypedDict, total=False):
     """Optional fields of a prepare request (absent means the default)."""
 
     # Build at most this many steps (a trial, the timing inputs, the reference timing); absent: all.
@@ -156,17 +160,9 @@ class PrepareOptions(EvalOptions, total=False):
     quiet: bool
 
 
-class PrepareRequest(PrepareOptions):
+class PrepareRequest(ReferenceSpec, PrepareOptions):
     id: int
     op: Literal["prepare"]
-    problem: ProblemSpec
-    device: str
-    precision: Precision
-    mode: Mode
-    seed: int
-    correct_trials: int
-    timing: TimingSpec
-    reference_runtime: BaselineRuntime | None
 
 
 class ShutdownRequest(TypedDict):

@@ -20,9 +20,7 @@ candidate's.
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
-import os
 import sys
 import time
 import traceback
@@ -37,6 +35,17 @@ import kb_inputs
 import kb_store
 import kb_timing
 from kb_feedback import CANDIDATE_ERRORS
+from kb_memory import (
+    Footprint,
+    cache_room,
+    device_state,
+    evictions,
+    figures,
+    memory_budgets,
+    need_bytes,
+    peak_of,
+    release_memory,
+)
 from kb_problem import ProblemCode, load_problem, set_seed, trial_seeds
 from kb_problem import tensors as tensors_in
 from kb_tensors import (
@@ -69,44 +78,29 @@ def tolerance_name(request: dict[str, Any] | None) -> str:
     """The preset a request's tolerance came from (`kernelbench`, `kernelbench-v0`, `explicit`)."""
     spec = request.get("tolerance") if request is not None else None
     return str(spec.get("name", "explicit")) if spec else "kernelbench"
-# Share of memory the reference cache may hold: on the GPU for a CUDA device, in RAM otherwise. Half
-# the GPU keeps every trial input of KernelBench's largest level-1 problems (6-9 GB each) on an 80 GB
-# device; a candidate that then runs out of memory is retried with the cache off the device.
-DEVICE_CACHE_FRACTION = 0.5
-HOST_CACHE_FRACTION = 0.35
-CPU_DEVICE_CACHE_FRACTION = 0.25
+# Problems whose reference data one worker keeps at most (least recently used go first).
 MAX_CONTEXTS = 8
-# GPU memory admission (ReferenceCache.make_room): before a problem's reference data or a candidate goes
-# on a CUDA device, the device's free memory (every process on it counts) must hold NEED_FACTOR times
-# the problem's planned input bytes (its inputs, the reference's output, the candidate's output) plus
-# HEADROOM_FRACTION of the device (allocator slack, the CUDA context, kernels' workspaces).
-NEED_FACTOR = 3
-HEADROOM_FRACTION = 0.05
 
 
 # ------------------------------------------------------------------------------------ KernelBench basics
 
 
 # set_seed, trial_seeds, load_problem and ProblemCode live in kb_problem (the floor below, shared with
-# kb_inputs and kb_store) and are re-exported here for the modules above.
-__all__ = ["ProblemCode", "load_problem", "set_seed", "trial_seeds"]
+# kb_inputs and kb_store), the memory rules in kb_memory; both are re-exported here for the modules above.
+__all__ = [
+    "ProblemCode",
+    "evictions",
+    "load_problem",
+    "memory_budgets",
+    "need_bytes",
+    "release_memory",
+    "set_seed",
+    "trial_seeds",
+]
 
 # `eval.inputs`: "kernelbench" (get_inputs() on the CPU, KernelBench's bits, from the on-disk store
 # when it has them) or "device" (the same distributions drawn on the device by its own generator).
 InputsMode = Literal["kernelbench", "device"]
-
-
-def inputs_of(request: dict[str, Any]) -> InputsMode:
-    """The request's `inputs` (absent: "kernelbench")."""
-    return "device" if request.get("inputs") == "device" else "kernelbench"
-
-
-def stored_of(request: dict[str, Any]) -> str | None:
-    """The request's `stored_inputs`: the store entry of the problem's inputs, when the orchestrator
-    has one (src/worker/input_store.rs)."""
-    value = request.get("stored_inputs")
-    return value if isinstance(value, str) and value else None
-
 
 
 def integer_inputs_policy(cast_integers: bool) -> str:
@@ -114,9 +108,51 @@ def integer_inputs_policy(cast_integers: bool) -> str:
     return "cast" if cast_integers else "kept"
 
 
-def cast_integers_of(request: dict[str, Any]) -> bool:
-    """The request's `cast_integer_inputs` flag (absent: False, integer inputs keep their dtype)."""
-    return bool(request.get("cast_integer_inputs", False))
+def code_key(code: str) -> str:
+    """Our own hash of a problem's code, not the request's code_hash: a wrong hash must never serve the
+    reference outputs of another problem."""
+    return hashlib.sha256(code.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class ReferenceSpec:
+    """The reference data a request works against (kb_protocol.ReferenceSpec, the top-level fields of
+    prepare, evaluate and profile requests), read once: the problem's code, the device, precision, mode
+    and seed, the integer-input policy, where the inputs are drawn, and the store entry holding them.
+    `key()` is the worker's cache key (ReferenceCache); every reader takes this object, never the fields
+    one by one. The positional order is the one `ReferenceCache.context` took before it took a spec."""
+
+    code: str
+    device: torch.device
+    precision: str = "fp32"
+    mode: str = "faithful"
+    seed: int = 42
+    # eval.cast_integer_inputs: integer and bool inputs cast to the precision as KernelBench does.
+    cast_integers: bool = False
+    # eval.inputs: KernelBench's CPU generation, or the same distributions drawn on the device.
+    inputs: InputsMode = "kernelbench"
+    # The store entry holding the problem's CPU-made inputs (kb_store), when the orchestrator has one
+    # (src/worker/input_store.rs). Not part of the key: any whole entry of the problem holds the same bits.
+    stored: str | None = None
+
+    @classmethod
+    def of(cls, request: dict[str, Any]) -> ReferenceSpec:
+        """The spec of a request (absent optional fields: their defaults)."""
+        stored = request.get("stored_inputs")
+        return cls(
+            code=request["problem"]["code"],
+            device=normalize_device(request["device"]),
+            precision=request["precision"],
+            mode=request["mode"],
+            seed=int(request["seed"]),
+            cast_integers=bool(request.get("cast_integer_inputs", False)),
+            inputs="device" if request.get("inputs") == "device" else "kernelbench",
+            stored=stored if isinstance(stored, str) and stored else None,
+        )
+
+    def key(self) -> tuple[Any, ...]:
+        """What the worker's reference data is cached by: one context per key (ReferenceCache)."""
+        return (code_key(self.code), str(self.device), self.precision, self.mode, self.seed, self.cast_integers, self.inputs)
 
 
 # ----------------------------------------------------------------------------------------- the problem
@@ -140,7 +176,7 @@ class ReferenceFailure(Exception):
         self.index = index
 
 
-Tier = Literal["device", "device_inputs", "host", "recompute"]
+Tier = Literal["device", "device_inputs", "host", "host_inputs", "recompute"]
 
 
 @dataclass
@@ -149,16 +185,27 @@ class TrialEntry:
     'device' (inputs and output kept on the device, inputs checked after every candidate),
     'device_inputs' (only the inputs kept; the reference forward runs again per use, which is GPU work
     KernelBench does per trial anyway, while making the inputs is CPU work that can take a minute),
-    'host' (kept in RAM, copied per use), or 'recompute' (inputs and output made again per use)."""
+    'host' (kept in RAM, copied per use), 'host_inputs' (the inputs kept in RAM, copied up and the
+    forward run per use), or 'recompute' (inputs and output made again per use). Data moved off the
+    device to make room for a candidate (ReferenceCache.demote) lands in 'host' or 'host_inputs', or in
+    'recompute' when RAM has no room: the same bits either way."""
 
     seed: int
     tier: Tier
+    # The inputs as the reference left them ('device', 'host'), or pristine ('device_inputs',
+    # 'host_inputs': only a reference that leaves its inputs alone is kept that way).
     inputs: list[Any] | None = None
+    # The reference's output ('device', 'host' only).
     output: Any = None
+    # The RNG state right after the reference's forward: the candidate's forward starts from it.
     rng: RngState | None = None
+    # The device-kept inputs' fingerprint, checked after every candidate (one that wrote into them marks
+    # the entry dirty, and the inputs are made again before the next use).
     fingerprint: list[Any] | None = None
+    # The reference writes into its inputs: remaking them means running its forward again.
     ref_mutates_inputs: bool = False
     dirty: bool = False
+    # The reference's own failure on this trial (cached: a broken reference is not re-run per candidate).
     error: CapturedError | None = None
 
 
@@ -175,43 +222,42 @@ class ProblemContext:
     """One reference problem at one (device, precision, mode, seed): the loaded code, the reference
     model (built once), cached trial data per trial count, and the seed-`seed` timing inputs."""
 
-    def __init__(
-        self,
-        cache: ReferenceCache,
-        code: str,
-        device: torch.device,
-        precision: str,
-        mode: str,
-        seed: int,
-        cast_integers: bool = False,
-        inputs: InputsMode = "kernelbench",
-    ) -> None:
+    def __init__(self, cache: ReferenceCache, spec: ReferenceSpec) -> None:
+        # The worker's cache this context lives in (its budgets, its reference-work notices).
         self.cache = cache
-        self.code = code
-        self.device = device
-        self.precision = precision
-        self.dtype = DTYPES[precision]
+        # What this context is (its key), and its fields as the attributes below for the check's use.
+        self.spec = spec
+        self.code = spec.code
+        self.device = spec.device
+        self.precision = spec.precision
+        self.dtype = DTYPES[spec.precision]
         # The worker's own view checks with KernelBench's tolerance; a candidate process's with the job's.
-        self.atol, self.rtol = tolerance(precision, None)
-        self.mode = mode
-        self.cast_integers = cast_integers
-        self.inputs: InputsMode = inputs
-        # The store entry holding this problem's CPU-made inputs (kb_store), when there is one.
-        self.stored: str | None = None
-        self.seed = seed
+        self.atol, self.rtol = tolerance(spec.precision, None)
+        self.mode = spec.mode
+        self.cast_integers = spec.cast_integers
+        self.inputs: InputsMode = spec.inputs
+        # The store entry holding this problem's CPU-made inputs (kb_store), when there is one; a later
+        # request may name one when the first did not (the entry was still being made).
+        self.stored: str | None = spec.stored
+        self.seed = spec.seed
+        # The problem's loaded code and its model, built once (None when the reference failed to load
+        # or to build: `error` says how, and every candidate of it gets that reference error).
         self.problem: ProblemCode | None = None
         self.ref_model: torch.nn.Module | None = None
         self.error: CapturedError | None = None
+        # Per number of correctness trials, each trial's entry, built in order on first use.
         self.trials: dict[int, list[TrialEntry | None]] = {}
+        # The timing inputs kept on the device (None: not made yet, or not kept beside a candidate's
+        # room) and their fingerprint (a candidate that wrote into them has them made again).
         self.timing_inputs_cache: list[Any] | None = None
         self.timing_fingerprint: list[Any] | None = None
-        # The strict timing session of the candidate being timed (kb_strict.StrictSession; kb_pool sets
-        # and clears it). Typed Any: kb_strict sits above this module.
-        self.strict_session: Any = None
         # Raw get_inputs() results made ahead (in parallel) by prepare, per seed; used once.
         self.pregenerated: dict[int, list[Any]] = {}
+        # Bytes of this problem's data kept on the device and in RAM: the cache's budgets count them.
         self.device_bytes = 0
         self.host_bytes = 0
+        # False once this problem's data must stay off the device (memory admission found no room
+        # beside its candidates, or one ran out of memory next to it).
         self.device_cache = True
         # Bytes one get_inputs() call makes (kb_inputs.planned_bytes; 0: unknown), for memory admission
         # (ReferenceCache.make_room); found on first need.
@@ -225,8 +271,11 @@ class ProblemContext:
         # How long the reference's forward took in each trial built (kb_prepare estimates from it how
         # long timing the reference would hold the device).
         self.forward_seconds: list[float] = []
+        # The problem's sizes on the device (one input set, the output, the forward's peak), measured as
+        # trials are built: what memory admission reserves for a candidate beside the cache (kb_memory).
+        self.footprint: Footprint | None = None
         with self.building():
-            self._build(code)
+            self._build(spec.code)
 
     @contextlib.contextmanager
     def building(self, for_timing: bool = False) -> Iterator[None]:
@@ -366,10 +415,12 @@ class ProblemContext:
             inputs = self._make_inputs(seed)
             before = fingerprint(inputs)
             started = time.perf_counter()
-            output, rng = self._reference_forward_on(inputs, seed)
+            with peak_of(self.device) as peak:
+                output, rng = self._reference_forward_on(inputs, seed)
             self.forward_seconds.append(time.perf_counter() - started)
         except CANDIDATE_ERRORS as exc:
             return TrialEntry(seed, "device", error=CapturedError(exc, traceback.format_exc(), "forward"))
+        self._note_footprint(inputs, output, peak)
         after = fingerprint(inputs)
         mutates = [p[-1] for p in before if p] != [p[-1] for p in after if p]
         if aliases(output, inputs):
@@ -396,7 +447,17 @@ class ProblemContext:
             self.host_bytes += size
             host = torch.device("cpu")
             return TrialEntry(seed, "host", move(inputs, host), move(output, host), rng)
+        if tier == "host_inputs":
+            self.host_bytes += in_size
+            return TrialEntry(seed, "host_inputs", move(inputs, torch.device("cpu")))
         return TrialEntry(seed, "recompute")
+
+    def _note_footprint(self, inputs: list[Any], output: Any, peak: list[int]) -> None:
+        """Fold one trial's sizes into the problem's footprint (on the CPU the forward counts as its
+        output: torch keeps no allocation count there)."""
+        out = nbytes(output)
+        found = Footprint(nbytes(inputs), out, max(peak[0] if peak else out, out))
+        self.footprint = found if self.footprint is None else self.footprint.merged(found)
 
     def _materialize(self, entry: TrialEntry) -> TrialData:
         if entry.tier == "recompute":
@@ -409,12 +470,22 @@ class ProblemContext:
             assert entry.inputs is not None
             output, rng = self._reference_forward_on(entry.inputs, entry.seed)
             return TrialData(entry.inputs, output, rng)
+        if entry.tier == "host_inputs":
+            assert entry.inputs is not None
+            inputs = self._copy_up(entry.inputs)
+            output, rng = self._reference_forward_on(inputs, entry.seed)
+            return TrialData(inputs, output, rng)
         assert entry.inputs is not None and entry.rng is not None
         if entry.tier == "host":
-            return TrialData(move(entry.inputs, self.device), move(entry.output, self.device), entry.rng)
+            return TrialData(self._copy_up(entry.inputs), self._copy_up(entry.output), entry.rng)
         if entry.dirty:
             self._regenerate(entry)
         return TrialData(entry.inputs, entry.output, entry.rng)
+
+    def _copy_up(self, value: Any) -> Any:
+        """A throw-away device copy of RAM-kept data (a copy on the CPU device too: the candidate may
+        write into what it gets)."""
+        return clone_tensors(value) if self.device.type == "cpu" else move(value, self.device)
 
     def _regenerate(self, entry: TrialEntry) -> None:
         """Rebuild a trial's inputs after a candidate wrote into them. For a reference that mutates its
@@ -451,14 +522,49 @@ class ProblemContext:
         self.timing_inputs_cache = None
         with self.building(for_timing=True):
             inputs = self._make_inputs(self.seed)
+        self.counts["timing_inputs"] += 1
+        if self.cache.keeps(self, nbytes(inputs)):
             self.timing_inputs_cache = inputs
             self.timing_fingerprint = fingerprint(inputs)
-        self.counts["timing_inputs"] += 1
-        self.device_bytes += nbytes(inputs)
+            self.device_bytes += nbytes(inputs)
         return inputs
 
+    def demote(self, short: int) -> int:
+        """Move this problem's cached data off the device until `short` bytes are freed (all of it when
+        short is larger): the timing inputs first (made again on next use), then the trials from the
+        last one back (the first trials serve every candidate, even one that fails early), each to RAM
+        within the host budget ('host', 'host_inputs'), else to 'recompute'. The same bits are handed
+        out afterwards. Returns the device bytes freed (the caller gives them back to the driver)."""
+        freed = 0
+        if self.timing_inputs_cache is not None and freed < short:
+            size = nbytes(self.timing_inputs_cache)
+            self.timing_inputs_cache = self.timing_fingerprint = None
+            self.device_bytes -= size
+            freed += size
+        host_budget = memory_budgets(self.device)[1]
+        entries = [e for per_count in self.trials.values() for e in per_count if e is not None]
+        for entry in reversed(entries):
+            if freed >= short:
+                break
+            if entry.tier not in ("device", "device_inputs") or entry.inputs is None:
+                continue
+            size = nbytes(entry.inputs) + nbytes(entry.output)
+            room = host_budget and self.cache.host_bytes(self.device) + size <= host_budget
+            if entry.dirty or not room:
+                entry.tier, entry.inputs, entry.output, entry.rng = "recompute", None, None, None
+            else:
+                host = torch.device("cpu")
+                entry.tier = "host" if entry.tier == "device" else "host_inputs"
+                entry.inputs, entry.output = move(entry.inputs, host), move(entry.output, host)
+                self.host_bytes += size
+            entry.fingerprint = None
+            self.device_bytes -= size
+            freed += size
+        self.counts["demoted"] += 1
+        return freed
 
-    # ---- strict timing (kb_strict holds the secrets, the check decisions and the handed-out copies)
+
+    # ---- strict timing (kb_strict holds the secrets and the check decisions; kb_drive lends the copies)
 
     def fresh_inputs(self, seed: int) -> list[Any]:
         """get_inputs() under set_seed(seed), never cached: made on the device (as the default device
@@ -485,58 +591,17 @@ class ProblemContext:
         self.counts["strict_checks"] += 1
         return output
 
-    # The strict session of the candidate being timed (kb_strict.StrictSession, set by kb_pool); a
-    # candidate run in this process (unit tests) reaches it through these methods, one in its own
-    # process through the pipe (kb_candidate.serve_reference).
-
-    def strict_warmup(self) -> list[Any]:
-        return list(self.strict_session.warmup_inputs())
-
-    def strict_inputs(self, call: int) -> list[Any]:
-        return list(self.strict_session.inputs(call))
-
-    def strict_check(self, call: int, output: Any, calls: int) -> str | None:
-        result: str | None = self.strict_session.check(call, output, calls)
-        return result
-
-    def strict_trial(self, trials: int, index: int, seed: int) -> TrialData:
-        data: TrialData = self.strict_session.trial(trials, index, seed)
-        return data
-
-    def strict_compare(self, index: int, output: Any) -> Any:
-        return self.strict_session.compare_trial(index, output)
-
-
-def need_bytes(planned: int, total: int) -> int:
-    """Free device memory a problem of `planned` input bytes needs, on a device of `total` bytes."""
-    return NEED_FACTOR * planned + int(total * HEADROOM_FRACTION)
-
-
-def evictions(free: int, need: int, cached: list[tuple[Any, int]]) -> tuple[list[Any], bool]:
-    """Memory admission, a pure decision: which of the `cached` entries (key, device bytes; least
-    recently used first) to evict so that `need` bytes fit in `free` plus what they release. Returns
-    (keys to evict, whether `need` then fits). Nothing is evicted when it fits already; every entry
-    holding bytes is when even that is not enough (the work then runs with all krefine could free);
-    entries holding nothing are never evicted."""
-    if need <= free:
-        return [], True
-    evict: list[Any] = []
-    for key, held in cached:
-        if held <= 0:
-            continue
-        evict.append(key)
-        free += held
-        if need <= free:
-            return evict, True
-    return evict, False
-
 
 class ReferenceCache:
     """Per-worker cache of ProblemContexts (LRU) plus reference timings (kept across eviction)."""
 
     def __init__(self, max_contexts: int = MAX_CONTEXTS) -> None:
+        # Problems kept at most; the least recently used context goes first.
         self.max_contexts = max_contexts
+        # By ReferenceSpec.key(), least recently used first.
         self.contexts: OrderedDict[tuple[Any, ...], ProblemContext] = OrderedDict()
+        # Reference timings (kb_eval.reference_timing_key): kept when their context is evicted, since a
+        # problem's reference is timed once per worker.
         self.ref_timings: dict[tuple[Any, ...], dict[str, Any]] = {}
         # Problems whose candidates ran out of memory next to cached device data: cached in RAM from
         # then on, so the device is the candidate's.
@@ -545,6 +610,7 @@ class ReferenceCache:
         # serve loop points it at a `progress` notice while it answers an evaluate, so that the
         # orchestrator charges that time to eval.timeouts.reference_s, not to the candidate.
         self.on_reference: Callable[[bool], None] | None = None
+        # Nesting of reference work (only the outermost stretch is announced and timed).
         self.depth = 0
         # Problems evicted to make room on a device (memory admission and out-of-memory retries).
         self.evicted_for_room = 0
@@ -564,113 +630,136 @@ class ReferenceCache:
 
     @staticmethod
     def code_key(code: str) -> str:
-        # Our own hash of the code, not the request's code_hash: a wrong hash must never serve the
-        # reference outputs of another problem.
-        return hashlib.sha256(code.encode("utf-8")).hexdigest()
+        return code_key(code)
 
-    def context(
-        self,
-        code: str,
-        device: torch.device,
-        precision: str,
-        mode: str,
-        seed: int,
-        cast_integers: bool = False,
-        inputs: InputsMode = "kernelbench",
-        stored: str | None = None,
-    ) -> ProblemContext:
-        """The problem's context, made on first use. `stored`: the store entry of its inputs (not part
-        of the key: any whole entry of the problem holds the same bits)."""
-        key = (self.code_key(code), str(device), precision, mode, seed, cast_integers, inputs)
+    def context(self, spec: ReferenceSpec) -> ProblemContext:
+        """The problem's context for `spec`, made on first use (the store entry it names is taken up
+        by a context made before the entry was whole)."""
+        key = spec.key()
         ctx = self.contexts.get(key)
         if ctx is not None:
             self.contexts.move_to_end(key)
-            ctx.stored = stored or ctx.stored
+            ctx.stored = spec.stored or ctx.stored
             self.make_room(ctx)
             return ctx
         while len(self.contexts) >= self.max_contexts:
             self._evict_oldest(keep=None)
-        ctx = ProblemContext(self, code, device, precision, mode, seed, cast_integers, inputs)
-        ctx.stored = stored
+        ctx = ProblemContext(self, spec)
         ctx.device_cache = key not in self.off_device
         self.contexts[key] = ctx
         self.make_room(ctx)
         return ctx
 
     def make_room(self, ctx: ProblemContext) -> list[tuple[Any, ...]]:
-        """Memory admission before `ctx`'s problem puts data or a candidate on a CUDA device: its
-        planned bytes (need_bytes) against the device's free memory, which counts every process on
-        it. Other problems' cached data gives way first, least recently used first (`evictions`);
-        when even that is not enough, this problem's own reference data stays off the device. Returns
-        the keys evicted."""
+        """Memory admission before a request of `ctx`'s problem puts data or a candidate on a CUDA
+        device (kb_memory's module doc): what it needs (its footprint's reserve once its reference ran,
+        else its planned bytes, `need_bytes`) against what the device can give (its free memory, which
+        counts every process on it, and what this worker's allocator holds unused). Other problems'
+        cached data gives way first, least recently used first (`evictions`); when even that is not
+        enough, this problem's own data moves off the device (`ProblemContext.demote`) and stays off.
+        Returns the keys evicted."""
         if ctx.device.type != "cuda" or ctx.problem is None or ctx.error is not None:
             return []
-        if ctx.planned_bytes is None:
-            ctx.planned_bytes = kb_inputs.planned_bytes(ctx.problem.get_inputs) or 0
-        free, total = torch.cuda.mem_get_info(ctx.device)
-        return self.admit(ctx, free, need_bytes(ctx.planned_bytes, total))
+        state = device_state(ctx.device)
+        if ctx.footprint is not None:
+            need = ctx.footprint.reserve(state.total, ctx.mode == "strict")
+        else:
+            if ctx.planned_bytes is None:
+                ctx.planned_bytes = kb_inputs.planned_bytes(ctx.problem.get_inputs) or 0
+            need = need_bytes(ctx.planned_bytes, state.total)
+        evicted = self.admit(ctx, state.available, need)
+        if need > state.free and not evicted:
+            # What this worker's allocator holds unused goes back to the driver, for the candidate's process.
+            torch.cuda.empty_cache()
+        return evicted
 
     def admit(self, ctx: ProblemContext, free: int, need: int) -> list[tuple[Any, ...]]:
-        """The bookkeeping of make_room for `free` and `need` bytes: evict what `evictions` says,
-        and keep `ctx`'s own data off the device when even that is not enough."""
+        """The bookkeeping of make_room for `free` and `need` bytes: evict what `evictions` says; when
+        even that is not enough, move `ctx`'s own data off the device for what is still short, and keep
+        its later data off the device."""
         cached = [(k, c.device_bytes) for k, c in self.contexts.items() if c.device == ctx.device and c is not ctx]
         evict, fits = evictions(free, need, cached)
+        freed = sum(self.contexts[key].device_bytes for key in evict)
         for key in evict:
             del self.contexts[key]
         self.evicted_for_room += len(evict)
-        if evict:
-            release_memory(ctx.device)
         if not fits:
             ctx.device_cache = False
+            freed += ctx.demote(need - free - freed)
+        if freed:
+            release_memory(ctx.device)
         return evict
+
+    def keeps(self, ctx: ProblemContext, size: int) -> bool:
+        """May `size` more bytes of `ctx`'s data stay on its device (the timing inputs, kept beyond the
+        trials' share of the device, as they always were)? Not where they would take a candidate's room
+        (`_device_budget`); older problems give way when that makes room."""
+        if not ctx.device_cache:
+            return False
+        budget = self._device_budget(ctx, size, share=False)
+        while self._used(ctx.device, "device_bytes") + size > budget:
+            if not self._evict_oldest(keep=ctx):
+                return False
+        return True
 
     def evict_for_retry(self, device: torch.device, code: str) -> int:
         """The reference of `code` ran out of memory on `device`: forget every problem cached there
-        (this one too, so that it is built again) and return the device bytes the other problems held:
-        whether krefine's own caches may have caused it (0: they did not, and a retry would not help)."""
+        (this one too, so that it is built again, with its data off the device when its own cache was
+        part of the memory in use) and return the device bytes they held: whether krefine's own caches
+        may have caused it (0: they did not, and a retry would not help)."""
         mine = self.code_key(code)
         on_device = [k for k, c in self.contexts.items() if c.device == device]
-        others = [k for k in on_device if k[0] != mine]
-        held = sum(self.contexts[k].device_bytes for k in others)
+        held = sum(self.contexts[k].device_bytes for k in on_device)
         for key in on_device:
+            if key[0] == mine and self.contexts[key].device_bytes > 0:
+                self.off_device.add(key)
             del self.contexts[key]
-        self.evicted_for_room += len(others)
+        self.evicted_for_room += sum(1 for k in on_device if k[0] != mine)
         release_memory(device)
         return held
 
     def evict_others(self, ctx: ProblemContext) -> int:
         """`ctx`'s problem ran out of memory on its device while a candidate of it is being evaluated:
-        every other problem cached there gives way (`ctx` itself stays, its data may be lent to the
-        candidate's process). Returns the device bytes they held (0: krefine's own caches were not in
-        the way, and a retry would not help)."""
+        every other problem cached there gives way; when they held nothing, `ctx`'s own cached data
+        moves off the device (what is lent to the candidate's process stays allocated until it lets go).
+        Returns the device bytes freed (0: krefine's own caches were not in the way, and a retry would
+        not help)."""
         others = [k for k, c in self.contexts.items() if c.device == ctx.device and c is not ctx]
         held = sum(self.contexts[k].device_bytes for k in others)
         for key in others:
             del self.contexts[key]
         self.evicted_for_room += len(others)
-        if others:
+        if held == 0 and ctx.device_bytes > 0:
+            ctx.device_cache = False
+            held = ctx.demote(ctx.device_bytes)
+        if held:
             release_memory(ctx.device)
         return held
+
+    def memory_figures(self, spec: ReferenceSpec) -> dict[str, Any]:
+        """The device memory figures of `spec`'s problem as a verdict records them (kb_memory.figures)."""
+        if spec.device.type != "cuda":
+            return {}
+        ctx = self.contexts.get(spec.key())
+        state = device_state(spec.device)
+        held = self.device_bytes(spec.device)
+        footprint = ctx.footprint if ctx is not None else None
+        planned = ctx.planned_bytes if ctx is not None else None
+        return figures(state.total, state.available + held, held, footprint, planned, spec.mode == "strict")
+
+    def host_bytes(self, device: torch.device) -> int:
+        return self._used(device, "host_bytes")
 
     def device_bytes(self, device: torch.device) -> int:
         return self._used(device, "device_bytes")
 
-    def move_off_device(
-        self,
-        code: str,
-        device: torch.device,
-        precision: str,
-        mode: str,
-        seed: int,
-        cast_integers: bool = False,
-        inputs: InputsMode = "kernelbench",
-    ) -> None:
-        """Forget every cached problem on `device` (freeing its memory) and keep this problem's
+    def move_off_device(self, spec: ReferenceSpec) -> None:
+        """Forget every cached problem on `spec`'s device (freeing its memory) and keep this problem's
         reference data off the device from now on."""
-        self.off_device.add((self.code_key(code), str(device), precision, mode, seed, cast_integers, inputs))
-        for key in [k for k, c in self.contexts.items() if c.device == device]:
+        self.off_device.add(spec.key())
+        for key in [k for k, c in self.contexts.items() if c.device == spec.device]:
             del self.contexts[key]
-        release_memory(device)
+        release_memory(spec.device)
 
     def _evict_oldest(self, keep: ProblemContext | None) -> bool:
         victim = next((key for key, ctx in self.contexts.items() if ctx is not keep), None)
@@ -683,15 +772,30 @@ class ReferenceCache:
     def _used(self, device: torch.device, attr: str) -> int:
         return sum(getattr(c, attr) for c in self.contexts.values() if c.device == device)
 
+    def _device_budget(self, ctx: ProblemContext, holding: int, share: bool = True) -> int:
+        """The most krefine's cache may hold on `ctx`'s device: DEVICE_CACHE_FRACTION of it (with
+        `share`; without, no such bound), and on a CUDA device once the problem's footprint is known
+        never more than what leaves room for a candidate of it and the worker's serving beside the cache
+        (Footprint.reserve): the device's available memory, the cache itself and `holding` (the data
+        being placed, allocated already), less that reserve."""
+        if not ctx.device_cache:
+            return 0
+        budget = memory_budgets(ctx.device)[0] if share else 1 << 62
+        if ctx.device.type != "cuda" or ctx.footprint is None:
+            return budget
+        used = self._used(ctx.device, "device_bytes")
+        room = cache_room(device_state(ctx.device), used, holding, ctx.footprint, ctx.mode == "strict")
+        return min(budget, room)
+
     def place(self, ctx: ProblemContext, in_size: int, size: int, remaining: int, lean_ok: bool) -> Tier:
         """Choose a tier for one trial (`in_size` bytes of inputs, `size` with the output), evicting
         older problems when that makes room. The choice looks ahead: when this and the `remaining - 1`
         trials after it, plus the timing inputs, fit on the device only without their outputs, every
         trial keeps just its inputs there, rather than the first few keeping everything and the rest
-        landing in RAM (copied per candidate) or being rebuilt on the CPU."""
-        device_budget, host_budget = memory_budgets(ctx.device)
-        if not ctx.device_cache:
-            device_budget = 0
+        landing in RAM (copied per candidate) or being rebuilt on the CPU. What fits is what leaves room
+        for a candidate beside the cache (`_device_budget`)."""
+        device_budget = self._device_budget(ctx, size)
+        host_budget = memory_budgets(ctx.device)[1]
         timing = 0 if ctx.timing_inputs_cache is not None else in_size
         lean = lean_ok and in_size > 0
         while True:
@@ -706,24 +810,12 @@ class ReferenceCache:
             return "device"
         if lean and in_size <= free:
             return "device_inputs"
-        if host_budget and self._used(ctx.device, "host_bytes") + size <= host_budget:
+        host_used = self._used(ctx.device, "host_bytes")
+        if host_budget and host_used + size <= host_budget:
             return "host"
+        if lean and host_budget and host_used + in_size <= host_budget:
+            return "host_inputs"
         return "recompute"
-
-
-def memory_budgets(device: torch.device) -> tuple[int, int]:
-    """(device budget, host budget) in bytes for cached reference data."""
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        return int(total * DEVICE_CACHE_FRACTION), int(ram * HOST_CACHE_FRACTION)
-    return int(ram * CPU_DEVICE_CACHE_FRACTION), 0
-
-
-def release_memory(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def select_device(request: dict[str, Any]) -> torch.device:

@@ -3,9 +3,10 @@ later evaluation of the problem.
 
 KernelBench makes every input with the CPU's generator after `set_seed(seed)` (multi-GB for some level-1
 problems, 40-100 s of CPU). `generate` does exactly that, for the correctness trials' seeds and the timing
-seed, in a process of its own that the orchestrator starts without holding any device (src/refstore.rs),
-and writes the results into one store entry; the GPU worker's `load` then hands back the same bits, and
-the CPU generator's state right after `get_inputs()`, as if it had called `get_inputs()` itself.
+seed, in a process of its own that the orchestrator starts without holding any device
+(src/worker/input_store.rs), and writes the results into one store entry; the GPU worker's `load` then
+hands back the same bits, and the CPU generator's state right after `get_inputs()`, as if it had called
+`get_inputs()` itself.
 
 An entry is a folder (the orchestrator names it by a hash of the problem's code, the seeds and the torch
 version, and keeps the store bounded):
@@ -28,6 +29,7 @@ orchestrator's answer (`{"admit": bool, "detail": str}`, one line on stdin). Ref
 nothing written, and the worker makes the inputs.
 
     python kb_store.py generate < request.json     # one JSON request in, one JSON response out
+    python kb_store.py plan < request.json         # several problems' planned bytes and processes
 """
 
 from __future__ import annotations
@@ -317,10 +319,7 @@ def _write_all(
 
     problem = kb_problem.load_problem(code)
     per_seed = kb_inputs.planned_bytes(problem.get_inputs)
-    count = kb_inputs.how_many_in_parallel(per_seed, len(seeds))
-    count = within_processes(count, processes)
-    if in_memory and per_seed:
-        count = within_memory(count, per_seed, len(seeds), kb_inputs.available_ram())
+    count = parallel_processes(per_seed, len(seeds), processes, in_memory)
     if count == 0:
         return {str(s): write_seed(problem, s, folder) for s in seeds}, 0
     context = torch.multiprocessing.get_context("spawn")
@@ -330,6 +329,44 @@ def _write_all(
     with context.Pool(processes=count) as pool:
         parts = pool.starmap(_write_one, [(code, s, folder) for s in seeds])
     return {str(s): p for s, p in zip(seeds, parts, strict=True)}, count
+
+
+def parallel_processes(per_seed: int | None, seeds: int, processes: int | None, in_memory: bool = False) -> int:
+    """How many processes make an entry's seeds at once (0: one after another, in the generator's own
+    process): large inputs only (kb_inputs), at most `processes` (the orchestrator's CPU budget), fewer
+    in the in-memory store. `plan` answers the same number before anything is made, so the orchestrator
+    claims the cores the generator will use."""
+    import kb_inputs
+
+    count = within_processes(kb_inputs.how_many_in_parallel(per_seed, seeds), processes)
+    if in_memory and per_seed:
+        count = within_memory(count, per_seed, seeds, kb_inputs.available_ram())
+    return count
+
+
+def plan(request: dict[str, Any]) -> dict[str, Any]:
+    """The entries of several problems, before any is made (the orchestrator asks once, for every problem
+    of a run, and starts the largest first): per problem, in order, the entry's planned bytes (null when
+    get_inputs() does not run on the meta device) and the processes its generator would use (1: its
+    own), given `seeds` seeds and at most `processes` processes."""
+    import kb_inputs
+    import kb_problem
+
+    seeds, processes = int(request["seeds"]), request.get("processes")
+    cap = None if processes is None else int(processes)
+    plans = []
+    for code in request["codes"]:
+        try:
+            per_seed = kb_inputs.planned_bytes(kb_problem.load_problem(code).get_inputs)
+        except Exception:  # noqa: BLE001 - a problem that does not load plans nothing (its generator says why)
+            per_seed = None
+        plans.append(
+            {
+                "bytes": None if per_seed is None else per_seed * seeds,
+                "processes": max(parallel_processes(per_seed, seeds, cap), 1),
+            }
+        )
+    return {"plans": plans}
 
 
 def within_memory(count: int, per_seed: int, seeds: int, available: int) -> int:
@@ -571,11 +608,14 @@ def load(entry: str, code: str, seed: int, device: torch.device | None = None) -
 
 
 def main(argv: list[str]) -> int:
-    if argv[1:] != ["generate"]:
-        print("usage: python kb_store.py generate < request.json", file=sys.stderr)
+    if argv[1:] not in (["generate"], ["plan"]):
+        print("usage: python kb_store.py generate|plan < request.json", file=sys.stderr)
         return 2
     # One line: with `admit`, the orchestrator answers the admission question on the same stdin.
     request = json.loads(sys.stdin.readline())
+    if argv[1] == "plan":
+        sys.stdout.write(json.dumps(plan(request)) + "\n")
+        return 0
     # Through the module, not __main__: the spawned children then find `_write_one` by its module name.
     import kb_store
 

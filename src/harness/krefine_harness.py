@@ -32,7 +32,8 @@ the floors or along one, never up, and never in a circle. From the top:
     build      kb_compile (`op: compile`, import a candidate) > kb_build (the fast load_inline)
                > kb_pch (shared precompiled headers) > kb_split (a C++ extension in two units);
                kb_nvcc (the overlapped nvcc, a script the build runs)
-    problem    kb_reference (the problem, its reference data, the device) > kb_tensors (values and
+    problem    kb_reference (the problem, its reference data, the device) > kb_memory (device memory:
+               a problem's footprint, what a candidate needs beside the cache) > kb_tensors (values and
                devices: casts, moves, checksums and fingerprints of inputs, RNG state) > kb_store (the
                on-disk input store, a script the orchestrator runs off the lease) > kb_inputs (parallel
                input generation) > kb_problem (KernelBench's basics: seeds, loading, tensors)

@@ -55,31 +55,29 @@ pub struct ResourcesSection {
     #[serde(default = "default_prepare_ahead")]
     pub prepare_ahead: u32,
     /// Size bound of the on-disk store of reference inputs (`eval.reference_cache`), in GB (1e9
-    /// bytes); least recently used entries go first. 0 turns the store off.
-    #[serde(
-        default = "default_reference_cache_gb",
-        skip_serializing_if = "is_default_reference_cache_gb"
-    )]
-    pub reference_cache_gb: f64,
+    /// bytes); least recently used entries go first. Unset: the file system's free space decides
+    /// alone (the store never takes its last tenth or 5 GB, whichever is larger), so inputs kept by
+    /// one run serve the next as long as the disk has room. 0 turns the store off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_cache_gb: Option<f64>,
     /// Size bound, in GB, of the in-memory tier of that store (`/dev/shm`, the run's own, removed
     /// when it ends): a problem's inputs too large for the disk store are made there, still off the
     /// lease, instead of inside a candidate's lease. Unset: 45% of the machine's memory; 0 turns it
     /// off. An entry is admitted only while a quarter of the memory stays available to the rest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference_ram_gb: Option<f64>,
-    /// Keep the in-memory tier for later runs on this machine: one folder in `/dev/shm`
-    /// (`krefine-inputs.kept`) shared by runs, left in place when a run ends (gone at reboot or
-    /// removed by hand), so a second run reads large problems' inputs from memory instead of drawing
-    /// them again. Off by default: memory stays taken after the run.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    /// Keep the in-memory tier for later runs on this machine (the default): one folder in
+    /// `/dev/shm` (`krefine-inputs.kept`) shared by runs, left in place when a run ends (gone at
+    /// reboot or removed by hand), so a second run reads large problems' inputs from memory instead
+    /// of drawing them again; bounded by `reference_ram_gb`, and a run's admission removes the least
+    /// recently used entries when it needs the room. `false`: the run's own folder, removed when it
+    /// ends.
+    #[serde(default = "yes", skip_serializing_if = "Clone::clone")]
     pub reference_ram_keep: bool,
 }
 
-fn default_reference_cache_gb() -> f64 {
-    40.0
-}
-fn is_default_reference_cache_gb(v: &f64) -> bool {
-    *v == default_reference_cache_gb()
+fn yes() -> bool {
+    true
 }
 
 fn default_loss_retries() -> u32 {
@@ -127,9 +125,9 @@ impl Default for ResourcesSection {
             loss_retries: default_loss_retries(),
             drain_after: default_drain_after(),
             prepare_ahead: default_prepare_ahead(),
-            reference_cache_gb: default_reference_cache_gb(),
+            reference_cache_gb: None,
             reference_ram_gb: None,
-            reference_ram_keep: false,
+            reference_ram_keep: true,
         }
     }
 }

@@ -6,9 +6,11 @@
 //! - Two stages, one background loop ([`run`]):
 //!   - **CPU** ([`Executor::make_inputs`]): the problem's inputs are made on the CPU into the on-disk
 //!     store (`worker::input_store`), in a process of their own, **holding no device lease**. Every
-//!     coming problem is taken, in the order first wanted, [`cpu_ahead`] at once (each one fans out
-//!     over several processes when its inputs are large): how far ahead this runs adapts to what is
-//!     queued, not to a fixed count. Logged as [`Event::InputsPrepared`].
+//!     problem of the run is sized first ([`Executor::plan_inputs`]: one planner process, nothing
+//!     made); every coming problem is then taken, the largest first (they take longest),
+//!     [`cpu_ahead`] at once (each one fans out over several processes when its inputs are large, and
+//!     claims from the CPU budget the processes its maker runs): how far ahead this runs adapts to
+//!     what is queued, not to a fixed count. Logged as [`Event::InputsPrepared`].
 //!   - **Device** (one problem at a time on each device, the devices side by side): once its inputs
 //!     are made, a problem is prepared step by step ([`Executor::prepare_reference`]: the next
 //!     trial, the timing inputs, the reference timing; the inputs are read from the store). Prepared
@@ -41,6 +43,7 @@
 //! stage, each device's stage, and one problem's preparation).
 //!
 //! [`Executor::make_inputs`]: crate::services::Executor::make_inputs
+//! [`Executor::plan_inputs`]: crate::services::Executor::plan_inputs
 //! [`Executor::prepare_reference`]: crate::services::Executor::prepare_reference
 //! [`DevicePool::acquire_idle`]: crate::gpu::DevicePool::acquire_idle
 //! [`Event::InputsPrepared`]: crate::types::Event::InputsPrepared

@@ -25,12 +25,18 @@ pub fn cpu_ahead() -> usize {
 /// Which problems to prepare, and in which order (pure bookkeeping; [`Preparer`] shares it).
 #[derive(Debug, Default)]
 pub struct PrepQueue {
+    /// Problems a device holds prepared and not yet arrived, at most (`resources.prepare_ahead`).
     ahead: usize,
     /// CPU stage: problems whose inputs are made at once.
     cpu_parallel: usize,
-    /// CPU stage: problems whose inputs are to be made, in the order they were first wanted (one
-    /// that a candidate waits for goes first).
+    /// CPU stage: problems whose inputs are to be made, in the order they were first wanted; the
+    /// largest of them (`sizes`) is taken first.
     cpu_order: VecDeque<ProblemKey>,
+    /// CPU stage: problems a candidate waits for, taken before `cpu_order`, the latest first.
+    cpu_urgent: VecDeque<ProblemKey>,
+    /// Each problem's input bytes where its plan is known (`Executor::plan_inputs`): the largest
+    /// inputs take longest to make, so they start first and the rest fit around them.
+    sizes: HashMap<ProblemKey, u64>,
     /// CPU stage: inputs being made now.
     making: HashSet<ProblemKey>,
     /// CPU stage: inputs no store tier had room for yet, to be tried again (their candidates wait).
@@ -78,18 +84,37 @@ impl PrepQueue {
         }
         if first {
             self.cpu_order.retain(|p| *p != problem);
-            self.cpu_order.push_front(problem);
-        } else if !self.cpu_order.contains(&problem) {
+            self.cpu_urgent.retain(|p| *p != problem);
+            self.cpu_urgent.push_front(problem);
+        } else if !self.cpu_order.contains(&problem) && !self.cpu_urgent.contains(&problem) {
             self.cpu_order.push_back(problem);
         }
     }
 
-    /// The next problem whose inputs to make, if fewer than `cpu_parallel` are being made.
+    /// The input bytes of problems whose plan is known: the largest queued is made first.
+    pub fn set_sizes(&mut self, sizes: HashMap<ProblemKey, u64>) {
+        self.sizes = sizes;
+    }
+
+    /// The next problem whose inputs to make, if fewer than `cpu_parallel` are being made: one a
+    /// candidate waits for, else the largest queued (the first wanted among equals; an unknown size
+    /// counts as none).
     pub fn take_inputs(&mut self) -> Option<ProblemKey> {
         if self.making.len() >= self.cpu_parallel {
             return None;
         }
-        let problem = self.cpu_order.pop_front()?;
+        let problem = match self.cpu_urgent.pop_front() {
+            Some(p) => p,
+            None => {
+                let size = |p: &ProblemKey| self.sizes.get(p).copied().unwrap_or(0);
+                let (index, _) = self
+                    .cpu_order
+                    .iter()
+                    .enumerate()
+                    .max_by(|(i, a), (j, b)| size(a).cmp(&size(b)).then(j.cmp(i)))?;
+                self.cpu_order.remove(index)?
+            }
+        };
         self.making.insert(problem);
         Some(problem)
     }
@@ -235,6 +260,11 @@ impl Preparer {
         self.wake.notify_waiters();
     }
 
+    pub(super) fn set_sizes(&self, sizes: HashMap<ProblemKey, u64>) {
+        self.with(|q| q.set_sizes(sizes));
+        self.wake.notify_waiters();
+    }
+
     pub(super) fn retry_inputs(&self, problem: ProblemKey) {
         self.with(|q| q.retry_inputs(problem));
         self.wake.notify_waiters();
@@ -348,6 +378,25 @@ mod tests {
         q.inputs_done(p(4));
         q.coming(p(1));
         assert_eq!(q.take_inputs(), None);
+    }
+
+    #[test]
+    fn the_largest_inputs_start_first_and_a_waiting_candidates_before_them() {
+        let mut q = PrepQueue::new(1, 1);
+        for id in [1, 2, 3, 4] {
+            q.coming(p(id));
+        }
+        // Problem 4's size is unknown (counts as none); 2 and 3 are equal: the first wanted first.
+        q.set_sizes(HashMap::from([(p(1), 10), (p(2), 500), (p(3), 500)]));
+        assert_eq!(q.take_inputs(), Some(p(2)));
+        q.inputs_done(p(2));
+        // A candidate of problem 4 waits: it goes before the larger ones.
+        assert!(q.wait_for_inputs(p(4)));
+        assert_eq!(q.take_inputs(), Some(p(4)));
+        q.inputs_done(p(4));
+        assert_eq!(q.take_inputs(), Some(p(3)));
+        q.inputs_done(p(3));
+        assert_eq!(q.take_inputs(), Some(p(1)));
     }
 
     /// A candidate waiting for its problem's inputs wakes when they are made, and lets the CPU

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::queue::Preparer;
 use crate::cpu_budget::{CORE, Claim, CpuBudget, inputs_claim};
 use crate::gpu::DevicePool;
-use crate::services::{Compiler, DeviceId, EventSink, Executor, Unavailable};
+use crate::services::{Compiler, DeviceId, EventSink, Executor, InputsPlan, Unavailable};
 use crate::types::{
     Event, InputsOutcome, PrepareOutcome, PrepareStatus, PrepareStep, Problem, ProblemKey,
 };
@@ -52,6 +52,18 @@ const MAX_DEFERRED: Duration = Duration::from_secs(600);
 /// no tier has room for yet are tried again every [`RETRY_DEFERRED`] while their candidates wait
 /// (off the lease) and other problems' candidates run.
 async fn cpu_stage(prep: &Preparer, services: &PrepServices<'_>, cancel: &CancellationToken) {
+    let plans = tokio::select! {
+        biased;
+        _ = cancel.cancelled() => return,
+        plans = plan_inputs(services) => plans,
+    };
+    prep.set_sizes(
+        plans
+            .iter()
+            .filter_map(|(k, p)| p.bytes.map(|b| (*k, b)))
+            .collect(),
+    );
+    let plans = &plans;
     let mut cpu = FuturesUnordered::new();
     let mut retries = FuturesUnordered::new();
     let mut deferred_since: HashMap<ProblemKey, Instant> = HashMap::new();
@@ -77,9 +89,10 @@ async fn cpu_stage(prep: &Preparer, services: &PrepServices<'_>, cancel: &Cancel
                 let spec = services.problems.get(&problem).cloned();
                 // A deferral is logged once; the retries that follow log only how they end.
                 let again = deferred_since.contains_key(&problem);
+                let plan = plans.get(&problem).copied();
                 cpu.push(async move {
                     let deferred = match spec {
-                        Some(spec) => make_inputs(services, spec, again).await,
+                        Some(spec) => make_inputs(services, spec, again, plan).await,
                         None => false,
                     };
                     (problem, deferred)
@@ -120,14 +133,36 @@ async fn device_stage(
     }
 }
 
+/// How long the CPU stage waits for the plans of the run's inputs before making them in arrival
+/// order (sizing every problem takes a planner process a few seconds).
+const PLAN_WAIT: Duration = Duration::from_secs(60);
+
+/// The plans of every problem's inputs (their sizes and makers' processes, see
+/// [`Executor::plan_inputs`]), asked once before any is made; none after [`PLAN_WAIT`].
+async fn plan_inputs(services: &PrepServices<'_>) -> HashMap<ProblemKey, InputsPlan> {
+    let problems: Vec<Arc<Problem>> = services.problems.values().cloned().collect();
+    let cap = services.cpu.map(|cpu| inputs_claim(cpu.budget()) as u32);
+    tokio::time::timeout(PLAN_WAIT, services.executor.plan_inputs(problems, cap))
+        .await
+        .unwrap_or_default()
+}
+
 /// The CPU stage of one problem: its inputs made into the store, no lease held. Logged when the
 /// executor has a store (a repeated deferral, `again`, is not); a failure is logged and leaves the
 /// inputs to the device stage. True when no tier had room yet ([`InputsOutcome::is_deferred`]).
-pub async fn make_inputs(services: &PrepServices<'_>, problem: Arc<Problem>, again: bool) -> bool {
-    // The processes drawing inputs are the budget's: claimed first, and the maker kept to them.
+pub async fn make_inputs(
+    services: &PrepServices<'_>,
+    problem: Arc<Problem>,
+    again: bool,
+    plan: Option<InputsPlan>,
+) -> bool {
+    // The processes drawing inputs are the budget's: claimed first, and the maker kept to them. Its
+    // plan says how many it runs (one, in its own process, unless its inputs are large); without a
+    // plan it may run as many as the budget grants a problem.
     let grant = match services.cpu {
         Some(cpu) => {
-            let processes = inputs_claim(cpu.budget());
+            let cap = inputs_claim(cpu.budget());
+            let processes = plan.map_or(cap, |p| u64::from(p.processes).clamp(1, cap));
             Some(cpu.claim(Claim::Inputs, processes * CORE).await)
         }
         None => None,

@@ -1,5 +1,6 @@
 //! The pool as [`Executor`]: evaluating and profiling a candidate on a device's worker.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -13,15 +14,15 @@ use super::loss::{Fault, retry_lost};
 use super::outcome::{CallError, Failure, FailureKind, Phase, elapsed_ms, failure, with_tail};
 use super::pool::WorkerPool;
 use super::protocol::{
-    CandidateSpec, EvaluateResponse, IntegritySpec, ProfileRequest, ProfileResponse, ProfileStatus,
-    RequestBody, ResponseBody,
+    CandidateSpec, EvaluateRequest, EvaluateResponse, IntegritySpec, ProfileRequest,
+    ProfileResponse, ProfileStatus, RequestBody, ResponseBody,
 };
 use super::slot::Slot;
-use crate::services::{DeviceId, ExecJob, Executor, Unavailable};
+use crate::services::{DeviceId, ExecJob, Executor, InputsPlan, Unavailable};
 use crate::types::RequestError;
 use crate::types::{
-    EvalEnv, ExecOutcome, InputsOutcome, Precision, PrepareOutcome, Problem, ProfileOutcome,
-    Verdict,
+    EvalEnv, ExecOutcome, InputsOutcome, Precision, PrepareOutcome, Problem, ProblemKey,
+    ProfileOutcome, Verdict,
 };
 
 impl WorkerPool {
@@ -260,6 +261,14 @@ impl Executor for WorkerPool {
         true
     }
 
+    async fn plan_inputs(
+        &self,
+        problems: Vec<Arc<Problem>>,
+        processes: Option<u32>,
+    ) -> HashMap<ProblemKey, InputsPlan> {
+        self.plan_inputs_now(&problems, processes).await
+    }
+
     async fn make_inputs(
         &self,
         problem: Arc<Problem>,
@@ -302,10 +311,11 @@ impl WorkerPool {
             .await
             .map_err(Fault::Unavailable)?;
         let integrity = self.integrity_spec(slot.hardware().as_deref());
-        let request = RequestBody::Evaluate(
-            self.prepare_request(&job.problem, device)
-                .evaluate(candidate, Some(integrity)),
-        );
+        let request = RequestBody::Evaluate(EvaluateRequest {
+            reference: self.reference_spec(&job.problem, device),
+            candidate,
+            integrity: Some(integrity),
+        });
         // The reference data the candidate's check reaches is built on demand, trial by trial, if
         // no background preparation (src/refprep/) built it already: that time runs on the
         // reference's allowance, never on the candidate's `execute_s`.
@@ -358,10 +368,8 @@ impl WorkerPool {
             .await
             .map_err(Fault::Unavailable)?;
         let request = RequestBody::Profile(ProfileRequest {
-            problem: Self::problem_spec(&job.problem),
+            reference: self.reference_spec(&job.problem, device),
             candidate,
-            device: Self::worker_device(device).into(),
-            precision: self.settings.precision.as_str().into(),
             row_limit: self.settings.profile_rows,
             ncu: self.settings.ncu,
             profiler: self.settings.profiler.map(|p| p.as_str().to_string()),

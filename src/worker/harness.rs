@@ -13,7 +13,7 @@ use super::WorkerError;
 pub const HARNESS_ENTRY: &str = "krefine_harness.py";
 
 /// Every harness file: (file name, content).
-pub const HARNESS_FILES: [(&str, &str); 30] = [
+pub const HARNESS_FILES: [(&str, &str); 31] = [
     (
         "krefine_harness.py",
         include_str!("../harness/krefine_harness.py"),
@@ -26,6 +26,7 @@ pub const HARNESS_FILES: [(&str, &str); 30] = [
         "kb_reference.py",
         include_str!("../harness/kb_reference.py"),
     ),
+    ("kb_memory.py", include_str!("../harness/kb_memory.py")),
     ("kb_tensors.py", include_str!("../harness/kb_tensors.py")),
     (
         "kb_correctness.py",

@@ -32,10 +32,10 @@ pub fn plan_eviction(entries: &[EntryInfo], limit: u64, keep: &str) -> Vec<Strin
 /// Space kept free on the store's file system: 10% of it or 5 GB, whichever is larger.
 pub const MIN_FREE_BYTES: u64 = 5_000_000_000;
 
-/// The bytes the store may hold: `resources.reference_cache_gb` (`limit`), and never more than its
-/// finished entries (`stored`, which eviction can give back) plus the file system's free space less
-/// the margin it keeps free (max(10% of `fs_total`, [`MIN_FREE_BYTES`])): the store never fills the
-/// disk.
+/// The bytes the store may hold: `resources.reference_cache_gb` (`limit`; `u64::MAX` when unset),
+/// and never more than its finished entries (`stored`, which eviction can give back) plus the file
+/// system's free space less the margin it keeps free (max(10% of `fs_total`, [`MIN_FREE_BYTES`])):
+/// the store never fills the disk.
 pub fn effective_cap(limit: u64, stored: u64, free: u64, fs_total: u64) -> u64 {
     let margin = (fs_total / 10).max(MIN_FREE_BYTES);
     limit.min(stored.saturating_add(free.saturating_sub(margin)))
@@ -170,6 +170,12 @@ mod tests {
         );
         // Plenty of room: the configured limit.
         assert_eq!(effective_cap(30 * GB, 0, 900 * GB, 1000 * GB), 30 * GB);
+        // No limit set (`resources.reference_cache_gb` unset): the free space alone.
+        assert_eq!(
+            effective_cap(u64::MAX, 3 * GB, 37 * GB, 252 * GB),
+            14_800_000_000
+        );
+        assert_eq!(effective_cap(u64::MAX, 0, 900 * GB, 1000 * GB), 800 * GB);
         // A small file system keeps 5 GB free (more than its tenth).
         assert_eq!(effective_cap(30 * GB, GB, 8 * GB, 20 * GB), 4 * GB);
         // Less free than the margin: only what is stored already (eviction can give it back).

@@ -17,13 +17,14 @@
 //!   planned bytes first; under the store's admission lock (`.admission.lock`, across processes) the
 //!   finished entries, the reservations of entries being made (`.<key>.reserve`, counted while the
 //!   entry's lock is held, removed when it is free) and this entry must fit [`effective_cap`]
-//!   (`resources.reference_cache_gb`, and never past the file system's free space less a margin);
+//!   (the file system's free space less a margin, and `resources.reference_cache_gb` when set);
 //!   least recently used entries (the `used` file's mtime, touched at every use) are removed to make
 //!   room. An entry that cannot fit is not made (`over_budget`), and the worker makes those inputs.
 //!   After each generation the same LRU order trims the store to its limit. An entry being made (its
 //!   lock held) is never removed; a reader whose entry vanishes makes its inputs itself.
 //! - **In-memory tier** ([`InputStore::in_memory`]): a second store of the same layout in `/dev/shm`,
-//!   the run's own (removed when it ends, swept if it died), for entries the disk store refuses
+//!   kept for later runs (`resources.reference_ram_keep`, the default) or the run's own (removed when
+//!   it ends, swept if it died), for entries the disk store refuses
 //!   (a level-1 problem's six seeds reach 51 GB, more than a GPU machine's disk store holds). Its
 //!   admission also keeps a quarter of the machine's memory available ([`memory_cap`]), and the
 //!   generator then makes fewer seeds at once (each process holds its seed while the file fills
@@ -81,6 +82,7 @@ pub fn entry_key(code: &str, seed: u64, trials: u32, timing: bool, torch: &str) 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GenerateAnswer {
     pub status: GenerateStatus,
+    /// How long the generator took (its own clock).
     #[serde(default)]
     pub seconds: f64,
     /// Bytes of inputs in the entry.
@@ -89,6 +91,8 @@ pub struct GenerateAnswer {
     /// Processes that made seeds in parallel (0: one after another).
     #[serde(default)]
     pub parallel: u32,
+    /// Why an entry was rebuilt, refused or could not be stored (the `inputs_prepared` event's
+    /// detail).
     #[serde(default)]
     pub detail: String,
 }
@@ -117,10 +121,15 @@ pub enum GenerateStatus {
 /// The store: where it is, how large it may grow, and how to start the harness that fills it.
 #[derive(Debug, Clone)]
 pub struct InputStore {
+    /// The store's folder: one sub-folder per entry, their locks and reservations beside them.
     root: PathBuf,
-    /// `resources.reference_cache_gb` in bytes.
+    /// `resources.reference_cache_gb` in bytes (`u64::MAX` when unset: [`effective_cap`] then
+    /// bounds the store by the file system's free space alone); for the in-memory tier
+    /// `resources.reference_ram_gb`.
     limit: u64,
+    /// The workers' Python (the generator imports torch as they do, so entries match their torch).
     python: PathBuf,
+    /// The deployed harness, where `kb_store.py` is.
     harness_dir: PathBuf,
     /// The generator's whole environment (a worker's allowlist, no GPU visible).
     env: Vec<(String, OsString)>,
@@ -138,7 +147,9 @@ pub struct InputStore {
 /// A refused admission: the entry's planned bytes, and whether other entries' room comes back.
 #[derive(Debug, Clone, Copy)]
 struct Refusal {
+    /// The entry's planned bytes: a retry asks whether that much would be admitted now.
     planned: u64,
+    /// Other entries (held or being made) took the room: it comes back, so the entry is deferred.
     room_later: bool,
 }
 
@@ -148,7 +159,9 @@ struct Plan {
     victims: Option<Vec<String>>,
     /// Refused only for room held or reserved by other entries.
     room_later: bool,
+    /// Bytes other entries being made have reserved (counted against the cap).
     reserved: u64,
+    /// The cap this decision was made under ([`effective_cap`], [`memory_cap`]).
     cap: u64,
     /// Why it was refused.
     why: String,
@@ -157,7 +170,9 @@ struct Plan {
 /// Keeps an entry from being evicted while it lives (see [`InputStore::hold`]).
 #[derive(Debug)]
 pub struct InputsHold {
+    /// The store's hold counts (shared by its clones), decremented on drop.
     held: Arc<Mutex<HashMap<String, usize>>>,
+    /// The entry held.
     key: String,
 }
 
@@ -315,15 +330,15 @@ impl InputStore {
         Ok(answer)
     }
 
-    /// Run `kb_store.py generate`: the request goes in on stdin; a generator that has to make the
-    /// entry first reports its planned bytes (`{"planned": n}`) and waits for [`Self::admit`]'s answer
-    /// on the same stdin; its last JSON line is the answer.
-    async fn run_generator(&self, key: &str, request: &str) -> Result<GenerateAnswer, String> {
-        use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-
+    /// Start `kb_store.py <verb>` (`generate`, `plan`): in the store's folder, with the generator's
+    /// environment (no GPU visible), at a builder's priority, tied to this process.
+    async fn spawn_script(&self, verb: &str) -> Result<tokio::process::Child, String> {
+        tokio::fs::create_dir_all(&self.root)
+            .await
+            .map_err(|e| format!("cannot create {}: {e}", self.root.display()))?;
         let mut cmd = tokio::process::Command::new(&self.python);
         cmd.arg(self.harness_dir.join(STORE_SCRIPT))
-            .arg("generate")
+            .arg(verb)
             .current_dir(&self.root)
             .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
@@ -333,65 +348,27 @@ impl InputStore {
             .kill_on_drop(true);
         // A generator outlives no krefine, even a killed one (see `die_with_parent`).
         let krefine = std::process::id() as libc::pid_t;
-        // SAFETY: only async-signal-safe `prctl` and `getppid` between fork and exec.
         // It draws inputs beside the evaluation workers' timings: at a builder's priority.
-        // SAFETY: only async-signal-safe `getpriority`, `setpriority`, `prctl` and `getppid`.
+        // SAFETY: only async-signal-safe `getpriority`, `setpriority`, `prctl` and `getppid` between
+        // fork and exec.
         unsafe {
             cmd.pre_exec(move || {
                 super::session::lower_priority();
                 super::session::die_with_parent(krefine)
             });
         }
-        let mut child = super::session::spawn_tied(cmd)
+        super::session::spawn_tied(cmd)
             .await
-            .map_err(|e| format!("cannot start {}: {e}", self.python.display()))?;
-        let mut stdin = child.stdin.take();
-        let stdout = child.stdout.take();
-        let stderr_task = child.stderr.take().map(|mut err| {
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let _ = err.read_to_end(&mut buf).await;
-                buf
-            })
-        });
-        let dialogue = async {
-            if let Some(stdin) = stdin.as_mut() {
-                stdin
-                    .write_all(format!("{request}\n").as_bytes())
-                    .await
-                    .map_err(|e| format!("cannot send the generation request: {e}"))?;
-                let _ = stdin.flush().await;
-            }
-            let mut last = None;
-            if let Some(stdout) = stdout {
-                let mut lines = BufReader::new(stdout).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if !line.trim_start().starts_with('{') {
-                        continue;
-                    }
-                    match serde_json::from_str::<PlannedLine>(&line) {
-                        Ok(PlannedLine { planned }) => {
-                            let reply = self.admit_blocking(key, planned).await;
-                            let reply = serde_json::json!({
-                                "admit": reply.is_ok(),
-                                "detail": reply.err().unwrap_or_default(),
-                            });
-                            if let Some(stdin) = stdin.as_mut() {
-                                let _ = stdin.write_all(format!("{reply}\n").as_bytes()).await;
-                                let _ = stdin.flush().await;
-                            }
-                        }
-                        Err(_) => last = Some(line),
-                    }
-                }
-            }
-            drop(stdin.take());
-            let status = child
-                .wait()
-                .await
-                .map_err(|e| format!("the input generator failed: {e}"))?;
-            Ok::<_, String>((status, last))
-        };
+            .map_err(|e| format!("cannot start {}: {e}", self.python.display()))
+    }
+
+    /// Run `kb_store.py generate`: the request goes in on stdin; a generator that has to make the
+    /// entry first reports its planned bytes (`{"planned": n}`) and waits for [`Self::admit`]'s answer
+    /// on the same stdin; its last JSON line is the answer.
+    async fn run_generator(&self, key: &str, request: &str) -> Result<GenerateAnswer, String> {
+        let mut child = self.spawn_script("generate").await?;
+        let stderr = collect_stderr(&mut child);
+        let dialogue = self.dialogue(&mut child, key, request);
         let (status, last) = tokio::time::timeout(self.timeout, dialogue)
             .await
             .map_err(|_| {
@@ -402,18 +379,98 @@ impl InputStore {
             })??;
         match last.as_deref().map(serde_json::from_str::<GenerateAnswer>) {
             Some(Ok(a)) => Ok(a),
-            _ => {
-                let stderr = match stderr_task {
-                    Some(t) => t.await.unwrap_or_default(),
-                    None => Vec::new(),
+            _ => Err(format!(
+                "the input generator ended ({status}) without an answer: {}",
+                stderr_tail(stderr).await
+            )),
+        }
+    }
+
+    /// The generator's side of the conversation: send `request`, answer its admission question (the
+    /// `{"planned": n}` line) with [`Self::admit`]'s decision, keep the last other JSON line (its
+    /// answer), and wait for it to exit.
+    async fn dialogue(
+        &self,
+        child: &mut tokio::process::Child,
+        key: &str,
+        request: &str,
+    ) -> Result<(std::process::ExitStatus, Option<String>), String> {
+        use tokio::io::{AsyncBufReadExt, BufReader};
+
+        let mut stdin = child.stdin.take();
+        if let Some(stdin) = stdin.as_mut() {
+            send_line(stdin, request)
+                .await
+                .map_err(|e| format!("cannot send the generation request: {e}"))?;
+        }
+        let mut last = None;
+        if let Some(stdout) = child.stdout.take() {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if !line.trim_start().starts_with('{') {
+                    continue;
+                }
+                let Ok(PlannedLine { planned }) = serde_json::from_str::<PlannedLine>(&line) else {
+                    last = Some(line);
+                    continue;
                 };
-                let stderr = String::from_utf8_lossy(&stderr);
-                let tail: Vec<&str> = stderr.lines().rev().take(10).collect();
-                Err(format!(
-                    "the input generator ended ({status}) without an answer: {}",
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                ))
+                let reply = self.admit_blocking(key, planned).await;
+                let reply = serde_json::json!({
+                    "admit": reply.is_ok(),
+                    "detail": reply.err().unwrap_or_default(),
+                });
+                if let Some(stdin) = stdin.as_mut() {
+                    let _ = send_line(stdin, &reply.to_string()).await;
+                }
             }
+        }
+        drop(stdin);
+        let status = child
+            .wait()
+            .await
+            .map_err(|e| format!("the input generator failed: {e}"))?;
+        Ok((status, last))
+    }
+
+    /// The plans of several problems' entries (`kb_store.py plan`, one process sizing them all on
+    /// the meta device, nothing made): per code, in order, the entry's bytes for `seeds` seeds and
+    /// the processes its generator would use, at most `processes`.
+    pub async fn plan_entries(
+        &self,
+        codes: &[&str],
+        seeds: u32,
+        processes: Option<u32>,
+    ) -> Result<Vec<PlannedEntry>, String> {
+        let mut child = self.spawn_script("plan").await?;
+        let stderr = collect_stderr(&mut child);
+        let request = serde_json::json!({"codes": codes, "seeds": seeds, "processes": processes});
+        let talk = async {
+            if let Some(mut stdin) = child.stdin.take() {
+                send_line(&mut stdin, &request.to_string())
+                    .await
+                    .map_err(|e| format!("cannot send the plan request: {e}"))?;
+            }
+            let mut out = String::new();
+            if let Some(mut stdout) = child.stdout.take() {
+                use tokio::io::AsyncReadExt;
+                let _ = stdout.read_to_string(&mut out).await;
+            }
+            let status = child
+                .wait()
+                .await
+                .map_err(|e| format!("the input planner failed: {e}"))?;
+            Ok::<_, String>((status, out))
+        };
+        let (status, out) = tokio::time::timeout(self.timeout, talk)
+            .await
+            .map_err(|_| "planning the inputs took too long".to_string())??;
+        let answer = out.lines().rev().find(|l| l.trim_start().starts_with('{'));
+        match answer.map(serde_json::from_str::<PlanAnswer>) {
+            Some(Ok(a)) if a.plans.len() == codes.len() => Ok(a.plans),
+            _ => Err(format!(
+                "the input planner ended ({status}) without a plan: {}",
+                stderr_tail(stderr).await
+            )),
         }
     }
 
@@ -541,10 +598,13 @@ impl InputStore {
         } else {
             ("the store", "resources.reference_cache_gb")
         };
+        let limit = match self.limit {
+            u64::MAX => "unset".to_string(),
+            n => format!("{n} bytes"),
+        };
         let why = format!(
-            "{planned} bytes do not fit {tier}: cap {cap} bytes ({limit_key} {}, free space {free} \
-             bytes), {reserved} bytes being made by others{}",
-            self.limit,
+            "{planned} bytes do not fit {tier}: cap {cap} bytes ({limit_key} {limit}, free space \
+             {free} bytes), {reserved} bytes being made by others{}",
             if room_later {
                 ", the rest held by queued candidates"
             } else {
@@ -661,6 +721,49 @@ impl InputStore {
         }
         std::fs::remove_dir_all(self.entry(key)).is_ok()
     }
+}
+
+/// One entry's plan, as `kb_store.py plan` answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct PlannedEntry {
+    /// The entry's bytes (every seed); `None`: unknown until made.
+    pub bytes: Option<u64>,
+    /// Processes its generator would use (1: its own).
+    pub processes: u32,
+}
+
+#[derive(Deserialize)]
+struct PlanAnswer {
+    plans: Vec<PlannedEntry>,
+}
+
+/// Read a child's stderr to its end in the background (for the error of a child that gave no answer).
+fn collect_stderr(child: &mut tokio::process::Child) -> Option<tokio::task::JoinHandle<Vec<u8>>> {
+    use tokio::io::AsyncReadExt;
+
+    child.stderr.take().map(|mut err| {
+        tokio::spawn(async move {
+            let mut buf = Vec::new();
+            let _ = err.read_to_end(&mut buf).await;
+            buf
+        })
+    })
+}
+
+/// The last ten lines of a collected stderr.
+async fn stderr_tail(task: Option<tokio::task::JoinHandle<Vec<u8>>>) -> String {
+    let bytes = match task {
+        Some(t) => t.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let tail: Vec<&str> = text.lines().rev().take(10).collect();
+    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+}
+
+async fn send_line(stdin: &mut tokio::process::ChildStdin, line: &str) -> std::io::Result<()> {
+    stdin.write_all(format!("{line}\n").as_bytes()).await?;
+    stdin.flush().await
 }
 
 /// The generator's first line when it must make the entry: its planned bytes (null: unknown).

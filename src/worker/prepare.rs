@@ -1,6 +1,7 @@
 //! Reference preparation through the pool: the `prepare` request, preparing a problem's reference data
 //! ahead of its candidates (see `src/refprep/`), and the verdict when preparing ran out of time.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,9 +12,11 @@ use super::input_store::{GenerateStatus, InputStore, entry_key};
 use super::loss::Fault;
 use super::outcome::{CallError, elapsed_ms, secs};
 use super::pool::WorkerPool;
-use super::protocol::{PrepareRequest, RequestBody, ResponseBody, TimingSpec};
-use crate::services::{DeviceId, Unavailable};
-use crate::types::{ExecOutcome, INPUTS_DEFERRED, InputsOutcome, PrepareOutcome, Problem, Verdict};
+use super::protocol::{PrepareRequest, ReferenceSpec, RequestBody, ResponseBody, TimingSpec};
+use crate::services::{DeviceId, InputsPlan, Unavailable};
+use crate::types::{
+    ExecOutcome, INPUTS_DEFERRED, InputsOutcome, PrepareOutcome, Problem, ProblemKey, Verdict,
+};
 
 impl WorkerPool {
     /// Build all of `problem`'s reference data on `device` in one request, as every evaluation did
@@ -52,9 +55,10 @@ impl WorkerPool {
         })
     }
 
-    /// The `prepare` request for `problem` on `device` (an evaluate is the same plus the candidate).
-    pub(super) fn prepare_request(&self, problem: &Problem, device: &DeviceId) -> PrepareRequest {
-        PrepareRequest {
+    /// The reference data `problem`'s requests on `device` work against (prepare, evaluate and
+    /// profile all carry it): the one place the pool's settings become the harness's reference spec.
+    pub(super) fn reference_spec(&self, problem: &Problem, device: &DeviceId) -> ReferenceSpec {
+        ReferenceSpec {
             problem: Self::problem_spec(problem),
             device: Self::worker_device(device).into(),
             precision: self.settings.precision.as_str().into(),
@@ -80,9 +84,16 @@ impl WorkerPool {
             inputs: (self.settings.inputs == InputsMode::Device)
                 .then(|| InputsMode::Device.as_str().into()),
             stored_inputs: self.stored_inputs(problem),
+            tolerance: self.settings.tolerance.clone(),
+        }
+    }
+
+    /// The `prepare` request for `problem` on `device`: everything (no step limit, timed).
+    pub(super) fn prepare_request(&self, problem: &Problem, device: &DeviceId) -> PrepareRequest {
+        PrepareRequest {
+            reference: self.reference_spec(problem, device),
             steps: None,
             quiet: None,
-            tolerance: self.settings.tolerance.clone(),
         }
     }
 
@@ -140,6 +151,39 @@ impl WorkerPool {
                 &self.torch,
             )
             .await
+    }
+
+    /// The plans of `problems`' inputs under this pool's settings (see [`Executor::plan_inputs`]):
+    /// one planner process for all of them; empty without a store or when planning fails (logged).
+    ///
+    /// [`Executor::plan_inputs`]: crate::services::Executor::plan_inputs
+    pub(super) async fn plan_inputs_now(
+        &self,
+        problems: &[Arc<Problem>],
+        processes: Option<u32>,
+    ) -> HashMap<ProblemKey, InputsPlan> {
+        let Some(store) = &self.input_store else {
+            return HashMap::new();
+        };
+        let seeds = self.settings.correct_trials + u32::from(self.settings.timing_trials > 0);
+        let codes: Vec<&str> = problems.iter().map(|p| p.code.as_str()).collect();
+        match store.plan_entries(&codes, seeds, processes).await {
+            Ok(plans) => problems
+                .iter()
+                .zip(plans)
+                .map(|(p, e)| {
+                    let plan = InputsPlan {
+                        bytes: e.bytes,
+                        processes: e.processes.max(1),
+                    };
+                    (p.key, plan)
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!("could not plan the problems' inputs (made in arrival order): {e}");
+                HashMap::new()
+            }
+        }
     }
 
     /// The CPU stage of `problem` (see `crate::refprep`): its inputs made into the store by a

@@ -106,20 +106,27 @@ pub struct CompileRequest {
     pub build: Option<String>,
 }
 
+/// The reference data a request works against: the problem, where and how its reference runs, what
+/// its check and timing build, and where its inputs come from. Declared once and flattened into every
+/// request that reaches the reference (`prepare`, `evaluate`, `profile`), so the fields stay top-level
+/// on the wire; the harness mirrors it once (`kb_protocol.ReferenceSpec`) and reads it once
+/// (`kb_reference.ReferenceSpec`, whose `key` is the worker's cache key). A new way of preparing
+/// reference inputs is a field here, its value in `WorkerPool::reference_spec`, and its reading there.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EvaluateRequest {
+pub struct ReferenceSpec {
     pub problem: ProblemSpec,
-    pub candidate: CandidateSpec,
     /// `cuda:0` (the worker sees one device) or `cpu`.
     pub device: String,
     pub precision: String,
     pub mode: String,
+    /// KernelBench's seed: the trials' seeds derive from it, and it seeds the timing inputs.
     pub seed: u64,
+    /// Correctness trials: how many input sets and reference outputs the check reaches.
     pub correct_trials: u32,
+    /// Whether (and how) the reference is timed; `measure` also decides whether timing inputs are made.
     pub timing: TimingSpec,
+    /// A baseline's reference runtime, used instead of timing the reference (`eval.baseline`).
     pub reference_runtime: Option<BaselineRuntime>,
-    /// The excessive-speedup guard's inputs.
-    pub integrity: Option<IntegritySpec>,
     /// `eval.cast_integer_inputs`: cast integer and bool inputs to the precision as KernelBench does.
     /// Left off the wire when false (the harness's default: they keep their dtype).
     #[serde(default, skip_serializing_if = "is_false")]
@@ -133,6 +140,15 @@ pub struct EvaluateRequest {
     /// `eval.tolerance` resolved to numbers; absent: KernelBench's per-precision table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerance: Option<Tolerance>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvaluateRequest {
+    #[serde(flatten)]
+    pub reference: ReferenceSpec,
+    pub candidate: CandidateSpec,
+    /// The excessive-speedup guard's inputs.
+    pub integrity: Option<IntegritySpec>,
 }
 
 /// What the harness needs to bound a plausible speedup: `eval.max_speedup`, or the device's peak
@@ -150,72 +166,27 @@ pub struct IntegritySpec {
 /// KernelBench's largest inputs a minute of CPU work that no candidate should wait for).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PrepareRequest {
-    pub problem: ProblemSpec,
-    pub device: String,
-    pub precision: String,
-    pub mode: String,
-    pub seed: u64,
-    pub correct_trials: u32,
-    pub timing: TimingSpec,
-    pub reference_runtime: Option<BaselineRuntime>,
-    /// `eval.cast_integer_inputs`: cast integer and bool inputs to the precision as KernelBench does.
-    /// Left off the wire when false (the harness's default: they keep their dtype).
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub cast_integer_inputs: bool,
-    /// `eval.inputs`: `device` draws the inputs on the device; absent: KernelBench's CPU generation.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub inputs: Option<String>,
-    /// The store entry holding the problem's CPU-made inputs (`worker::input_store`), when whole.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stored_inputs: Option<String>,
+    #[serde(flatten)]
+    pub reference: ReferenceSpec,
     /// Build at most this many steps (a trial, the timing inputs, the reference timing); absent: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steps: Option<u32>,
     /// `false`: do not time the reference (the CPU's builds are not paused); absent: true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quiet: Option<bool>,
-    /// `eval.tolerance` resolved to numbers (carried into the evaluate request).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tolerance: Option<Tolerance>,
-}
-
-impl PrepareRequest {
-    /// The evaluate request that follows: the same problem and settings, plus the candidate and
-    /// the excessive-speedup guard's inputs.
-    pub fn evaluate(
-        &self,
-        candidate: CandidateSpec,
-        integrity: Option<IntegritySpec>,
-    ) -> EvaluateRequest {
-        EvaluateRequest {
-            problem: self.problem.clone(),
-            candidate,
-            device: self.device.clone(),
-            precision: self.precision.clone(),
-            mode: self.mode.clone(),
-            seed: self.seed,
-            correct_trials: self.correct_trials,
-            timing: self.timing.clone(),
-            reference_runtime: self.reference_runtime.clone(),
-            integrity,
-            cast_integer_inputs: self.cast_integer_inputs,
-            inputs: self.inputs.clone(),
-            stored_inputs: self.stored_inputs.clone(),
-            tolerance: self.tolerance.clone(),
-        }
-    }
 }
 
 fn is_false(b: &bool) -> bool {
     !*b
 }
 
+/// Profile a candidate against the same reference data its evaluation used (the run's seed, mode,
+/// input policy and stored inputs): the profiled forward runs on the timing inputs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProfileRequest {
-    pub problem: ProblemSpec,
+    #[serde(flatten)]
+    pub reference: ReferenceSpec,
     pub candidate: CandidateSpec,
-    pub device: String,
-    pub precision: String,
     pub row_limit: u32,
     pub ncu: bool,
     /// `eval.profiler`: `torch`, `ncu` or `both`; absent: the torch table, plus ncu where `ncu`.

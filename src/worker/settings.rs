@@ -65,7 +65,8 @@ pub struct WorkerSettings {
     pub inputs: InputsMode,
     /// The on-disk store of CPU-made inputs (`eval.reference_cache`); `None`: no store.
     pub reference_cache: Option<PathBuf>,
-    /// `resources.reference_cache_gb` in bytes; 0 turns the store off.
+    /// `resources.reference_cache_gb` in bytes (`u64::MAX`: unset, the file system's free space
+    /// bounds the store alone); 0 turns the store off.
     pub reference_cache_bytes: u64,
     /// `resources.reference_ram_gb` in bytes: the store's in-memory tier (`/dev/shm`); 0: none.
     pub reference_ram_bytes: u64,

@@ -194,16 +194,14 @@ def prepare_request(
 def profile_request(
     rid: int, problem_code: str, source: str, build_dir: Path, device: str = "cpu", ncu: bool = False
 ) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "op": "profile",
-        "problem": {"key": "test/1", "code": problem_code, "code_hash": "unused-by-the-harness"},
-        "candidate": {"source": source, "build_dir": str(build_dir)},
-        "device": device,
-        "precision": "fp32",
-        "row_limit": 12,
-        "ncu": ncu,
-    }
+    """A `profile` request: the reference spec an evaluate of the candidate carries, plus the
+    profiler's own fields."""
+    request = evaluate_request(rid, problem_code, source, build_dir, device=device)
+    del request["integrity"]
+    request["op"] = "profile"
+    request["row_limit"] = 12
+    request["ncu"] = ncu
+    return request
 
 
 _FENCE = re.compile(r"```(?:python|cpp)?[ \t]*\n(.*?)```", re.DOTALL)

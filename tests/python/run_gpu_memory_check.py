@@ -11,7 +11,13 @@ another process leaves 8 GiB free, then problem B (the same size) is prepared. T
 - `neither`: admission and the retry off (krefine before them): B's preparation ends in a
   reference_error that krefine caused.
 
-Prints one JSON line per worker; exits 1 unless admission and retry end `ready` and `neither` does not.
+A fourth, `room` (issue 39): a problem whose output is twice its inputs (a sixteenth of the device, as
+level 1 problem 87's 8 GiB output is of an 80 GB card) is prepared; its measured footprint leaves the
+cache only what fits beside a candidate as large as its reference, and a reference-equivalent candidate
+then evaluates correct with `metadata.device_memory` recorded.
+
+Prints one JSON line per worker; exits 1 unless admission and retry end `ready`, `neither` does not,
+and `room` keeps the candidate's room and ends correct.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness_client import prepare_request
+from harness_client import evaluate_request, prepare_request
 
 # isort: split
 # harness_client puts the harness on sys.path.
@@ -86,14 +92,66 @@ def scenario(name: str) -> dict[str, Any]:
     return result
 
 
+def room() -> dict[str, Any]:
+    """A problem whose output is twice its inputs, prepared and then evaluated (reference-equivalent)."""
+    import kb_memory
+
+    total = torch.cuda.mem_get_info(DEVICE)[1]
+    elements = total // 64 // 4  # inputs a sixty-fourth of the device, the output twice that
+    code = f"""
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.cat([x, x * 2.0])
+
+
+def get_inputs():
+    return [torch.rand({elements})]
+
+
+def get_init_inputs():
+    return []
+"""
+    worker = kb_eval.Worker(isolate=False)
+    prepared = kb_prepare.prepare(prepare_request(1, code, device=DEVICE), worker)
+    (ctx,) = worker.references.contexts.values()
+    state = kb_memory.device_state(ctx.device)
+    assert ctx.footprint is not None
+    reserve = ctx.footprint.reserve(state.total)
+    candidate = code.replace("class Model(", "class ModelNew(")
+    result = kb_eval.evaluate(evaluate_request(2, code, candidate, Path("."), device=DEVICE), worker)
+    out = {
+        "scenario": "room",
+        "prepared": prepared["status"],
+        "tiers": prepared["tiers"],
+        "footprint_gib": [round(x / GIB, 2) for x in (ctx.footprint.inputs, ctx.footprint.output, ctx.footprint.forward)],
+        "cached_gib": round(ctx.device_bytes / GIB, 2),
+        "available_gib": round(state.available / GIB, 2),
+        "reserve_gib": round(reserve / GIB, 2),
+        "room_kept": state.available >= reserve or ctx.device_bytes == 0,
+        "status": result["status"],
+        "device_memory": result["metadata"].get("device_memory"),
+    }
+    worker.references.contexts.clear()
+    worker.close()
+    torch.cuda.empty_cache()
+    return out
+
+
 def main() -> int:
     results = {name: scenario(name) for name in ("admission", "retry", "neither")}
+    results["room"] = room()
     for r in results.values():
         print(json.dumps(r), flush=True)
     ok = (
         results["admission"]["b"] == "ready"
         and results["retry"]["b"] == "ready"
         and results["neither"]["b"] == "reference_error"
+        and results["room"]["room_kept"]
+        and results["room"]["status"] == "correct"
     )
     print("ok" if ok else "FAIL", flush=True)
     return 0 if ok else 1

@@ -501,7 +501,7 @@ def test_placement_looks_ahead_instead_of_filling_up_with_outputs(harness: Harne
     in_size = kb_tensors.nbytes(entry.inputs)
     size = in_size + kb_tensors.nbytes(entry.output)
     cache = kb_eval.ReferenceCache()
-    ctx = cache.context(COUNTING, torch.device("cpu"), "fp32", "faithful", 42)
+    ctx = cache.context(kb_reference.ReferenceSpec(COUNTING, torch.device("cpu"), "fp32", "faithful", 42))
     monkeypatch.setattr(kb_reference, "memory_budgets", lambda device: (5 * in_size + in_size, 10**9))
     assert cache.place(ctx, in_size, size, 5, lean_ok=True) == "device_inputs"
     assert cache.place(ctx, in_size, size, 5, lean_ok=False) == "device"  # greedy: the first fits whole

@@ -1,10 +1,15 @@
-"""The P signal's text: profiler-table trimming and ncu CSV parsing."""
+"""The P signal: profiler-table trimming, ncu CSV parsing, and the reference data a profile runs on."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 import kb_profile
+import kb_reference
+import kb_store
+from harness_client import HOSTILE, profile_request
 
 RULE = "-" * 40
 
@@ -53,3 +58,22 @@ def test_ncu_csv_is_summed_and_duration_weighted() -> None:
 def test_ncu_output_without_kernels_is_an_error() -> None:
     with pytest.raises(ValueError, match="no kernel rows"):
         kb_profile.parse_ncu_csv("==PROF== Disconnected\n")
+
+
+def test_a_profile_works_against_the_runs_reference_data(tmp_path: Path) -> None:
+    """The profiled forward runs on the run's reference data: its seed, mode and stored inputs, as the
+    request's reference spec says (it once took seed 42 and faithful mode whatever the run used, and drew
+    its inputs itself even where the store held them)."""
+    code = (HOSTILE / "problem_add.py").read_text()
+    entry = {"code": code, "seed": 7, "trials": 5, "timing": True, "entry": str(tmp_path / "entry")}
+    assert kb_store.generate({**entry, "tmp": str(tmp_path / ".tmp")})["status"] == "generated"
+    candidate = code.replace("Model", "ModelNew")
+    request = profile_request(1, code, candidate, tmp_path / "build")
+    request.update(seed=7, mode="strict", stored_inputs=entry["entry"])
+    (tmp_path / "build").mkdir()
+    cache = kb_reference.ReferenceCache()
+    result = kb_profile.profile(request, cache, str(tmp_path))
+    assert result["status"] == "ok", result["note"]
+    (ctx,) = cache.contexts.values()
+    assert (ctx.seed, ctx.mode, ctx.stored) == (7, "strict", entry["entry"])
+    assert ctx.counts["stored_inputs"] == 1 and ctx.counts["timing_inputs"] == 1

@@ -209,8 +209,8 @@ def test_the_reference_cache_reads_stored_inputs_and_matches_making_them(tmp_pat
     assert kb_store.generate(req)["status"] == "generated"
     cpu = torch.device("cpu")
     seeds = kb_problem.trial_seeds(42, 5)
-    stored = kb_reference.ReferenceCache().context(code, cpu, "fp32", "faithful", 42, stored=req["entry"])
-    made = kb_reference.ReferenceCache().context(code, cpu, "fp32", "faithful", 42)
+    stored = kb_reference.ReferenceCache().context(kb_reference.ReferenceSpec(code, cpu, stored=req["entry"]))
+    made = kb_reference.ReferenceCache().context(kb_reference.ReferenceSpec(code, cpu))
     for index, seed in enumerate(seeds):
         a, b = stored.trial(5, index, seed), made.trial(5, index, seed)
         assert all(same(x, y) for x, y in zip(a.inputs, b.inputs, strict=True))
@@ -220,7 +220,7 @@ def test_the_reference_cache_reads_stored_inputs_and_matches_making_them(tmp_pat
     assert stored.counts["stored_inputs"] == 6 and made.counts["stored_inputs"] == 0
     # A context that draws its inputs on the device never reads the store.
     drawn = kb_reference.ReferenceCache().context(
-        code, cpu, "fp32", "faithful", 42, inputs="device", stored=req["entry"]
+        kb_reference.ReferenceSpec(code, cpu, inputs="device", stored=req["entry"])
     )
     drawn.trial(5, 0, seeds[0])
     assert drawn.counts["stored_inputs"] == 0

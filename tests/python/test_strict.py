@@ -43,7 +43,7 @@ def get_init_inputs():
 @pytest.fixture()
 def ctx() -> kb_reference.ProblemContext:
     cache = kb_reference.ReferenceCache()
-    context = cache.context(PROBLEM, torch.device("cpu"), "fp32", "strict", 42)
+    context = cache.context(kb_reference.ReferenceSpec(PROBLEM, torch.device("cpu"), "fp32", "strict", 42))
     assert context.error is None
     return context
 

@@ -63,7 +63,7 @@ def test_a_reference_timing_process_that_dies_leaves_the_reference_untimed(
 @pytest.mark.slow
 def test_the_reference_job_checks_every_call_when_asked(worker: kb_eval.Worker) -> None:
     request = evaluate_request(1, MATMUL, "", Path("."), mode="strict", timing_trials=6)
-    ctx = worker.references.context(MATMUL, kb_reference.select_device(request), "fp32", "strict", 42)
+    ctx = worker.references.context(kb_reference.ReferenceSpec.of(request))
     before = ctx.counts["strict_checks"]
     stats, regime = kb_eval.time_strict_reference(request, worker, ctx, 7, every=True)
     assert stats["num_trials"] == 6

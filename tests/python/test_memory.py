@@ -1,0 +1,180 @@
+"""Device memory admission (kb_memory, kb_reference.ReferenceCache): a problem's footprint measured as its
+trials are built, what a candidate needs beside krefine's cache, the cache's own data moving off the
+device with the same bits, and when a problem does not fit a device at all. The figures are fixed inputs
+(no GPU here): what is asserted is each decision and the bits handed out, never a measured size."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import kb_memory
+import kb_reference
+from harness_client import HOSTILE
+from kb_memory import GIB, DeviceState, Footprint, figures
+
+ADD = (HOSTILE / "problem_add.py").read_text()
+CPU = torch.device("cpu")
+
+# Level 1 problem 87 (a 1x1 convolution): 4 GiB of inputs, an 8 GiB fp32 output, a forward that
+# allocates its output (figures as on the H100 that ran out of memory, issue 39).
+CONV87 = Footprint(inputs=4 * GIB, output=8 * GIB, forward=8 * GIB)
+H100 = 80 * GIB
+CARD_24 = 24 * GIB
+
+
+def test_a_candidates_working_set_is_estimated_from_the_references_forward() -> None:
+    assert CONV87.check() == 28 * GIB  # allclose's temporaries on an 8 GiB output
+    assert CONV87.candidate() == 8 * GIB + 28 * GIB + kb_memory.CONTEXT_BYTES
+    # Strict mode compares in the worker; the candidate's process clones its inputs instead.
+    assert CONV87.candidate(strict=True) == 8 * GIB + 4 * GIB + kb_memory.CONTEXT_BYTES
+    # The worker, serving a checked call on fresh inputs: the copy, the pristine set, and the comparison.
+    assert CONV87.serving() == 8 * GIB + 36 * GIB
+    assert CONV87.kernelbench() == (4 + 8 + 8 + 28) * GIB + kb_memory.CONTEXT_BYTES
+    assert CONV87.reserve(H100) == CONV87.candidate() + CONV87.serving() + int(H100 * kb_memory.HEADROOM_FRACTION)
+    bigger = CONV87.merged(Footprint(4 * GIB, 8 * GIB, 9 * GIB))
+    assert bigger == Footprint(4 * GIB, 8 * GIB, 9 * GIB)
+
+
+def test_the_cache_keeps_only_what_leaves_room_for_a_candidate() -> None:
+    small = Footprint(inputs=GIB, output=GIB, forward=GIB)
+    state = DeviceState(total=H100, free=60 * GIB, idle=2 * GIB)
+    # 62 GiB available and 10 GiB cached, less the reserve of a problem with 1 GiB tensors.
+    assert kb_memory.cache_room(state, 10 * GIB, 0, small) == 72 * GIB - small.reserve(H100)
+    # Data being placed counts as krefine's (allocated already, so not in `free`).
+    assert kb_memory.cache_room(state, 10 * GIB, 3 * GIB, small) == 75 * GIB - small.reserve(H100)
+    # Problem 87 on an 80 GB card: nothing may stay cached beside its candidate.
+    assert kb_memory.cache_room(DeviceState(H100, 78 * GIB, 0), 0, 0, CONV87) == 0
+
+
+def test_a_problem_does_not_fit_only_where_kernelbench_would_not_fit_either() -> None:
+    on_h100 = figures(H100, 78 * GIB, 0, CONV87, None)
+    on_24 = figures(CARD_24, 23 * GIB, 0, CONV87, None)
+    # A candidate that runs out of memory: the problem's fault only where KernelBench's flow is too large.
+    assert not kb_memory.problem_does_not_fit(on_h100, reference_failed=False, candidate_failed=True)
+    assert kb_memory.problem_does_not_fit(on_24, reference_failed=False, candidate_failed=True)
+    assert not kb_memory.problem_does_not_fit(on_24, reference_failed=False, candidate_failed=False)
+    # The reference: when its own inputs and forward are over what the device gives, or its first forward
+    # failed (no footprint); a reference that fits alone ran out beside something else.
+    assert not kb_memory.problem_does_not_fit(on_24, reference_failed=True, candidate_failed=False)
+    tiny = figures(8 * GIB, 7 * GIB, 0, CONV87, None)
+    assert kb_memory.problem_does_not_fit(tiny, reference_failed=True, candidate_failed=False)
+    unknown = figures(CARD_24, 23 * GIB, 0, None, 30 * GIB)
+    assert kb_memory.problem_does_not_fit(unknown, reference_failed=True, candidate_failed=False)
+    sentence = kb_memory.does_not_fit(on_24, reference_failed=False)
+    assert "does not fit this device" in sentence and "not your code's fault" in sentence
+    assert "49.0 GiB" in sentence and "24.0 GiB" in sentence
+
+
+def _context(cache: kb_reference.ReferenceCache | None = None, code: str = ADD) -> kb_reference.ProblemContext:
+    cache = cache or kb_reference.ReferenceCache()
+    ctx = cache.context(kb_reference.ReferenceSpec(code, CPU))
+    assert ctx.error is None
+    return ctx
+
+
+def _snapshot(ctx: kb_reference.ProblemContext) -> list[tuple[list[Any], Any, torch.Tensor]]:
+    """Every trial's inputs, output and RNG state, as a candidate would get them, copied."""
+    out = []
+    for index, seed in enumerate(ctx.trial_seeds(5)):
+        data = ctx.trial(5, index, seed)
+        out.append(([t.clone() for t in data.inputs], data.output.clone(), data.rng.cpu.clone()))
+    return out
+
+
+def _same(a: list[tuple[list[Any], Any, torch.Tensor]], b: list[tuple[list[Any], Any, torch.Tensor]]) -> bool:
+    return all(
+        all(torch.equal(x, y) for x, y in zip(ia, ib, strict=True)) and torch.equal(oa, ob) and torch.equal(ra, rb)
+        for (ia, oa, ra), (ib, ob, rb) in zip(a, b, strict=True)
+    )
+
+
+def test_the_footprint_is_measured_as_trials_are_built() -> None:
+    ctx = _context()
+    assert ctx.footprint is None
+    _snapshot(ctx)
+    size = 64 * 64 * 4  # problem_add: two 64 x 64 fp32 inputs, one output
+    # On the CPU torch counts no allocations: the forward counts as its output.
+    assert ctx.footprint == Footprint(inputs=2 * size, output=size, forward=size)
+
+
+@pytest.mark.parametrize("host_room", [True, False])
+def test_own_data_moves_off_the_device_with_the_same_bits(monkeypatch: pytest.MonkeyPatch, host_room: bool) -> None:
+    """The cache's own data gives way (timing inputs first, then trials from the last): to RAM within
+    its budget, else made again per use; a candidate gets the same bits afterwards."""
+    monkeypatch.setattr(kb_reference, "memory_budgets", lambda device: (10**9, 10**9 if host_room else 0))
+    ctx = _context()
+    before = _snapshot(ctx)
+    timing = [t.clone() for t in ctx.timing_inputs()]
+    assert {e.tier for e in ctx.trials[5] if e is not None} == {"device"}
+    held = ctx.device_bytes
+    assert ctx.footprint is not None
+    trial = ctx.footprint.inputs + ctx.footprint.output
+    # Only what is short goes: the timing inputs, then the last trial.
+    assert ctx.demote(ctx.footprint.inputs + 1) == ctx.footprint.inputs + trial
+    assert ctx.timing_inputs_cache is None
+    assert [e.tier for e in ctx.trials[5] if e is not None][-2:] == ["device", "host" if host_room else "recompute"]
+    # All of it.
+    ctx.demote(held)
+    assert ctx.device_bytes == 0
+    assert {e.tier for e in ctx.trials[5] if e is not None} == {"host" if host_room else "recompute"}
+    assert ctx.host_bytes == (5 * trial if host_room else 0)
+    assert _same(before, _snapshot(ctx))
+    assert all(torch.equal(a, b) for a, b in zip(timing, ctx.timing_inputs(), strict=True))
+
+
+def test_inputs_a_candidate_wrote_into_are_made_again_not_moved(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kb_reference, "memory_budgets", lambda device: (10**9, 10**9))
+    ctx = _context()
+    before = _snapshot(ctx)
+    first = ctx.trial(5, 0, ctx.trial_seeds(5)[0])
+    first.inputs[0].add_(1.0)  # a candidate writing into the inputs it was handed
+    assert not ctx.verify_trial(5, 0)
+    ctx.demote(ctx.device_bytes)
+    assert ctx.trials[5][0] is not None and ctx.trials[5][0].tier == "recompute"
+    assert _same(before, _snapshot(ctx))
+
+
+def test_lean_trials_move_to_ram_as_inputs_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trial that keeps only its inputs on the device keeps only its inputs in RAM; the forward runs
+    per use, as it did on the device."""
+    ctx = _context()
+    size = 64 * 64 * 4
+    # Room for five trials' inputs and the timing inputs, not their outputs.
+    monkeypatch.setattr(kb_reference, "memory_budgets", lambda device: (6 * 2 * size, 10**9))
+    before = _snapshot(ctx)
+    assert {e.tier for e in ctx.trials[5] if e is not None} == {"device_inputs"}
+    ctx.demote(ctx.device_bytes)
+    assert {e.tier for e in ctx.trials[5] if e is not None} == {"host_inputs"}
+    assert ctx.host_bytes == 5 * 2 * size
+    assert _same(before, _snapshot(ctx))
+
+
+def test_other_problems_give_way_before_the_problems_own_data() -> None:
+    cache = kb_reference.ReferenceCache()
+    other = _context(cache, ADD.replace("return a + b", "return a + b + 0 * 1"))
+    _snapshot(other)
+    mine = _context(cache)
+    _snapshot(mine)
+    (other_key, _), held_other, held_mine = cache.contexts, other.device_bytes, mine.device_bytes
+    # Enough once the other problem is gone: the problem's own data stays.
+    assert cache.admit(mine, 0, held_other) == [other_key]
+    assert list(cache.contexts.values()) == [mine] and mine.device_bytes == held_mine and mine.device_cache
+    # Still short: its own data moves off the device, and stays off.
+    cache.admit(mine, 0, held_mine)
+    assert mine.device_bytes == 0 and not mine.device_cache
+    assert {e.tier for e in mine.trials[5] if e is not None} == {"recompute"}
+
+
+def test_a_request_out_of_memory_while_serving_moves_the_problems_own_data_when_nothing_else_is_cached() -> None:
+    cache = kb_reference.ReferenceCache()
+    ctx = _context(cache)
+    before = _snapshot(ctx)
+    held = ctx.device_bytes
+    assert cache.evict_others(ctx) == held
+    assert ctx.device_bytes == 0 and not ctx.device_cache
+    assert _same(before, _snapshot(ctx))
+    # Nothing left on the device: a retry would not help.
+    assert cache.evict_others(ctx) == 0
