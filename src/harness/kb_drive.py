@@ -175,8 +175,11 @@ class Driver:
     # -- frames
 
     def send(self, op: str, **fields: Any) -> None:
-        self.exchange.announce(self.channel)
-        self.channel.send(op, **fields)
+        try:
+            self.exchange.announce(self.channel)
+            self.channel.send(op, **fields)
+        except OSError as exc:  # the process closed its end, or broke the stream (its own doing)
+            raise ProcessGone(str(exc)) from exc
 
     def recv(self, *ops: str) -> Frame:
         """The process's next frame, one of `ops`; faithful mode's `ask` frames are answered on the way."""

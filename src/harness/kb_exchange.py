@@ -54,7 +54,19 @@ class ExchangeError(RuntimeError):
 
 
 class _IpcHandle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * 64)]
+    # Bytes, not chars: a c_char array reads back only up to its first NUL, and a handle has NULs.
+    _fields_ = [("reserved", ctypes.c_ubyte * 64)]
+
+    def raw(self) -> bytes:
+        return ctypes.string_at(ctypes.addressof(self), ctypes.sizeof(self))
+
+    @staticmethod
+    def of(raw: bytes) -> _IpcHandle:
+        if len(raw) != 64:
+            raise ProtocolError(f"an IPC handle of {len(raw)} bytes")
+        handle = _IpcHandle()
+        ctypes.memmove(ctypes.addressof(handle), raw, 64)
+        return handle
 
 
 class _Driver:
@@ -165,7 +177,7 @@ def _cuda_buffer(ident: int, size: int, device: torch.device) -> Buffer:
         drv.mem_free(pointer.value)
         raise
     data = _bytes_tensor(pointer.value, size, device) if size else torch.empty(0, dtype=torch.uint8, device=device)
-    return Buffer(ident, size, data, pointer=pointer.value, handle=bytes(handle.reserved))
+    return Buffer(ident, size, data, pointer=pointer.value, handle=handle.raw())
 
 
 @dataclass
@@ -456,8 +468,7 @@ class Borrowed:
     def _open_cuda(self, handle: bytes, size: int) -> torch.Tensor:
         drv = driver()
         drv.ensure_context(self.device)
-        raw = _IpcHandle()
-        raw.reserved = handle
+        raw = _IpcHandle.of(handle)
         pointer = ctypes.c_uint64()
         drv.check(drv.open_handle(ctypes.byref(pointer), raw, 1), "cuIpcOpenMemHandle")
         if not size:
