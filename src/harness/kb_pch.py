@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kb_cusplit
 import kb_split
 
 PCH_DIR_NAME = "pch"
@@ -37,6 +38,7 @@ PCH_TEXTS = {
     "extension": PCH_TEXT,
     "candidate": kb_split.CANDIDATE_PCH_TEXT,
     "bindings": kb_split.BINDINGS_PCH_TEXT,
+    "cuda_host": kb_cusplit.CUDA_HOST_PCH_TEXT,
 }
 PCH_BUILD_TIMEOUT_S = 900.0
 # Written by krefine into a PCH folder it published from a sandboxed compile worker's copy-on-write

@@ -25,8 +25,9 @@ the floors or along one, never up, and never in a circle. From the top:
                > kb_strict (strict mode's secret inputs and checks, held by the worker)
                > kb_correctness (KernelBench's correctness loop and comparison, the verdict)
     build      kb_compile (`op: compile`, import a candidate) > kb_build (the fast load_inline)
-               > kb_pch (shared precompiled headers) > kb_split (a C++ extension in two units);
-               kb_nvcc (the overlapped nvcc, a script the build runs)
+               > kb_pch (shared precompiled headers) > kb_split (a C++ extension in two units)
+               > kb_cusplit (a CUDA extension's device and host units); kb_nvcc (the overlapped
+               nvcc, a script the build runs)
     problem    kb_reference (the problem, its reference data, the device) > kb_tensors (values and
                devices: casts, moves, checksums and fingerprints of inputs, RNG state) > kb_store (the
                on-disk input store, a script the orchestrator runs off the lease) > kb_inputs (parallel
