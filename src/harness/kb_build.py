@@ -354,10 +354,11 @@ class FastLoadInline:
         split = kb_cusplit.split_cuda("\n".join(kb_pch.as_list(a.get("cuda_sources"))), "cuda.cu")
         if isinstance(split, str):
             return split
-        flags = kb_pch.main_cpp_flags(a.get("extra_cflags"), a.get("extra_include_paths"), True)
+        host = {**a, "extra_cflags": self._host_cflags(a)}
+        flags = kb_pch.main_cpp_flags(host["extra_cflags"], a.get("extra_include_paths"), True)
         if flags is None:
             return "no host flags"
-        header = self._shared_pch(a, compiler, flags, True, "cuda_host")
+        header = self._shared_pch(host, compiler, flags, True, "cuda_host")
         plan.cuda_split = True
         plan.host_pch = header.header
         plan.pch_built_s += header.built_s
@@ -450,6 +451,10 @@ class FastLoadInline:
             return self.original(**out)
 
 
+    @staticmethod
+    def _host_cflags(a: dict[str, Any]) -> list[str]:
+        return kb_cusplit.host_extra_cflags(kb_pch.as_list(a.get("extra_cflags")), kb_pch.as_list(a.get("extra_cuda_cflags")))
+
     def _split_cuda(self, a: dict[str, Any], plan: ExtensionBuild, out: dict[str, Any]) -> None:
         """Build the host unit (unless replaying: its object is there) and point `out` at the device
         unit and the host object."""
@@ -463,7 +468,7 @@ class FastLoadInline:
             raise RuntimeError(f"krefine: the CUDA split of '{name}' cannot be made: {split}")  # noqa: TRY004 - a build error, not a caller's type
         host_object = os.path.join(build_dir, kb_cusplit.HOST_OBJECT)
         if self.ctx.replay is None:
-            flags = kb_pch.main_cpp_flags(a.get("extra_cflags"), a.get("extra_include_paths"), True)
+            flags = kb_pch.main_cpp_flags(self._host_cflags(a), a.get("extra_include_paths"), True)
             if flags is None:
                 raise RuntimeError("krefine: the host unit's flags are unknown")
             host_path = os.path.join(build_dir, kb_cusplit.HOST_FILE)

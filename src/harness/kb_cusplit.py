@@ -57,6 +57,31 @@ C10_TYPE_HEADERS = {
 }
 
 
+def host_extra_cflags(extra_cflags: list[str], extra_cuda_cflags: list[str]) -> list[str]:
+    """The extra flags of the host unit: the candidate's C++ flags, the macros torch gives nvcc (its
+    `-D` flags: they shape the CUDA headers' host code too), and what of the candidate's CUDA flags
+    nvcc hands its host compiler (`-O`, `-D`, `-U`, `-Xcompiler`/`--compiler-options` values)."""
+    from torch.utils import cpp_extension
+
+    out = list(extra_cflags)
+    out += [f for f in getattr(cpp_extension, "COMMON_NVCC_FLAGS", []) if f.startswith("-D")]
+    flags = list(extra_cuda_cflags)
+    i = 0
+    while i < len(flags):
+        f = flags[i]
+        if f in ("-Xcompiler", "--compiler-options") and i + 1 < len(flags):
+            out += [x for x in flags[i + 1].split(",") if x]
+            i += 2
+            continue
+        for prefix in ("-Xcompiler=", "--compiler-options="):
+            if f.startswith(prefix):
+                out += [x for x in f[len(prefix) :].split(",") if x]
+        if re.fullmatch(r"-O[0-3s]?|-[DU]\w+(=.*)?", f):
+            out.append(f)
+        i += 1
+    return out
+
+
 class _Skip(Exception):
     """This source is not split: the message says why."""
 

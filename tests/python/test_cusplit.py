@@ -118,6 +118,15 @@ def test_what_is_not_split_says_why_before_anything_is_built(source: str, why: s
     assert isinstance(result, str) and why in result, result
 
 
+def test_the_host_unit_gets_the_flags_nvcc_gives_its_host_compiler() -> None:
+    flags = kb_cusplit.host_extra_cflags(["-DX=1"], ["-O3", "--use_fast_math", "-Xcompiler", "-fopenmp,-march=native", "-DTILE=32", "-lineinfo"])
+    assert flags[0] == "-DX=1"
+    # torch's macros for nvcc (they shape the CUDA headers' host code), then the host part of the rest.
+    assert "-D__CUDA_NO_HALF_OPERATORS__" in flags
+    assert flags[-4:] == ["-O3", "-fopenmp", "-march=native", "-DTILE=32"]
+    assert "--use_fast_math" not in flags and "-lineinfo" not in flags
+
+
 def test_instantiations_are_read_from_the_host_units_undefined_symbols() -> None:
     undefined = [
         "void krefine_launch_scale<c10::Half, 2>(dim3, dim3, unsigned long, CUstream_st*, c10::Half const*, c10::Half*, long)",
