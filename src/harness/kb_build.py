@@ -101,6 +101,9 @@ class ExtensionBuild:
     # what the device unit was given for the host unit's template launchers.
     cuda_split: bool = False
     host_pch: str | None = None
+    # A shared header whose folder holds `torch/extension.h`'s identifiers: whether a name a failed fast
+    # build missed is one the plain build would have had (not recorded: only a failing build reads it).
+    index: str | None = None
     instantiated: list[str] = field(default_factory=list)
     device_headers: list[str] = field(default_factory=list)
 
@@ -270,7 +273,9 @@ class FastLoadInline:
         except (Exception, SystemExit) as exc:  # any failure of the fast build: the candidate's, or fall back
             said = f"{_read_text(attempt)}\n{exc}"
             rewritten = plan.narrowed or plan.split or plan.cuda_split
-            if kb_cusplit.candidates_fault(said, rewritten):
+            sources = "\n".join(kb_pch.as_list(a.get("cpp_sources")) + kb_pch.as_list(a.get("cuda_sources")))
+            known = kb_pch.identifiers_of(plan.index)
+            if kb_cusplit.candidates_fault(said, rewritten, known, sources):
                 # The plain build would fail the same way: its error is the candidate's, built once.
                 print(
                     f"krefine: the fast build of extension '{name}' failed in the candidate's own code; "
@@ -336,6 +341,7 @@ class FastLoadInline:
             pch_built_s=pch.built_s if pch is not None else 0.0,
             nvcc=nvcc,
             why=f"not split: {not_split}" if not_split and not cuda else "",
+            index=pch.header if pch is not None else None,
         )
         if cuda and narrowed and kb_pch.pch_supported(compiler):
             why = self._cuda_split_plan(a, plan, compiler)
@@ -384,6 +390,7 @@ class FastLoadInline:
             pch_built_s=sum(h.built_s for h in headers),
             split=True,
             bindings_pch=headers[1].header,
+            index=headers[0].header,
         )
         return plan
 

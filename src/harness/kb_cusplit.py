@@ -638,18 +638,45 @@ _OURS = re.compile(
 _ERROR_LINE = re.compile(r"\berror ?:|undefined reference|multiple definition|ld returned|cannot find -l")
 
 
-def candidates_fault(output: str, rewritten: bool) -> bool:
+# A name a compiler did not find: gcc's and nvcc's words for it.
+_MISSING_NAME = re.compile(
+    r"'(\w+)' (?:was not declared|has not been declared|does not name a type|is not a member of)"
+    r"|‘(\w+)’ (?:was not declared|has not been declared|does not name a type|is not a member of)"
+    r'|identifier "(\w+)" is undefined|has no member "(\w+)"'
+)
+
+
+def _missing_name(error: str) -> str | None:
+    m = _MISSING_NAME.search(error)
+    return next((g for g in m.groups() if g), None) if m else None
+
+
+def candidates_fault(
+    output: str, rewritten: bool, known: set[str] | None = None, sources: str = ""
+) -> bool:
     """Whether a failed fast build failed for a reason the plain build fails for too: it reports errors,
     and (where the fast build rewrote the source: narrowed headers, a split) none of them is one the
-    rewriting can cause. Nothing reported as an error (a crash, a killed compiler): not the candidate's."""
+    rewriting can cause. A name the compiler did not find is the candidate's when the plain build's
+    headers do not declare it either (`known`: every identifier of `torch/extension.h`) and the
+    candidate's sources name it nowhere but where it failed (so no unit lost its declaration). Nothing
+    reported as an error (a crash, a killed compiler): not the candidate's."""
     errors = [line for line in output.splitlines() if _ERROR_LINE.search(line) and "ninja: build stopped" not in line]
     errors = [e for e in errors if not e.lstrip().startswith("FAILED:")]
     if not errors:
         return False
     if "Traceback (most recent call last)" in output:
         return False
-    if rewritten and any(_OURS.search(e) for e in errors):
-        return False
+    if rewritten:
+        for e in errors:
+            if not _OURS.search(e):
+                continue
+            name = _missing_name(e)
+            if name is None or known is None or name in known or name.startswith("krefine"):
+                return False
+            uses = len(re.findall(rf"\b{re.escape(name)}\b", sources))
+            failed = sum(1 for x in errors if _missing_name(x) == name)
+            if uses > failed:
+                return False
     # An error in a unit or line krefine wrote (a precompiled header, the bindings unit, a launcher, a
     # split's signature check) is krefine's.
     return not any("krefine" in e for e in errors)

@@ -153,6 +153,17 @@ def test_only_errors_the_rewriting_cannot_cause_are_the_candidates() -> None:
     assert not kb_cusplit.candidates_fault(undeclared, rewritten=True)
     assert kb_cusplit.candidates_fault(undeclared.replace("krefine_host.cpp", "main.cpp"), rewritten=False)
     assert not kb_cusplit.candidates_fault(link, rewritten=True)
+    # A name no header of the plain build declares and the sources name only where it failed: a typo.
+    typo = "k/main.cpp:5:12: error: 'undeclared_name' was not declared in this scope\n"
+    source = "torch::Tensor f(torch::Tensor a) {\n    return undeclared_name;\n}\n"
+    assert kb_cusplit.candidates_fault(typo, rewritten=True, known={"torch", "Tensor"}, sources=source)
+    assert not kb_cusplit.candidates_fault(typo, rewritten=True, known={"undeclared_name"}, sources=source)
+    assert not kb_cusplit.candidates_fault(typo, rewritten=True, known=None, sources=source)
+    # Declared in the sources: a unit lost it (the split put it elsewhere).
+    declared = "static int undeclared_name = 1;\n" + source
+    assert not kb_cusplit.candidates_fault(typo, rewritten=True, known={"torch"}, sources=declared)
+    nvcc = '/b/cuda.cu(9): error: identifier "tpyo" is undefined\n'
+    assert kb_cusplit.candidates_fault(nvcc, rewritten=True, known=set(), sources="x = tpyo;")
     misread = "k/main.cpp:6:83: error: static assertion failed: krefine: the split build misread the signature of f\n"
     assert not kb_cusplit.candidates_fault(misread, rewritten=False)
     # No error reported (a crash, a killed compiler, krefine's own code): never the candidate's.
