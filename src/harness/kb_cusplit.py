@@ -207,7 +207,7 @@ def _split_commas(toks: list[_Tok]) -> list[list[_Tok]]:
 
 @dataclass
 class _Item:
-    kind: str  # "pp", "kernel", "device", "both", "host", "open", "close"
+    kind: str  # "pp", "kernel", "device", "both", "both-static", "host", "open", "close"
     start: int  # offsets into the source
     end: int
     toks: list[_Tok] = field(default_factory=list)
@@ -345,9 +345,10 @@ def _classify(src: str, toks: list[_Tok]) -> str:
     if "__global__" in present:
         return "kernel"
     if "__host__" in present and "__device__" in present:
-        # Defined in both units: a non-inline one would be defined twice at link.
-        if not present & {"inline", "static", "template", "__forceinline__", "constexpr"}:
-            raise _Skip("a __host__ __device__ function that is not inline")
+        # Defined in both units: a function with external linkage would be defined twice at link, so
+        # the host unit's copy is made `static` (host code of this file is all that calls it there).
+        if "(" in present and not present & {"inline", "static", "template", "__forceinline__", "constexpr"}:
+            return "both-static"
         return "both"
     if present & set(_DEVICE_WORDS):
         return "device"
@@ -564,6 +565,9 @@ def _split(source: str, path: str) -> CudaSplit:
         elif it.kind in ("open", "close", "both"):
             device.append(text)
             host.append(text)
+        elif it.kind == "both-static":
+            device.append(text)
+            host.append("static " + text)
         elif it.kind == "kernel":
             k = it.kernel
             assert k is not None

@@ -110,7 +110,6 @@ def test_units_keep_the_sources_lines_and_each_gets_its_part() -> None:
         ("void f(float* x) {}\n", "no kernel"),
         ("__global__ void k(float* x) {}\nvoid f(float* x) { k<<<1>>>(x); }\n", "configuration"),
         ("__global__ void k(float*) {}\n", "without a name"),
-        ("__host__ __device__ float g(float x) { return x; }\n__global__ void k(float* x) {}\n", "not inline"),
     ],
 )
 def test_what_is_not_split_says_why_before_anything_is_built(source: str, why: str) -> None:
@@ -125,6 +124,13 @@ def test_the_host_unit_gets_the_flags_nvcc_gives_its_host_compiler() -> None:
     assert "-D__CUDA_NO_HALF_OPERATORS__" in flags
     assert flags[-4:] == ["-O3", "-fopenmp", "-march=native", "-DTILE=32"]
     assert "--use_fast_math" not in flags and "-lineinfo" not in flags
+
+
+def test_a_host_device_function_is_in_both_units_and_defined_once() -> None:
+    source = "__host__ __device__ float g(float x) { return x; }\n__global__ void k(float* x) { x[0] = g(1.f); }\n"
+    split = _split(source)
+    assert "\n__host__ __device__ float g(" in split.device
+    assert "\nstatic __host__ __device__ float g(" in split.host
 
 
 def test_instantiations_are_read_from_the_host_units_undefined_symbols() -> None:
