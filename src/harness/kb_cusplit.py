@@ -642,6 +642,9 @@ _OURS = re.compile(
 _ERROR_LINE = re.compile(r"\berror ?:|undefined reference|multiple definition|ld returned|cannot find -l")
 
 
+# What krefine writes into a fast build: its headers, units, launchers and checks (an extension's or a
+# folder's name may hold the word too).
+_KREFINES = re.compile(r"krefine_(?:pch|bind|launch|host|identifiers)|krefine: ")
 # A name a compiler did not find: gcc's and nvcc's words for it.
 _MISSING_NAME = re.compile(
     r"'(\w+)' (?:was not declared|has not been declared|does not name a type|is not a member of)"
@@ -683,4 +686,4 @@ def candidates_fault(
                 return False
     # An error in a unit or line krefine wrote (a precompiled header, the bindings unit, a launcher, a
     # split's signature check) is krefine's.
-    return not any("krefine" in e for e in errors)
+    return not any(_KREFINES.search(e) for e in errors)

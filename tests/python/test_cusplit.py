@@ -156,6 +156,9 @@ def test_only_errors_the_rewriting_cannot_cause_are_the_candidates() -> None:
     undeclared = "/b/krefine_host.cpp:9:5: error: 'foo' was not declared in this scope\n"
     link = "/usr/bin/ld: krefine_host.o: undefined reference to `krefine_launch_k'\n"
     assert kb_cusplit.candidates_fault(syntax, rewritten=True)
+    # An extension named after krefine is still the candidate's.
+    own = "/b/krefine_fixture_x/main.cpp:7:5: error: expected ',' or ';' before 'return'\n"
+    assert kb_cusplit.candidates_fault(own, rewritten=True, known=set())
     assert not kb_cusplit.candidates_fault(undeclared, rewritten=True)
     assert kb_cusplit.candidates_fault(undeclared.replace("krefine_host.cpp", "main.cpp"), rewritten=False)
     assert not kb_cusplit.candidates_fault(link, rewritten=True)
