@@ -12,9 +12,13 @@
 //!   (they cannot be paused), the compiler pauses its builds, and nothing new starts from the moment
 //!   it asks until it ends.
 //!
-//! Builds and input makers are served strictly in arrival order ([`CpuBudget::claim`]): a large claim
-//! first in line is not overtaken by a stream of small ones. A claim larger than the whole budget runs
-//! alone. Quiet cores go ahead of the line: the builds holding cores are paused by then, so a build
+//! Builds and input makers are served in arrival order ([`CpuBudget::claim`]): a large claim first in
+//! line is not overtaken by a stream of small ones. One exception ([`may_pass`]): a build passes input
+//! makers waiting in line while builds hold at most half the budget, so builds start at once when a
+//! run begins with more problems' inputs to make than fit (each maker claims up to half the budget,
+//! and the makers first in line would otherwise hold every build back until one of them ended). A
+//! maker still gets its cores: builds past half the budget wait behind it. A claim larger than the
+//! whole budget runs alone. Quiet cores go ahead of the line: the builds holding cores are paused by then, so a build
 //! first in line could wait for them forever.
 //! [`admit`] is the whole admission rule, a pure function.
 
@@ -70,6 +74,13 @@ pub fn admit(budget: u64, held: Held, kind: Claim, want: u64) -> bool {
     }
 }
 
+/// May a claim of `want` for `kind` pass a claim of `ahead` waiting before it in line, with `held`
+/// taken out of `budget`? Only a build, past input makers, while builds hold at most half the budget:
+/// the makers' claims (at most half the budget each) then still fit once the other makers end.
+pub fn may_pass(budget: u64, held: Held, kind: Claim, want: u64, ahead: Claim) -> bool {
+    kind == Claim::Build && ahead == Claim::Inputs && held.builds + want <= budget / 2
+}
+
 /// The claim of the next build: the mean of `measured` (milli-cores each build used), 1 core when
 /// none was measured, at least [`MIN_BUILD_CLAIM`] and at most the budget.
 pub fn build_claim(measured: &[u64], budget: u64) -> u64 {
@@ -101,8 +112,8 @@ pub fn available_cores() -> u32 {
 #[derive(Debug, Default)]
 struct State {
     held: Held,
-    /// Tickets of the claims waiting, first in line first.
-    line: VecDeque<u64>,
+    /// Tickets of the claims waiting and what each is for, first in line first.
+    line: VecDeque<(u64, Claim)>,
     next_ticket: u64,
     /// Milli-cores the last builds used, newest last.
     measured: VecDeque<u64>,
@@ -177,7 +188,7 @@ impl CpuBudget {
             if quiet {
                 s.held.quiet_waiting += 1;
             } else {
-                s.line.push_back(t);
+                s.line.push_back((t, kind));
             }
             t
         });
@@ -203,11 +214,16 @@ impl CpuBudget {
                     s.held.quiet = true;
                     return true;
                 }
-                let first = s.line.front() == Some(&ticket);
-                if !(first && admit(self.budget, s.held, kind, want)) {
+                let (budget, held) = (self.budget, s.held);
+                let first = s
+                    .line
+                    .iter()
+                    .take_while(|(t, _)| *t != ticket)
+                    .all(|(_, ahead)| may_pass(budget, held, kind, want, *ahead));
+                if !(first && admit(budget, held, kind, want)) {
                     return false;
                 }
-                s.line.pop_front();
+                s.line.retain(|(t, _)| *t != ticket);
                 match kind {
                     Claim::Build => s.held.builds += want,
                     Claim::Inputs | Claim::Quiet => s.held.inputs += want,
@@ -245,7 +261,7 @@ impl Drop for InLine<'_> {
                 if quiet {
                     s.held.quiet_waiting -= 1;
                 } else {
-                    s.line.retain(|t| *t != ticket);
+                    s.line.retain(|(t, _)| *t != ticket);
                 }
             });
             self.budget.wake.notify_waiters();
@@ -398,13 +414,75 @@ mod tests {
         // A waiter that gives up does not block those behind it.
         let mut big = Box::pin(budget.claim(Claim::Inputs, 3000));
         assert!(futures::poll!(big.as_mut()).is_pending());
-        let mut small = Box::pin(budget.claim(Claim::Build, 1000));
+        let mut small = Box::pin(budget.claim(Claim::Inputs, 1000));
         assert!(futures::poll!(small.as_mut()).is_pending());
         drop(big);
         let g3 = small.await;
-        assert_eq!(budget.held(), held(2000, 2000, false));
+        assert_eq!(budget.held(), held(1000, 3000, false));
         drop((g_inputs, g2, g3));
         assert_eq!(budget.held(), Held::default());
+    }
+
+    #[tokio::test]
+    async fn builds_start_while_input_makers_wait_but_not_past_half_the_budget() {
+        // A run's start: two makers hold 12 of 16 cores, a third waits for one of them to end.
+        let budget = CpuBudget::new(16);
+        let a = budget.claim(Claim::Inputs, 6000).await;
+        let b = budget.claim(Claim::Inputs, 6000).await;
+        let mut c = Box::pin(budget.claim(Claim::Inputs, 6000));
+        assert!(futures::poll!(c.as_mut()).is_pending());
+        // Builds do not wait for it: the cores left are theirs at once.
+        let mut builds = Vec::new();
+        for _ in 0..4 {
+            builds.push(budget.claim(Claim::Build, 1000).await);
+        }
+        assert_eq!(budget.held(), held(4000, 12000, false));
+        drop(a);
+        let c = c.await;
+        assert_eq!(
+            budget.held(),
+            held(4000, 12000, false),
+            "the maker got its cores"
+        );
+        drop((b, c, builds));
+
+        // Past half the budget, builds wait behind a maker in line again.
+        let budget = CpuBudget::new(8);
+        let running = budget.claim(Claim::Build, 2000).await;
+        let maker = budget.claim(Claim::Inputs, 4000).await;
+        let mut waiting = Box::pin(budget.claim(Claim::Inputs, 4000));
+        assert!(futures::poll!(waiting.as_mut()).is_pending());
+        let passed = (
+            budget.claim(Claim::Build, 1000).await,
+            budget.claim(Claim::Build, 1000).await,
+        );
+        assert_eq!(budget.held(), held(4000, 4000, false), "builds up to half");
+        let mut behind = Box::pin(budget.claim(Claim::Build, 1000));
+        assert!(
+            futures::poll!(behind.as_mut()).is_pending(),
+            "past half: in line"
+        );
+        drop(maker);
+        let second = waiting.await;
+        assert!(futures::poll!(behind.as_mut()).is_pending(), "no room left");
+        assert_eq!(budget.held(), held(4000, 4000, false));
+        drop((running, passed, second));
+        drop(behind.await);
+        assert_eq!(budget.held(), Held::default());
+    }
+
+    #[test]
+    fn only_builds_pass_and_only_input_makers_within_half_the_budget() {
+        let b = 16 * CORE;
+        let h = held(7000, 12000, false);
+        assert!(may_pass(b, h, Claim::Build, 1000, Claim::Inputs));
+        assert!(
+            !may_pass(b, h, Claim::Build, 1001, Claim::Inputs),
+            "8.001 of 8"
+        );
+        assert!(!may_pass(b, h, Claim::Build, 1000, Claim::Build));
+        assert!(!may_pass(b, h, Claim::Inputs, 1000, Claim::Inputs));
+        assert!(!may_pass(b, h, Claim::Inputs, 1000, Claim::Build));
     }
 
     #[tokio::test]

@@ -109,6 +109,13 @@ impl BuildPause {
 pub trait Compiler: Send + Sync {
     async fn compile(&self, job: CompileJob) -> Result<CompileOutcome, Unavailable>;
 
+    /// The outcome of an identical build made earlier (a success, or a failure in the candidate's
+    /// own code), found without a compile slot or a share of the CPU budget; `None`: it must be
+    /// built (`compile` looks again under the build's lock).
+    async fn cached(&self, _job: &CompileJob) -> Option<CompileOutcome> {
+        None
+    }
+
     /// Pause the builds running now (and hold new ones back) until the returned guard is dropped,
     /// so a CPU timing runs on quiet cores without waiting for those builds to end. `None`: this
     /// compiler cannot pause; the engine then waits for its compile pool to drain instead.

@@ -61,6 +61,8 @@ struct Probe {
     /// per millisecond of wall time, in milli-cores.
     cpu_budget: Option<Arc<CpuBudget>>,
     build_milli_cores: u64,
+    /// Every candidate was built before: `cached` answers each one.
+    all_cached: std::sync::atomic::AtomicBool,
 }
 
 struct Services(Arc<Probe>);
@@ -88,6 +90,27 @@ impl Llm for Services {
 
 #[async_trait]
 impl Compiler for Services {
+    async fn cached(&self, _job: &CompileJob) -> Option<CompileOutcome> {
+        self.0
+            .all_cached
+            .load(Ordering::SeqCst)
+            .then(|| CompileOutcome {
+                ran_on: None,
+                worker_losses: Vec::new(),
+                status: CompileStatus::Ok,
+                cached: true,
+                error_name: None,
+                error: None,
+                feedback: String::new(),
+                log_path: None,
+                build_dir: None,
+                duration_ms: 0,
+                findings: Vec::new(),
+                build_path: None,
+                cpu: None,
+            })
+    }
+
     async fn compile(&self, _job: CompileJob) -> Result<CompileOutcome, Unavailable> {
         let n = self.0.compiles.fetch_add(1, Ordering::SeqCst);
         if n < self.0.compile_outage.load(Ordering::SeqCst) {
@@ -263,6 +286,36 @@ async fn builds_run_as_many_at_once_as_the_cpu_budget_holds_by_their_measured_co
     // Every build reported 3 cores: the estimate is theirs now, and nothing is left held.
     assert_eq!(budget.next_build_claim(), 3 * CORE);
     assert_eq!(budget.held(), krefine::cpu_budget::Held::default());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_build_is_found_before_a_compile_slot_or_cores_are_taken() {
+    // Every core of the budget is held for good: a turn that asked for a build's cores would wait
+    // forever. Cached outcomes need none, and no compile call is made.
+    let budget = Arc::new(CpuBudget::new(1));
+    let _held = budget.claim(krefine::cpu_budget::Claim::Inputs, CORE).await;
+    let probe = Arc::new(Probe {
+        cpu_budget: Some(budget.clone()),
+        ..Probe::default()
+    });
+    probe.all_cached.store(true, Ordering::SeqCst);
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("run");
+    let dir = RunDir::create(&root, "").unwrap();
+    let run = run_in(&probe, dir, None, vec![gpu(0)], 4, 1);
+    let summary = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("a cached turn waited for cores or a slot");
+    assert_eq!((summary.finished, summary.tasks), (12, 12));
+    assert_eq!(probe.compiles.load(Ordering::SeqCst), 0);
+    assert_eq!(probe.compile.max(), 0);
+    let log = krefine::store::read_log(&root.join("events.jsonl")).unwrap();
+    let cached = log
+        .records
+        .iter()
+        .filter(|r| matches!(&r.event, krefine::types::Event::Compiled { outcome, .. } if outcome.cached))
+        .count();
+    assert_eq!(cached, 12 * 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,6 +12,12 @@
 //! candidates' and references' timed trials as their CUDA events measured them (mean x trials) — a
 //! lower bound of the time the GPU ran work (correctness forwards are not timed), shown next to the
 //! lease-held time so that "busy" means work, not a lease.
+//!
+//! Each pass also gets its **floors** ([`floors`]): the least wall time its CPU work needs on the
+//! cores the run had (the builds' measured CPU seconds plus the input makers' process-seconds, over
+//! the cores), and the least its GPU work needs (the busiest device's lease-held time), with the
+//! candidates per GPU-hour each floor would allow and the pass's wall time as a ratio to each: a
+//! pass at 1.3x its CPU floor and 3x its GPU floor is bound by its CPUs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -168,6 +174,152 @@ pub fn throughput(records: &[LogRecord], wall_s: f64) -> Throughput {
     t
 }
 
+/// What bounds a pass from below (seconds unless named otherwise).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Floors {
+    /// The cores the pass ran on (`resources.cpu_budget`, else the machine's).
+    pub cores: u32,
+    /// CPU seconds of the builds made, as their workers measured them (a build without a measure
+    /// counts its wall time at one core).
+    pub build_cpu_s: f64,
+    /// Input makers' process-seconds (wall x processes: an upper bound of their CPU time).
+    pub inputs_cpu_s: f64,
+    /// (build + inputs CPU seconds) / cores.
+    pub cpu_floor_s: f64,
+    /// The busiest device's lease-held time, reference preparation included.
+    pub gpu_floor_s: f64,
+    /// Median CPU seconds of the builds made (0 when none was measured).
+    pub median_build_cpu_s: f64,
+}
+
+/// A pass's floors from its log, its numbers and the cores it ran on.
+pub fn floors(records: &[LogRecord], t: &Throughput, cores: u32) -> Floors {
+    let mut f = Floors {
+        cores: cores.max(1),
+        ..Floors::default()
+    };
+    let mut builds = Vec::new();
+    for r in records {
+        match &r.event {
+            Event::Compiled { outcome, .. } if !outcome.cached => {
+                let cpu_s = outcome
+                    .cpu
+                    .as_ref()
+                    .map_or(outcome.duration_ms, |c| c.cpu_ms) as f64
+                    / 1000.0;
+                f.build_cpu_s += cpu_s;
+                if outcome.cpu.is_some() {
+                    builds.push(cpu_s);
+                }
+            }
+            Event::InputsPrepared { outcome, .. } => {
+                f.inputs_cpu_s +=
+                    outcome.duration_ms as f64 / 1000.0 * f64::from(outcome.parallel.max(1));
+            }
+            _ => {}
+        }
+    }
+    builds.sort_by(f64::total_cmp);
+    f.median_build_cpu_s = match builds.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => builds[n / 2],
+        n => (builds[n / 2 - 1] + builds[n / 2]) / 2.0,
+    };
+    f.cpu_floor_s = (f.build_cpu_s + f.inputs_cpu_s) / f64::from(f.cores);
+    f.gpu_floor_s = t
+        .per_device
+        .values()
+        .map(|d| d.lease_held_s)
+        .fold(0.0, f64::max)
+        .max(
+            t.lease_held_s / f64::from(t.devices.max(1))
+                * f64::from(u8::from(t.per_device.is_empty())),
+        );
+    f
+}
+
+/// Candidates per GPU-hour a pass would reach in `seconds` of wall time.
+fn rate(t: &Throughput, seconds: f64) -> String {
+    if seconds > 0.0 {
+        format!(
+            "{:.0}",
+            f64::from(t.candidates) * 3600.0 / (seconds * f64::from(t.devices))
+        )
+    } else {
+        "-".into()
+    }
+}
+
+fn ratio(wall: f64, floor: f64) -> String {
+    if floor > 0.0 {
+        format!("{:.2}x", wall / floor)
+    } else {
+        "-".into()
+    }
+}
+
+/// The floors' table: one column per pass, under the main table.
+pub fn render_floors(passes: &[(&str, &Throughput, &Floors)]) -> String {
+    let mut out = String::from(
+        "
+floors:
+",
+    );
+    let _ = write!(out, "{:<34}", "");
+    for (name, _, _) in passes {
+        let _ = write!(out, "{name:>14}");
+    }
+    out.push('\n');
+    type Row = (&'static str, fn(&Throughput, &Floors) -> String);
+    let rows: [Row; 10] = [
+        ("candidates per GPU-hour", |t, _| {
+            format!("{:.0}", t.per_gpu_hour)
+        }),
+        ("cores", |_, f| f.cores.to_string()),
+        ("build CPU (s, summed)", |_, f| {
+            format!("{:.1}", f.build_cpu_s)
+        }),
+        ("median build CPU (s)", |_, f| {
+            format!("{:.1}", f.median_build_cpu_s)
+        }),
+        ("inputs CPU, process-s (s)", |_, f| {
+            format!("{:.1}", f.inputs_cpu_s)
+        }),
+        ("CPU floor (s)", |_, f| format!("{:.1}", f.cpu_floor_s)),
+        ("per GPU-hour at the CPU floor", |t, f| {
+            rate(t, f.cpu_floor_s)
+        }),
+        ("wall / CPU floor", |t, f| ratio(t.wall_s, f.cpu_floor_s)),
+        ("GPU floor (s)", |_, f| format!("{:.1}", f.gpu_floor_s)),
+        ("wall / GPU floor", |t, f| ratio(t.wall_s, f.gpu_floor_s)),
+    ];
+    for (label, value) in rows {
+        let _ = write!(out, "{label:<34}");
+        for (_, t, f) in passes {
+            let _ = write!(out, "{:>14}", value(t, f));
+        }
+        out.push('\n');
+    }
+    out.push_str(
+        "CPU floor: (builds' measured CPU + input makers' process-seconds) / cores. GPU floor: the busiest\n\
+         device's lease-held time. per GPU-hour at the CPU floor: the rate were the pass as long as its CPU floor.\n",
+    );
+    out
+}
+
+/// The cores a pass runs on: `resources.cpu_budget` among the `--set`s, else the machine's.
+pub fn cores_of(sets: &[String]) -> u32 {
+    sets.iter()
+        .rev()
+        .find_map(|s| {
+            let (key, value) = s.split_once('=')?;
+            (key.trim() == "resources.cpu_budget")
+                .then(|| value.trim().parse::<u32>().ok())
+                .flatten()
+        })
+        .unwrap_or_else(crate::cpu_budget::available_cores)
+}
+
 fn pct(part: f64, whole: f64) -> String {
     if whole > 0.0 {
         format!("{:.0} %", 100.0 * part / whole)
@@ -307,6 +459,8 @@ fn passes(
         );
     }
     let mut results: Vec<(&str, Throughput)> = Vec::new();
+    let mut bounds: Vec<Floors> = Vec::new();
+    let cores = cores_of(&b.sets);
     let passes: &[&str] = if b.cold_only {
         &["cold"]
     } else {
@@ -328,7 +482,9 @@ fn passes(
             .with_context(|| format!("the {pass} pass"))?;
         let wall_s = started.elapsed().as_secs_f64();
         let log = crate::store::read_log(&out.join(crate::store::EVENTS_FILE))?;
-        results.push((pass, throughput(&log.records, wall_s)));
+        let t = throughput(&log.records, wall_s);
+        bounds.push(floors(&log.records, &t, cores));
+        results.push((pass, t));
     }
     let mut text = format!(
         "{} candidate(s) of level {level} from {}; caches under {}\n",
@@ -338,6 +494,12 @@ fn passes(
     );
     let table: Vec<(&str, &Throughput)> = results.iter().map(|(n, t)| (*n, t)).collect();
     text.push_str(&render(&table));
+    let with_floors: Vec<(&str, &Throughput, &Floors)> = results
+        .iter()
+        .zip(&bounds)
+        .map(|((n, t), f)| (*n, t, f))
+        .collect();
+    text.push_str(&render_floors(&with_floors));
     Ok(text)
 }
 
@@ -447,6 +609,87 @@ mod tests {
                 .lines()
                 .any(|l| l.starts_with("GPU busy: worker / wall x devices") && l.ends_with("40 %")),
             "{table}"
+        );
+    }
+
+    #[test]
+    fn a_pass_is_measured_against_its_cpu_and_gpu_floors() {
+        let compiled = |ts, cached: bool, cpu_ms: Option<u64>, duration_ms: u64| {
+            let mut o = json!({"status": "ok", "cached": cached, "feedback": "", "duration_ms": duration_ms});
+            if let Some(c) = cpu_ms {
+                o["cpu"] = json!({"cpu_ms": c, "wall_ms": duration_ms});
+            }
+            rec(ts, json!({"type": "compiled", "turn": 1, "outcome": o}))
+        };
+        let lease = |ts, device: &str, held_ms: u64| {
+            rec(
+                ts,
+                json!({"type": "lease_released", "device": device, "held_ms": held_ms, "busy_ms": 0, "turn": 1}),
+            )
+        };
+        let log = vec![
+            rec(
+                1_000,
+                json!({"type": "inputs_prepared", "problem": "1/8",
+                "outcome": {"status": "generated", "bytes": 8, "duration_ms": 10_000, "parallel": 6}}),
+            ),
+            compiled(2_000, false, Some(20_000), 10_000),
+            compiled(3_000, false, Some(10_000), 5_000),
+            compiled(3_500, false, Some(14_000), 7_000),
+            compiled(3_600, true, None, 1),
+            // A build without its measure counts its wall time at one core.
+            compiled(4_000, false, None, 4_000),
+            rec(
+                4_500,
+                json!({"type": "lease_granted", "device": "cuda:0", "wait_ms": 0, "turn": 1}),
+            ),
+            lease(5_000, "cuda:0", 30_000),
+            rec(
+                5_500,
+                json!({"type": "lease_granted", "device": "cuda:1", "wait_ms": 0, "turn": 1}),
+            ),
+            lease(6_000, "cuda:1", 40_000),
+            executed(7_000, "measured"),
+            executed(8_000, "measured"),
+        ];
+        let t = throughput(&log, 100.0);
+        let f = floors(&log, &t, 4);
+        assert_eq!(f.build_cpu_s, 48.0);
+        assert_eq!(f.median_build_cpu_s, 14.0, "the measured builds' median");
+        assert_eq!(f.inputs_cpu_s, 60.0);
+        assert_eq!(f.cpu_floor_s, 27.0, "(48 + 60) / 4 cores");
+        assert_eq!(f.gpu_floor_s, 40.0, "the busiest device");
+        let text = render_floors(&[("cold", &t, &f)]);
+        let row = |label: &str| {
+            text.lines()
+                .find(|l| l.starts_with(label))
+                .map(|l| l[34..].trim().to_string())
+                .unwrap_or_default()
+        };
+        // 2 candidates in 100 s on 2 devices: 36 per GPU-hour; in 27 s: 133.
+        assert_eq!(row("candidates per GPU-hour"), "36");
+        assert_eq!(row("per GPU-hour at the CPU floor"), "133");
+        assert_eq!(row("wall / CPU floor"), "3.70x");
+        assert_eq!(row("wall / GPU floor"), "2.50x");
+        // No work: no floor to divide by.
+        let none = floors(&[], &throughput(&[], 0.0), 16);
+        assert_eq!((none.cpu_floor_s, none.gpu_floor_s), (0.0, 0.0));
+        assert!(render_floors(&[("cold", &throughput(&[], 0.0), &none)]).contains(" -\n"));
+    }
+
+    #[test]
+    fn the_cores_are_the_budget_set_else_the_machines() {
+        assert_eq!(cores_of(&["resources.cpu_budget=12".into()]), 12);
+        assert_eq!(
+            cores_of(&[
+                "resources.cpu_budget=12".into(),
+                "resources.cpu_budget = 3".into()
+            ]),
+            3
+        );
+        assert_eq!(
+            cores_of(&["resources.compile_workers=16".into()]),
+            crate::cpu_budget::available_cores()
         );
     }
 

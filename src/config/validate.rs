@@ -295,6 +295,14 @@ mod tests {
             .config
             .resources;
         assert_eq!((r.cpu_cores(), r.compile_workers()), (6, 6));
+        // A 4-GPU host's 64 cores get 64 workers, not 16; past that the budget still decides.
+        for (cores, workers) in [(64, 64), (128, 64)] {
+            let r = p(MIN, &[&format!("resources.cpu_budget={cores}")])
+                .unwrap()
+                .config
+                .resources;
+            assert_eq!((r.cpu_cores(), r.compile_workers()), (cores, workers));
+        }
         let r = p(
             MIN,
             &["resources.cpu_budget=64", "resources.compile_workers=3"],

@@ -146,6 +146,10 @@ pub(super) async fn compile(shared: &Shared, task: TaskId, turn: u32, code: Stri
         log_path: shared.dir.compile_log_path(task, turn),
     };
     let result = cancellable(&shared.cancel, async {
+        // A build made before (or a failure cached) answers at once: no compile slot, no cores.
+        if let Some(outcome) = shared.compiler.cached(&job).await {
+            return Ok(outcome);
+        }
         let _permit = shared.compile_gate.acquire().await;
         // The build's share of the CPU budget: what builds were measured to use.
         let _cores = match &shared.cpu {

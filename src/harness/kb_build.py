@@ -12,11 +12,20 @@ which calls the real `load_inline` (same name, same build directory, same module
   kernel file needs (`NARROW_CUDA_HEADERS`): nvcc then skips parsing torch's whole C++ API and the
   Python/pybind11 headers in three front ends.
 
-The shared headers, and who may build them, are kb_pch.py's; a C++ extension's split into two units is
-kb_split.py's.
+- for CUDA sources kb_cusplit.py can read, the `.cu` split in two: the kernels (and a launcher for each)
+  built by nvcc without torch's headers, the host code built by the host compiler first, under a
+  precompiled header of the narrow headers (`KREFINE_SPLIT_CUDA=0` turns it off). The host object is
+  linked in through `extra_ldflags`; the template launchers the host code used are instantiated in the
+  device unit (recorded, so a replay writes the same `.cu`).
 
-Any error of the fast build falls back to the candidate's original call (the fast attempt's output is
-moved out of the log into `krefine-fast-attempt.log`, so the log and its feedback are the plain build's).
+The shared headers, and who may build them, are kb_pch.py's; a C++ extension's split into two units is
+kb_split.py's, a CUDA extension's kb_cusplit.py's.
+
+A fast build that fails in the candidate's own code is not built again: its error is the candidate's
+(`kb_cusplit.candidates_fault`: the compilers reported errors, none of a kind the fast build's rewriting
+can cause, such as a name a left-out header declared). Any other error of the fast build falls back to
+the candidate's original call (the fast attempt's output is moved out of the log into
+`krefine-fast-attempt.log`, so the log and its feedback are the plain build's).
 The compile step records the path each extension took in `krefine_build.json`; a later import of the
 same build (the GPU worker's) applies the recorded path, so ninja finds the build up to date.
 """
@@ -29,12 +38,14 @@ import inspect
 import os
 import re
 import shlex
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import kb_cusplit
 import kb_pch
 import kb_split
 
@@ -86,6 +97,15 @@ class ExtensionBuild:
     # `bindings_pch` the bindings unit's.
     split: bool = False
     bindings_pch: str | None = None
+    # A CUDA extension built as a device and a host unit (kb_cusplit.py): the host unit's header, and
+    # what the device unit was given for the host unit's template launchers.
+    cuda_split: bool = False
+    host_pch: str | None = None
+    # A shared header whose folder holds `torch/extension.h`'s identifiers: whether a name a failed fast
+    # build missed is one the plain build would have had (not recorded: only a failing build reads it).
+    index: str | None = None
+    instantiated: list[str] = field(default_factory=list)
+    device_headers: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +117,10 @@ class ExtensionBuild:
             "nvcc": self.nvcc,
             "split": self.split,
             "bindings_pch": self.bindings_pch,
+            "cuda_split": self.cuda_split,
+            "host_pch": self.host_pch,
+            "instantiated": self.instantiated,
+            "device_headers": self.device_headers,
         }
 
     @staticmethod
@@ -106,6 +130,13 @@ class ExtensionBuild:
         path, pch, why, nvcc = value.get("path"), value.get("pch"), value.get("why"), value.get("nvcc")
         bindings_pch = value.get("bindings_pch")
         split = value.get("split") is True and isinstance(pch, str) and isinstance(bindings_pch, str)
+
+        def strings(key: str) -> list[str] | None:
+            v = value.get(key)
+            return [x for x in v if isinstance(x, str)] if isinstance(v, list) else None
+
+        instantiated, device_headers = strings("instantiated"), strings("device_headers")
+        cuda_split = value.get("cuda_split") is True and instantiated is not None and device_headers is not None
         return ExtensionBuild(
             name=value["name"],
             path=path if isinstance(path, str) else PLAIN,
@@ -115,6 +146,10 @@ class ExtensionBuild:
             nvcc=nvcc if isinstance(nvcc, str) else None,
             split=split,
             bindings_pch=bindings_pch if split else None,
+            cuda_split=cuda_split,
+            host_pch=value.get("host_pch") if cuda_split and isinstance(value.get("host_pch"), str) else None,
+            instantiated=instantiated or [] if cuda_split else [],
+            device_headers=device_headers or [] if cuda_split else [],
         )
 
 
@@ -235,7 +270,20 @@ class FastLoadInline:
         try:
             with _output_to(attempt):
                 module = self._build(a, plan)
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - any failure of the fast build falls back
+        except (Exception, SystemExit) as exc:  # any failure of the fast build: the candidate's, or fall back
+            said = f"{_read_text(attempt)}\n{exc}"
+            rewritten = plan.narrowed or plan.split or plan.cuda_split
+            sources = "\n".join(kb_pch.as_list(a.get("cpp_sources")) + kb_pch.as_list(a.get("cuda_sources")))
+            known = kb_pch.identifiers_of(plan.index)
+            if kb_cusplit.candidates_fault(said, rewritten, known, sources):
+                # The plain build would fail the same way: its error is the candidate's, built once.
+                print(
+                    f"krefine: the fast build of extension '{name}' failed in the candidate's own code; "
+                    "not building it again the plain way",
+                    flush=True,
+                )
+                _pass_on(attempt)
+                raise
             cpp_extension.JIT_EXTENSION_VERSIONER.entries.clear()
             cpp_extension.JIT_EXTENSION_VERSIONER.entries.update(versions)
             with contextlib.suppress(OSError), open(attempt, "a") as f:
@@ -247,6 +295,7 @@ class FastLoadInline:
             )
             plan.path, plan.pch, plan.narrowed, plan.why = "fallback", None, False, "fast-build-failed"
             plan.nvcc, plan.split, plan.bindings_pch = None, False, None
+            plan.cuda_split, plan.host_pch, plan.instantiated, plan.device_headers = False, None, [], []
             return self.original(**self._fresh(a))
         _pass_on(attempt)
         return module
@@ -284,7 +333,7 @@ class FastLoadInline:
         nvcc = overlapped_nvcc() if cuda else None
         if not narrowed and nvcc is None and (pch is None or pch.header is None):
             return "nothing-to-speed-up"
-        return ExtensionBuild(
+        plan = ExtensionBuild(
             name=name,
             path=FAST,
             pch=pch.header if pch is not None else None,
@@ -292,7 +341,34 @@ class FastLoadInline:
             pch_built_s=pch.built_s if pch is not None else 0.0,
             nvcc=nvcc,
             why=f"not split: {not_split}" if not_split and not cuda else "",
+            index=pch.header if pch is not None else None,
         )
+        if cuda and narrowed and kb_pch.pch_supported(compiler):
+            why = self._cuda_split_plan(a, plan, compiler)
+            if why:
+                plan.why = f"cuda not split: {why}"
+        return plan
+
+    def _cuda_split_plan(self, a: dict[str, Any], plan: ExtensionBuild, compiler: str) -> str:
+        """Make `plan` a CUDA split (kb_cusplit.py) when the sources allow it; else say why not."""
+        if os.environ.get("KREFINE_SPLIT_CUDA") == "0":
+            return "turned off (KREFINE_SPLIT_CUDA=0)"
+        if "no_implicit_headers" not in a:
+            return "a torch without no_implicit_headers"
+        if a.get("with_cuda") is False or not a.get("is_python_module", True):
+            return "options"
+        split = kb_cusplit.split_cuda("\n".join(kb_pch.as_list(a.get("cuda_sources"))), "cuda.cu")
+        if isinstance(split, str):
+            return split
+        host = {**a, "extra_cflags": self._host_cflags(a)}
+        flags = kb_pch.main_cpp_flags(host["extra_cflags"], a.get("extra_include_paths"), True)
+        if flags is None:
+            return "no host flags"
+        header = self._shared_pch(host, compiler, flags, True, "cuda_host")
+        plan.cuda_split = True
+        plan.host_pch = header.header
+        plan.pch_built_s += header.built_s
+        return ""
 
     def _split_plan(
         self, a: dict[str, Any], name: str, compiler: str, flags: list[str], with_cuda: bool
@@ -314,6 +390,7 @@ class FastLoadInline:
             pch_built_s=sum(h.built_s for h in headers),
             split=True,
             bindings_pch=headers[1].header,
+            index=headers[0].header,
         )
         return plan
 
@@ -368,7 +445,9 @@ class FastLoadInline:
             out["extra_cflags"] = ["-Winvalid-pch", *kb_pch.as_list(a.get("extra_cflags"))]
             with kb_split.with_bindings_unit(sources.bindings):
                 return self.original(**out)
-        if plan.narrowed:
+        if plan.cuda_split:
+            self._split_cuda(a, plan, out)
+        elif plan.narrowed:
             narrowed = narrow_cuda_sources(kb_pch.as_list(a.get("cuda_sources")))
             if narrowed is not None:
                 out["cuda_sources"] = narrowed
@@ -377,6 +456,58 @@ class FastLoadInline:
             out["extra_cflags"] = ["-include", plan.pch, "-Winvalid-pch", *kb_pch.as_list(a.get("extra_cflags"))]
         with _nvcc_command(plan.nvcc):
             return self.original(**out)
+
+
+    @staticmethod
+    def _host_cflags(a: dict[str, Any]) -> list[str]:
+        return kb_cusplit.host_extra_cflags(kb_pch.as_list(a.get("extra_cflags")), kb_pch.as_list(a.get("extra_cuda_cflags")))
+
+    def _split_cuda(self, a: dict[str, Any], plan: ExtensionBuild, out: dict[str, Any]) -> None:
+        """Build the host unit (unless replaying: its object is there) and point `out` at the device
+        unit and the host object."""
+        from torch.utils import cpp_extension
+
+        name = plan.name
+        build_dir = a.get("build_directory") or cpp_extension._get_build_directory(name, False)
+        cu_path = os.path.join(build_dir, "cuda.cu")
+        split = kb_cusplit.split_cuda("\n".join(kb_pch.as_list(a.get("cuda_sources"))), cu_path)
+        if isinstance(split, str):
+            raise RuntimeError(f"krefine: the CUDA split of '{name}' cannot be made: {split}")  # noqa: TRY004 - a build error, not a caller's type
+        host_object = os.path.join(build_dir, kb_cusplit.HOST_OBJECT)
+        if self.ctx.replay is None:
+            flags = kb_pch.main_cpp_flags(self._host_cflags(a), a.get("extra_include_paths"), True)
+            if flags is None:
+                raise RuntimeError("krefine: the host unit's flags are unknown")
+            host_path = os.path.join(build_dir, kb_cusplit.HOST_FILE)
+            Path(build_dir).mkdir(parents=True, exist_ok=True)
+            kb_split.write_if_changed(host_path, kb_cusplit.host_unit(split, plan.host_pch))
+            compiler = cpp_extension.get_cxx_compiler()
+            command = [compiler, *flags, f"-DTORCH_EXTENSION_NAME={name}", "-c", host_path, "-o", host_object]
+            # As torch's ninja prints its commands: the compile log shows what ran.
+            print(f"[krefine host unit] {shlex.join(command)}", flush=True)
+            done = subprocess.run(command, cwd=build_dir, capture_output=True, text=True, check=False)
+            sys.stdout.write(done.stdout + done.stderr)
+            sys.stdout.flush()
+            if done.returncode != 0:
+                # torch's words for a failed build, so the error reads as a plain build's would.
+                raise RuntimeError(f"Error building extension '{name}': {done.stdout}{done.stderr}")
+            symbols = subprocess.run(["nm", "-uC", host_object], capture_output=True, text=True, check=False)
+            undefined = [line.split(" U ", 1)[-1] for line in symbols.stdout.splitlines() if " U " in line]
+            found = kb_cusplit.instantiations(undefined, split.templates)
+            if isinstance(found, str):
+                raise RuntimeError(f"krefine: the CUDA split of '{name}' cannot be made: {found}")
+            plan.instantiated, plan.device_headers = found
+        out["cuda_sources"] = [kb_cusplit.device_unit(split, plan.instantiated, plan.device_headers)]
+        out["cpp_sources"] = ["#include <torch/extension.h>", *kb_pch.as_list(a.get("cpp_sources"))]
+        out["no_implicit_headers"] = True
+        out["extra_ldflags"] = [*kb_pch.as_list(a.get("extra_ldflags")), host_object]
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def overlapped_nvcc() -> str | None:

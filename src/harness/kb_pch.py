@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kb_cusplit
 import kb_split
 
 PCH_DIR_NAME = "pch"
@@ -37,6 +38,7 @@ PCH_TEXTS = {
     "extension": PCH_TEXT,
     "candidate": kb_split.CANDIDATE_PCH_TEXT,
     "bindings": kb_split.BINDINGS_PCH_TEXT,
+    "cuda_host": kb_cusplit.CUDA_HOST_PCH_TEXT,
 }
 PCH_BUILD_TIMEOUT_S = 900.0
 # Written by krefine into a PCH folder it published from a sandboxed compile worker's copy-on-write
@@ -182,10 +184,49 @@ def ensure_pch(root: Path, compiler: str, flags: list[str], text: str = PCH_TEXT
                 failed.write_text(f"{shlex.join(cmd)}\n{error}")
                 return PchResult(None, error=error)
             (tmp / "flags.json").write_text(json.dumps({"compiler": compiler, "flags": flags}, indent=1))
+            if text in (PCH_TEXT, kb_split.CANDIDATE_PCH_TEXT):
+                _write_identifiers(tmp, compiler, flags)
             os.rename(tmp, final)
             return PchResult(str(header), built_s=time.perf_counter() - started)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+IDENTIFIERS = "identifiers.txt"
+
+
+def _write_identifiers(folder: Path, compiler: str, flags: list[str]) -> None:
+    """Every identifier `torch/extension.h` brings (its preprocessed text's words), one a line, next to
+    the header of a fast build's unit that holds candidate code: whether a name a fast build's compiler
+    did not find is one the plain build's headers declare (kb_cusplit.candidates_fault). Not written
+    when the preprocessor fails (then every such error falls back to the plain build)."""
+    source = folder / "krefine_identifiers.h"
+    source.write_text(PCH_TEXT)
+    try:
+        done = subprocess.run(
+            [compiler, "-E", "-P", "-x", "c++", str(source), *flags],
+            capture_output=True,
+            text=True,
+            timeout=PCH_BUILD_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return
+    finally:
+        source.unlink(missing_ok=True)
+    if done.returncode == 0:
+        names = sorted(set(re.findall(r"[A-Za-z_]\w*", done.stdout)))
+        (folder / IDENTIFIERS).write_text("\n".join(names) + "\n")
+
+
+def identifiers_of(header: str | None) -> set[str] | None:
+    """The identifiers of `torch/extension.h` kept next to a shared header (see `_write_identifiers`)."""
+    if header is None:
+        return None
+    try:
+        return set(Path(header).with_name(IDENTIFIERS).read_text().split())
+    except OSError:
+        return None
 
 
 def lookup_pch(root: Path, compiler: str, flags: list[str], text: str = PCH_TEXT) -> PchResult:

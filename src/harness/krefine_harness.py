@@ -30,8 +30,9 @@ the floors or along one, never up, and never in a circle. From the top:
                held by the worker) > kb_precision (precision against float64) > kb_correctness
                (KernelBench's correctness loop and comparison, the verdict)
     build      kb_compile (`op: compile`, import a candidate) > kb_build (the fast load_inline)
-               > kb_pch (shared precompiled headers) > kb_split (a C++ extension in two units);
-               kb_nvcc (the overlapped nvcc, a script the build runs)
+               > kb_pch (shared precompiled headers) > kb_split (a C++ extension in two units)
+               > kb_cusplit (a CUDA extension's device and host units); kb_nvcc (the overlapped
+               nvcc, a script the build runs)
     problem    kb_reference (the problem, its reference data, the device) > kb_memory (device memory:
                a problem's footprint, what a candidate needs beside the cache) > kb_tensors (values and
                devices: casts, moves, checksums and fingerprints of inputs, RNG state) > kb_store (the

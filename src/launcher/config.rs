@@ -93,6 +93,12 @@ fn default_llm_concurrency() -> u32 {
 fn default_prepare_ahead() -> u32 {
     2
 }
+/// The most compile workers a run starts unless `resources.compile_workers` says otherwise: one per
+/// core up to here. A 4-GPU host has 64 cores; at 16 workers its builds used at most 16 of them, and
+/// its GPUs waited for builds (docs/benchmarks.md, two GPUs at 1.29x one). A worker is one Python
+/// process with torch imported (a few hundred MB).
+pub const MAX_DEFAULT_COMPILE_WORKERS: u32 = 64;
+
 impl ResourcesSection {
     /// `cpu_budget`, or the cores available.
     pub fn cpu_cores(&self) -> u32 {
@@ -101,11 +107,12 @@ impl ResourcesSection {
             .max(1)
     }
 
-    /// `compile_workers`, or one per core of the budget (at most 16): the budget, not the worker
-    /// count, bounds how many build at once, by what builds are measured to use.
+    /// `compile_workers`, or one per core of the budget (at most [`MAX_DEFAULT_COMPILE_WORKERS`]):
+    /// the budget, not the worker count, bounds how many build at once, by what builds are measured
+    /// to use.
     pub fn compile_workers(&self) -> u32 {
         self.compile_workers
-            .unwrap_or_else(|| self.cpu_cores().clamp(1, 16))
+            .unwrap_or_else(|| self.cpu_cores().clamp(1, MAX_DEFAULT_COMPILE_WORKERS))
     }
 }
 

@@ -1,6 +1,8 @@
 //! The content-addressed build cache (`build_cache/<blake3(source, torch, arch list)[..16]>`): build
-//! keys, the per-build-dir lock, and the success marker a cached build answers from without touching
-//! Python.
+//! keys, the per-build-dir lock, and the markers a cached build answers from without touching Python:
+//! the success marker, and the failure marker of a build that failed in the candidate's own code (its
+//! error and compiler output, replayed to the next request of the same source, toolchain and flags, so
+//! no failing build is paid twice).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,6 +22,34 @@ use crate::types::{CompileOutcome, CompileStatus};
 pub(super) use super::build_store::SUCCESS_MARKER;
 /// A copy of the compile log kept with the build, handed to later jobs that hit the cache.
 pub(super) const CACHED_LOG: &str = "krefine-compile.log";
+/// Written into a build dir after a build that failed in the candidate's own code: the failure a
+/// later request of the same key gets without building (see [`FailureMarker`]).
+pub(crate) const FAILURE_MARKER: &str = "krefine-failed.json";
+/// The failed build's compile log, kept next to its marker.
+const FAILED_LOG: &str = "krefine-failed.log";
+
+/// Words of a compile error that say the machine, not the candidate, failed it: such a failure is
+/// not cached (the next request builds again).
+const TRANSIENT_FAILURES: &[&str] = &[
+    "No space left on device",
+    "Cannot allocate memory",
+    "MemoryError",
+    "Resource temporarily unavailable",
+    "Too many open files",
+    "Killed",
+    "Interrupted system call",
+    "Stale file handle",
+    "Input/output error",
+];
+
+/// Whether a failed build may be cached and replayed: its error and compiler output name nothing of
+/// the machine's own (a full disk, a killed compiler, ...).
+pub(super) fn failure_is_cacheable(error: Option<&str>, feedback: &str, log: &str) -> bool {
+    let said = [error.unwrap_or(""), feedback, log];
+    !TRANSIENT_FAILURES
+        .iter()
+        .any(|w| said.iter().any(|text| text.contains(w)))
+}
 
 /// Exclusive use of one build dir: the in-process lock, then the cross-process file lock that every
 /// krefine process sharing the build cache takes (`<build dir>.lock`, next to the dir so that the
@@ -48,6 +78,32 @@ pub(super) struct BuildMarker {
     /// How the build was made (`fast`, `plain`, `fallback:<why>`), reported again on a cache hit.
     #[serde(default)]
     pub(super) build_path: Option<String>,
+}
+
+/// The failure marker's content. A failure is replayed only to a worker running the same harness
+/// (`harness`): the build code is the harness's, so another version may build what this one could
+/// not.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct FailureMarker {
+    pub(super) key: String,
+    pub(super) torch: String,
+    pub(super) arch_list: Option<String>,
+    pub(super) harness: String,
+    pub(super) error_name: Option<String>,
+    pub(super) error: Option<String>,
+    pub(super) feedback: String,
+    pub(super) duration_s: f64,
+    #[serde(default)]
+    pub(super) build_path: Option<String>,
+}
+
+/// What a failed build said, to be cached with it.
+pub(super) struct FailedBuild<'a> {
+    pub(super) error_name: Option<&'a str>,
+    pub(super) error: Option<&'a str>,
+    pub(super) feedback: &'a str,
+    pub(super) duration_s: f64,
+    pub(super) build_path: Option<&'a str>,
 }
 
 impl WorkerPool {
@@ -119,34 +175,49 @@ impl WorkerPool {
         job: &CompileJob,
         started: Instant,
     ) -> Option<CompileOutcome> {
-        let text = tokio::fs::read_to_string(build_dir.join(SUCCESS_MARKER))
-            .await
-            .ok()?;
-        let marker: BuildMarker = serde_json::from_str(&text).ok()?;
-        // The job's log says where the build came from, then repeats the original compiler log.
-        let mut log = format!(
-            "krefine: identical build found in {} (compiled earlier in {:.1} s); nothing was compiled.\n",
-            build_dir.display(),
-            marker.duration_s
-        );
-        if let Ok(original) = tokio::fs::read_to_string(build_dir.join(CACHED_LOG)).await {
-            log.push_str("----- original compile log -----\n");
-            log.push_str(&original);
+        if let Ok(text) = tokio::fs::read_to_string(build_dir.join(SUCCESS_MARKER)).await
+            && let Ok(marker) = serde_json::from_str::<BuildMarker>(&text)
+        {
+            let log_path = replay_log(
+                build_dir,
+                job,
+                CACHED_LOG,
+                "identical build",
+                marker.duration_s,
+            )
+            .await;
+            return Some(CompileOutcome {
+                ran_on: None,
+                worker_losses: Vec::new(),
+                status: CompileStatus::Ok,
+                cached: true,
+                error_name: None,
+                error: None,
+                feedback: marker.feedback,
+                log_path,
+                build_dir: Some(build_dir.to_string_lossy().into_owned()),
+                duration_ms: elapsed_ms(started),
+                findings: Vec::new(),
+                build_path: marker.build_path,
+                cpu: None,
+            });
         }
-        let log_path = match write_file(&job.log_path, log.as_bytes()).await {
-            Ok(()) => Some(job.log_path.to_string_lossy().into_owned()),
-            Err(e) => {
-                tracing::warn!("cannot write compile log {}: {e}", job.log_path.display());
-                None
-            }
-        };
+        let marker = self.failure_marker(build_dir).await?;
+        let log_path = replay_log(
+            build_dir,
+            job,
+            FAILED_LOG,
+            "identical failed build",
+            marker.duration_s,
+        )
+        .await;
         Some(CompileOutcome {
             ran_on: None,
             worker_losses: Vec::new(),
-            status: CompileStatus::Ok,
+            status: CompileStatus::Error,
             cached: true,
-            error_name: None,
-            error: None,
+            error_name: marker.error_name,
+            error: marker.error,
             feedback: marker.feedback,
             log_path,
             build_dir: Some(build_dir.to_string_lossy().into_owned()),
@@ -155,6 +226,64 @@ impl WorkerPool {
             build_path: marker.build_path,
             cpu: None,
         })
+    }
+
+    /// The failure cached in `build_dir`, if this harness made it.
+    async fn failure_marker(&self, build_dir: &Path) -> Option<FailureMarker> {
+        let text = tokio::fs::read_to_string(build_dir.join(FAILURE_MARKER))
+            .await
+            .ok()?;
+        let marker: FailureMarker = serde_json::from_str(&text).ok()?;
+        (marker.harness == crate::worker::harness_digest()).then_some(marker)
+    }
+
+    /// Keep a build that failed in the candidate's own code: its compile log and a marker with its
+    /// error and feedback, so the next request of the same key replays it instead of building. Not
+    /// fatal when it cannot be written (the next request builds again).
+    pub(super) async fn record_failure(
+        &self,
+        build_dir: &Path,
+        job: &CompileJob,
+        failed: FailedBuild<'_>,
+    ) {
+        let log = tokio::fs::read_to_string(&job.log_path)
+            .await
+            .unwrap_or_default();
+        if !failure_is_cacheable(failed.error, failed.feedback, &log) {
+            return;
+        }
+        let marker = FailureMarker {
+            key: build_dir
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            torch: self.torch.clone(),
+            arch_list: self.arch_list.clone(),
+            harness: crate::worker::harness_digest().to_string(),
+            error_name: failed.error_name.map(str::to_string),
+            error: failed.error.map(str::to_string),
+            feedback: failed.feedback.to_string(),
+            duration_s: failed.duration_s,
+            build_path: failed.build_path.map(str::to_string),
+        };
+        let written = async {
+            tokio::fs::create_dir_all(build_dir).await?;
+            write_atomic(&build_dir.join(FAILED_LOG), log.as_bytes()).await?;
+            let bytes = serde_json::to_vec_pretty(&marker).map_err(std::io::Error::other)?;
+            write_atomic(&build_dir.join(FAILURE_MARKER), &bytes).await
+        };
+        if let Err(e) = written.await {
+            tracing::warn!(
+                "cannot keep the failed build in {}: {e}",
+                build_dir.display()
+            );
+        }
+    }
+
+    /// Before building again where a failure is cached (another harness made it): remove its
+    /// marker, so a build that dies midway leaves no stale failure behind.
+    pub(super) async fn forget_failure(build_dir: &Path) {
+        let _ = tokio::fs::remove_file(build_dir.join(FAILURE_MARKER)).await;
     }
 
     pub(super) async fn record_success(
@@ -195,6 +324,32 @@ impl WorkerPool {
         let sealed = tokio::task::spawn_blocking(move || make_files_read_only(&dir)).await;
         if let Ok(Err(e)) = sealed {
             tracing::warn!("cannot make build {} read-only: {e}", build_dir.display());
+        }
+    }
+}
+
+/// Write the job's compile log for a cached outcome: where it came from, then the original log kept
+/// in `build_dir/kept`. The log's path, or None when it could not be written.
+async fn replay_log(
+    build_dir: &Path,
+    job: &CompileJob,
+    kept: &str,
+    what: &str,
+    duration_s: f64,
+) -> Option<String> {
+    let mut log = format!(
+        "krefine: {what} found in {} (compiled earlier in {duration_s:.1} s); nothing was compiled.\n",
+        build_dir.display(),
+    );
+    if let Ok(original) = tokio::fs::read_to_string(build_dir.join(kept)).await {
+        log.push_str("----- original compile log -----\n");
+        log.push_str(&original);
+    }
+    match write_file(&job.log_path, log.as_bytes()).await {
+        Ok(()) => Some(job.log_path.to_string_lossy().into_owned()),
+        Err(e) => {
+            tracing::warn!("cannot write compile log {}: {e}", job.log_path.display());
+            None
         }
     }
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 
-use super::build_cache::append_file;
+use super::build_cache::{FailedBuild, append_file};
 use super::build_store::{publish_build, publish_pchs};
 use super::loss::{Fault, retry_lost};
 use super::outcome::{CallError, Failure, FailureKind, Phase, closed, elapsed_ms, failure};
@@ -52,11 +52,19 @@ impl Compiler for WorkerPool {
         if let Some(outcome) = self.cached_compile(&build_dir, &job, started).await {
             return Ok(outcome);
         }
+        WorkerPool::forget_failure(&build_dir).await;
         let retries = self.settings.launcher.loss_retries();
         let attempt = || self.compile_once(&job, &build_dir, started);
         let (mut outcome, losses) = retry_lost(retries, || false, attempt).await?;
         outcome.worker_losses = losses;
         Ok(outcome)
+    }
+
+    async fn cached(&self, job: &CompileJob) -> Option<CompileOutcome> {
+        // No lock: markers appear whole (written, then renamed) and a build dir is never unsealed;
+        // a miss here is looked up again under the build dir's lock.
+        let build_dir = self.build_dir_for(&job.code);
+        self.cached_compile(&build_dir, job, Instant::now()).await
     }
 
     async fn pause_builds(&self) -> Option<BuildPause> {
@@ -212,6 +220,17 @@ impl WorkerPool {
                         r.build_path.clone(),
                     )
                     .await;
+                } else if r.status == CompileStatusWire::CompileError {
+                    // The candidate's own code failed to build: kept, so no request of the same
+                    // source pays for it again.
+                    let failed = FailedBuild {
+                        error_name: r.error_name.as_deref(),
+                        error: error.as_deref(),
+                        feedback: &feedback,
+                        duration_s: r.duration_s,
+                        build_path: r.build_path.as_deref(),
+                    };
+                    self.record_failure(build_dir, job, failed).await;
                 }
                 Ok(CompileOutcome {
                     ran_on,

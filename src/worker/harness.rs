@@ -13,7 +13,7 @@ use super::WorkerError;
 pub const HARNESS_ENTRY: &str = "krefine_harness.py";
 
 /// Every harness file: (file name, content).
-pub const HARNESS_FILES: [(&str, &str); 31] = [
+pub const HARNESS_FILES: [(&str, &str); 32] = [
     (
         "krefine_harness.py",
         include_str!("../harness/krefine_harness.py"),
@@ -58,6 +58,7 @@ pub const HARNESS_FILES: [(&str, &str); 31] = [
     ("kb_nvcc.py", include_str!("../harness/kb_nvcc.py")),
     ("kb_pch.py", include_str!("../harness/kb_pch.py")),
     ("kb_split.py", include_str!("../harness/kb_split.py")),
+    ("kb_cusplit.py", include_str!("../harness/kb_cusplit.py")),
     ("kb_problem.py", include_str!("../harness/kb_problem.py")),
     ("kb_store.py", include_str!("../harness/kb_store.py")),
 ];

@@ -10,13 +10,14 @@ use super::sandbox::SandboxSpec;
 use crate::launcher::{Launcher, Placement};
 
 /// Environment variables passed through from the orchestrator when set. Everything else is dropped.
-const PASS_THROUGH: [&str; 13] = [
+const PASS_THROUGH: [&str; 14] = [
     "PATH",
     // The build switches the harness documents (README "Builds"): a user's own nvcc wrapper, and
-    // turning off the overlapped nvcc or the split C++ build.
+    // turning off the overlapped nvcc, the split C++ build or the split CUDA build.
     "PYTORCH_NVCC",
     "KREFINE_NVCC_OVERLAP",
     "KREFINE_SPLIT_CPP",
+    "KREFINE_SPLIT_CUDA",
     // The order in which the driver numbers devices must match the orchestrator's, or a worker's
     // CUDA_VISIBLE_DEVICES index names another GPU.
     "CUDA_DEVICE_ORDER",
@@ -162,7 +163,9 @@ mod tests {
     fn the_build_switches_reach_the_worker_and_nothing_else_does() {
         let ours = |name: &str| -> Option<OsString> {
             match name {
-                "KREFINE_SPLIT_CPP" | "KREFINE_NVCC_OVERLAP" => Some("0".into()),
+                "KREFINE_SPLIT_CPP" | "KREFINE_SPLIT_CUDA" | "KREFINE_NVCC_OVERLAP" => {
+                    Some("0".into())
+                }
                 "PYTORCH_NVCC" => Some("ccache nvcc".into()),
                 "OPENAI_API_KEY" => Some("sk-secret".into()),
                 _ => None,
@@ -172,6 +175,7 @@ mod tests {
         let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
         assert_eq!(get("KREFINE_SPLIT_CPP"), Some("0".into()));
         assert_eq!(get("KREFINE_NVCC_OVERLAP"), Some("0".into()));
+        assert_eq!(get("KREFINE_SPLIT_CUDA"), Some("0".into()));
         assert_eq!(get("PYTORCH_NVCC"), Some("ccache nvcc".into()));
         assert_eq!(get("OPENAI_API_KEY"), None);
     }
