@@ -237,7 +237,7 @@ pub fn text(d: &Document) -> String {
     let c = &d.summary;
     let _ = writeln!(
         o,
-        "\nsummary: {} rechecked, {} unchanged, {} no longer credited, {} newly credited, {} speedup changed beyond noise ({} lower), {} speedup no longer counted, {} with other findings{}",
+        "\nsummary: {} rechecked, {} unchanged, {} no longer credited, {} newly credited, {} speedup changed beyond noise ({} lower), {} speedup no longer counted, {} with findings changed{}",
         c.rechecked,
         c.unchanged,
         c.no_longer_credited,

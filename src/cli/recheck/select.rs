@@ -61,6 +61,13 @@ fn code_of(run: &Path, task: TaskId, r: &TurnRecord) -> Picked {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!("{rel} is missing")),
         Err(e) => Err(format!("cannot read {rel}: {e}")),
     };
+    // A log folds only with code for every turn that was built, but a log may have been stripped
+    // of it (blank) to save space, the kernels kept.
+    let absent = if r.code.is_some() {
+        "the code the log records is blank"
+    } else {
+        "the log records no code"
+    };
     let logged = r.code.clone().filter(|c| !c.trim().is_empty());
     let mut notes = Vec::new();
     let code = match (logged, file) {
@@ -78,19 +85,15 @@ fn code_of(run: &Path, task: TaskId, r: &TurnRecord) -> Picked {
         }
         (None, Ok(bytes)) => match String::from_utf8(bytes) {
             Ok(text) if !text.trim().is_empty() => {
-                notes.push(format!("the log records no code for it; rechecked {rel}"));
+                notes.push(format!("{absent}; rechecked {rel}"));
                 Ok(text)
             }
-            Ok(_) => Err(format!(
-                "its code is missing: the log records none and {rel} is empty"
-            )),
+            Ok(_) => Err(format!("its code is missing: {absent} and {rel} is empty")),
             Err(_) => Err(format!(
-                "its code is missing: the log records none and {rel} is not UTF-8 text"
+                "its code is missing: {absent} and {rel} is not UTF-8 text"
             )),
         },
-        (None, Err(why)) => Err(format!(
-            "its code is missing: the log records none and {why}"
-        )),
+        (None, Err(why)) => Err(format!("its code is missing: {absent} and {why}")),
     };
     Picked {
         task,
@@ -177,7 +180,7 @@ mod tests {
                     1,
                     1,
                     Err(
-                        "its code is missing: the log records none and kernels/level_1_problem_3_sample_1_turn_1_kernel.py is missing"
+                        "its code is missing: the log records no code and kernels/level_1_problem_3_sample_1_turn_1_kernel.py is missing"
                     ),
                     0
                 ),
@@ -186,14 +189,19 @@ mod tests {
                     1,
                     3,
                     Err(
-                        "its code is missing: the log records none and kernels/level_1_problem_3_sample_1_turn_3_kernel.py is missing"
+                        "its code is missing: the code the log records is blank and kernels/level_1_problem_3_sample_1_turn_3_kernel.py is missing"
                     ),
                     0
                 ),
             ]
         );
         assert!(picked[1].notes[0].contains("differs from the code the log records"));
-        assert!(picked[3].notes[0].contains("the log records no code for it"));
+        assert_eq!(
+            picked[3].notes,
+            vec![
+                "the log records no code; rechecked kernels/level_1_problem_3_sample_1_turn_2_kernel.py"
+            ]
+        );
         // All: the compile error too; never the turn without code nor the unfinished one.
         let all = pick(dir.path(), &turns, Which::All);
         let keys: Vec<(u32, u32)> = all.iter().map(|p| (p.task.sample, p.turn)).collect();
