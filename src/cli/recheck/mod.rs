@@ -81,30 +81,7 @@ pub fn recheck(args: RecheckArgs) -> anyhow::Result<ExitCode> {
     let mut notes = source.notes.clone();
     let picked = select::pick(&source.dir, &source.loaded.turns, args.candidates);
 
-    // Sample j of a problem in the recheck run is its j-th candidate with code.
-    let mut next: BTreeMap<ProblemKey, u32> = BTreeMap::new();
-    let mut items = Vec::new();
-    let mut slots = Vec::with_capacity(picked.len());
-    for p in &picked {
-        let slot = p.code.as_ref().ok().map(|code| {
-            let n = next.entry(p.task.problem).or_insert(0);
-            let sample = *n;
-            *n += 1;
-            items.push(Generation {
-                problem: p.task.problem,
-                sample,
-                code: code.clone(),
-                origin: format!(
-                    "{}_turn_{}",
-                    sample_key(p.task.problem, p.task.sample),
-                    p.turn
-                ),
-            });
-            sample
-        });
-        slots.push(slot);
-    }
-
+    let (items, slots) = generations(&picked);
     let evaluated = if items.is_empty() {
         None
     } else {
@@ -136,18 +113,7 @@ pub fn recheck(args: RecheckArgs) -> anyhow::Result<ExitCode> {
     );
     let after = compare::headline(&shape, &after_turns);
     let then = source.setting_then();
-    let now = match &evaluated {
-        Some(e) => Setting {
-            krefine: Some(build_label(&Build::current())),
-            mode: e.run.info.eval_mode.clone(),
-            devices: e.run.info.hardware.clone(),
-        },
-        None => Setting {
-            krefine: Some(build_label(&Build::current())),
-            mode: None,
-            devices: Vec::new(),
-        },
-    };
+    let now = setting_now(evaluated.as_ref());
     if !then.devices.is_empty() && !now.devices.is_empty() && then.devices != now.devices {
         notes.push(format!(
             "measured on {} then and on {} now: speedups compare across devices",
@@ -196,6 +162,43 @@ pub fn recheck(args: RecheckArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(130));
     }
     Ok(ExitCode::from(doc.exit_status))
+}
+
+/// The generations the recheck run serves, and each candidate's sample in it: sample `j` of a
+/// problem is its `j`-th candidate with code (`None`: no code, not evaluated).
+fn generations(picked: &[Picked]) -> (Vec<Generation>, Vec<Option<u32>>) {
+    let mut next: BTreeMap<ProblemKey, u32> = BTreeMap::new();
+    let mut items = Vec::new();
+    let slots = picked
+        .iter()
+        .map(|p| {
+            let code = p.code.as_ref().ok()?;
+            let n = next.entry(p.task.problem).or_insert(0);
+            let sample = *n;
+            *n += 1;
+            items.push(Generation {
+                problem: p.task.problem,
+                sample,
+                code: code.clone(),
+                origin: format!(
+                    "{}_turn_{}",
+                    sample_key(p.task.problem, p.task.sample),
+                    p.turn
+                ),
+            });
+            Some(sample)
+        })
+        .collect();
+    (items, slots)
+}
+
+/// The settings of the recheck: this build, and what its run measured with.
+fn setting_now(evaluated: Option<&Evaluated>) -> Setting {
+    Setting {
+        krefine: Some(build_label(&Build::current())),
+        mode: evaluated.and_then(|e| e.run.info.eval_mode.clone()),
+        devices: evaluated.map_or_else(Vec::new, |e| e.run.info.hardware.clone()),
+    }
 }
 
 /// `0.1.0 (85fd0484c593)`, as reports name a build.

@@ -141,81 +141,12 @@ fn share(x: f64) -> String {
 /// and what the exit status says.
 pub fn text(d: &Document) -> String {
     let mut o = String::new();
-    let _ = writeln!(o, "recheck of {}", d.run);
-    let _ = writeln!(o, "  then: {}", setting(&d.then));
-    let sets = if d.sets.is_empty() {
-        String::new()
-    } else {
-        format!(
-            " ({})",
-            d.sets
-                .iter()
-                .map(|s| format!("--set {s}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        )
-    };
-    let _ = writeln!(o, "  now:  {}{sets}", setting(&d.now));
-    let _ = writeln!(
-        o,
-        "  candidates: {} ({} taken)",
-        match d.candidates {
-            Which::Correct => "the correct ones",
-            Which::All => "all with a verdict",
-        },
-        d.summary.selected
-    );
-    if let Some(dir) = &d.recheck_run {
-        let _ = writeln!(o, "  recheck run: {dir}");
-    }
+    header(&mut o, d);
     let changed: Vec<&Rechecked> = d.results.iter().filter(|r| !r.changes.is_empty()).collect();
     if !changed.is_empty() {
         let _ = writeln!(o, "\nchanged:");
         for r in changed {
-            let (Some(new), false) = (&r.new, r.changes.is_empty()) else {
-                continue;
-            };
-            let labels: Vec<&str> = r.changes.iter().map(|c| c.label()).collect();
-            let _ = writeln!(
-                o,
-                "  {}: {} -> {}: {}",
-                who(r),
-                standing(&r.old),
-                standing(new),
-                labels.join(", ")
-            );
-            let moved = [Change::SpeedupLower, Change::SpeedupHigher];
-            if let Some(band) = r.noise_band
-                && r.changes.iter().any(|c| moved.contains(c))
-            {
-                let _ = writeln!(o, "      noise band: ±{:.1}%", band * 100.0);
-            }
-            // The reason, unless a new finding already says it.
-            if let Some(reason) = new
-                .reason
-                .as_deref()
-                .filter(|_| new.verdict != r.old.verdict)
-                && !r
-                    .new_findings
-                    .iter()
-                    .any(|f| reason.starts_with(&format!("{}: ", f.category)))
-            {
-                let _ = writeln!(o, "      why: {reason}");
-            }
-            let had =
-                |s: &Standing, f: &Finding| s.findings.iter().any(|g| g.category == f.category);
-            for f in &r.new_findings {
-                let was = if had(&r.old, f) {
-                    ", a warning before"
-                } else {
-                    ""
-                };
-                let _ = writeln!(o, "      new finding{was}: {}", finding(f));
-            }
-            for f in &r.gone_findings {
-                let now = if had(new, f) { " (a warning now)" } else { "" };
-                let _ = writeln!(o, "      finding gone{now}: {}", finding(f));
-            }
+            candidate(&mut o, r);
         }
     }
     let notes: Vec<String> = d
@@ -234,53 +165,9 @@ pub fn text(d: &Document) -> String {
             let _ = writeln!(o, "  {n}");
         }
     }
+    summary(&mut o, &d.summary);
+    fast_p(&mut o, &d.fast_p);
     let c = &d.summary;
-    let _ = writeln!(
-        o,
-        "\nsummary: {} rechecked, {} unchanged, {} no longer credited, {} newly credited, {} speedup changed beyond noise ({} lower), {} speedup no longer counted, {} with findings changed{}",
-        c.rechecked,
-        c.unchanged,
-        c.no_longer_credited,
-        c.newly_credited,
-        c.speedup_lower + c.speedup_higher,
-        c.speedup_lower,
-        c.speedup_no_longer_counted,
-        c.findings_changed,
-        if c.not_rechecked > 0 {
-            format!(", {} not rechecked", c.not_rechecked)
-        } else {
-            String::new()
-        }
-    );
-    let (b, a) = (&d.fast_p.before, &d.fast_p.after);
-    let _ = writeln!(
-        o,
-        "\nfast_p of the run ({} problem(s), all its {}):",
-        b.problems,
-        match d.fast_p.axis {
-            "one_shot" => "candidates",
-            axis => axis,
-        }
-    );
-    let _ = writeln!(o, "  {:<10} {:>8} {:>8}", "", "before", "after");
-    for ((p, before), after) in b.fast_p.0.iter().zip(&b.fast_p.1).zip(&a.fast_p.1) {
-        let _ = writeln!(
-            o,
-            "  {:<10} {:>8} {:>8}",
-            format!("fast_{}", threshold_label(*p)),
-            share(*before),
-            share(*after)
-        );
-    }
-    let geo = |g: Option<f64>| g.map_or("-".into(), |g| format!("{g:.3}"));
-    let _ = writeln!(
-        o,
-        "  {:<10} {:>8} {:>8}",
-        "geomean",
-        geo(b.geomean_speedup),
-        geo(a.geomean_speedup)
-    );
-    let _ = writeln!(o, "  {:<10} {:>8} {:>8}", "correct", b.correct, a.correct);
     let _ = write!(
         o,
         "\n{}",
@@ -297,4 +184,115 @@ pub fn text(d: &Document) -> String {
         }
     );
     o
+}
+
+/// The run, the settings then and now, what was taken and where the recheck went.
+fn header(o: &mut String, d: &Document) {
+    let _ = writeln!(o, "recheck of {}", d.run);
+    let _ = writeln!(o, "  then: {}", setting(&d.then));
+    let sets: Vec<String> = d.sets.iter().map(|s| format!("--set {s}")).collect();
+    let sets = if sets.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", sets.join(" "))
+    };
+    let _ = writeln!(o, "  now:  {}{sets}", setting(&d.now));
+    let which = match d.candidates {
+        Which::Correct => "the correct ones",
+        Which::All => "all with a verdict",
+    };
+    let _ = writeln!(o, "  candidates: {which} ({} taken)", d.summary.selected);
+    if let Some(dir) = &d.recheck_run {
+        let _ = writeln!(o, "  recheck run: {dir}");
+    }
+}
+
+/// One changed candidate: old and new standing, what changed, why it fails now, findings.
+fn candidate(o: &mut String, r: &Rechecked) {
+    let Some(new) = &r.new else { return };
+    let labels: Vec<&str> = r.changes.iter().map(|c| c.label()).collect();
+    let _ = writeln!(
+        o,
+        "  {}: {} -> {}: {}",
+        who(r),
+        standing(&r.old),
+        standing(new),
+        labels.join(", ")
+    );
+    let moved = [Change::SpeedupLower, Change::SpeedupHigher];
+    if let Some(band) = r.noise_band
+        && r.changes.iter().any(|c| moved.contains(c))
+    {
+        let _ = writeln!(o, "      noise band: ±{:.1}%", band * 100.0);
+    }
+    // The reason, unless a new finding already says it.
+    if let Some(reason) = new
+        .reason
+        .as_deref()
+        .filter(|_| new.verdict != r.old.verdict)
+        && !r
+            .new_findings
+            .iter()
+            .any(|f| reason.starts_with(&format!("{}: ", f.category)))
+    {
+        let _ = writeln!(o, "      why: {reason}");
+    }
+    let had = |s: &Standing, f: &Finding| s.findings.iter().any(|g| g.category == f.category);
+    for f in &r.new_findings {
+        let was = if had(&r.old, f) {
+            ", a warning before"
+        } else {
+            ""
+        };
+        let _ = writeln!(o, "      new finding{was}: {}", finding(f));
+    }
+    for f in &r.gone_findings {
+        let now = if had(new, f) { " (a warning now)" } else { "" };
+        let _ = writeln!(o, "      finding gone{now}: {}", finding(f));
+    }
+}
+
+fn summary(o: &mut String, c: &Counts) {
+    let not = if c.not_rechecked > 0 {
+        format!(", {} not rechecked", c.not_rechecked)
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        o,
+        "\nsummary: {} rechecked, {} unchanged, {} no longer credited, {} newly credited, {} speedup changed beyond noise ({} lower), {} speedup no longer counted, {} with findings changed{not}",
+        c.rechecked,
+        c.unchanged,
+        c.no_longer_credited,
+        c.newly_credited,
+        c.speedup_lower + c.speedup_higher,
+        c.speedup_lower,
+        c.speedup_no_longer_counted,
+        c.findings_changed,
+    );
+}
+
+/// fast_p at each threshold, the geomean and the correct problems, before and after.
+fn fast_p(o: &mut String, f: &FastPChange) {
+    let (b, a) = (&f.before, &f.after);
+    let axis = match f.axis {
+        "one_shot" => "candidates",
+        axis => axis,
+    };
+    let _ = writeln!(
+        o,
+        "\nfast_p of the run ({} problem(s), all its {axis}):",
+        b.problems
+    );
+    let row = |o: &mut String, label: &str, before: String, after: String| {
+        let _ = writeln!(o, "  {label:<10} {before:>8} {after:>8}");
+    };
+    row(o, "", "before".into(), "after".into());
+    for ((p, before), after) in b.fast_p.0.iter().zip(&b.fast_p.1).zip(&a.fast_p.1) {
+        let label = format!("fast_{}", threshold_label(*p));
+        row(o, &label, share(*before), share(*after));
+    }
+    let geo = |g: Option<f64>| g.map_or("-".into(), |g| format!("{g:.3}"));
+    row(o, "geomean", geo(b.geomean_speedup), geo(a.geomean_speedup));
+    row(o, "correct", b.correct.to_string(), a.correct.to_string());
 }
