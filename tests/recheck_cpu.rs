@@ -4,8 +4,9 @@
 //! rejects it), the honest one stays credited, the exit status is 1, and the run's directory is byte
 //! for byte what it was. Runs with the simulated executor (its verdicts are what each candidate's
 //! `# krefine-sim:` marker asks, so they take no workers) cover the rest: an unchanged recheck exits
-//! 0, `--candidates all`, a run with missing code, a torn log and changed problems, and the inputs a
-//! recheck refuses. Verdicts, counts and fast_p only; no duration is compared.
+//! 0, `--candidates all`, a run with nothing to recheck, a run with missing code, a torn log and
+//! changed problems, and the inputs a recheck refuses. Verdicts, counts and fast_p only; no duration
+//! is compared.
 
 mod cli_support;
 
@@ -553,4 +554,57 @@ fn recheck_refuses_what_it_cannot_recheck() {
         .filter(|n| n.contains("recheck"))
         .collect();
     assert_eq!(left, Vec::<String>::new());
+}
+
+#[test]
+fn a_run_without_correct_candidates_has_nothing_to_recheck() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let problems = root.join("problems");
+    std::fs::create_dir_all(&problems).unwrap();
+    std::fs::write(problems.join("1_Add.py"), hostile("problem_add.py")).unwrap();
+    let wrong = fenced("# krefine-sim: verdict=incorrect\nx = 1\n");
+    std::fs::write(root.join("answers.jsonl"), answers(&[(1, 1, wrong)])).unwrap();
+    let cfg = root.join("one.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[dataset]\npath = \"{}\"\n[method]\nkind = \"one_shot\"\n[model]\nprovider = \"scripted\"\nanswers = \"{}\"\n[eval]\nexecutor = \"simulated\"\n",
+            problems.display(),
+            root.join("answers.jsonl").display()
+        ),
+    )
+    .unwrap();
+    let run = root.join("runs/one");
+    krefine(&["run", s(&cfg), "--no-tui", "--out", s(&run)]);
+    let o = recheck(&[s(&run), "--format", "json"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let doc = json_of(&o);
+    assert_eq!(doc["recheck_run"], Value::Null);
+    assert_eq!(doc["results"], serde_json::json!([]));
+    assert_eq!(
+        doc["notes"],
+        serde_json::json!([
+            "nothing to recheck: the run has no correct candidate (--candidates all takes the others)"
+        ])
+    );
+    assert_eq!(doc["fast_p"]["axis"], "one_shot");
+    assert_eq!(doc["fast_p"]["before"], doc["fast_p"]["after"]);
+    // Nothing was evaluated, so no directory was made beside the run.
+    let beside: Vec<_> = std::fs::read_dir(root.join("runs"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(beside.len(), 1);
+    // --candidates all takes the incorrect one.
+    let o = recheck(&[s(&run), "--candidates", "all", "--format", "json"]);
+    assert_eq!(o.status.code(), Some(0));
+    let doc = json_of(&o);
+    assert_eq!(doc["summary"]["unchanged"], 1, "{doc:#}");
+    assert_eq!(result(&doc, "1/1", 1)["new"]["verdict"], "incorrect");
 }

@@ -82,6 +82,14 @@ pub fn recheck(args: RecheckArgs) -> anyhow::Result<ExitCode> {
     let picked = select::pick(&source.dir, &source.loaded.turns, args.candidates);
 
     let (items, slots) = generations(&picked);
+    if picked.is_empty() {
+        notes.push(match args.candidates {
+            Which::Correct => {
+                "nothing to recheck: the run has no correct candidate (--candidates all takes the others)".into()
+            }
+            Which::All => "nothing to recheck: the run has no candidate with a verdict".to_string(),
+        });
+    }
     let evaluated = if items.is_empty() {
         None
     } else {
