@@ -153,6 +153,44 @@ pub(super) fn evaluate(
     sets: &[String],
     resume: bool,
 ) -> anyhow::Result<(ExitCode, LoadedRun)> {
+    evaluate_with(
+        items,
+        dataset,
+        level,
+        out,
+        sets,
+        resume,
+        EvalBase::default(),
+    )
+}
+
+/// A check of the loaded config before anything runs (an error stops the evaluation).
+pub(super) type ConfigCheck = Box<dyn Fn(&config::LoadedConfig) -> anyhow::Result<()>>;
+
+/// What a caller of [`evaluate_with`] brings besides the generations: `krefine recheck` evaluates a
+/// run's candidates with that run's own settings.
+#[derive(Default)]
+pub(super) struct EvalBase {
+    /// Config sections to start from (`[eval]`, `[resources]`, ...); the sections an evaluation of
+    /// served generations fixes (`[run]`, `[dataset]`, `[method]`, `[model]`, `[output]`) replace
+    /// theirs, and `--set` applies last.
+    pub sections: toml::Table,
+    /// Leave the run's report off stdout (the caller prints its own).
+    pub quiet: bool,
+    /// Checked once the config is loaded, before the run starts.
+    pub check: Option<ConfigCheck>,
+}
+
+/// [`evaluate`], starting from `base`.
+pub(super) fn evaluate_with(
+    items: &[Generation],
+    dataset: &Path,
+    level: u32,
+    out: &Path,
+    sets: &[String],
+    resume: bool,
+    base: EvalBase,
+) -> anyhow::Result<(ExitCode, LoadedRun)> {
     if items.is_empty() {
         bail!("no generations of level {level} to evaluate");
     }
@@ -176,7 +214,12 @@ pub(super) fn evaluate(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "eval".into());
-    let mut cfg = toml::Table::new();
+    let EvalBase {
+        sections,
+        quiet,
+        check,
+    } = base;
+    let mut cfg = sections;
     let table = |pairs: Vec<(&str, toml::Value)>| {
         toml::Value::Table(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
     };
@@ -217,6 +260,9 @@ pub(super) fn evaluate(
     let text = toml::to_string(&cfg)?;
     let config_path = out.join(crate::store::CONFIG_FILE);
     let loaded = config::parse(&text, &config_path, sets)?;
+    if let Some(check) = check {
+        check(&loaded)?;
+    }
     let args = super::run::RunArgs {
         config: config_path,
         out: Some(out.clone()),
@@ -224,6 +270,7 @@ pub(super) fn evaluate(
         no_tui: true,
         sets: sets.to_vec(),
         replay_llm: None,
+        quiet_report: quiet,
     };
     let code = super::run::run_loaded(args, loaded)?;
     let run = load_run(&out)?;

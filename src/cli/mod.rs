@@ -13,6 +13,7 @@ mod compare;
 mod doctor;
 mod doctor_launcher;
 mod eval;
+mod recheck;
 mod report;
 mod run;
 mod view;
@@ -49,6 +50,9 @@ enum Cmd {
     /// Evaluate existing generations (a leaderboard submission JSON or a KernelBench runs folder)
     /// without an LLM, into a run directory plus KernelBench's eval_results.json.
     Eval(eval::EvalArgs),
+    /// Re-evaluate a run's candidates under today's checks into a new run directory and report what
+    /// changed (exit status 1 when a credited result no longer stands); the run is not written.
+    Recheck(recheck::RecheckArgs),
     /// Time the references of a dataset's levels into a KernelBench baseline JSON (eager or
     /// torch.compile), for `eval.baseline`.
     Baseline(baseline::BaselineArgs),
@@ -78,6 +82,7 @@ pub fn main() -> ExitCode {
         Cmd::Report(args) => report::report(args),
         Cmd::Compare(args) => compare::compare_cmd(args),
         Cmd::Eval(args) => eval::eval(args),
+        Cmd::Recheck(args) => recheck::recheck(args),
         Cmd::Baseline(args) => baseline::baseline(args),
         Cmd::Doctor { config } => doctor::doctor(config.as_deref()),
         Cmd::Check(args) => check::check(args),

@@ -47,6 +47,10 @@ pub struct RunArgs {
     /// Serve the LLM answers recorded in this run directory instead of calling a model.
     #[arg(long, value_name = "RUN_DIR")]
     pub(super) replay_llm: Option<PathBuf>,
+    /// Leave the report off stdout at the end (commands that run an evaluation and print their own
+    /// output, such as `krefine recheck`).
+    #[arg(skip)]
+    pub(super) quiet_report: bool,
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -442,9 +446,11 @@ async fn drive_engine(
              (same config and --out) to redo exactly those"
         );
     }
-    match super::report::render_dirs(&[dir.root().to_path_buf()], crate::report::Format::Text) {
-        Ok(text) => super::print_out(&text)?,
-        Err(e) => eprintln!("warning: could not build the report: {e:#}"),
+    if !args.quiet_report {
+        match super::report::render_dirs(&[dir.root().to_path_buf()], crate::report::Format::Text) {
+            Ok(text) => super::print_out(&text)?,
+            Err(e) => eprintln!("warning: could not build the report: {e:#}"),
+        }
     }
     Ok(match summary.stopped {
         Some(_) if cancel.is_cancelled() => ExitCode::from(130),
