@@ -351,7 +351,8 @@ fn resume_refuses_a_different_experiment_but_allows_other_resources() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(
-        err.contains("[method]") && err.contains("config.toml"),
+        err.contains("method.turns: the run has 3, the config gives 5")
+            && err.contains("config.toml"),
         "{err}"
     );
     let o = resume_with("resources.compile_workers=1");

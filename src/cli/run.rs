@@ -95,7 +95,7 @@ pub(super) fn run_loaded(args: RunArgs, loaded: LoadedConfig) -> anyhow::Result<
         let dir = RunDir::open(&out)?;
         let lock = lock::lock_run_dir(dir.root())?;
         check_frozen_config(&dir, &loaded)?;
-        let prior = read_log(&dir.events_path())?;
+        let prior = read_resumable(&dir)?;
         (dir, Some(prior), lock)
     } else {
         std::fs::create_dir_all(&out)
@@ -127,6 +127,20 @@ pub(super) fn run_loaded(args: RunArgs, loaded: LoadedConfig) -> anyhow::Result<
         remove_if_unstarted(&dir);
     }
     result
+}
+
+/// The log of a run to resume. A line that is not a record this krefine reads stops the resume
+/// with its number; the log is left as it is, and `krefine repair` is the way past it.
+fn read_resumable(dir: &RunDir) -> anyhow::Result<ReadLog> {
+    read_log(&dir.events_path()).map_err(|e| match e {
+        crate::store::StoreError::Corrupt { line, .. } if line > 0 => anyhow::anyhow!(
+            "{e}\nthe log was left as it is; `krefine repair {dir}` cuts it before line {line} \
+             (the whole log is kept as a backup), then --resume redoes what the lines from there \
+             on recorded",
+            dir = dir.root().display()
+        ),
+        e => e.into(),
+    })
 }
 
 /// Write the run's `provenance.json` (dataset revision, baseline hash, machine, build). A resumed
@@ -574,30 +588,41 @@ pub(crate) fn hf_cache_dir(loaded: &LoadedConfig) -> Option<PathBuf> {
 }
 
 /// A resumed run must be the same experiment: everything but resources, budget and output must
-/// match the frozen config in the run directory.
+/// match the frozen config in the run directory. A refusal names each differing key with the run's
+/// value and the given one.
 fn check_frozen_config(dir: &RunDir, loaded: &LoadedConfig) -> anyhow::Result<()> {
     let path = dir.config_path();
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read the run's frozen config {}", path.display()))?;
-    let frozen: Config = toml::from_str(&text)
+    let mut frozen: Config = toml::from_str(&text)
         .with_context(|| format!("the run's frozen config {} is not valid", path.display()))?;
-    let table =
-        |c: &Config| toml::Table::try_from(c).with_context(|| "cannot compare configs".to_string());
-    let (a, b) = (table(&frozen)?, table(&loaded.config)?);
-    let mut differs: Vec<&str> = a
-        .keys()
-        .chain(b.keys())
-        .map(String::as_str)
-        .filter(|k| !matches!(*k, "resources" | "output" | "budget") && a.get(*k) != b.get(*k))
-        .collect();
-    differs.sort_unstable();
-    differs.dedup();
+    // Runs frozen before paths were written absolute name them as the config that started them
+    // did: read those relative to the config given now, as that run read them.
+    config::freeze(&mut frozen, &loaded.path);
+    let differs = config::differences(&frozen, &loaded.config, &["resources", "output", "budget"]);
     if !differs.is_empty() {
+        let unset = || "(unset)".to_string();
+        let lines: Vec<String> = differs
+            .iter()
+            .map(|d| {
+                format!(
+                    "  {}: the run has {}, the config gives {}",
+                    d.key,
+                    d.before.clone().unwrap_or_else(unset),
+                    d.after.clone().unwrap_or_else(unset)
+                )
+            })
+            .collect();
         bail!(
-            "cannot resume {}: the config differs from the run's frozen config {} in [{}]; only [resources], [budget] and [output] may change on resume",
+            "cannot resume {}: the config differs from the run's frozen config {} in {} key(s):\n{}\n\
+             only [resources], [budget] and [output] may change on resume; to continue the run as it \
+             was, resume with its own config: krefine run {} --out {} --resume",
             dir.root().display(),
             path.display(),
-            differs.join("], [")
+            differs.len(),
+            lines.join("\n"),
+            path.display(),
+            dir.root().display()
         );
     }
     Ok(())
