@@ -2,6 +2,8 @@
 //! running the binary (a failure panics with its output), and small file helpers.
 #![allow(dead_code)] // each test binary uses its own part
 
+pub mod tmux;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
