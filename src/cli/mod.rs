@@ -16,6 +16,7 @@ mod eval;
 mod repair;
 mod report;
 mod run;
+mod run_display;
 mod view;
 
 use std::path::PathBuf;

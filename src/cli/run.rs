@@ -1,16 +1,14 @@
 //! `krefine run`: load the config and dataset, pick devices, start services, drive the engine.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use tokio_util::sync::CancellationToken;
 
 use crate::checks::{CheckedCompiler, StaticChecks};
 use crate::config::{self, Config, ExecutorKind, LoadedConfig};
-use crate::engine::{Engine, EngineParts, RunPlan};
+use crate::engine::{Engine, EngineParts, RunPlan, RunStop, Signals, StopReason};
 use crate::gpu::{self, DeviceInfo};
 use crate::launcher::{self, Launcher};
 use crate::prompt::{PromptSettings, Prompts};
@@ -245,8 +243,24 @@ fn start(
     );
     eprintln!("run directory: {}", dir.root().display());
     let rt = super::runtime()?;
-    let code = rt.block_on(drive(args, loaded, dir, prior, plan, devices, discovery))?;
-    Ok(code)
+    match rt.block_on(drive(args, loaded, dir, prior, plan, devices, discovery))? {
+        Driven::Ended(code) => Ok(code),
+        Driven::Forced(code) => {
+            // Nothing is waited for: tasks still running (a step under way, a worker's shutdown)
+            // end with the process.
+            rt.shutdown_background();
+            Ok(code)
+        }
+    }
+}
+
+/// What the run's display and engine came to.
+enum Driven {
+    /// The run ended (finished, stopped cleanly or left incomplete): its exit status.
+    Ended(ExitCode),
+    /// The second stop request came: the process leaves at once, without waiting for the steps
+    /// under way or shutting the workers down (they die with it: `PR_SET_PDEATHSIG`).
+    Forced(ExitCode),
 }
 
 async fn drive(
@@ -257,8 +271,22 @@ async fn drive(
     plan: RunPlan,
     devices: Vec<DeviceInfo>,
     discovery: gpu::Discovery,
-) -> anyhow::Result<ExitCode> {
-    let cancel = CancellationToken::new();
+) -> anyhow::Result<Driven> {
+    let stop = RunStop::new();
+    let cancel = stop.token().clone();
+    // One stream of signals for the whole run, services starting included: SIGTERM (a scheduler,
+    // `kill`, `timeout`) and SIGHUP stop it the way Ctrl-C does, so that the workers, and an
+    // allocation krefine asked for, are released on the way out; a second signal stops it at once.
+    let _signals = super::run_display::listen(
+        Signals::new().context("cannot listen for signals")?,
+        stop.clone(),
+    );
+    let display = super::run_display::display(args.no_tui);
+    if let super::run_display::Display::Plain { why: Some(why) } = display {
+        eprintln!("krefine: {why}");
+    }
+    // Until a screen is up, what the stop does is said on stderr.
+    let startup_notices = super::run_display::notices(&stop);
     let (llm, ledger) = llm::build_with_ledger(
         &loaded.llm_parts(),
         args.replay_llm.as_deref(),
@@ -268,76 +296,81 @@ async fn drive(
     // it, and what it spent counts against the budget (budgets cover the whole run).
     let prior_view = RunView::from_records(prior.iter().flat_map(|p| &p.records));
     ledger.restore(&prior_view.budget_spend);
-    // SIGTERM (a scheduler, `kill`) stops the run the way Ctrl-C does, so that the workers, and an
-    // allocation krefine asked for, are released on the way out.
-    {
-        let cancel = cancel.clone();
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("cannot listen for SIGTERM")?;
-        tokio::spawn(async move {
-            if term.recv().await.is_some() {
-                eprintln!(
-                    "\nterminated: stopping; the event log stays valid, resume with --resume"
-                );
-                cancel.cancel();
-            }
-        });
-    }
-    // Ctrl-C while the services start (a Slurm allocation that waits for its grant, workers that
-    // start) stops the run the way SIGTERM does; the run's own Ctrl-C handling starts after.
-    let interrupt = {
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!("\ninterrupted: stopping");
-                cancel.cancel();
-            }
-        })
+    let services = tokio::select! {
+        s = build_eval_services(&loaded, &dir, &devices, &discovery, &cancel) => s,
+        () = stop.forced() => return Ok(Driven::Forced(ExitCode::from(130))),
     };
-    let services = build_eval_services(&loaded, &dir, &devices, &discovery, &cancel).await;
-    interrupt.abort();
     let (compiler, executor, pool, launcher, scratch) = match services {
         Ok(s) => s,
         Err(e) if cancel.is_cancelled() => {
             eprintln!("{e:#}");
-            return Ok(ExitCode::from(130));
+            let status = stop.reason().map_or(130, |r| r.exit_status());
+            return Ok(Driven::Ended(ExitCode::from(status)));
         }
         Err(e) => return Err(e),
     };
+    if display == super::run_display::Display::Tui {
+        startup_notices.abort();
+    }
     let result = drive_engine(
-        args, &loaded, dir, prior, prior_view, plan, devices, cancel, llm, compiler, executor,
+        &loaded, dir, prior, prior_view, plan, devices, &stop, display, llm, compiler, executor,
     )
     .await;
-    if let Some(pool) = pool {
-        pool.shutdown().await;
+    if matches!(result, Ok(Driven::Forced(_))) {
+        return result;
     }
-    if let Some(l) = launcher {
-        l.release().await;
+    let shutdown = async {
+        #[cfg(debug_assertions)]
+        test_hold_shutdown().await;
+        if let Some(pool) = pool {
+            pool.shutdown().await;
+        }
+        if let Some(l) = launcher {
+            l.release().await;
+        }
+        // The workers are gone: their scratch goes too (gigabytes of copy-on-write layers on a
+        // GPU run), off the runtime's threads.
+        if let Some(scratch) = scratch {
+            let _ = tokio::task::spawn_blocking(move || drop(scratch)).await;
+        }
+    };
+    // A second signal while the workers shut down (or an allocation is given back) leaves at once.
+    tokio::select! {
+        () = shutdown => result,
+        () = stop.forced() => Ok(Driven::Forced(ExitCode::from(130))),
     }
-    // The workers are gone: their scratch goes too (gigabytes of copy-on-write layers on a GPU
-    // run), off the runtime's threads.
-    if let Some(scratch) = scratch {
-        let _ = tokio::task::spawn_blocking(move || drop(scratch)).await;
+}
+
+/// Tests only (debug builds): `KREFINE_TEST_HOLD_SHUTDOWN_S=N` makes the shutdown after the run
+/// take N seconds longer, as a slow worker or cluster would, so that a test can show that a second
+/// signal does not wait for it.
+#[cfg(debug_assertions)]
+async fn test_hold_shutdown() {
+    let hold = std::env::var("KREFINE_TEST_HOLD_SHUTDOWN_S")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0);
+    if let Some(s) = hold {
+        tokio::time::sleep(std::time::Duration::from_secs_f64(s)).await;
     }
-    result
 }
 
 /// The run itself, once the services stand; the caller shuts the workers down and releases the
-/// launcher however this ends.
+/// launcher however this ends (unless it was forced).
 #[allow(clippy::too_many_arguments)]
 async fn drive_engine(
-    args: RunArgs,
     loaded: &LoadedConfig,
     dir: RunDir,
     prior: Option<ReadLog>,
     prior_view: RunView,
     plan: RunPlan,
     devices: Vec<DeviceInfo>,
-    cancel: CancellationToken,
+    stop: &RunStop,
+    display: super::run_display::Display,
     llm: Arc<dyn crate::services::Llm>,
     compiler: Arc<dyn Compiler>,
     executor: Arc<dyn Executor>,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<Driven> {
     let cfg = &loaded.config;
     let prompts = Prompts::load(
         cfg.prompt
@@ -391,7 +424,7 @@ async fn drive_engine(
         dir.clone(),
         prior,
         cfg.output.fsync,
-        cancel.clone(),
+        stop.clone(),
     )
     .await?;
     if let Some(w) = engine.torn_tail() {
@@ -399,25 +432,29 @@ async fn drive_engine(
         tracing::warn!("{w}");
     }
     let live = Live::new(engine.subscribe(), dir.events_path());
-    let summary = if !args.no_tui && std::io::stdout().is_terminal() {
+    let forced = || Ok(Driven::Forced(ExitCode::from(130)));
+    let summary = if display == super::run_display::Display::Tui {
         let mut app = App::new(Mode::Live, super::view::meta_of(cfg, dir.root()));
         app.reset(prior_view);
         app.set_devices(device_names);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(live.forward(tx));
         let engine_task = tokio::spawn(engine.run());
-        // The UI handles Ctrl-C (and SIGINT) itself: the first stops the run, the second leaves.
-        match tui::run(app, Input::Feed(rx), Some(cancel.clone())).await {
+        // `q` and Ctrl-C in the UI, and the signals, go to the run's stop: the first stops the run
+        // cleanly, the second leaves at once.
+        match tui::run(app, Input::Feed(rx), Some(stop.clone())).await {
             // `q` is only accepted once the run is over.
             Ok(Exit::Quit) => {}
             Ok(Exit::Forced) => {
                 eprintln!(
-                    "interrupted twice: left without waiting for the run to stop; the event log stays valid, resume with --resume"
+                    "{}: left without waiting for the run to stop; the event log stays valid, \
+                     resume with --resume",
+                    StopReason::SecondSignal
                 );
-                return Ok(ExitCode::from(130));
+                return forced();
             }
             Err(e) => {
-                cancel.cancel();
+                stop.request(StopReason::Failed(format!("the terminal UI failed: {e}")));
                 let _ = engine_task.await;
                 return Err(e);
             }
@@ -426,17 +463,12 @@ async fn drive_engine(
             .await
             .map_err(|e| anyhow::anyhow!("the engine task failed: {e}"))?
     } else {
-        let progress = tokio::spawn(progress::follow(live, total_turns, prior_view));
-        let ctrl_c = cancel.clone();
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!(
-                    "\ninterrupted: stopping; the event log stays valid, resume with --resume"
-                );
-                ctrl_c.cancel();
-            }
-        });
-        let summary = engine.run().await;
+        let style = progress::Style::for_stderr();
+        let progress = tokio::spawn(progress::follow(live, total_turns, prior_view, style));
+        let summary = tokio::select! {
+            s = engine.run() => s,
+            () = stop.forced() => return forced(),
+        };
         let _ = progress.await;
         summary
     };
@@ -460,13 +492,13 @@ async fn drive_engine(
         Ok(text) => super::print_out(&text)?,
         Err(e) => eprintln!("warning: could not build the report: {e:#}"),
     }
-    Ok(match summary.stopped {
-        Some(_) if cancel.is_cancelled() => ExitCode::from(130),
-        Some(_) => ExitCode::from(1),
+    Ok(Driven::Ended(match &summary.stopped {
+        // 130 for an interrupt, 143 for SIGTERM, 129 for SIGHUP, 1 for a stop from within.
+        Some(reason) => ExitCode::from(reason.exit_status()),
         // Tasks wait on the LLM endpoint or on workers (an outage): see README, "Exit status".
         None if summary.incomplete() => ExitCode::from(EXIT_INCOMPLETE),
         None => ExitCode::SUCCESS,
-    })
+    }))
 }
 
 /// The compiler, the executor, and what must be shut down and released at the end.
@@ -494,7 +526,7 @@ async fn build_eval_services(
     dir: &RunDir,
     devices: &[DeviceInfo],
     discovery: &gpu::Discovery,
-    cancel: &CancellationToken,
+    cancel: &tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<EvalServices> {
     let cfg = &loaded.config;
     match cfg.eval.executor {
