@@ -95,6 +95,7 @@ async fn run(
         // Builds, the CPU stage and the CPU device's timings share two cores.
         cpu_budget: Some(budget.clone()),
         prepare_ahead,
+        host_locks: None,
     };
     let dir = RunDir::create(&root.join(format!("run-{prepare_ahead}")), "").unwrap();
     let events = dir.events_path();

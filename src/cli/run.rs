@@ -399,12 +399,16 @@ async fn drive_engine(
         cfg.eval.precision,
     );
     let compiler: Arc<dyn Compiler> = Arc::new(CheckedCompiler::new(compiler, checks));
+    // What the devices' locks say (another krefine process times on a device): shown by the UI, or
+    // on stderr.
+    let (notices, mut notice_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     // The engine leases the CPU when no GPU was selected.
     let device_names: Vec<String> = if devices.is_empty() {
         vec![DeviceId::Cpu.to_string()]
     } else {
         devices.iter().map(|d| d.id.to_string()).collect()
     };
+    let host_locks = host_locks(cfg, &dir, &devices, notices);
     let parts = EngineParts {
         llm,
         compiler,
@@ -416,6 +420,7 @@ async fn drive_engine(
         compile_workers: cfg.resources.compile_workers() as usize,
         cpu_budget: cpu_budget(cfg),
         prepare_ahead: cfg.resources.prepare_ahead as usize,
+        host_locks,
     };
     let total_turns = plan.problems.len() as u64 * plan.samples as u64 * plan.turns as u64;
     let engine = Engine::prepare(
@@ -438,6 +443,12 @@ async fn drive_engine(
         app.reset(prior_view);
         app.set_devices(device_names);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let to_ui = tx.clone();
+        tokio::spawn(async move {
+            while let Some(n) = notice_rx.recv().await {
+                let _ = to_ui.send(crate::view::source::Feed::Warning(n));
+            }
+        });
         tokio::spawn(live.forward(tx));
         let engine_task = tokio::spawn(engine.run());
         // `q` and Ctrl-C in the UI, and the signals, go to the run's stop: the first stops the run
@@ -463,6 +474,11 @@ async fn drive_engine(
             .await
             .map_err(|e| anyhow::anyhow!("the engine task failed: {e}"))?
     } else {
+        tokio::spawn(async move {
+            while let Some(n) = notice_rx.recv().await {
+                eprintln!("{n}");
+            }
+        });
         let style = progress::Style::for_stderr();
         let progress = tokio::spawn(progress::follow(live, total_turns, prior_view, style));
         let summary = tokio::select! {
@@ -499,6 +515,29 @@ async fn drive_engine(
         None if summary.incomplete() => ExitCode::from(EXIT_INCOMPLETE),
         None => ExitCode::SUCCESS,
     }))
+}
+
+/// The devices' locks shared by every krefine process on this machine, when this run times on
+/// local devices (real evaluations with the local launcher; remote workers' devices are other
+/// hosts', and simulated timings are no timings). Waits for another process are said on `notices`.
+fn host_locks(
+    cfg: &Config,
+    dir: &RunDir,
+    devices: &[DeviceInfo],
+    notices: tokio::sync::mpsc::UnboundedSender<String>,
+) -> Option<gpu::HostLocks> {
+    let local = cfg.resources.launcher == crate::launcher::config::LauncherKind::Local;
+    if !local || cfg.eval.executor != ExecutorKind::Worker {
+        return None;
+    }
+    let devices = if devices.is_empty() {
+        vec![DeviceInfo::cpu()]
+    } else {
+        devices.to_vec()
+    };
+    let run = std::path::absolute(dir.root()).unwrap_or_else(|_| dir.root().to_path_buf());
+    let holder = format!("pid {}, run {}", std::process::id(), run.display());
+    Some(gpu::HostLocks::new(lock::device_lock_dir(), holder, &devices).with_notices(notices))
 }
 
 /// The compiler, the executor, and what must be shut down and released at the end.

@@ -107,6 +107,9 @@ pub struct EngineParts {
     /// Problems whose reference data is prepared ahead of their candidates at once
     /// (`resources.prepare_ahead`; 0: none, candidates build what they need themselves).
     pub prepare_ahead: usize,
+    /// The devices' locks across krefine processes on this machine, held with every lease, so that
+    /// two runs never time on one device at once (`None`: this process's leases alone).
+    pub host_locks: Option<crate::gpu::HostLocks>,
 }
 
 /// How a run ended.
@@ -320,7 +323,10 @@ impl Engine {
             compile_gate: Semaphore::new(parts.compile_workers.max(1)),
             compile_slots: parts.compile_workers.max(1) as u32,
             cpu: parts.cpu_budget,
-            devices: DevicePool::new(devices),
+            devices: match parts.host_locks {
+                Some(locks) => DevicePool::new(devices).with_host_locks(locks),
+                None => DevicePool::new(devices),
+            },
             prep,
             cancel: stop.token().clone(),
             stop,
