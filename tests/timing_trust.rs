@@ -1,6 +1,7 @@
-//! One device, one timer, across krefine processes (issue 37, item 1): a run whose device another
-//! process holds waits for it and says so, and two real `krefine run` processes on one machine never
-//! run candidates on the CPU device at once.
+//! Timing you can trust on a shared machine (issue 37, item 1): one device, one timer, across
+//! krefine processes (a run whose device another process holds waits for it and says so; two real
+//! `krefine run` processes on one machine never run candidates on the CPU device at once), and a
+//! candidate whose timing is wild is evaluated again and flagged when it stays wild.
 //!
 //! Real workers on the CPU (the Python of `KREFINE_TEST_PYTHON`), pure-PyTorch candidates (nothing
 //! to build), and a lock folder of the test's own (`KREFINE_LOCK_DIR`), shared by the processes of
@@ -22,6 +23,18 @@ use cli_support::{log_lines, python, s};
 /// `name` makes each experiment's candidate its own code (its own build) and tells its processes
 /// apart (each run's sandbox numbers its processes from 1).
 fn experiment(root: &Path, name: &str) -> PathBuf {
+    let forward = format!(
+        "print(f\"krefine-trace enter {{time.time_ns()}} {name}-{{os.getpid()}}\", flush=True)\n        \
+         time.sleep(0.02)\n        out = a + b\n        \
+         print(f\"krefine-trace leave {{time.time_ns()}} {name}-{{os.getpid()}}\", flush=True)\n        \
+         return out\n"
+    );
+    experiment_with(root, name, &forward)
+}
+
+/// The experiment of [`experiment`] with `forward` as the candidate's forward body (indented by 8,
+/// `os`, `time` and `torch` imported, `self.calls` counting the calls before this one).
+fn experiment_with(root: &Path, name: &str, forward: &str) -> PathBuf {
     let probs = root.join(format!("{name}-problems"));
     std::fs::create_dir_all(&probs).unwrap();
     std::fs::write(
@@ -32,11 +45,9 @@ fn experiment(root: &Path, name: &str) -> PathBuf {
     )
     .unwrap();
     let code = format!(
-        "# {name}\nimport os\nimport time\nimport torch\n\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, a, b):\n        \
-         print(f\"krefine-trace enter {{time.time_ns()}} {name}-{{os.getpid()}}\", flush=True)\n        \
-         time.sleep(0.02)\n        out = a + b\n        \
-         print(f\"krefine-trace leave {{time.time_ns()}} {name}-{{os.getpid()}}\", flush=True)\n        \
-         return out\n"
+        "# {name}\nimport os\nimport time\nimport torch\n\n\nclass ModelNew(torch.nn.Module):\n    \
+         def __init__(self):\n        super().__init__()\n        self.calls = 0\n\n    \
+         def forward(self, a, b):\n        self.calls += 1\n        {forward}"
     );
     let mut answers = String::new();
     for turn in 1..=3 {
@@ -229,4 +240,52 @@ fn two_krefine_processes_never_run_candidates_on_one_device_at_once() {
             ),
         }
     }
+}
+
+#[test]
+fn a_wild_timing_is_evaluated_again_and_flagged_when_it_stays_wild() {
+    let tmp = tempfile::tempdir().unwrap();
+    let locks = tmp.path().join("locks");
+    // Two calls of every three sleep: the median call is ~500x the fastest, every time.
+    let cfg = experiment_with(
+        tmp.path(),
+        "wild",
+        "if self.calls % 3:\n            time.sleep(0.005)\n        return a + b\n",
+    );
+    let out = tmp.path().join("run");
+    let (child, err) = start(&cfg, &out, &locks);
+    wait_ok(child, &err);
+    let executed: Vec<serde_json::Value> = log_lines(&out)
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["event"]["type"] == "executed")
+        .collect();
+    assert_eq!(executed.len(), 3, "one evaluation recorded per turn");
+    for r in &executed {
+        let o = &r["event"]["outcome"];
+        assert_eq!(o["verdict"], "correct", "{o}");
+        // Evaluated twice more, then flagged.
+        assert_eq!(o["metadata"]["timing_retimed"], 2, "{o}");
+        let f = o["findings"].as_array().unwrap();
+        assert!(
+            f.iter().any(|f| f["category"] == "unsteady_timing"
+                && f["severity"] == "warning"
+                && f["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("the candidate's timing is unsteady")),
+            "{o}"
+        );
+        assert!(
+            o["feedback"].as_str().unwrap().contains("(Timing note: "),
+            "{o}"
+        );
+    }
+    // The report counts it with the runtime findings.
+    let report = std::process::Command::new(env!("CARGO_BIN_EXE_krefine"))
+        .args(["report", s(&out)])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(text.contains("unsteady_timing"), "{text}");
 }
