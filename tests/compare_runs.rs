@@ -660,12 +660,47 @@ fn plots_are_written_as_svg_and_png() {
         // A machine without fonts must say so, not write an unlabelled picture.
         assert!(err.contains("PNG output needs a system font"), "{err}");
     }
-    let o = krefine(&["report", s(&a), "--plot", s(&d.path().join("x.gif"))]);
-    assert!(!o.status.success());
-    assert!(
-        text(&o)
-            .1
-            .contains("expected a file name ending in .svg or .png")
+    // A file the plot cannot be: refused before the report is printed, by report and compare.
+    for bad in ["x.pdf", "no/such/folder/x.svg"] {
+        let path = d.path().join(bad);
+        for cmd in [vec!["report", s(&a)], vec!["compare", s(&a), s(&b)]] {
+            let mut args = cmd.clone();
+            args.extend(["--plot", s(&path)]);
+            let o = krefine(&args);
+            let (out, err) = text(&o);
+            assert!(!o.status.success(), "{bad}");
+            assert!(out.is_empty(), "{cmd:?} --plot {bad} printed first:\n{out}");
+            let why = if bad.ends_with(".pdf") {
+                "expected a file name ending in .svg or .png"
+            } else {
+                "no folder"
+            };
+            assert!(err.contains(why), "{err}");
+        }
+    }
+}
+
+/// Curves with equal values are drawn once and labelled with every name, so that none hides
+/// under another: run `ref` has fast_0.5 = fast_0.8 = fast_1 at both turns, while fast_1.5 and
+/// fast_2 part at turn 2 (so those two keep lines of their own).
+#[test]
+fn equal_curves_share_one_labelled_line() {
+    let d = tempfile::tempdir().unwrap();
+    let (a, _) = fixture_runs(d.path());
+    let svg = d.path().join("run.svg");
+    let o = krefine(&["report", s(&a), "--plot", s(&svg)]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let body = std::fs::read_to_string(&svg).unwrap();
+    let labels: Vec<&str> = body.lines().filter(|l| l.starts_with("fast_")).collect();
+    assert_eq!(
+        labels,
+        [
+            "fast_0",
+            "fast_0.5 = fast_0.8 = fast_1",
+            "fast_1.5",
+            "fast_2"
+        ],
+        "{body}"
     );
 }
 

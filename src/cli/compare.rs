@@ -47,6 +47,10 @@ pub fn compare_cmd(args: CompareArgs) -> anyhow::Result<ExitCode> {
             args.level
         );
     }
+    // A file the plot cannot be written to is said before anything is printed.
+    if let Some(path) = &args.plot {
+        plot::check_target(path)?;
+    }
     let given = args
         .fast_p
         .as_deref()

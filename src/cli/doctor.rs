@@ -122,7 +122,19 @@ pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
             "LLM endpoint:\n  {}",
             llm::describe_endpoint(&l.llm_parts())
         );
-        if !rt.block_on(super::doctor_launcher::check(l, python.as_ref().ok())) {
+        // The config's own inputs: what `krefine run` would refuse to start without.
+        println!("Inputs ({}):", l.path.display());
+        let mut inputs_ok = true;
+        for f in super::preflight::inputs(l) {
+            match f.result {
+                Ok(what) => println!("  {}: {what}", f.key),
+                Err(why) => {
+                    inputs_ok = false;
+                    println!("  {}: PROBLEM: {why}", f.key);
+                }
+            }
+        }
+        if !rt.block_on(super::doctor_launcher::check(l, python.as_ref().ok())) || !inputs_ok {
             return Ok(ExitCode::FAILURE);
         }
     }

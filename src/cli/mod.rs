@@ -13,6 +13,7 @@ mod compare;
 mod doctor;
 mod doctor_launcher;
 mod eval;
+mod preflight;
 mod repair;
 mod report;
 mod run;

@@ -48,14 +48,13 @@ pub fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
             "--plot and --submission take one run directory; use `krefine compare --plot` for several"
         );
     }
+    // A file the plot cannot be written to is said before anything is printed.
+    if let Some(path) = &args.plot {
+        plot::check_target(path)?;
+    }
     let given = args.fast_p.as_deref().map(parse_thresholds).transpose()?;
     let runs = load_runs(&args.runs)?;
-    let thresholds = thresholds_of(given, &runs)?;
-    let reports: Vec<RunReport> = runs.iter().map(|r| r.with_extra(&thresholds)).collect();
-    let mut out = render_reports(&reports, args.format);
-    if matches!(args.format, Format::Text | Format::Md) {
-        out.push_str(&extra_fast_p(&runs, &thresholds));
-    }
+    let out = render_runs(&runs, given, args.format)?;
     super::print_out(&out)?;
     if let (Some(path), Some(run)) = (&args.plot, runs.first()) {
         plot::write_plot(path, &plot::run_svg(run)?)?;
@@ -182,10 +181,26 @@ pub fn load_runs(dirs: &[PathBuf]) -> anyhow::Result<Vec<LoadedRun>> {
         .collect()
 }
 
-/// Render the reports of several run directories in one format.
+/// The report of loaded runs in one format, at the `--fast-p` thresholds `given`, else the runs'
+/// own `report.fast_p`: the columns and lines `krefine report` shows.
+fn render_runs(
+    runs: &[LoadedRun],
+    given: Option<Vec<f64>>,
+    format: Format,
+) -> anyhow::Result<String> {
+    let thresholds = thresholds_of(given, runs)?;
+    let reports: Vec<RunReport> = runs.iter().map(|r| r.with_extra(&thresholds)).collect();
+    let mut out = render_reports(&reports, format);
+    if matches!(format, Format::Text | Format::Md) {
+        out.push_str(&extra_fast_p(runs, &thresholds));
+    }
+    Ok(out)
+}
+
+/// The report of run directories in one format, as `krefine report DIR...` prints it (a run's own
+/// `report.fast_p` thresholds included): what `krefine run` prints at its end.
 pub fn render_dirs(dirs: &[PathBuf], format: Format) -> anyhow::Result<String> {
-    let reports: Vec<RunReport> = load_runs(dirs)?.into_iter().map(|r| r.report).collect();
-    Ok(render_reports(&reports, format))
+    render_runs(&load_runs(dirs)?, None, format)
 }
 
 fn render_reports(reports: &[RunReport], format: Format) -> String {

@@ -21,7 +21,7 @@ use crate::tui::{self, Exit, Input};
 use crate::types::{FeedbackMode, MethodKind};
 use crate::view::RunView;
 use crate::worker::{self, BaselineTable, WorkerPool, WorkerSettings};
-use crate::{dataset, llm, lock, progress, provenance};
+use crate::{llm, lock, progress, provenance};
 
 /// Exit status of a run that ended with tasks waiting on the LLM endpoint or on workers.
 pub const EXIT_INCOMPLETE: u8 = 3;
@@ -57,14 +57,9 @@ pub(super) fn run_loaded(args: RunArgs, loaded: LoadedConfig) -> anyhow::Result<
     let cfg = &loaded.config;
     // Everything that can be checked is checked before a run directory exists.
     let dataset_path = loaded.resolve(&cfg.dataset.path);
-    let problems = dataset::load(&dataset_path, cfg.dataset.level, &cfg.dataset.problems)?;
-    if problems.is_empty() {
-        bail!(
-            "dataset {}: the selection {:?} of level {} has no problems",
-            dataset_path.display(),
-            cfg.dataset.problems,
-            cfg.dataset.level
-        );
+    let problems = super::preflight::problems(&loaded).map_err(anyhow::Error::msg)?;
+    if args.replay_llm.is_none() {
+        super::preflight::scripted_answers(&loaded, &problems).map_err(anyhow::Error::msg)?;
     }
     if cfg.eval.executor == ExecutorKind::Worker {
         let hf_cache = hf_cache_dir(&loaded);
@@ -164,6 +159,7 @@ fn record_provenance(
         discovery,
         hf_cache: if worker { hf_cache_dir(loaded) } else { None },
         hf_offline: worker.then_some(cfg.eval.hf.offline),
+        evaluation: Some(evaluation_of(&cfg.eval)),
     })?;
     match provenance::read(dir.root())? {
         None => provenance::write(dir.root(), &now)?,
@@ -182,6 +178,26 @@ fn record_provenance(
         }
     }
     Ok(())
+}
+
+/// How the run judges and times results, for `provenance.json`.
+fn evaluation_of(e: &crate::config::EvalSection) -> provenance::Evaluation {
+    provenance::Evaluation {
+        mode: e.mode.as_str().into(),
+        precision: e.precision.as_str().into(),
+        timing_method: e.timing_method.as_str().into(),
+        tolerance: e.tolerance_in_effect(),
+        reference: match e.reference {
+            crate::worker::config::ReferenceMode::Eager => "eager".into(),
+            crate::worker::config::ReferenceMode::Compile => "compile".into(),
+        },
+        inputs: e.inputs.as_str().into(),
+        correct_trials: e.correct_trials,
+        timing_trials: e.timing_trials,
+        warmup: e.warmup,
+        seed: e.seed,
+        simulated: e.executor == ExecutorKind::Simulated,
+    }
 }
 
 /// A new run that failed before its first event (no Python with torch, a missing API key, ...)
