@@ -147,6 +147,31 @@ pub fn extra_fast_p(runs: &[LoadedRun], thresholds: &[f64]) -> String {
     out
 }
 
+/// `run: 2 of 9 timed result(s) had an unsteady timing ...`, when any did (`metadata.timing_unsteady`,
+/// set by the worker pool: see `worker::execute`).
+fn unsteady_line(run: &LoadedRun) -> Option<String> {
+    let timed: Vec<&crate::types::ExecOutcome> = run
+        .turns
+        .values()
+        .flatten()
+        .filter_map(|t| t.exec.as_ref())
+        .filter(|e| e.runtime_stats.is_some())
+        .collect();
+    let unsteady = timed
+        .iter()
+        .filter(|e| e.metadata.contains_key("timing_unsteady"))
+        .count();
+    (unsteady > 0).then(|| {
+        format!(
+            "{}: {unsteady} of {} timed result(s) had an unsteady timing (a median or mean call more \
+             than 3x apart from the fastest, after re-timing): their speedups may be off \
+             (metadata.timing_unsteady)\n",
+            run.report.run,
+            timed.len()
+        )
+    })
+}
+
 /// `run: mean fraction of speed of light 61.9% over 3 correct candidates with a roofline`, when any
 /// correct candidate's profile recorded one.
 fn sol_line(run: &LoadedRun) -> Option<String> {
@@ -193,6 +218,9 @@ fn render_runs(
     let mut out = render_reports(&reports, format);
     if matches!(format, Format::Text | Format::Md) {
         out.push_str(&extra_fast_p(runs, &thresholds));
+        for line in runs.iter().filter_map(unsteady_line) {
+            out.push_str(&line);
+        }
     }
     Ok(out)
 }

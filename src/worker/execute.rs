@@ -3,8 +3,9 @@
 //! A correct candidate whose timing is wild (most calls far slower than its fastest, or a few so
 //! slow that they make the mean: something else ran on the device) is evaluated again, at most
 //! [`WILD_RETIMES`] times, and the steadiest correct evaluation is kept; one that stays wild, or
-//! whose reference timing is wild, is flagged (an `unsteady_timing` finding, a warning) with the
-//! spread in its feedback. The harness applies the same rule to the reference it times
+//! whose reference timing is wild, is flagged: `metadata.timing_unsteady` says what was wild, and its
+//! feedback says it too. (Not an integrity finding: those are about the candidate, this is about the
+//! machine it was timed on.) The harness applies the same rule to the reference it times
 //! (`kb_eval.steadiest`).
 
 use std::path::PathBuf;
@@ -27,8 +28,8 @@ use super::slot::Slot;
 use crate::services::{DeviceId, ExecJob, Executor, Unavailable};
 use crate::types::RequestError;
 use crate::types::{
-    EvalEnv, ExecOutcome, Finding, InputsOutcome, Precision, PrepareOutcome, Problem,
-    ProfileOutcome, Severity, TimingStats, Verdict,
+    EvalEnv, ExecOutcome, InputsOutcome, Precision, PrepareOutcome, Problem, ProfileOutcome,
+    TimingStats, Verdict,
 };
 
 /// A timing is wild when its median is more than this many times its fastest call, or its mean this
@@ -36,8 +37,8 @@ use crate::types::{
 pub const WILD_SPREAD: f64 = 3.0;
 /// Evaluations of a correct candidate after a wild timing, before it is flagged.
 pub const WILD_RETIMES: u32 = 2;
-/// The finding's category for a timing that stayed wild.
-pub const UNSTEADY_TIMING: &str = "unsteady_timing";
+/// The metadata key of a result whose timing stayed wild: what was wild, in words.
+pub const UNSTEADY_TIMING: &str = "timing_unsteady";
 
 /// How wild a timing is: the larger of median / fastest call and mean / median (1.0: steady; also
 /// for stats without a fastest call or a median, as old logs have).
@@ -67,7 +68,7 @@ fn retime_wanted(o: &ExecOutcome) -> bool {
 }
 
 /// Flag `o` when its timing (or its reference's) is still wild after `retimed` more evaluations:
-/// an `unsteady_timing` warning and a sentence in its feedback; `metadata.timing_retimed` says how
+/// `metadata.timing_unsteady` and a sentence in its feedback; `metadata.timing_retimed` says how
 /// many evaluations were made again.
 fn flag_unsteady(o: &mut ExecOutcome, retimed: u32) {
     if retimed > 0 {
@@ -111,12 +112,8 @@ fn flag_unsteady(o: &mut ExecOutcome, retimed: u32) {
     }
     let message = format!("{}; the speedup may be off by as much", said.join("; "));
     o.feedback.push_str(&format!("\n(Timing note: {message}.)"));
-    o.findings.push(Finding {
-        category: UNSTEADY_TIMING.into(),
-        severity: Severity::Warning,
-        message,
-        line: None,
-    });
+    o.metadata
+        .insert(UNSTEADY_TIMING.into(), serde_json::json!(message));
 }
 
 impl WorkerPool {
@@ -532,40 +529,34 @@ mod tests {
         assert!(retime_wanted(&o));
         flag_unsteady(&mut o, 2);
         assert_eq!(o.metadata["timing_retimed"], 2);
-        assert_eq!(o.findings.len(), 1);
-        let f = &o.findings[0];
-        assert_eq!(
-            (f.category.as_str(), f.severity),
-            (UNSTEADY_TIMING, Severity::Warning)
+        let said = o.metadata[UNSTEADY_TIMING].as_str().unwrap();
+        assert!(
+            said.contains("the candidate's timing is unsteady"),
+            "{said}"
         );
         assert!(
-            f.message.contains("the candidate's timing is unsteady"),
-            "{}",
-            f.message
+            said.contains("(evaluated 3 times, the steadiest kept)"),
+            "{said}"
         );
         assert!(
-            f.message
-                .contains("(evaluated 3 times, the steadiest kept)"),
-            "{}",
-            f.message
+            said.contains("the reference's timing is unsteady: its median call took 16.1000 ms")
         );
-        assert!(
-            f.message
-                .contains("the reference's timing is unsteady: its median call took 16.1000 ms")
-        );
+        // Not an integrity finding: those are about the candidate.
+        assert!(o.findings.is_empty());
         assert!(o.feedback.contains("(Timing note: "), "{}", o.feedback);
 
         let mut steady = ExecOutcome::failure(Verdict::Correct, "cpu", String::new(), 0);
         steady.runtime_stats = Some(stats(1.0, 1.02, 1.05));
         assert!(!retime_wanted(&steady));
         flag_unsteady(&mut steady, 0);
-        assert!(steady.findings.is_empty() && !steady.metadata.contains_key("timing_retimed"));
+        assert!(!steady.metadata.contains_key(UNSTEADY_TIMING));
+        assert!(!steady.metadata.contains_key("timing_retimed"));
         // Wrong candidates are neither re-timed nor flagged.
         let mut wrong = ExecOutcome::failure(Verdict::Incorrect, "cpu", String::new(), 0);
         wrong.runtime_stats = Some(stats(0.01, 0.5, 0.6));
         assert!(!retime_wanted(&wrong));
         flag_unsteady(&mut wrong, 0);
-        assert!(wrong.findings.is_empty());
+        assert!(!wrong.metadata.contains_key(UNSTEADY_TIMING));
     }
 
     #[test]
