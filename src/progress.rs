@@ -95,13 +95,14 @@ pub fn turn_line(view: &RunView, task: TaskId, elapsed: Duration) -> Option<Stri
     ))
 }
 
-/// The periodic line: `[05:00] 5/12 turns | llm 2 · compile 1 · execute 0 | correct 3 · ...`.
-pub fn status_line(view: &RunView, elapsed: Duration) -> String {
+/// The periodic line: `[05:00] 5/12 turns | llm 2 · compile 1 · execute 0 | correct 3 · ...`;
+/// `planned` counts the turns until the log says how many (its first record).
+pub fn status_line(view: &RunView, planned: u64, elapsed: Duration) -> String {
     format!(
         "{} {}/{} turns | {}",
         clock(elapsed),
         view.finished_turns(),
-        view.planned_turns(),
+        view.planned_turns().max(planned),
         message(view)
     )
 }
@@ -113,7 +114,7 @@ pub async fn follow(live: Live, total_turns: u64, view: RunView, style: Style) {
         Style::Bar => follow_bar(live, total_turns, view).await,
         Style::Lines { interval } => {
             let mut err = std::io::stderr();
-            follow_lines(live, view, interval, &mut err).await
+            follow_lines(live, view, total_turns, interval, &mut err).await
         }
     }
 }
@@ -174,6 +175,7 @@ fn apply_all(
 pub async fn follow_lines(
     mut live: Live,
     mut view: RunView,
+    total_turns: u64,
     interval: Duration,
     out: &mut (dyn Write + Send),
 ) {
@@ -183,14 +185,14 @@ pub async fn follow_lines(
         let _ = writeln!(out, "{line}");
         let _ = out.flush();
     };
-    say(out, status_line(&view, started.elapsed()));
+    say(out, status_line(&view, total_turns, started.elapsed()));
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let feed = tokio::select! {
             f = live.next() => f,
             _ = tick.tick() => {
-                say(out, status_line(&view, started.elapsed()));
+                say(out, status_line(&view, total_turns, started.elapsed()));
                 continue;
             }
         };
@@ -219,7 +221,7 @@ pub async fn follow_lines(
             break;
         }
     }
-    say(out, status_line(&view, started.elapsed()));
+    say(out, status_line(&view, total_turns, started.elapsed()));
 }
 
 #[cfg(test)]
@@ -259,7 +261,11 @@ mod tests {
             last.ends_with(&format!("| {total}/{total} turns")),
             "{last}"
         );
-        let status = status_line(&view, Duration::from_secs(3725));
+        let status = status_line(&view, 0, Duration::from_secs(3725));
+        assert_eq!(
+            status_line(&RunView::new(), 12, Duration::ZERO),
+            "[00:00] 0/12 turns | llm 0 · compile 0 · execute 0 | correct 0 · failed 0 | 0 tokens"
+        );
         assert!(
             status.starts_with(&format!("[1:02:05] {total}/{total} turns | llm 0")),
             "{status}"

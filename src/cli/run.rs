@@ -58,9 +58,14 @@ pub(super) fn run_loaded(args: RunArgs, loaded: LoadedConfig) -> anyhow::Result<
     // Everything that can be checked is checked before a run directory exists.
     let dataset_path = loaded.resolve(&cfg.dataset.path);
     let problems = super::preflight::problems(&loaded).map_err(anyhow::Error::msg)?;
-    if args.replay_llm.is_none() {
-        super::preflight::scripted_answers(&loaded, &problems).map_err(anyhow::Error::msg)?;
-    }
+    // Every planned turn has its scripted answer (checked once a resume is known to be the same
+    // experiment: a changed one is better told by the keys that changed).
+    let answers_cover = || match &args.replay_llm {
+        Some(_) => Ok(()),
+        None => super::preflight::scripted_answers(&loaded, &problems)
+            .map(|_| ())
+            .map_err(anyhow::Error::msg),
+    };
     if cfg.eval.executor == ExecutorKind::Worker {
         let hf_cache = hf_cache_dir(&loaded);
         cfg.eval.hf.check_models(hf_cache.as_deref(), &problems)?;
@@ -88,9 +93,11 @@ pub(super) fn run_loaded(args: RunArgs, loaded: LoadedConfig) -> anyhow::Result<
         let dir = RunDir::open(&out)?;
         let lock = lock::lock_run_dir(dir.root())?;
         check_frozen_config(&dir, &loaded)?;
+        answers_cover()?;
         let prior = read_resumable(&dir)?;
         (dir, Some(prior), lock)
     } else {
+        answers_cover()?;
         std::fs::create_dir_all(&out)
             .with_context(|| format!("cannot create run directory {}", out.display()))?;
         let lock = lock::lock_run_dir(&out)?;
