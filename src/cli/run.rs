@@ -511,7 +511,11 @@ async fn drive_engine(
         let _ = progress.await;
         summary
     };
-    let summary = summary?;
+    Ok(Driven::Ended(finish(summary?, &dir)?))
+}
+
+/// Say how the run ended, print its report, and give its exit status.
+fn finish(summary: crate::engine::RunSummary, dir: &RunDir) -> anyhow::Result<ExitCode> {
     eprintln!(
         "{} of {} task(s) finished{}",
         summary.finished,
@@ -531,13 +535,13 @@ async fn drive_engine(
         Ok(text) => super::print_out(&text)?,
         Err(e) => eprintln!("warning: could not build the report: {e:#}"),
     }
-    Ok(Driven::Ended(match &summary.stopped {
+    Ok(match &summary.stopped {
         // 130 for an interrupt, 143 for SIGTERM, 129 for SIGHUP, 1 for a stop from within.
         Some(reason) => ExitCode::from(reason.exit_status()),
         // Tasks wait on the LLM endpoint or on workers (an outage): see README, "Exit status".
         None if summary.incomplete() => ExitCode::from(EXIT_INCOMPLETE),
         None => ExitCode::SUCCESS,
-    }))
+    })
 }
 
 /// The devices' locks shared by every krefine process on this machine, when this run times on
