@@ -10,9 +10,10 @@
 //! room owns are its own, in submodules: `[dataset]` (`dataset`), `[report]` (`report`, read by the
 //! report room above), and `[run]`, `[method]` and `[output]` with the whole [`Config`]
 //! (`sections`). This file loads a config: read, apply the overrides (`overrides`), deserialise,
-//! fill the level's defaults, validate (`validate`), freeze. The error of every step is
+//! fill the level's defaults, validate (`validate`), freeze (`freeze`: absolute paths, the run's
+//! name; and how two configs differ, key by key). The error of every step is
 //! [`ConfigError`] (`error`). The submodules' floors, from the bottom: `error`, `dataset`, `report`
-//! < `sections` < `overrides`, `validate` < this file.
+//! < `sections` < `overrides`, `validate`, `freeze` < this file.
 
 use std::path::{Path, PathBuf};
 
@@ -31,11 +32,13 @@ pub use crate::worker::config::{BuildMode, EvalSection, ExecutorKind, InputsMode
 pub use crate::worker::sandbox::SandboxMode;
 pub use dataset::DatasetSection;
 pub use error::ConfigError;
+pub use freeze::{Difference, differences, freeze};
 pub use report::{DEFAULT_EXTRA_FAST_P, ReportSection, check_fast_p};
 pub use sections::{Config, MethodSection, OutputSection, RunSection};
 
 mod dataset;
 mod error;
+mod freeze;
 mod overrides;
 mod report;
 mod sections;
@@ -130,6 +133,8 @@ pub fn parse(text: &str, path: &Path, sets: &[String]) -> Result<LoadedConfig, C
         message,
     })?;
     validate::validate(&config, path)?;
+    // The run directory's copy stands on its own: absolute paths, the run's name written out.
+    freeze::freeze(&mut config, path);
     let effective_toml = toml::to_string_pretty(&config).map_err(|e| ConfigError::Parse {
         path: path.to_path_buf(),
         message: format!("cannot serialise the effective config: {e}"),

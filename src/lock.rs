@@ -1,5 +1,6 @@
 //! Advisory file locks between krefine processes on one machine: the run directory's (one writer per
-//! run) and the build cache's (one user per build directory).
+//! run), the build cache's (one user per build directory) and the devices' (one timer per device:
+//! [`lock_device`], in a folder every krefine process of every user on the host shares).
 //!
 //! Both are `flock`-style exclusive locks taken through std's `File::try_lock` (Rust 1.89), which
 //! is what the `fs4` crate would give us on older toolchains; no extra dependency is needed. The
@@ -161,6 +162,150 @@ pub async fn lock_exclusive(path: &Path) -> std::io::Result<FileLock> {
     }
 }
 
+/// The folder of the device locks that every krefine process on this machine shares, whoever runs
+/// it: `KREFINE_LOCK_DIR` when set, else `/run/lock/krefine` (the system's folder for device lock
+/// files, writable by everyone), else `krefine-locks` in the temporary folder.
+pub fn device_lock_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("KREFINE_LOCK_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let system = Path::new("/run/lock");
+    if writable_dir(system) {
+        return system.join("krefine");
+    }
+    std::env::temp_dir().join("krefine-locks")
+}
+
+fn writable_dir(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    dir.is_dir() && unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0
+}
+
+/// An exclusive hold on one device across every krefine process on the machine; released when
+/// dropped (or when the process ends, however it ends).
+#[derive(Debug)]
+pub struct DeviceLock {
+    // Held for its lock; the holder's line is written into it.
+    file: File,
+}
+
+impl Drop for DeviceLock {
+    fn drop(&mut self) {
+        // The holder's line goes with the hold (a later reader would otherwise name us). The file
+        // stays: it is shared by every user's processes, and removing it could split the lock.
+        let _ = self.file.set_len(0);
+    }
+}
+
+/// What a lock attempt found: the lock, or the line its holder wrote (`pid 123, run DIR`).
+#[derive(Debug)]
+pub enum DeviceLockTry {
+    Held(DeviceLock),
+    Busy(String),
+}
+
+/// The lock file of `key` (a GPU's UUID, `cpu`) in `dir`.
+pub fn device_lock_path(dir: &Path, key: &str) -> PathBuf {
+    let name: String = key
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    dir.join(format!("{name}.lock"))
+}
+
+/// Open (creating) the lock file of `key`: readable and writable by every user, in a folder
+/// every user may create files in (sticky, as `/tmp`), so that colleagues' runs share it.
+fn open_device_lock(dir: &Path, key: &str) -> std::io::Result<File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if !dir.is_dir() {
+        std::fs::create_dir_all(dir)?;
+        // Ours: open it to everyone (a race with another creator ends the same way).
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
+    }
+    let path = device_lock_path(dir, key);
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o666)
+        .open(&path);
+    match opened {
+        Ok(file) => {
+            // The umask may have narrowed the mode; only the file's owner can widen it.
+            let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
+            Ok(file)
+        }
+        // Another user's file that we may not write: a lock needs only an open descriptor.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => File::open(&path),
+        Err(e) => Err(e),
+    }
+}
+
+/// Try to take the device lock of `key` in `dir` without waiting; `holder` is the line this process
+/// writes into it once it holds it, for the next one to show (`pid 123, run DIR`).
+pub fn try_lock_device(dir: &Path, key: &str, holder: &str) -> std::io::Result<DeviceLockTry> {
+    let mut file = open_device_lock(dir, key)?;
+    match file.try_lock() {
+        Ok(()) => {
+            // Best effort: a file we could only open for reading keeps no holder's line.
+            if file.set_len(0).is_ok() {
+                let _ = writeln!(file, "{holder}");
+                let _ = file.flush();
+            }
+            Ok(DeviceLockTry::Held(DeviceLock { file }))
+        }
+        Err(TryLockError::WouldBlock) => {
+            let text = std::fs::read_to_string(device_lock_path(dir, key)).unwrap_or_default();
+            let line = text.lines().next().unwrap_or("").trim();
+            Ok(DeviceLockTry::Busy(if line.is_empty() {
+                "holder not yet recorded".to_string()
+            } else {
+                line.to_string()
+            }))
+        }
+        Err(TryLockError::Error(e)) => Err(e),
+    }
+}
+
+/// Wait (without blocking the runtime) for the device lock of `key` in `dir`. When another process
+/// holds it, `on_wait` is told its line once, before the wait. Dropping the future while it waits
+/// is fine: nothing is held.
+pub async fn lock_device(
+    dir: &Path,
+    key: &str,
+    holder: &str,
+    on_wait: impl FnOnce(&str),
+) -> std::io::Result<DeviceLock> {
+    // Polling, as `lock_exclusive` does: a cancelled waiter leaves no thread behind that takes the
+    // lock later. Another process holds a device for a candidate's evaluation (seconds to minutes),
+    // so a quarter of a second after its release costs nothing.
+    let mut on_wait = Some(on_wait);
+    let mut wait = Duration::from_millis(10);
+    loop {
+        match try_lock_device(dir, key, holder)? {
+            DeviceLockTry::Held(lock) => return Ok(lock),
+            DeviceLockTry::Busy(by) => {
+                if let Some(tell) = on_wait.take() {
+                    tell(&by);
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_millis(250));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,5 +374,48 @@ mod tests {
             t.await.unwrap();
         }
         assert!(!path.exists());
+    }
+
+    #[tokio::test]
+    async fn a_device_lock_names_its_holder_to_a_waiter_and_passes_on_release() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("locks");
+        let DeviceLockTry::Held(held) = try_lock_device(&dir, "GPU-1/2", "pid 1, run A").unwrap()
+        else {
+            panic!("a free lock");
+        };
+        let path = device_lock_path(&dir, "GPU-1/2");
+        assert!(path.ends_with("GPU-1_2.lock"));
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o666
+        );
+        // flock locks belong to the open file: a second open in this process waits like another
+        // process would.
+        match try_lock_device(&dir, "GPU-1/2", "pid 2, run B").unwrap() {
+            DeviceLockTry::Busy(by) => assert_eq!(by, "pid 1, run A"),
+            DeviceLockTry::Held(_) => panic!("two holders"),
+        }
+        let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let t = told.clone();
+        let d = dir.clone();
+        let waiter = tokio::spawn(async move {
+            lock_device(&d, "GPU-1/2", "pid 2, run B", |by| {
+                t.lock().unwrap().push(by.to_string())
+            })
+            .await
+            .unwrap()
+        });
+        while told.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(!waiter.is_finished());
+        drop(held);
+        let second = waiter.await.unwrap();
+        assert_eq!(*told.lock().unwrap(), vec!["pid 1, run A".to_string()]);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "pid 2, run B\n");
+        drop(second);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
     }
 }

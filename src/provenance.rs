@@ -1,6 +1,7 @@
 //! What a score depends on that the event log cannot show, recorded when a run starts: the exact
 //! problems (a KernelBench checkout's git commit and a content hash), the baseline file's hash, the
-//! machine (GPU names and UUIDs, driver, CPU) and the krefine build. Written once to the run
+//! machine (GPU names and UUIDs, driver, CPU), how results are judged and timed (mode, precision,
+//! timing method, tolerance) and the krefine build. Written once to the run
 //! directory's `provenance.json`; reports combine it with the frozen config and the measured
 //! results' env (see `report::provenance`).
 
@@ -11,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::gpu::{DeviceInfo, Discovery};
 use crate::services::DeviceId;
-use crate::types::Problem;
+use crate::types::{Problem, Tolerance};
 
 /// File name inside a run directory.
 pub const FILE: &str = "provenance.json";
@@ -28,6 +29,33 @@ pub struct RunProvenance {
     pub hf_cache: Option<PathBuf>,
     #[serde(default)]
     pub hf_offline: Option<bool>,
+    /// How the run judges and times results (absent in runs recorded before it was).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evaluation: Option<Evaluation>,
+}
+
+/// How a run judges and times its results, as its config set them (every result's `env` says what
+/// was in effect where it was measured).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Evaluation {
+    /// `faithful` or `strict`.
+    pub mode: String,
+    /// `fp32`, `fp16` or `bf16`.
+    pub precision: String,
+    /// `eval.timing_method` (`cuda_event`, ...; the CPU device times with `perf_counter`).
+    pub timing_method: String,
+    /// The correctness tolerance in effect at the run's precision.
+    pub tolerance: Tolerance,
+    /// How the reference runs: `eager`, or `compile` (`torch.compile`).
+    pub reference: String,
+    /// Where inputs are made: `kernelbench` (on the CPU) or `device`.
+    pub inputs: String,
+    pub correct_trials: u32,
+    pub timing_trials: u32,
+    pub warmup: u32,
+    pub seed: u64,
+    /// Verdicts and timings are scripted, not measured (`eval.executor = "simulated"`).
+    pub simulated: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -121,6 +149,7 @@ pub struct Inputs<'a> {
     pub discovery: &'a Discovery,
     pub hf_cache: Option<PathBuf>,
     pub hf_offline: Option<bool>,
+    pub evaluation: Option<Evaluation>,
 }
 
 /// Collect everything (reads the dataset and baseline files, asks git, reads /proc).
@@ -153,6 +182,7 @@ pub fn collect(i: &Inputs<'_>) -> Result<RunProvenance, ProvenanceError> {
         },
         hf_cache: i.hf_cache.clone(),
         hf_offline: i.hf_offline,
+        evaluation: i.evaluation.clone(),
     })
 }
 
@@ -360,6 +390,23 @@ mod tests {
             },
             hf_cache: None,
             hf_offline: Some(true),
+            evaluation: Some(Evaluation {
+                mode: "faithful".into(),
+                precision: "fp32".into(),
+                timing_method: "cuda_event".into(),
+                tolerance: Tolerance {
+                    name: "kernelbench".into(),
+                    atol: 1e-4,
+                    rtol: 1e-4,
+                },
+                reference: "eager".into(),
+                inputs: "kernelbench".into(),
+                correct_trials: 5,
+                timing_trials: 100,
+                warmup: 3,
+                seed: 42,
+                simulated: false,
+            }),
         };
         write(tmp.path(), &p).unwrap();
         assert_eq!(read(tmp.path()).unwrap(), Some(p));

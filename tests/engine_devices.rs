@@ -249,6 +249,7 @@ async fn run(
         llm_concurrency: 8,
         compile_workers: 1,
         prepare_ahead: how.prepare_ahead,
+        host_locks: None,
         cpu_budget: None,
     };
     let dir = match prior {

@@ -236,6 +236,7 @@ async fn run_in(
         // These services prepare no reference data (`Executor::prepares_reference` is false).
         cpu_budget: probe.cpu_budget.clone(),
         prepare_ahead: 2,
+        host_locks: None,
     };
     let engine = Engine::prepare(plan, parts, dir, prior, false, CancellationToken::new())
         .await

@@ -111,6 +111,7 @@ async fn run_with_budget(
         compile_workers: 1,
         cpu_budget: Some(budget.clone()),
         prepare_ahead,
+        host_locks: None,
     };
     let dir = RunDir::create(&root.join(format!("run-{prepare_ahead}")), "").unwrap();
     let events = dir.events_path();

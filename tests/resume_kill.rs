@@ -265,7 +265,7 @@ fn ctrl_c_ends_cleanly_and_the_run_resumes() {
     let log = std::fs::read_to_string(out.join("events.jsonl")).unwrap();
     let last: serde_json::Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
     assert_eq!(last["event"]["type"], "run_ended", "{last}");
-    assert_eq!(last["event"]["reason"], "cancelled", "{last}");
+    assert_eq!(last["event"]["reason"], "interrupted", "{last}");
     assert!(
         count_answers(&out) < 9,
         "the interrupt came too late to test anything"
@@ -351,7 +351,8 @@ fn resume_refuses_a_different_experiment_but_allows_other_resources() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success());
     assert!(
-        err.contains("[method]") && err.contains("config.toml"),
+        err.contains("method.turns: the run has 3, the config gives 5")
+            && err.contains("config.toml"),
         "{err}"
     );
     let o = resume_with("resources.compile_workers=1");

@@ -207,7 +207,10 @@ fn check_command_lints_files_and_fails_on_errors() {
             .output()
             .unwrap()
     };
-    let o = check(&["--mode", "strict"], "kb_non_default_stream.py");
+    let o = check(
+        &["--mode", "strict", "--backend", "cuda"],
+        "kb_non_default_stream.py",
+    );
     assert_eq!(o.status.code(), Some(1));
     let out = String::from_utf8_lossy(&o.stdout);
     let lines: Vec<&str> = out.lines().collect();

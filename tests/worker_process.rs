@@ -725,6 +725,7 @@ async fn a_hung_build_does_not_hold_cpu_timing_back() {
         compile_workers: 2,
         cpu_budget: None,
         prepare_ahead: 0,
+        host_locks: None,
     };
     let dir = krefine::store::RunDir::create(&tmp.path().join("run"), "").unwrap();
     let cancel = tokio_util::sync::CancellationToken::new();

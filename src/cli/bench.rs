@@ -367,6 +367,7 @@ async fn scheduler(
         // The simulated executor has no reference data to prepare.
         cpu_budget: None,
         prepare_ahead: 0,
+        host_locks: None,
     };
     let (cpu0, _) = proc_usage();
     let started = Instant::now();

@@ -7,7 +7,7 @@ use anyhow::Context;
 use serde::de::DeserializeOwned;
 
 use crate::checks::{StaticChecks, has_error};
-use crate::config::{self, Backend};
+use crate::config::{self, Backend, DeviceSelection};
 use crate::types::{EvalMode, Precision, Severity};
 
 #[derive(clap::Args)]
@@ -22,12 +22,24 @@ pub struct CheckArgs {
     #[arg(long)]
     mode: Option<String>,
     /// `cuda`, `triton`, `cute`, `tilelang`, `thunderkittens` or `cpu`: which custom kernel
-    /// `missing_kernel` expects (default `cuda`).
+    /// `missing_kernel` expects (default: the config's `prompt.backend`, else as a run picks it:
+    /// `cuda` with a GPU, `cpu` without one or with `resources.devices = "cpu"`).
     #[arg(long)]
     backend: Option<String>,
     /// `fp32`, `fp16` or `bf16`: precision downgrades are only checked for `fp32` (the default).
     #[arg(long)]
     precision: Option<String>,
+}
+
+/// The backend a run on `devices` asks for when `prompt.backend` is unset: `cuda` when it uses a GPU
+/// (one is found, for `auto`), else `cpu` (`crate::prompt::PromptSettings::from_config`'s rule).
+fn default_backend(devices: &DeviceSelection) -> Backend {
+    let gpu = match devices {
+        DeviceSelection::Cpu => false,
+        DeviceSelection::Gpus(_) => true,
+        DeviceSelection::Auto => !crate::gpu::discover().gpus.is_empty(),
+    };
+    if gpu { Backend::Cuda } else { Backend::Cpu }
 }
 
 /// A config enum from its config spelling (`strict`, `cuda`, `fp16`).
@@ -42,17 +54,21 @@ pub fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let (mut mode, mut precision, mut backend, section) = match &args.config {
         Some(path) => {
             let c = config::load(path, &[])?.config;
-            (
-                c.eval.mode,
-                c.eval.precision,
-                c.prompt.backend.unwrap_or(Backend::Cuda),
-                c.eval.checks,
-            )
+            let backend = match (c.prompt.backend, &args.backend) {
+                (Some(b), _) => b,
+                // Given on the command line: no need to look for GPUs.
+                (None, Some(_)) => Backend::Cpu,
+                (None, None) => default_backend(&c.resources.devices),
+            };
+            (c.eval.mode, c.eval.precision, backend, c.eval.checks)
         }
         None => (
             EvalMode::Faithful,
             Precision::Fp32,
-            Backend::Cuda,
+            match &args.backend {
+                Some(_) => Backend::Cpu,
+                None => default_backend(&DeviceSelection::Auto),
+            },
             Default::default(),
         ),
     };

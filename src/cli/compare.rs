@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use anyhow::bail;
 
 use crate::metrics::compare::CompareSettings;
-use crate::report::{Format, RunInfo, compare_runs_at, plot, render_comparison, run_labels};
+use crate::report::{
+    Format, RunInfo, compare_runs_at, plot, reference_time_warnings, render_comparison, run_labels,
+};
 
 #[derive(clap::Args)]
 pub struct CompareArgs {
@@ -45,6 +47,10 @@ pub fn compare_cmd(args: CompareArgs) -> anyhow::Result<ExitCode> {
             args.level
         );
     }
+    // A file the plot cannot be written to is said before anything is printed.
+    if let Some(path) = &args.plot {
+        plot::check_target(path)?;
+    }
     let given = args
         .fast_p
         .as_deref()
@@ -60,15 +66,22 @@ pub fn compare_cmd(args: CompareArgs) -> anyhow::Result<ExitCode> {
     let refs: Vec<_> = runs.iter().collect();
     let c = compare_runs_at(&refs, settings, &thresholds)?;
     // Runs of one config share its name: the comparison's labels tell them apart.
+    let labels = run_labels(&refs);
+    let warnings = reference_time_warnings(&refs, &labels);
     let infos: Vec<RunInfo> = runs
         .iter()
-        .zip(run_labels(&refs))
+        .zip(labels)
         .map(|(r, label)| RunInfo {
             run: label,
             ..r.info.clone()
         })
         .collect();
-    let mut out = render_comparison(&c, &infos, args.format);
+    let mut out = render_comparison(&c, &infos, &warnings, args.format);
+    if args.format == Format::Csv {
+        for w in &warnings {
+            eprintln!("WARNING: {}", w.message());
+        }
+    }
     if matches!(args.format, Format::Text | Format::Md) {
         out.push_str(&super::report::extra_fast_p(&runs, &thresholds));
     }

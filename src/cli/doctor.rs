@@ -33,6 +33,7 @@ pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
     if let Some(v) = &d.driver_version {
         println!("  CUDA driver API {v}");
     }
+    print_device_locks(&d.gpus);
 
     let configured = loaded
         .as_ref()
@@ -116,11 +117,47 @@ pub fn doctor(config: Option<&Path>) -> anyhow::Result<ExitCode> {
             "LLM endpoint:\n  {}",
             llm::describe_endpoint(&l.llm_parts())
         );
-        if !rt.block_on(super::doctor_launcher::check(l, python.as_ref().ok())) {
+        // The config's own inputs: what `krefine run` would refuse to start without.
+        println!("Inputs ({}):", l.path.display());
+        let mut inputs_ok = true;
+        for f in super::preflight::inputs(l) {
+            match f.result {
+                Ok(what) => println!("  {}: {what}", f.key),
+                Err(why) => {
+                    inputs_ok = false;
+                    println!("  {}: PROBLEM: {why}", f.key);
+                }
+            }
+        }
+        if !rt.block_on(super::doctor_launcher::check(l, python.as_ref().ok())) || !inputs_ok {
             return Ok(ExitCode::FAILURE);
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Which devices another krefine process on this machine holds now (it is timing there), from the
+/// devices' shared locks.
+fn print_device_locks(gpus: &[gpu::DeviceInfo]) {
+    let dir = crate::lock::device_lock_dir();
+    println!(
+        "Device locks ({}, shared by every krefine process here):",
+        dir.display()
+    );
+    let mut devices = gpus.to_vec();
+    devices.push(gpu::DeviceInfo::cpu());
+    let holder = format!("pid {} (krefine doctor)", std::process::id());
+    let locks = gpu::HostLocks::new(dir.clone(), holder.clone(), &devices);
+    for d in &devices {
+        let key = locks.key(&d.id);
+        // Taken and let go at once when free: only a look.
+        let state = match crate::lock::try_lock_device(&dir, &key, &holder) {
+            Ok(crate::lock::DeviceLockTry::Held(_)) => "free".to_string(),
+            Ok(crate::lock::DeviceLockTry::Busy(by)) => format!("in use by {by}"),
+            Err(e) => format!("cannot be checked: {e}"),
+        };
+        println!("  {} ({key}): {state}", d.id);
+    }
 }
 
 /// Whether workers can be sandboxed here, and what `eval.sandbox` makes of it.

@@ -13,9 +13,12 @@ mod compare;
 mod doctor;
 mod doctor_launcher;
 mod eval;
+mod preflight;
 mod recheck;
+mod repair;
 mod report;
 mod run;
+mod run_display;
 mod view;
 
 use std::path::PathBuf;
@@ -61,6 +64,9 @@ enum Cmd {
         /// A config whose Python and LLM endpoint to check.
         config: Option<PathBuf>,
     },
+    /// Cut a run's event log at a line that is not a record this krefine reads (or at --line),
+    /// keeping the whole log as a backup, so that the run can be resumed.
+    Repair(repair::RepairArgs),
     /// Run the static checks on candidate files (exit status 1 when one has an error).
     Check(check::CheckArgs),
     /// Benchmarks of krefine itself.
@@ -86,6 +92,7 @@ pub fn main() -> ExitCode {
         Cmd::Baseline(args) => baseline::baseline(args),
         Cmd::Doctor { config } => doctor::doctor(config.as_deref()),
         Cmd::Check(args) => check::check(args),
+        Cmd::Repair(args) => repair::repair(args),
         Cmd::Bench(cmd) => bench::bench(cmd),
     };
     match result {

@@ -48,14 +48,13 @@ pub fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
             "--plot and --submission take one run directory; use `krefine compare --plot` for several"
         );
     }
+    // A file the plot cannot be written to is said before anything is printed.
+    if let Some(path) = &args.plot {
+        plot::check_target(path)?;
+    }
     let given = args.fast_p.as_deref().map(parse_thresholds).transpose()?;
     let runs = load_runs(&args.runs)?;
-    let thresholds = thresholds_of(given, &runs)?;
-    let reports: Vec<RunReport> = runs.iter().map(|r| r.with_extra(&thresholds)).collect();
-    let mut out = render_reports(&reports, args.format);
-    if matches!(args.format, Format::Text | Format::Md) {
-        out.push_str(&extra_fast_p(&runs, &thresholds));
-    }
+    let out = render_runs(&runs, given, args.format)?;
     super::print_out(&out)?;
     if let (Some(path), Some(run)) = (&args.plot, runs.first()) {
         plot::write_plot(path, &plot::run_svg(run)?)?;
@@ -148,6 +147,31 @@ pub fn extra_fast_p(runs: &[LoadedRun], thresholds: &[f64]) -> String {
     out
 }
 
+/// `run: 2 of 9 timed result(s) had an unsteady timing ...`, when any did (`metadata.timing_unsteady`,
+/// set by the worker pool: see `worker::execute`).
+fn unsteady_line(run: &LoadedRun) -> Option<String> {
+    let timed: Vec<&crate::types::ExecOutcome> = run
+        .turns
+        .values()
+        .flatten()
+        .filter_map(|t| t.exec.as_ref())
+        .filter(|e| e.runtime_stats.is_some())
+        .collect();
+    let unsteady = timed
+        .iter()
+        .filter(|e| e.metadata.contains_key("timing_unsteady"))
+        .count();
+    (unsteady > 0).then(|| {
+        format!(
+            "{}: {unsteady} of {} timed result(s) had an unsteady timing (a median or mean call more \
+             than 3x apart from the fastest, after re-timing): their speedups may be off \
+             (metadata.timing_unsteady)\n",
+            run.report.run,
+            timed.len()
+        )
+    })
+}
+
 /// `run: mean fraction of speed of light 61.9% over 3 correct candidates with a roofline`, when any
 /// correct candidate's profile recorded one.
 fn sol_line(run: &LoadedRun) -> Option<String> {
@@ -182,10 +206,29 @@ pub fn load_runs(dirs: &[PathBuf]) -> anyhow::Result<Vec<LoadedRun>> {
         .collect()
 }
 
-/// Render the reports of several run directories in one format.
+/// The report of loaded runs in one format, at the `--fast-p` thresholds `given`, else the runs'
+/// own `report.fast_p`: the columns and lines `krefine report` shows.
+fn render_runs(
+    runs: &[LoadedRun],
+    given: Option<Vec<f64>>,
+    format: Format,
+) -> anyhow::Result<String> {
+    let thresholds = thresholds_of(given, runs)?;
+    let reports: Vec<RunReport> = runs.iter().map(|r| r.with_extra(&thresholds)).collect();
+    let mut out = render_reports(&reports, format);
+    if matches!(format, Format::Text | Format::Md) {
+        out.push_str(&extra_fast_p(runs, &thresholds));
+        for line in runs.iter().filter_map(unsteady_line) {
+            out.push_str(&line);
+        }
+    }
+    Ok(out)
+}
+
+/// The report of run directories in one format, as `krefine report DIR...` prints it (a run's own
+/// `report.fast_p` thresholds included): what `krefine run` prints at its end.
 pub fn render_dirs(dirs: &[PathBuf], format: Format) -> anyhow::Result<String> {
-    let reports: Vec<RunReport> = load_runs(dirs)?.into_iter().map(|r| r.report).collect();
-    Ok(render_reports(&reports, format))
+    render_runs(&load_runs(dirs)?, None, format)
 }
 
 fn render_reports(reports: &[RunReport], format: Format) -> String {

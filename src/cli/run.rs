@@ -1,16 +1,14 @@
 //! `krefine run`: load the config and dataset, pick devices, start services, drive the engine.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use tokio_util::sync::CancellationToken;
 
 use crate::checks::{CheckedCompiler, StaticChecks};
 use crate::config::{self, Config, ExecutorKind, LoadedConfig};
-use crate::engine::{Engine, EngineParts, RunPlan};
+use crate::engine::{Engine, EngineParts, RunPlan, RunStop, Signals, StopReason};
 use crate::gpu::{self, DeviceInfo};
 use crate::launcher::{self, Launcher};
 use crate::prompt::{PromptSettings, Prompts};
@@ -23,7 +21,7 @@ use crate::tui::{self, Exit, Input};
 use crate::types::{FeedbackMode, MethodKind};
 use crate::view::RunView;
 use crate::worker::{self, BaselineTable, WorkerPool, WorkerSettings};
-use crate::{dataset, llm, lock, progress, provenance};
+use crate::{llm, lock, progress, provenance};
 
 /// Exit status of a run that ended with tasks waiting on the LLM endpoint or on workers.
 pub const EXIT_INCOMPLETE: u8 = 3;
@@ -63,15 +61,15 @@ pub(super) fn run_loaded(args: RunArgs, loaded: LoadedConfig) -> anyhow::Result<
     let cfg = &loaded.config;
     // Everything that can be checked is checked before a run directory exists.
     let dataset_path = loaded.resolve(&cfg.dataset.path);
-    let problems = dataset::load(&dataset_path, cfg.dataset.level, &cfg.dataset.problems)?;
-    if problems.is_empty() {
-        bail!(
-            "dataset {}: the selection {:?} of level {} has no problems",
-            dataset_path.display(),
-            cfg.dataset.problems,
-            cfg.dataset.level
-        );
-    }
+    let problems = super::preflight::problems(&loaded).map_err(anyhow::Error::msg)?;
+    // Every planned turn has its scripted answer (checked once a resume is known to be the same
+    // experiment: a changed one is better told by the keys that changed).
+    let answers_cover = || match &args.replay_llm {
+        Some(_) => Ok(()),
+        None => super::preflight::scripted_answers(&loaded, &problems)
+            .map(|_| ())
+            .map_err(anyhow::Error::msg),
+    };
     if cfg.eval.executor == ExecutorKind::Worker {
         let hf_cache = hf_cache_dir(&loaded);
         cfg.eval.hf.check_models(hf_cache.as_deref(), &problems)?;
@@ -99,9 +97,11 @@ pub(super) fn run_loaded(args: RunArgs, loaded: LoadedConfig) -> anyhow::Result<
         let dir = RunDir::open(&out)?;
         let lock = lock::lock_run_dir(dir.root())?;
         check_frozen_config(&dir, &loaded)?;
-        let prior = read_log(&dir.events_path())?;
+        answers_cover()?;
+        let prior = read_resumable(&dir)?;
         (dir, Some(prior), lock)
     } else {
+        answers_cover()?;
         std::fs::create_dir_all(&out)
             .with_context(|| format!("cannot create run directory {}", out.display()))?;
         let lock = lock::lock_run_dir(&out)?;
@@ -133,6 +133,20 @@ pub(super) fn run_loaded(args: RunArgs, loaded: LoadedConfig) -> anyhow::Result<
     result
 }
 
+/// The log of a run to resume. A line that is not a record this krefine reads stops the resume
+/// with its number; the log is left as it is, and `krefine repair` is the way past it.
+fn read_resumable(dir: &RunDir) -> anyhow::Result<ReadLog> {
+    read_log(&dir.events_path()).map_err(|e| match e {
+        crate::store::StoreError::Corrupt { line, .. } if line > 0 => anyhow::anyhow!(
+            "{e}\nthe log was left as it is; `krefine repair {dir}` cuts it before line {line} \
+             (the whole log is kept as a backup), then --resume redoes what the lines from there \
+             on recorded",
+            dir = dir.root().display()
+        ),
+        e => e.into(),
+    })
+}
+
 /// Write the run's `provenance.json` (dataset revision, baseline hash, machine, build). A resumed
 /// run keeps the one it started with and says so loudly when the problems or baseline changed since.
 fn record_provenance(
@@ -156,6 +170,7 @@ fn record_provenance(
         discovery,
         hf_cache: if worker { hf_cache_dir(loaded) } else { None },
         hf_offline: worker.then_some(cfg.eval.hf.offline),
+        evaluation: Some(evaluation_of(&cfg.eval)),
     })?;
     match provenance::read(dir.root())? {
         None => provenance::write(dir.root(), &now)?,
@@ -174,6 +189,26 @@ fn record_provenance(
         }
     }
     Ok(())
+}
+
+/// How the run judges and times results, for `provenance.json`.
+fn evaluation_of(e: &crate::config::EvalSection) -> provenance::Evaluation {
+    provenance::Evaluation {
+        mode: e.mode.as_str().into(),
+        precision: e.precision.as_str().into(),
+        timing_method: e.timing_method.as_str().into(),
+        tolerance: e.tolerance_in_effect(),
+        reference: match e.reference {
+            crate::worker::config::ReferenceMode::Eager => "eager".into(),
+            crate::worker::config::ReferenceMode::Compile => "compile".into(),
+        },
+        inputs: e.inputs.as_str().into(),
+        correct_trials: e.correct_trials,
+        timing_trials: e.timing_trials,
+        warmup: e.warmup,
+        seed: e.seed,
+        simulated: e.executor == ExecutorKind::Simulated,
+    }
 }
 
 /// A new run that failed before its first event (no Python with torch, a missing API key, ...)
@@ -235,8 +270,24 @@ fn start(
     );
     eprintln!("run directory: {}", dir.root().display());
     let rt = super::runtime()?;
-    let code = rt.block_on(drive(args, loaded, dir, prior, plan, devices, discovery))?;
-    Ok(code)
+    match rt.block_on(drive(args, loaded, dir, prior, plan, devices, discovery))? {
+        Driven::Ended(code) => Ok(code),
+        Driven::Forced(code) => {
+            // Nothing is waited for: tasks still running (a step under way, a worker's shutdown)
+            // end with the process.
+            rt.shutdown_background();
+            Ok(code)
+        }
+    }
+}
+
+/// What the run's display and engine came to.
+enum Driven {
+    /// The run ended (finished, stopped cleanly or left incomplete): its exit status.
+    Ended(ExitCode),
+    /// The second stop request came: the process leaves at once, without waiting for the steps
+    /// under way or shutting the workers down (they die with it: `PR_SET_PDEATHSIG`).
+    Forced(ExitCode),
 }
 
 async fn drive(
@@ -247,8 +298,22 @@ async fn drive(
     plan: RunPlan,
     devices: Vec<DeviceInfo>,
     discovery: gpu::Discovery,
-) -> anyhow::Result<ExitCode> {
-    let cancel = CancellationToken::new();
+) -> anyhow::Result<Driven> {
+    let stop = RunStop::new();
+    let cancel = stop.token().clone();
+    // One stream of signals for the whole run, services starting included: SIGTERM (a scheduler,
+    // `kill`, `timeout`) and SIGHUP stop it the way Ctrl-C does, so that the workers, and an
+    // allocation krefine asked for, are released on the way out; a second signal stops it at once.
+    let _signals = super::run_display::listen(
+        Signals::new().context("cannot listen for signals")?,
+        stop.clone(),
+    );
+    let display = super::run_display::display(args.no_tui);
+    if let super::run_display::Display::Plain { why: Some(why) } = display {
+        eprintln!("krefine: {why}");
+    }
+    // Until a screen is up, what the stop does is said on stderr.
+    let startup_notices = super::run_display::notices(&stop);
     let (llm, ledger) = llm::build_with_ledger(
         &loaded.llm_parts(),
         args.replay_llm.as_deref(),
@@ -258,76 +323,81 @@ async fn drive(
     // it, and what it spent counts against the budget (budgets cover the whole run).
     let prior_view = RunView::from_records(prior.iter().flat_map(|p| &p.records));
     ledger.restore(&prior_view.budget_spend);
-    // SIGTERM (a scheduler, `kill`) stops the run the way Ctrl-C does, so that the workers, and an
-    // allocation krefine asked for, are released on the way out.
-    {
-        let cancel = cancel.clone();
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("cannot listen for SIGTERM")?;
-        tokio::spawn(async move {
-            if term.recv().await.is_some() {
-                eprintln!(
-                    "\nterminated: stopping; the event log stays valid, resume with --resume"
-                );
-                cancel.cancel();
-            }
-        });
-    }
-    // Ctrl-C while the services start (a Slurm allocation that waits for its grant, workers that
-    // start) stops the run the way SIGTERM does; the run's own Ctrl-C handling starts after.
-    let interrupt = {
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!("\ninterrupted: stopping");
-                cancel.cancel();
-            }
-        })
+    let services = tokio::select! {
+        s = build_eval_services(&loaded, &dir, &devices, &discovery, &cancel) => s,
+        () = stop.forced() => return Ok(Driven::Forced(ExitCode::from(130))),
     };
-    let services = build_eval_services(&loaded, &dir, &devices, &discovery, &cancel).await;
-    interrupt.abort();
     let (compiler, executor, pool, launcher, scratch) = match services {
         Ok(s) => s,
         Err(e) if cancel.is_cancelled() => {
             eprintln!("{e:#}");
-            return Ok(ExitCode::from(130));
+            let status = stop.reason().map_or(130, |r| r.exit_status());
+            return Ok(Driven::Ended(ExitCode::from(status)));
         }
         Err(e) => return Err(e),
     };
+    if display == super::run_display::Display::Tui {
+        startup_notices.abort();
+    }
     let result = drive_engine(
-        args, &loaded, dir, prior, prior_view, plan, devices, cancel, llm, compiler, executor,
+        &loaded, dir, prior, prior_view, plan, devices, &stop, display, llm, compiler, executor,
     )
     .await;
-    if let Some(pool) = pool {
-        pool.shutdown().await;
+    if matches!(result, Ok(Driven::Forced(_))) {
+        return result;
     }
-    if let Some(l) = launcher {
-        l.release().await;
+    let shutdown = async {
+        #[cfg(debug_assertions)]
+        test_hold_shutdown().await;
+        if let Some(pool) = pool {
+            pool.shutdown().await;
+        }
+        if let Some(l) = launcher {
+            l.release().await;
+        }
+        // The workers are gone: their scratch goes too (gigabytes of copy-on-write layers on a
+        // GPU run), off the runtime's threads.
+        if let Some(scratch) = scratch {
+            let _ = tokio::task::spawn_blocking(move || drop(scratch)).await;
+        }
+    };
+    // A second signal while the workers shut down (or an allocation is given back) leaves at once.
+    tokio::select! {
+        () = shutdown => result,
+        () = stop.forced() => Ok(Driven::Forced(ExitCode::from(130))),
     }
-    // The workers are gone: their scratch goes too (gigabytes of copy-on-write layers on a GPU
-    // run), off the runtime's threads.
-    if let Some(scratch) = scratch {
-        let _ = tokio::task::spawn_blocking(move || drop(scratch)).await;
+}
+
+/// Tests only (debug builds): `KREFINE_TEST_HOLD_SHUTDOWN_S=N` makes the shutdown after the run
+/// take N seconds longer, as a slow worker or cluster would, so that a test can show that a second
+/// signal does not wait for it.
+#[cfg(debug_assertions)]
+async fn test_hold_shutdown() {
+    let hold = std::env::var("KREFINE_TEST_HOLD_SHUTDOWN_S")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0);
+    if let Some(s) = hold {
+        tokio::time::sleep(std::time::Duration::from_secs_f64(s)).await;
     }
-    result
 }
 
 /// The run itself, once the services stand; the caller shuts the workers down and releases the
-/// launcher however this ends.
+/// launcher however this ends (unless it was forced).
 #[allow(clippy::too_many_arguments)]
 async fn drive_engine(
-    args: RunArgs,
     loaded: &LoadedConfig,
     dir: RunDir,
     prior: Option<ReadLog>,
     prior_view: RunView,
     plan: RunPlan,
     devices: Vec<DeviceInfo>,
-    cancel: CancellationToken,
+    stop: &RunStop,
+    display: super::run_display::Display,
     llm: Arc<dyn crate::services::Llm>,
     compiler: Arc<dyn Compiler>,
     executor: Arc<dyn Executor>,
-) -> anyhow::Result<ExitCode> {
+) -> anyhow::Result<Driven> {
     let cfg = &loaded.config;
     let prompts = Prompts::load(
         cfg.prompt
@@ -356,12 +426,16 @@ async fn drive_engine(
         cfg.eval.precision,
     );
     let compiler: Arc<dyn Compiler> = Arc::new(CheckedCompiler::new(compiler, checks));
+    // What the devices' locks say (another krefine process times on a device): shown by the UI, or
+    // on stderr.
+    let (notices, mut notice_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     // The engine leases the CPU when no GPU was selected.
     let device_names: Vec<String> = if devices.is_empty() {
         vec![DeviceId::Cpu.to_string()]
     } else {
         devices.iter().map(|d| d.id.to_string()).collect()
     };
+    let host_locks = host_locks(cfg, &dir, &devices, notices);
     let parts = EngineParts {
         llm,
         compiler,
@@ -373,6 +447,7 @@ async fn drive_engine(
         compile_workers: cfg.resources.compile_workers() as usize,
         cpu_budget: cpu_budget(cfg),
         prepare_ahead: cfg.resources.prepare_ahead as usize,
+        host_locks,
     };
     let total_turns = plan.problems.len() as u64 * plan.samples as u64 * plan.turns as u64;
     let engine = Engine::prepare(
@@ -381,7 +456,7 @@ async fn drive_engine(
         dir.clone(),
         prior,
         cfg.output.fsync,
-        cancel.clone(),
+        stop.clone(),
     )
     .await?;
     if let Some(w) = engine.torn_tail() {
@@ -389,25 +464,35 @@ async fn drive_engine(
         tracing::warn!("{w}");
     }
     let live = Live::new(engine.subscribe(), dir.events_path());
-    let summary = if !args.no_tui && std::io::stdout().is_terminal() {
+    let forced = || Ok(Driven::Forced(ExitCode::from(130)));
+    let summary = if display == super::run_display::Display::Tui {
         let mut app = App::new(Mode::Live, super::view::meta_of(cfg, dir.root()));
         app.reset(prior_view);
         app.set_devices(device_names);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let to_ui = tx.clone();
+        tokio::spawn(async move {
+            while let Some(n) = notice_rx.recv().await {
+                let _ = to_ui.send(crate::view::source::Feed::Warning(n));
+            }
+        });
         tokio::spawn(live.forward(tx));
         let engine_task = tokio::spawn(engine.run());
-        // The UI handles Ctrl-C (and SIGINT) itself: the first stops the run, the second leaves.
-        match tui::run(app, Input::Feed(rx), Some(cancel.clone())).await {
+        // `q` and Ctrl-C in the UI, and the signals, go to the run's stop: the first stops the run
+        // cleanly, the second leaves at once.
+        match tui::run(app, Input::Feed(rx), Some(stop.clone())).await {
             // `q` is only accepted once the run is over.
             Ok(Exit::Quit) => {}
             Ok(Exit::Forced) => {
                 eprintln!(
-                    "interrupted twice: left without waiting for the run to stop; the event log stays valid, resume with --resume"
+                    "{}: left without waiting for the run to stop; the event log stays valid, \
+                     resume with --resume",
+                    StopReason::SecondSignal
                 );
-                return Ok(ExitCode::from(130));
+                return forced();
             }
             Err(e) => {
-                cancel.cancel();
+                stop.request(StopReason::Failed(format!("the terminal UI failed: {e}")));
                 let _ = engine_task.await;
                 return Err(e);
             }
@@ -416,21 +501,25 @@ async fn drive_engine(
             .await
             .map_err(|e| anyhow::anyhow!("the engine task failed: {e}"))?
     } else {
-        let progress = tokio::spawn(progress::follow(live, total_turns, prior_view));
-        let ctrl_c = cancel.clone();
         tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!(
-                    "\ninterrupted: stopping; the event log stays valid, resume with --resume"
-                );
-                ctrl_c.cancel();
+            while let Some(n) = notice_rx.recv().await {
+                eprintln!("{n}");
             }
         });
-        let summary = engine.run().await;
+        let style = progress::Style::for_stderr();
+        let progress = tokio::spawn(progress::follow(live, total_turns, prior_view, style));
+        let summary = tokio::select! {
+            s = engine.run() => s,
+            () = stop.forced() => return forced(),
+        };
         let _ = progress.await;
         summary
     };
-    let summary = summary?;
+    Ok(Driven::Ended(finish(summary?, &dir)?))
+}
+
+/// Say how the run ended, print its report, and give its exit status.
+fn finish(summary: crate::engine::RunSummary, dir: &RunDir) -> anyhow::Result<ExitCode> {
     eprintln!(
         "{} of {} task(s) finished{}",
         summary.finished,
@@ -452,13 +541,36 @@ async fn drive_engine(
             Err(e) => eprintln!("warning: could not build the report: {e:#}"),
         }
     }
-    Ok(match summary.stopped {
-        Some(_) if cancel.is_cancelled() => ExitCode::from(130),
-        Some(_) => ExitCode::from(1),
+    Ok(match &summary.stopped {
+        // 130 for an interrupt, 143 for SIGTERM, 129 for SIGHUP, 1 for a stop from within.
+        Some(reason) => ExitCode::from(reason.exit_status()),
         // Tasks wait on the LLM endpoint or on workers (an outage): see README, "Exit status".
         None if summary.incomplete() => ExitCode::from(EXIT_INCOMPLETE),
         None => ExitCode::SUCCESS,
     })
+}
+
+/// The devices' locks shared by every krefine process on this machine, when this run times on
+/// local devices (real evaluations with the local launcher; remote workers' devices are other
+/// hosts', and simulated timings are no timings). Waits for another process are said on `notices`.
+fn host_locks(
+    cfg: &Config,
+    dir: &RunDir,
+    devices: &[DeviceInfo],
+    notices: tokio::sync::mpsc::UnboundedSender<String>,
+) -> Option<gpu::HostLocks> {
+    let local = cfg.resources.launcher == crate::launcher::config::LauncherKind::Local;
+    if !local || cfg.eval.executor != ExecutorKind::Worker {
+        return None;
+    }
+    let devices = if devices.is_empty() {
+        vec![DeviceInfo::cpu()]
+    } else {
+        devices.to_vec()
+    };
+    let run = std::path::absolute(dir.root()).unwrap_or_else(|_| dir.root().to_path_buf());
+    let holder = format!("pid {}, run {}", std::process::id(), run.display());
+    Some(gpu::HostLocks::new(lock::device_lock_dir(), holder, &devices).with_notices(notices))
 }
 
 /// The compiler, the executor, and what must be shut down and released at the end.
@@ -486,7 +598,7 @@ async fn build_eval_services(
     dir: &RunDir,
     devices: &[DeviceInfo],
     discovery: &gpu::Discovery,
-    cancel: &CancellationToken,
+    cancel: &tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<EvalServices> {
     let cfg = &loaded.config;
     match cfg.eval.executor {
@@ -584,30 +696,41 @@ pub(crate) fn hf_cache_dir(loaded: &LoadedConfig) -> Option<PathBuf> {
 }
 
 /// A resumed run must be the same experiment: everything but resources, budget and output must
-/// match the frozen config in the run directory.
+/// match the frozen config in the run directory. A refusal names each differing key with the run's
+/// value and the given one.
 fn check_frozen_config(dir: &RunDir, loaded: &LoadedConfig) -> anyhow::Result<()> {
     let path = dir.config_path();
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read the run's frozen config {}", path.display()))?;
-    let frozen: Config = toml::from_str(&text)
+    let mut frozen: Config = toml::from_str(&text)
         .with_context(|| format!("the run's frozen config {} is not valid", path.display()))?;
-    let table =
-        |c: &Config| toml::Table::try_from(c).with_context(|| "cannot compare configs".to_string());
-    let (a, b) = (table(&frozen)?, table(&loaded.config)?);
-    let mut differs: Vec<&str> = a
-        .keys()
-        .chain(b.keys())
-        .map(String::as_str)
-        .filter(|k| !matches!(*k, "resources" | "output" | "budget") && a.get(*k) != b.get(*k))
-        .collect();
-    differs.sort_unstable();
-    differs.dedup();
+    // Runs frozen before paths were written absolute name them as the config that started them
+    // did: read those relative to the config given now, as that run read them.
+    config::freeze(&mut frozen, &loaded.path);
+    let differs = config::differences(&frozen, &loaded.config, &["resources", "output", "budget"]);
     if !differs.is_empty() {
+        let unset = || "(unset)".to_string();
+        let lines: Vec<String> = differs
+            .iter()
+            .map(|d| {
+                format!(
+                    "  {}: the run has {}, the config gives {}",
+                    d.key,
+                    d.before.clone().unwrap_or_else(unset),
+                    d.after.clone().unwrap_or_else(unset)
+                )
+            })
+            .collect();
         bail!(
-            "cannot resume {}: the config differs from the run's frozen config {} in [{}]; only [resources], [budget] and [output] may change on resume",
+            "cannot resume {}: the config differs from the run's frozen config {} in {} key(s):\n{}\n\
+             only [resources], [budget] and [output] may change on resume; to continue the run as it \
+             was, resume with its own config: krefine run {} --out {} --resume",
             dir.root().display(),
             path.display(),
-            differs.join("], [")
+            differs.len(),
+            lines.join("\n"),
+            path.display(),
+            dir.root().display()
         );
     }
     Ok(())

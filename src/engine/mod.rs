@@ -13,6 +13,10 @@
 //! the driver logs an informational `Deferred` event and stops that task where it is. The machine
 //! never sees the event, so a resume folds the task back to the same command and performs it again;
 //! the run ends "incomplete" ([`RunSummary::incomplete_reason`]).
+//!
+//! Stopping early is `cancel`'s: one [`RunStop`] records why ([`StopReason`], typed and ordered by
+//! severity) for the engine, the signals and the displays alike, and escalates a second request from
+//! outside to "stop now".
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,8 +25,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
+mod cancel;
 mod stages;
 
+pub use cancel::{Escalation, RunStop, ShutdownSignal, Signals, StopReason, StopState};
 use stages::{Interest, compile, generate, on_device};
 
 use crate::cpu_budget::CpuBudget;
@@ -101,6 +107,9 @@ pub struct EngineParts {
     /// Problems whose reference data is prepared ahead of their candidates at once
     /// (`resources.prepare_ahead`; 0: none, candidates build what they need themselves).
     pub prepare_ahead: usize,
+    /// The devices' locks across krefine processes on this machine, held with every lease, so that
+    /// two runs never time on one device at once (`None`: this process's leases alone).
+    pub host_locks: Option<crate::gpu::HostLocks>,
 }
 
 /// How a run ended.
@@ -109,7 +118,7 @@ pub struct RunSummary {
     pub tasks: usize,
     pub finished: usize,
     /// Why the run stopped before finishing every task, if it did.
-    pub stopped: Option<String>,
+    pub stopped: Option<StopReason>,
     /// Tasks left unfinished because the LLM endpoint did not answer within its retries; a resume
     /// redoes exactly their pending step.
     pub waiting_on_llm: usize,
@@ -189,10 +198,12 @@ struct Shared {
     devices: DevicePool,
     /// Reference preparation ahead of candidates (`None`: off, or the executor needs none).
     prep: Option<Arc<Preparer>>,
+    /// The steps' cancellation: `stop`'s token.
     cancel: CancellationToken,
+    /// Why the run stops, and its escalation (see `cancel`).
+    stop: RunStop,
     /// Set when no new LLM request may start (budget exhausted, fatal provider error).
     llm_stopped: AtomicBool,
-    stop_reason: std::sync::Mutex<Option<String>>,
     finished: AtomicU32,
     /// Tasks deferred by an outage, by what they wait on.
     waiting_llm: AtomicU32,
@@ -219,12 +230,10 @@ impl Shared {
         })
     }
 
-    fn stop(&self, reason: String) {
+    /// No new LLM request starts, for `reason`; a reason that cancels steps cancels them too.
+    fn stop(&self, reason: StopReason) {
         self.llm_stopped.store(true, Ordering::SeqCst);
-        let mut r = self.stop_reason.lock().unwrap_or_else(|e| e.into_inner());
-        if r.is_none() {
-            *r = Some(reason);
-        }
+        self.stop.request(reason);
     }
 }
 
@@ -241,14 +250,17 @@ pub struct Engine {
 impl Engine {
     /// Set up gates and services and open the run's log. `prior` is the log as read back when the
     /// run is resumed (folded here so finished turns are never redone), `None` for a new run.
+    /// `stop` is how the run is stopped from outside: a [`RunStop`] (typed reasons, escalation), or a
+    /// bare token whose cancellation reads as [`StopReason::Cancelled`].
     pub async fn prepare(
         plan: RunPlan,
         parts: EngineParts,
         dir: RunDir,
         prior: Option<ReadLog>,
         fsync: bool,
-        cancel: CancellationToken,
+        stop: impl Into<RunStop>,
     ) -> Result<Engine, EngineError> {
+        let stop: RunStop = stop.into();
         let specs = plan.tasks();
         let events_path = dir.events_path();
         let resume = prior.is_some();
@@ -311,11 +323,14 @@ impl Engine {
             compile_gate: Semaphore::new(parts.compile_workers.max(1)),
             compile_slots: parts.compile_workers.max(1) as u32,
             cpu: parts.cpu_budget,
-            devices: DevicePool::new(devices),
+            devices: match parts.host_locks {
+                Some(locks) => DevicePool::new(devices).with_host_locks(locks),
+                None => DevicePool::new(devices),
+            },
             prep,
-            cancel,
+            cancel: stop.token().clone(),
+            stop,
             llm_stopped: AtomicBool::new(false),
-            stop_reason: std::sync::Mutex::new(None),
             finished: AtomicU32::new(0),
             waiting_llm: AtomicU32::new(0),
             waiting_workers: AtomicU32::new(0),
@@ -436,13 +451,12 @@ impl Engine {
             match h.await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
-                    shared.stop(e.to_string());
-                    shared.cancel.cancel();
+                    shared.stop(StopReason::Failed(e.to_string()));
                     first_err.get_or_insert(e);
                 }
                 Err(join) => {
                     let msg = format!("a task driver failed: {join}");
-                    shared.stop(msg.clone());
+                    shared.stop(StopReason::Failed(msg.clone()));
                     first_err.get_or_insert(EngineError::Resume(msg));
                 }
             }
@@ -457,23 +471,13 @@ impl Engine {
             .then(|| shared.devices.lost_summary());
         let incomplete =
             incomplete_reason(waiting_on_llm, waiting_on_workers, devices_lost.as_deref());
-        let stopped = if shared.cancel.is_cancelled() && finished < total {
-            Some(
-                shared
-                    .stop_reason
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone()
-                    .unwrap_or_else(|| "cancelled".into()),
-            )
-        } else if finished < total {
-            // Deferred tasks alone are not a stop: they say so in `incomplete`.
-            shared
-                .stop_reason
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone()
-                .or_else(|| incomplete.is_none().then(|| "stopped".into()))
+        // Deferred tasks alone are not a stop: they say so in `incomplete`.
+        let stopped = if finished < total {
+            shared.stop.reason().or_else(|| {
+                incomplete
+                    .is_none()
+                    .then(|| StopReason::Failed("stopped".into()))
+            })
         } else {
             None
         };
@@ -489,7 +493,7 @@ impl Engine {
             .append(
                 None,
                 Event::RunEnded {
-                    reason: EndReason::of(stopped.as_deref(), incomplete.as_deref()),
+                    reason: EndReason::of(stopped.as_ref(), incomplete.as_deref()),
                 },
             )
             .await?;

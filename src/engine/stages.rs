@@ -130,7 +130,7 @@ pub(super) async fn generate(
             // Nothing is logged for the task: after the cause is fixed, a resume asks again for
             // exactly this turn.
             tracing::error!("LLM requests stopped: {reason}");
-            shared.stop(reason);
+            shared.stop(super::StopReason::LlmStopped(reason));
             Step::Halt
         }
         Err(LlmError::Cancelled) => Step::Halt,

@@ -6,8 +6,10 @@ use std::path::Path;
 use super::{Generation, Generations, Issue, parse_sample_key};
 
 /// Read every `level_*_kernel.py` file of `dir`. Other files (KernelBench also writes prompts,
-/// `eval_results.json`, ...) are skipped; a `.py` file that looks like a kernel but is misnamed,
-/// unreadable or empty is an issue naming it.
+/// `eval_results.json`, ...) are skipped; any other Python file (`.py` in any case: the folder holds
+/// kernels only), a file that names itself a kernel (`..._kernel.<anything>`), and a kernel file
+/// that is unreadable or empty are each an issue naming it: a mistyped name
+/// (`Level_1_...`, `level_1_problem_2_sample_0_kernel.PY`) is never skipped silently.
 pub fn read(dir: &Path) -> Result<Generations, std::io::Error> {
     let mut names: Vec<String> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok())
@@ -17,14 +19,19 @@ pub fn read(dir: &Path) -> Result<Generations, std::io::Error> {
     names.sort();
     let mut g = Generations::default();
     for name in names {
-        if !(name.starts_with("level_") && name.ends_with(".py")) {
+        let lower = name.to_ascii_lowercase();
+        let kernel_like = lower.ends_with(".py") || lower.contains("_kernel.");
+        if !kernel_like {
             continue;
         }
         let issue = |message: String| Issue {
             key: name.clone(),
             message,
         };
-        let Some(stem) = name.strip_suffix("_kernel.py") else {
+        let Some(stem) = name
+            .strip_suffix("_kernel.py")
+            .filter(|_| name.starts_with("level_"))
+        else {
             g.issues.push(issue(
                 "not a kernel file name (expected level_<L>_problem_<P>_sample_<S>_kernel.py)"
                     .into(),
@@ -89,16 +96,25 @@ mod tests {
         w("level_1_problem_3_sample_0.py", "code");
         w("eval_results.json", "{}");
         w("level_1_problem_2_sample_0_prompt.txt", "p");
+        // Mistyped names: never skipped without a word.
+        w("Level_1_problem_4_sample_0_kernel.py", "code");
+        w("level_1_problem_5_sample_0_kernel.PY", "code");
+        w("level_1_problem_6_sample_0_kernel.py.txt", "code");
         let g = read(d.path()).unwrap();
         assert_eq!(g.items.len(), 1);
         assert_eq!(g.items[0].origin, "level_1_problem_2_sample_0_kernel.py");
         let issues: Vec<String> = g.issues.iter().map(ToString::to_string).collect();
+        let expected =
+            "not a kernel file name (expected level_<L>_problem_<P>_sample_<S>_kernel.py)";
         assert_eq!(
             issues,
             vec![
-                "level_1_problem_2_sample_1_kernel.py: the file is empty",
-                "level_1_problem_3_sample_0.py: not a kernel file name (expected level_<L>_problem_<P>_sample_<S>_kernel.py)",
-                "level_1_problem_x_sample_0_kernel.py: bad file name: problem id \"x\" is not a non-negative integer (expected level_<L>_problem_<P>_sample_<S>, like level_1_problem_19_sample_0)_kernel.py",
+                format!("Level_1_problem_4_sample_0_kernel.py: {expected}"),
+                "level_1_problem_2_sample_1_kernel.py: the file is empty".to_string(),
+                format!("level_1_problem_3_sample_0.py: {expected}"),
+                format!("level_1_problem_5_sample_0_kernel.PY: {expected}"),
+                format!("level_1_problem_6_sample_0_kernel.py.txt: {expected}"),
+                "level_1_problem_x_sample_0_kernel.py: bad file name: problem id \"x\" is not a non-negative integer (expected level_<L>_problem_<P>_sample_<S>, like level_1_problem_19_sample_0)_kernel.py".to_string(),
             ]
         );
     }

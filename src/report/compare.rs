@@ -1,5 +1,7 @@
 //! `krefine compare` output: the matched-budget [`Comparison`] of several runs as text, Markdown, JSON
-//! or CSV, headed by what differs between the runs. docs/output-formats.md describes the formats.
+//! or CSV, headed by what differs between the runs and by a warning for each problem whose reference
+//! time differs between them ([`super::reference_times`]). docs/output-formats.md describes the
+//! formats.
 
 use serde::Serialize;
 
@@ -10,13 +12,21 @@ use crate::metrics::extra::threshold_label;
 
 use super::Format;
 use super::load::{RunInfo, differences};
+use super::reference_times::ReferenceTimeWarning;
 
-/// Render a comparison of runs described by `infos` (same order as `c.runs`).
-pub fn render_comparison(c: &Comparison, infos: &[RunInfo], format: Format) -> String {
+/// Render a comparison of runs described by `infos` (same order as `c.runs`), with `warnings`
+/// about problems whose reference time differs between them (CSV has no place for them: the
+/// caller says them elsewhere).
+pub fn render_comparison(
+    c: &Comparison,
+    infos: &[RunInfo],
+    warnings: &[ReferenceTimeWarning],
+    format: Format,
+) -> String {
     match format {
-        Format::Text => text(c, infos, false),
-        Format::Md => text(c, infos, true),
-        Format::Json => json(c, infos),
+        Format::Text => text(c, infos, warnings, false),
+        Format::Md => text(c, infos, warnings, true),
+        Format::Json => json(c, infos, warnings),
         Format::Csv => csv(c),
     }
 }
@@ -175,7 +185,7 @@ fn table(axis: &AxisComparison, md: bool, out: &mut String) {
     }
 }
 
-fn text(c: &Comparison, infos: &[RunInfo], md: bool) -> String {
+fn text(c: &Comparison, infos: &[RunInfo], warnings: &[ReferenceTimeWarning], md: bool) -> String {
     let mut s = String::new();
     let h = if md { "### " } else { "" };
     let dropped: Vec<String> = c
@@ -206,6 +216,9 @@ fn text(c: &Comparison, infos: &[RunInfo], md: bool) -> String {
     }
     let parts: Vec<String> = same.iter().map(|(k, v)| format!("{k} {v}")).collect();
     s.push_str(&format!("{bullet}same: {}\n", parts.join("; ")));
+    for w in warnings {
+        s.push_str(&format!("{bullet}WARNING: {}\n", w.message()));
+    }
     let st = &c.settings;
     if st.resamples > 0 {
         s.push_str(&format!(
@@ -244,6 +257,8 @@ fn text(c: &Comparison, infos: &[RunInfo], md: bool) -> String {
 struct JsonOut<'a> {
     runs: &'a [RunInfo],
     differs: Vec<Differs>,
+    /// Problems whose reference time differs between the runs by more than 2x.
+    reference_time_warnings: Vec<JsonWarning<'a>>,
     // The comparison's fields but its run names (`runs` above describes the runs, names included;
     // flattening the whole comparison wrote a second `runs` key).
     shared_problems: &'a [crate::types::ProblemKey],
@@ -253,18 +268,32 @@ struct JsonOut<'a> {
 }
 
 #[derive(Serialize)]
+struct JsonWarning<'a> {
+    #[serde(flatten)]
+    warning: &'a ReferenceTimeWarning,
+    message: String,
+}
+
+#[derive(Serialize)]
 struct Differs {
     field: &'static str,
     values: Vec<String>,
 }
 
-fn json(c: &Comparison, infos: &[RunInfo]) -> String {
+fn json(c: &Comparison, infos: &[RunInfo], warnings: &[ReferenceTimeWarning]) -> String {
     let (differ, _) = differences(infos);
     let out = JsonOut {
         runs: infos,
         differs: differ
             .into_iter()
             .map(|(field, values)| Differs { field, values })
+            .collect(),
+        reference_time_warnings: warnings
+            .iter()
+            .map(|w| JsonWarning {
+                warning: w,
+                message: w.message(),
+            })
             .collect(),
         shared_problems: &c.shared_problems,
         dropped: &c.dropped,

@@ -16,6 +16,7 @@ mod kernelbench;
 pub mod load;
 pub mod plot;
 pub mod provenance;
+mod reference_times;
 mod tables;
 mod text;
 
@@ -34,6 +35,7 @@ pub use kernelbench::{Pick, kernelbench_eval_results, pick};
 pub use load::{
     LoadError, LoadedRun, RunInfo, differences, frozen_config, load_run, load_run_with_log,
 };
+pub use reference_times::{REFERENCE_TIME_SPREAD, ReferenceTimeWarning, reference_time_warnings};
 pub use tables::{CandidateRow, TurnRow, candidate_rows, turn_rows};
 
 /// Everything a report shows of one run.

@@ -159,7 +159,8 @@ fn distribution_panel(
         .map_err(draw_err)?
         .label("reference (1x)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.6)));
-    for (name, values, c) in series {
+    for (i, name) in merge_equal(series, |s| &s.0, |s| &s.1) {
+        let (_, values, c) = &series[i];
         let col = color(*c);
         let points: Vec<(f64, f64)> = values
             .iter()
@@ -251,7 +252,8 @@ fn lines_panel(area: &Area<'_>, l: &Lines<'_>) -> Result<(), PlotError> {
         .y_label_formatter(&|y| format!("{y:.0}%"))
         .draw()
         .map_err(draw_err)?;
-    for (name, c, points, band) in &l.series {
+    for (i, name) in merge_equal(&l.series, |s| &s.0, |s| (&s.2, &s.3)) {
+        let (_, c, points, band) = &l.series[i];
         let col = color(*c);
         let band = if l.steps {
             step_band(band)
@@ -290,6 +292,30 @@ fn lines_panel(area: &Area<'_>, l: &Lines<'_>) -> Result<(), PlotError> {
             .map_err(draw_err)?;
     }
     Ok(())
+}
+
+/// The series to draw and their legend labels: series with equal values (the same curve, the same
+/// band) are drawn once, as the first of them, labelled with all their names (`p=0 = p=0.5`), since
+/// a curve drawn over an equal one hides it.
+fn merge_equal<'s, S, K: PartialEq>(
+    series: &'s [S],
+    name: impl Fn(&'s S) -> &'s String,
+    values: impl Fn(&'s S) -> K,
+) -> Vec<(usize, String)> {
+    let mut out: Vec<(usize, String)> = Vec::new();
+    for (i, s) in series.iter().enumerate() {
+        match out
+            .iter_mut()
+            .find(|(j, _)| values(&series[*j]) == values(s))
+        {
+            Some((_, label)) => {
+                label.push_str(" = ");
+                label.push_str(name(s));
+            }
+            None => out.push((i, name(s).clone())),
+        }
+    }
+    out
 }
 
 /// A tick label with `decimals` decimals, in thousands (`12k`) when `thousands`.
@@ -506,6 +532,61 @@ pub fn comparison_svg(c: &Comparison, runs: &[LoadedRun]) -> Result<String, Plot
 }
 
 /// Write `svg` to `path` as SVG or PNG, by the file's extension.
+/// Whether a plot can be written to `path`: its format (`.svg`, `.png`), its folder, and for PNG a
+/// system font. Commands check before they print anything, so a wrong file name costs nothing.
+pub fn check_target(path: &Path) -> Result<(), PlotError> {
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    if !matches!(ext.as_deref(), Some("svg" | "png")) {
+        return Err(PlotError::Format {
+            path: path.to_path_buf(),
+        });
+    }
+    let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(folder) = folder
+        && !folder.is_dir()
+    {
+        return Err(PlotError::Write {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("no folder {}", folder.display()),
+            ),
+        });
+    }
+    if ext.as_deref() == Some("png") {
+        let mut db = resvg::usvg::fontdb::Database::new();
+        db.load_system_fonts();
+        sans_family(&db).ok_or_else(|| PlotError::NoFont {
+            path: path.to_path_buf(),
+        })?;
+    }
+    Ok(())
+}
+
+/// The sans-serif family PNGs are drawn with: a common one, else any the system has.
+fn sans_family(db: &resvg::usvg::fontdb::Database) -> Option<String> {
+    [
+        "DejaVu Sans",
+        "Liberation Sans",
+        "Arial",
+        "Helvetica",
+        "Noto Sans",
+    ]
+    .into_iter()
+    .find(|f| {
+        db.faces()
+            .any(|face| face.families.iter().any(|(n, _)| n == f))
+    })
+    .map(str::to_string)
+    .or_else(|| {
+        db.faces()
+            .next()
+            .and_then(|f| f.families.first().map(|(n, _)| n.clone()))
+    })
+}
+
 pub fn write_plot(path: &Path, svg: &str) -> Result<(), PlotError> {
     let ext = path
         .extension()
@@ -530,25 +611,7 @@ fn svg_to_png(path: &Path, svg: &str) -> Result<Vec<u8>, PlotError> {
     use resvg::{tiny_skia, usvg};
     let mut db = usvg::fontdb::Database::new();
     db.load_system_fonts();
-    let family = [
-        "DejaVu Sans",
-        "Liberation Sans",
-        "Arial",
-        "Helvetica",
-        "Noto Sans",
-    ]
-    .into_iter()
-    .find(|f| {
-        db.faces()
-            .any(|face| face.families.iter().any(|(n, _)| n == f))
-    })
-    .map(str::to_string)
-    .or_else(|| {
-        db.faces()
-            .next()
-            .and_then(|f| f.families.first().map(|(n, _)| n.clone()))
-    })
-    .ok_or_else(|| PlotError::NoFont {
+    let family = sans_family(&db).ok_or_else(|| PlotError::NoFont {
         path: path.to_path_buf(),
     })?;
     db.set_sans_serif_family(family);

@@ -548,6 +548,7 @@ precision = "bf16"
             },
             hf_cache: Some("/home/u/.cache/huggingface/hub".into()),
             hf_offline: Some(true),
+            evaluation: None,
         };
         let env = json!({
             "device_name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "cuda": "13.0",

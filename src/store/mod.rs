@@ -4,15 +4,17 @@
 //! [`crate::types::LogRecord`] a line, written ahead of acting on it: see [`EventLog`]), `kernels/`
 //! (every candidate's code), `logs/` (compiler and worker logs) and `krefine.log` (tracing).
 //!
-//! This room owns the log's file name ([`EVENTS_FILE`]), its one writer ([`EventLog`]) and its one
+//! This room owns the log's file name ([`EVENTS_FILE`]), its one writer ([`EventLog`]), its one
 //! reader (`reader`: [`LineReader`] and [`decode_line`], on which [`read_log`], [`log_lines`] and
-//! `watch`'s tail are built, with one rule for a torn last line and one schema check). An existing run directory is never overwritten: it is
-//! either resumed (`--resume`) or refused. One process writes a run directory at a time: see
-//! [`crate::lock::lock_run_dir`].
+//! `watch`'s tail are built, with one rule for a torn last line and one schema check) and its one
+//! repair ([`repair`]: cutting a log at a line no reader accepts, the whole file kept as a backup).
+//! An existing run directory is never overwritten: it is either resumed (`--resume`) or refused.
+//! One process writes a run directory at a time: see [`crate::lock::lock_run_dir`].
 
 mod event_log;
 mod files;
 mod reader;
+mod repair;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -25,6 +27,7 @@ pub use files::FileWriter;
 pub use reader::{
     LineError, LineReader, ReadLog, decode_line, events_path, log_lines, read_from, read_log,
 };
+pub use repair::{Cut, Repaired, find_cut, repair};
 
 pub const CONFIG_FILE: &str = "config.toml";
 pub const EVENTS_FILE: &str = "events.jsonl";

@@ -169,16 +169,16 @@ pub fn read_log(path: &Path) -> Result<ReadLog, StoreError> {
 
 /// [`read_log`] of the log's bytes as `input` gives them; `path` names the log in messages.
 ///
-/// The rule for a torn last line: a last line without its newline was cut by a crash (even when it
-/// happens to parse), and so was a complete but unreadable line with nothing but blanks after it
-/// (the newline made it to disk before the rest). Either is dropped with a warning; an unreadable
-/// line anywhere else, or a record of a newer schema, is an error.
+/// The rule for a torn last line: only a last line without its newline was cut by a crash (even
+/// when it happens to parse), since the writer puts a record and its newline into the file with one
+/// `write`. It is dropped with a warning. A complete line that is not a record this krefine reads
+/// (garbage, an event type or schema of a newer krefine) is an error naming its line, wherever it
+/// is: it may hold what a run recorded, so no reader drops it (`krefine repair` cuts a log there,
+/// keeping the whole file as a backup).
 pub fn read_from(mut input: impl Read, path: &Path) -> Result<ReadLog, StoreError> {
     let mut reader = LineReader::new(path);
     let mut records = Vec::new();
     let mut valid_len = 0u64;
-    // A complete line that is no record: the torn tail when only blanks follow it.
-    let mut unreadable: Option<LineError> = None;
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match input.read(&mut buf) {
@@ -188,53 +188,28 @@ pub fn read_from(mut input: impl Read, path: &Path) -> Result<ReadLog, StoreErro
             Err(e) => return Err(io(path)(e)),
         };
         reader.feed(&buf[..n], |line, text, len| {
-            if text.trim().is_empty() {
-                if unreadable.is_none() {
-                    valid_len += len;
-                }
-                return Ok(());
-            }
-            if let Some(e) = unreadable.take() {
-                return Err(StoreError::from(e));
-            }
-            match decode_line(path, line, text) {
-                Ok(rec) => {
-                    records.extend(rec);
-                    valid_len += len;
-                    Ok(())
-                }
-                Err(e @ LineError::NotARecord { .. }) => {
-                    unreadable = Some(e);
-                    Ok(())
-                }
-                Err(e) => Err(e.into()),
-            }
+            records.extend(decode_line(path, line, text)?);
+            valid_len += len;
+            Ok::<(), StoreError>(())
         })?;
     }
     let pending = reader.pending();
     let torn = !pending.iter().all(u8::is_ascii_whitespace);
-    let unterminated = if torn && unreadable.is_none() {
+    let unterminated = if torn {
         decode_line(path, reader.next_line(), &String::from_utf8_lossy(pending))
             .ok()
             .flatten()
     } else {
         None
     };
-    let torn_tail = match unreadable {
-        Some(e) if torn => return Err(e.into()),
-        Some(LineError::NotARecord { line, message, .. }) => Some(format!(
-            "{}:{line}: dropped an unreadable last line ({message})",
-            path.display()
-        )),
-        Some(e) => return Err(e.into()),
-        None if torn => Some(format!(
-            "{}:{}: dropped a torn last line ({} bytes) left by an interrupted run",
+    let torn_tail = torn.then(|| {
+        format!(
+            "{}:{}: dropped a torn last line ({} bytes, no newline) left by an interrupted run",
             path.display(),
             reader.next_line(),
             pending.len()
-        )),
-        None => None,
-    };
+        )
+    });
     Ok(ReadLog {
         records,
         valid_len,
@@ -308,7 +283,7 @@ mod tests {
     }
 
     #[test]
-    fn torn_and_unreadable_last_lines_are_dropped() {
+    fn only_a_line_without_its_newline_is_torn() {
         let (a, b) = (line(0), line(1));
         // Cut mid-line: dropped, and the valid prefix ends after the first line.
         let log = read(&format!("{a}\n{}", &b[..10])).unwrap();
@@ -323,16 +298,14 @@ mod tests {
         let log = read(&format!("{a}\n{b}")).unwrap();
         assert_eq!(log.records.len(), 1);
         assert_eq!(log.unterminated.map(|r| r.seq), Some(1));
-        // A complete unreadable last line, blanks after it: dropped.
-        let log = read(&format!("{a}\nnot json\n\n  \n")).unwrap();
-        assert_eq!(log.records.len(), 1);
-        assert_eq!(log.valid_len, a.len() as u64 + 1);
+        // A complete unreadable last line is no torn tail: it may hold a record of a newer
+        // krefine, so it is an error naming its line, blanks after it or not.
+        let e = read(&format!("{a}\nnot json\n\n  \n")).unwrap_err();
         assert!(
-            log.torn_tail
-                .unwrap()
-                .contains(":2: dropped an unreadable last line")
+            e.to_string()
+                .contains("events.jsonl:2: not an event record"),
+            "{e}"
         );
-        // ... followed by an incomplete line: corruption, not a torn tail.
         let e = read(&format!("{a}\nnot json\n{}", &b[..5])).unwrap_err();
         assert!(e.to_string().contains("events.jsonl:2:"), "{e}");
         // Blank lines count in the valid prefix; a blank partial line is no torn tail.

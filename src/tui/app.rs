@@ -364,12 +364,6 @@ impl App {
         None
     }
 
-    /// A SIGINT from outside the terminal: the same as Ctrl-C.
-    pub fn interrupt(&mut self) -> Action {
-        self.help = false;
-        self.quit_action()
-    }
-
     /// `q` at the top and Ctrl-C: the first asks a live run to stop, the second leaves at once.
     fn quit_action(&mut self) -> Action {
         if self.mode != Mode::Live || self.run_over() {

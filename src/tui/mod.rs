@@ -8,7 +8,10 @@
 //! - [`ui`]: drawing, one file per panel, a pure function of the app and the clock it is given.
 //! - [`gpu_stats`]: NVML utilisation and memory, when a driver is there.
 //!
-//! The loop here selects over the source, keys (read on their own thread), a 10 Hz tick and SIGINT.
+//! The loop here selects over the source, keys (read on their own thread), a 10 Hz tick, and either
+//! the live run's stop ([`RunStop`]: the loop asks it to stop for `q` and Ctrl-C, and follows what
+//! the signals asked of it; the process's one signal stream is read by whoever drives the run) or,
+//! for `watch` and `replay`, the signals themselves (any of SIGINT, SIGTERM, SIGHUP leaves).
 //! Records are applied as they come and frames are drawn on the tick (and after a key), so a flood of
 //! events costs frames, never events, and the engine never waits for the screen. Nothing may write to
 //! stdout or stderr while the screen is up; the terminal is restored on every way out, panics included
@@ -25,8 +28,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use ratatui::crossterm::event::{self, Event as TermEvent, KeyEvent};
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::{mpsc, watch};
+
+use crate::engine::{Escalation, RunStop, Signals, StopReason, StopState};
 
 use app::{Action, App, ReplayCmd, ReplayStatus};
 use source::{Feed, Replay};
@@ -44,12 +48,24 @@ pub enum Input {
 pub enum Exit {
     /// `q` (or Ctrl-C) once there was nothing left to stop.
     Quit,
-    /// A second `q` or Ctrl-C while the live run was still stopping.
+    /// A second `q`, Ctrl-C or signal while the live run was still stopping.
     Forced,
 }
 
 /// Frames per second at most (and the replay clock's resolution).
 const TICK: Duration = Duration::from_millis(100);
+
+/// Whether this process is in the foreground process group of its terminal (stdout's, and stdin's
+/// when stdin is one): only then may it draw and read keys. A background process (`cmd &`, or under
+/// `timeout`, which runs its command in a process group of its own) that set the terminal's modes
+/// or read from it would be stopped by the kernel (SIGTTOU/SIGTTIN) until brought to the foreground.
+pub fn in_foreground() -> bool {
+    use std::io::IsTerminal;
+    // SAFETY: getpgrp and tcgetpgrp take and return plain integers; no memory is shared.
+    let group = unsafe { libc::getpgrp() };
+    let owns = |fd: libc::c_int| unsafe { libc::tcgetpgrp(fd) } == group;
+    owns(libc::STDOUT_FILENO) && (!std::io::stdin().is_terminal() || owns(libc::STDIN_FILENO))
+}
 
 /// Restores the terminal when dropped, whatever way the loop ends.
 struct Screen {
@@ -75,13 +91,10 @@ impl Drop for Screen {
     }
 }
 
-/// Run the UI until the person quits. `cancel` is the live run's cancellation (`None` for watch and
-/// replay).
-pub async fn run(
-    mut app: App,
-    input: Input,
-    cancel: Option<CancellationToken>,
-) -> anyhow::Result<Exit> {
+/// Run the UI until the person quits. `stop` is the live run's stop (`None` for watch and replay).
+/// A live run stopped by SIGTERM or SIGHUP leaves the UI by itself once the run has ended (nobody
+/// asked at this terminal; whoever sent it waits for the process to end).
+pub async fn run(mut app: App, input: Input, run_stop: Option<RunStop>) -> anyhow::Result<Exit> {
     let mut screen = Screen::open()?;
     let stop = Arc::new(AtomicBool::new(false));
     let (key_tx, key_rx) = mpsc::unbounded_channel();
@@ -92,7 +105,7 @@ pub async fn run(
     if let Input::Replay(r) = &input {
         app.replay = Some(status(r));
     }
-    let result = event_loop(&mut screen.terminal, app, input, cancel, key_rx).await;
+    let result = event_loop(&mut screen.terminal, app, input, run_stop, key_rx).await;
     stop.store(true, Ordering::SeqCst);
     drop(screen);
     // The reader notices `stop` within one poll interval.
@@ -129,15 +142,49 @@ fn status(r: &Replay) -> ReplayStatus {
     }
 }
 
+/// What stops the loop besides keys: the live run's stop, or the signals (watch and replay).
+enum Stops {
+    Live(RunStop, watch::Receiver<StopState>),
+    Signals(Signals),
+}
+
+impl Stops {
+    /// The next change: the live run's stop state, or a signal (which for watch and replay only
+    /// means leave).
+    async fn next(&mut self) -> Option<StopState> {
+        match self {
+            Stops::Live(_, rx) => match rx.changed().await {
+                Ok(()) => Some(rx.borrow_and_update().clone()),
+                // The run's stop is gone: nothing more will come from it.
+                Err(_) => std::future::pending().await,
+            },
+            Stops::Signals(s) => match s.recv().await {
+                Some(_) => Some(StopState {
+                    reason: Some(StopReason::Interrupted),
+                    forced: false,
+                }),
+                None => std::future::pending().await,
+            },
+        }
+    }
+}
+
 async fn event_loop(
     terminal: &mut ratatui::DefaultTerminal,
     mut app: App,
     mut input: Input,
-    cancel: Option<CancellationToken>,
+    stop: Option<RunStop>,
     mut keys: mpsc::UnboundedReceiver<KeyEvent>,
 ) -> anyhow::Result<Exit> {
-    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-        .context("cannot listen for SIGINT")?;
+    let mut stops = match stop {
+        Some(stop) => {
+            let rx = stop.watch();
+            Stops::Live(stop, rx)
+        }
+        None => Stops::Signals(Signals::new().context("cannot listen for signals")?),
+    };
+    // A live run stopped by a signal from outside: leave once it has ended.
+    let mut leave_when_over = false;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let probe = gpu_stats::Probe::start().await;
@@ -146,6 +193,9 @@ async fn event_loop(
     let mut feed_open = true;
     let mut draw_now = true;
     loop {
+        if leave_when_over && app.run_over() {
+            return Ok(Exit::Quit);
+        }
         if draw_now {
             app.before_draw();
             let now = match &input {
@@ -197,9 +247,18 @@ async fn event_loop(
                     }
                 }
             }
-            _ = sigint.recv() => {
+            state = stops.next() => {
                 draw_now = true;
-                Some(app.interrupt())
+                match (&stops, state) {
+                    (Stops::Signals(_), Some(_)) => Some(Action::Quit),
+                    (Stops::Live(..), Some(st)) if st.forced => return Ok(Exit::Forced),
+                    (Stops::Live(..), Some(st)) => {
+                        app.stopping |= st.reason.as_ref().is_some_and(StopReason::cancels_steps);
+                        leave_when_over |= matches!(st.reason, Some(StopReason::Signal(_)));
+                        None
+                    }
+                    (_, None) => None,
+                }
             }
             _ = gpu_tick.tick(), if probe.is_some() => {
                 if let Some(p) = &probe {
@@ -211,12 +270,15 @@ async fn event_loop(
         };
         match action {
             None => {}
-            Some(Action::Cancel) => {
-                if let Some(c) = &cancel {
-                    c.cancel();
+            // The first `q` or Ctrl-C stops the run cleanly; the second (or one after a signal
+            // stopped it) stops it now: the run's stop escalates, the same as for signals.
+            Some(Action::Cancel | Action::ForceQuit) => {
+                if let Stops::Live(stop, _) = &stops
+                    && stop.request(StopReason::Interrupted) == Escalation::Now
+                {
+                    return Ok(Exit::Forced);
                 }
             }
-            Some(Action::ForceQuit) => return Ok(Exit::Forced),
             Some(Action::Quit) => return Ok(Exit::Quit),
             Some(Action::Replay(cmd)) => {
                 if let Input::Replay(r) = &mut input {

@@ -2,6 +2,8 @@
 //! running the binary (a failure panics with its output), and small file helpers.
 #![allow(dead_code)] // each test binary uses its own part
 
+pub mod tmux;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -45,4 +47,82 @@ pub fn s(p: &Path) -> &str {
 
 pub fn read_json(p: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// A small simulated experiment under `root/exp/` whose config names its inputs by relative paths
+/// (`problems`, `answers.jsonl`): `problems` problems (`1_P1.py`, ...) x `turns` turns of G+E+P
+/// refinement, scripted answers that are all correct, the simulated executor on the CPU. Returns
+/// the config file.
+pub fn sim_experiment(root: &Path, problems: u32, turns: u32) -> PathBuf {
+    let exp = root.join("exp");
+    let probs = exp.join("problems");
+    std::fs::create_dir_all(&probs).unwrap();
+    let mut answers = String::new();
+    for id in 1..=problems {
+        std::fs::write(
+            probs.join(format!("{id}_P{id}.py")),
+            format!(
+                "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x + {id}\ndef get_inputs():\n    return [torch.rand(4)]\ndef get_init_inputs():\n    return []\n"
+            ),
+        )
+        .unwrap();
+        for turn in 1..=turns {
+            let content = format!(
+                "```python\n# krefine-sim: verdict=correct speedup=1.{turn}\nclass ModelNew: pass\n```"
+            );
+            answers.push_str(
+                &serde_json::json!({"problem": format!("1/{id}"), "sample": 0, "turn": turn, "content": content})
+                    .to_string(),
+            );
+            answers.push('\n');
+        }
+    }
+    std::fs::write(exp.join("answers.jsonl"), answers).unwrap();
+    let cfg = exp.join("sim.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"[dataset]
+path = "problems"
+level = 1
+[method]
+kind = "refine"
+turns = {turns}
+feedback = "GEP"
+[model]
+provider = "scripted"
+answers = "answers.jsonl"
+[resources]
+devices = "cpu"
+compile_workers = 2
+[eval]
+executor = "simulated"
+[eval.simulated]
+compile_s = 0.01
+execute_min_s = 0.01
+execute_max_s = 0.02
+profile_s = 0.01
+"#
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+/// `krefine ARGS` run in `cwd`, whatever its exit status.
+pub fn krefine_in(cwd: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_krefine"))
+        .current_dir(cwd)
+        .args(args)
+        .output()
+        .expect("run krefine")
+}
+
+/// The log's lines, as written.
+pub fn log_lines(run: &Path) -> Vec<String> {
+    std::fs::read_to_string(run.join("events.jsonl"))
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
 }
