@@ -239,62 +239,114 @@ impl RunState {
                 matches!(&rec.event, Event::RunEnded { reason } if reason.is_finished());
         }
         self.applied += 1;
-        let mut turn_ended = false;
-        match &rec.event {
-            Event::RunStarted {
-                run,
-                method,
-                feedback,
-                task_ids,
-                turns,
-                samples,
-                simulated,
-                problem_names,
-                ..
-            } => {
-                self.ended = None;
-                if self.info.is_some() {
-                    self.resumes += 1;
-                } else {
-                    let logged_feedback = *feedback;
-                    let feedback = feedback.unwrap_or(FeedbackMode::GE);
-                    let mut problems: Vec<ProblemKey> =
-                        task_ids.iter().map(|t| t.problem).collect();
-                    problems.sort_unstable();
-                    problems.dedup();
-                    self.info = Some(RunInfo {
-                        run: run.clone(),
-                        method: *method,
-                        feedback,
-                        logged_feedback,
-                        task_ids: task_ids.clone(),
-                        turns: *turns,
-                        samples: *samples,
-                        simulated: *simulated,
-                        problem_names: problem_names.clone(),
-                        problems,
-                    });
-                    for &id in task_ids {
-                        self.tasks
-                            .entry(id)
-                            .or_insert_with(|| TaskView::new(id, *turns, feedback));
-                    }
-                    turn_ended = true;
-                }
-            }
+        let turn_ended = match &rec.event {
+            Event::RunStarted { .. } => self.start_run(&rec.event),
             Event::RunEnded { reason } => {
-                self.ended = Some(reason.clone());
-                // Whatever was in flight was abandoned with the run.
-                self.llm_in_flight.clear();
-                self.llm_waiting.clear();
-                for d in self.devices.values_mut() {
-                    d.holder = None;
-                }
-                for t in self.tasks.values_mut() {
-                    t.streaming.clear();
-                }
+                self.end_run(reason);
+                false
             }
-            Event::BudgetExhausted { what } => self.budget_exhausted = Some(what.clone()),
+            Event::BudgetExhausted { what } => {
+                self.budget_exhausted = Some(what.clone());
+                false
+            }
+            Event::LlmStarted { .. }
+            | Event::LlmRetryWait { .. }
+            | Event::LlmDelta { .. }
+            | Event::LlmAttempt { .. }
+            | Event::Deferred { .. } => {
+                self.note_request(rec);
+                false
+            }
+            Event::LeaseGranted { .. }
+            | Event::LeaseReleased { .. }
+            | Event::ReferencePrepared { .. }
+            | Event::InputsPrepared { .. }
+            | Event::DeviceRetired { .. } => {
+                self.note_device(rec);
+                false
+            }
+            Event::LlmAnswered { .. }
+            | Event::LlmFailed { .. }
+            | Event::Compiled { .. }
+            | Event::Executed { .. }
+            | Event::Profiled { .. } => {
+                if let Event::LlmAnswered { answer, .. } = &rec.event {
+                    self.spend = *self.tally.total();
+                    self.budget_spend.add_budgeted(answer);
+                    if !answer.model.is_empty() {
+                        self.model = Some(answer.model.clone());
+                    }
+                }
+                self.drive(rec)
+            }
+        };
+        Applied::Folded { turn_ended }
+    }
+
+    /// A `RunStarted`: the first one plans the run (true: the plan arrived), a later one is a
+    /// resume.
+    fn start_run(&mut self, started: &Event) -> bool {
+        let Event::RunStarted {
+            run,
+            method,
+            feedback,
+            task_ids,
+            turns,
+            samples,
+            simulated,
+            problem_names,
+            ..
+        } = started
+        else {
+            return false;
+        };
+        self.ended = None;
+        if self.info.is_some() {
+            self.resumes += 1;
+            return false;
+        }
+        let logged_feedback = *feedback;
+        let feedback = feedback.unwrap_or(FeedbackMode::GE);
+        let mut problems: Vec<ProblemKey> = task_ids.iter().map(|t| t.problem).collect();
+        problems.sort_unstable();
+        problems.dedup();
+        self.info = Some(RunInfo {
+            run: run.clone(),
+            method: *method,
+            feedback,
+            logged_feedback,
+            task_ids: task_ids.clone(),
+            turns: *turns,
+            samples: *samples,
+            simulated: *simulated,
+            problem_names: problem_names.clone(),
+            problems,
+        });
+        for &id in task_ids {
+            self.tasks
+                .entry(id)
+                .or_insert_with(|| TaskView::new(id, *turns, feedback));
+        }
+        true
+    }
+
+    /// A `RunEnded`: whatever was in flight was abandoned with the run.
+    fn end_run(&mut self, reason: &EndReason) {
+        self.ended = Some(reason.clone());
+        self.llm_in_flight.clear();
+        self.llm_waiting.clear();
+        for d in self.devices.values_mut() {
+            d.holder = None;
+        }
+        for t in self.tasks.values_mut() {
+            t.streaming.clear();
+        }
+    }
+
+    /// An LLM request's progress short of its answer: sent, waiting to retry, streaming, an
+    /// attempt, or deferred by an outage.
+    fn note_request(&mut self, rec: &LogRecord) {
+        match &rec.event {
             Event::LlmStarted { turn, prompt_file } => {
                 if let Some(task) = rec.task {
                     self.llm_in_flight.insert((task, *turn));
@@ -330,7 +382,6 @@ impl RunState {
                     }
                 }
             }
-            Event::LlmAttempt { .. } => {}
             Event::Deferred {
                 turn, waiting_on, ..
             } => {
@@ -340,6 +391,14 @@ impl RunState {
                     self.task_mut(task).deferred = Some(*waiting_on);
                 }
             }
+            // Counted by the ledger only.
+            _ => {}
+        }
+    }
+
+    /// A device's lease changing hands, its reference preparation, or its loss.
+    fn note_device(&mut self, rec: &LogRecord) {
+        match &rec.event {
             Event::LeaseGranted { device, turn, .. } => {
                 let usage = self.tally.device(device).copied().unwrap_or_default();
                 let d = self.devices.entry(device.clone()).or_default();
@@ -357,29 +416,14 @@ impl RunState {
             } => {
                 self.devices.entry(device.clone()).or_default().prepare_ms += held_ms;
             }
-            // Made on the CPU with no lease held: no device's time.
-            Event::InputsPrepared { .. } => {}
             Event::DeviceRetired { device, error, .. } => {
                 let d = self.devices.entry(device.clone()).or_default();
                 d.lost = Some(error.clone());
                 d.holder = None;
             }
-            Event::LlmAnswered { .. }
-            | Event::LlmFailed { .. }
-            | Event::Compiled { .. }
-            | Event::Executed { .. }
-            | Event::Profiled { .. } => {
-                if let Event::LlmAnswered { answer, .. } = &rec.event {
-                    self.spend = *self.tally.total();
-                    self.budget_spend.add_budgeted(answer);
-                    if !answer.model.is_empty() {
-                        self.model = Some(answer.model.clone());
-                    }
-                }
-                turn_ended = self.drive(rec);
-            }
+            // Inputs are made on the CPU with no lease held: no device's time.
+            _ => {}
         }
-        Applied::Folded { turn_ended }
     }
 
     /// Feed a machine-driving event to its task; true when a turn ended.
