@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
+mod resume;
 mod stages;
 
 use stages::{Interest, compile, generate, on_device};
@@ -257,24 +258,10 @@ impl Engine {
             None => (Vec::new(), 0, None),
         };
         let next_seq = records.last().map(|r| r.seq + 1).unwrap_or(0);
-
-        // The same grouping the reducer's fold sees (machine::events_by_task).
-        let mut by_task = crate::machine::events_by_task(&records);
-        let known: std::collections::BTreeSet<TaskId> = specs.iter().map(|s| s.id).collect();
-        if let Some(stray) = by_task.keys().find(|t| !known.contains(t)) {
-            return Err(EngineError::Resume(format!(
-                "the log has events for task {stray}, which this config does not plan; resume with the run's own config ({})",
-                dir.config_path().display()
-            )));
-        }
+        // The engine keeps of finished turns only what later prompts need; views and reports fold
+        // the log for the rest.
         let retention = Retention::Prompts(parts.prompt_settings.history);
-        let mut runners = Vec::with_capacity(specs.len());
-        for spec in specs {
-            let evs = by_task.remove(&spec.id).unwrap_or_default();
-            // The engine keeps of finished turns only what later prompts need; views and reports
-            // fold the log for the rest.
-            runners.push(TaskRunner::fold_keeping(spec, retention, evs)?);
-        }
+        let runners = resume::fold(&specs, retention, &records, &dir.config_path())?;
 
         let (bus, _) = broadcast::channel(4096);
         let log = EventLog::open_broadcasting(

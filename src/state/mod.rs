@@ -3,9 +3,10 @@
 //! The one reducer of the event log. Each record is applied once and answers the terminal UI (live,
 //! `watch`, `replay`) and the progress line (through [`crate::view::RunView`], which adds the fast_p
 //! curve), the report's tables and the Python package (through [`crate::report::load`]), the ledger
-//! (lease and spend tallies: [`ledger::LedgerTally`]), GPU-seconds per turn and the budget spent
-//! before a resume. Each task is folded through the engine's own task machine ([`TaskRunner`]), so no
-//! consumer can disagree with what the engine did. Pure: no I/O, no clock, no terminal; records that
+//! (lease and spend tallies: [`ledger::LedgerTally`]), GPU-seconds per turn, the budget spent
+//! before a resume and the engine's resume itself (its machines, folded keeping only what later
+//! prompts need: [`RunState::resuming`]). Each task is folded through the engine's own task machine
+//! ([`TaskRunner`]), so no consumer can disagree with what the engine did. Pure: no I/O, no clock, no terminal; records that
 //! were already applied (same or older `seq`) are ignored, so a source may hand the same record twice
 //! (a live view rebuilt from the log after its broadcast lagged, a watched file read again).
 
@@ -14,11 +15,11 @@ pub mod ledger;
 use std::collections::{BTreeMap, BTreeSet};
 
 pub use crate::machine::Stage;
-use crate::machine::{MachineError, TaskRunner, TaskSpec, TaskTurns};
+use crate::machine::{MachineError, Retention, TaskRunner, TaskSpec, TaskTurns};
 use crate::spend::Spend;
 use crate::types::{
-    EndReason, Event, FeedbackMode, LogRecord, MethodKind, ProblemKey, TaskId, TurnRecord, Verdict,
-    WaitingOn,
+    Command, EndReason, Event, FeedbackMode, LogRecord, MethodKind, ProblemKey, TaskId, TurnRecord,
+    Verdict, WaitingOn,
 };
 
 use ledger::{DeviceUse, Ledger, LedgerTally};
@@ -66,6 +67,9 @@ impl RunInfo {
 pub struct TaskView {
     pub id: TaskId,
     runner: TaskRunner,
+    /// The command the machine issued last, which no record applied so far answers: what an engine
+    /// that goes on from this fold performs first ([`RunState::into_runners`]).
+    pending: Command,
     pub stage: Stage,
     /// The turn the task is in (its last turn when done; 0 before its first event for a done task).
     pub turn: u32,
@@ -97,16 +101,14 @@ impl std::fmt::Debug for TaskView {
 }
 
 impl TaskView {
-    fn new(id: TaskId, max_turns: u32, feedback: FeedbackMode) -> Self {
-        let (runner, _) = TaskRunner::start(TaskSpec {
-            id,
-            max_turns,
-            feedback,
-        });
+    fn new(spec: TaskSpec, retention: Retention) -> Self {
+        let (id, max_turns) = (spec.id, spec.max_turns);
+        let (runner, pending) = TaskRunner::start_keeping(spec, retention);
         let (stage, turn) = runner.stage();
         TaskView {
             id,
             runner,
+            pending,
             stage,
             turn,
             max_turns,
@@ -149,6 +151,12 @@ impl TaskView {
     pub fn failing(&self) -> bool {
         self.last_verdict().is_some_and(|v| v != Verdict::Correct)
     }
+
+    /// The log has driven this task's machine: it left its first turn's Generate, or refused an
+    /// event.
+    pub fn moved(&self) -> bool {
+        self.fault.is_some() || (self.stage, self.turn) != (Stage::Generate, 1)
+    }
 }
 
 /// One device as the lease events show it. Its leases, held and busy time are the ledger's
@@ -175,6 +183,9 @@ impl std::ops::Deref for DeviceView {
 /// The state of a run after the records applied so far.
 #[derive(Debug, Default)]
 pub struct RunState {
+    /// What the tasks' machines keep of their finished turns: every turn for displays and reports;
+    /// only what later prompts need when the engine goes on from the fold ([`RunState::resuming`]).
+    retention: Retention,
     pub info: Option<RunInfo>,
     /// `RunStarted` records after the first (resumptions).
     pub resumes: u32,
@@ -213,6 +224,37 @@ pub struct RunState {
 impl RunState {
     pub fn new() -> Self {
         RunState::default()
+    }
+
+    /// A fold for the engine to go on from (a resume): each task of `plan` starts from its own
+    /// spec, and every machine keeps `retention` of its finished turns (the engine keeps only what
+    /// later prompts need, since the log holds the rest). What such a state says of finished turns
+    /// (verdicts, speedups, [`RunState::task_turns`]) is what the retention kept; its machines go
+    /// to the engine through [`RunState::into_runners`].
+    pub fn resuming(plan: &[TaskSpec], retention: Retention) -> Self {
+        let mut s = RunState {
+            retention,
+            ..RunState::default()
+        };
+        for spec in plan {
+            s.tasks.insert(spec.id, TaskView::new(*spec, retention));
+        }
+        s
+    }
+
+    /// The tasks' machines, each with the command it still has to perform, for an engine to go on
+    /// from; a task whose machine refused an event of the log is that error.
+    pub fn into_runners(self) -> BTreeMap<TaskId, Result<(TaskRunner, Command), MachineError>> {
+        self.tasks
+            .into_iter()
+            .map(|(id, t)| {
+                let runner = match t.fault {
+                    Some(e) => Err(e),
+                    None => Ok((t.runner, t.pending)),
+                };
+                (id, runner)
+            })
+            .collect()
     }
 
     /// Fold a whole log.
@@ -322,10 +364,16 @@ impl RunState {
             problem_names: problem_names.clone(),
             problems,
         });
+        let retention = self.retention;
         for &id in task_ids {
-            self.tasks
-                .entry(id)
-                .or_insert_with(|| TaskView::new(id, *turns, feedback));
+            self.tasks.entry(id).or_insert_with(|| {
+                let spec = TaskSpec {
+                    id,
+                    max_turns: *turns,
+                    feedback,
+                };
+                TaskView::new(spec, retention)
+            });
         }
         true
     }
@@ -445,27 +493,37 @@ impl RunState {
         if t.error.is_some() {
             return false;
         }
-        let before = t.finished_turns();
-        if let Err(e) = t.runner.handle(&rec.event) {
-            t.error = Some(e.to_string());
-            t.fault = Some(e);
+        let before = t.runner.finished();
+        match t.runner.handle(&rec.event) {
+            Ok(Some(next)) => t.pending = next,
+            Ok(None) => {}
+            Err(e) => {
+                t.error = Some(e.to_string());
+                t.fault = Some(e);
+            }
         }
         let (stage, turn) = t.runner.stage();
         t.stage = stage;
         t.turn = turn;
-        t.finished_turns() != before
+        t.runner.finished() != before
     }
 
     /// The task, created on first sight when the log names a task `RunStarted` did not list.
     fn task_mut(&mut self, id: TaskId) -> &mut TaskView {
-        let (turns, feedback) = self
+        let (max_turns, feedback) = self
             .info
             .as_ref()
             .map(|i| (i.turns, i.feedback))
             .unwrap_or((u32::MAX, FeedbackMode::GE));
-        self.tasks
-            .entry(id)
-            .or_insert_with(|| TaskView::new(id, turns, feedback))
+        let retention = self.retention;
+        self.tasks.entry(id).or_insert_with(|| {
+            let spec = TaskSpec {
+                id,
+                max_turns,
+                feedback,
+            };
+            TaskView::new(spec, retention)
+        })
     }
 
     /// Turns finished over all tasks.
