@@ -544,3 +544,36 @@ fn proc_usage() -> (f64, u64) {
         .unwrap_or(0);
     (cpu, peak)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    /// The figures of the committed fixture run (4 tasks x 3 turns, simulated, on the CPU device),
+    /// as the benchmark computed them before it read the log through the reducer.
+    #[test]
+    fn the_figures_of_a_recorded_run() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/runs/quickstart-sim/events.jsonl");
+        let records = read_log(&path).unwrap().records;
+        let a = analyse(&records, 2.0, 2.0);
+        // The longest task's own chain: its answers', builds' and executions' times.
+        assert!(close(a.chain_s, 0.265), "{}", a.chain_s);
+        assert!(close(a.compile_s, 0.55), "{}", a.compile_s);
+        assert!(close(a.compile_each_s, 0.05), "{}", a.compile_each_s);
+        assert!(close(a.execute_s, 0.378), "{}", a.execute_s);
+        assert_eq!((a.exec_min_s, a.exec_max_s), (0.02, 0.048));
+        assert!(
+            close(a.occupancy_when_queued, 0.287_346_221_441_124_76),
+            "{}",
+            a.occupancy_when_queued
+        );
+        // The same leases on one device keep it twice as busy.
+        let one = analyse(&records, 1.0, 1.0);
+        assert!(close(one.occupancy_when_queued, 0.574_692_442_882_249_5));
+    }
+}

@@ -450,6 +450,41 @@ mod tests {
         );
     }
 
+    /// The committed fixture run (11 candidates on the CPU device), as the benchmark read it before
+    /// it read the log through the reducer.
+    #[test]
+    fn the_figures_of_a_recorded_run() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/runs/quickstart-sim/events.jsonl");
+        let records = crate::store::read_log(&path).unwrap().records;
+        let t = throughput(&records, 10.0);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert_eq!((t.candidates, t.devices), (11, 1));
+        assert!(close(t.per_gpu_hour, 3960.0));
+        assert_eq!(t.first_result_s, Some(0.24));
+        assert!(close(t.build_s, 0.55));
+        assert_eq!(
+            (
+                t.cpu_prep_s,
+                t.gpu_prep_s,
+                t.load_s,
+                t.check_s,
+                t.timing_s,
+                t.isolation_s
+            ),
+            (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        );
+        assert!(close(t.lease_wait_s, 2.648));
+        assert!(close(t.lease_held_s, 0.675));
+        assert!(close(t.gpu_busy_s, 0.641));
+        assert_eq!(t.gpu_work_s, 0.0);
+        let cpu = &t.per_device["cpu"];
+        assert_eq!(t.per_device.len(), 1);
+        assert_eq!(cpu.candidates, 11);
+        assert!(close(cpu.lease_wait_s, 2.648) && close(cpu.lease_held_s, 0.675));
+        assert!(close(cpu.busy_s, 0.641) && cpu.gpu_work_s == 0.0);
+    }
+
     #[test]
     fn an_empty_log_divides_by_nothing() {
         let t = throughput(&[], 0.0);
