@@ -3,14 +3,17 @@
 //! The one reducer of the event log. Each record is applied once and answers the terminal UI (live,
 //! `watch`, `replay`) and the progress line (through [`crate::view::RunView`], which adds the fast_p
 //! curve), the report's tables and the Python package (through [`crate::report::load`]), the ledger
-//! (lease and spend tallies: [`ledger::LedgerTally`]), GPU-seconds per turn, the budget spent
-//! before a resume and the engine's resume itself (its machines, folded keeping only what later
-//! prompts need: [`RunState::resuming`]). Each task is folded through the engine's own task machine
-//! ([`TaskRunner`]), so no consumer can disagree with what the engine did. Pure: no I/O, no clock, no terminal; records that
-//! were already applied (same or older `seq`) are ignored, so a source may hand the same record twice
-//! (a live view rebuilt from the log after its broadcast lagged, a watched file read again).
+//! (lease and spend tallies: [`ledger::LedgerTally`]), GPU-seconds per turn, the benchmarks (time per
+//! stage and the leases' spans: [`times::Times`]), `--replay-llm` (each turn's recorded answer), the
+//! budget spent before a resume and the engine's resume itself (its machines, folded keeping only
+//! what later prompts need: [`RunState::resuming`]). Each task is folded through the engine's own
+//! task machine ([`TaskRunner`]), so no consumer can disagree with what the engine did. Pure: no I/O,
+//! no clock, no terminal; records that were already applied (same or older `seq`) are ignored, so a
+//! source may hand the same record twice (a live view rebuilt from the log after its broadcast
+//! lagged, a watched file read again).
 
 pub mod ledger;
+pub mod times;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -23,6 +26,7 @@ use crate::types::{
 };
 
 use ledger::{DeviceUse, Ledger, LedgerTally};
+use times::Times;
 
 /// What applying a record did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,8 +171,12 @@ pub struct DeviceView {
     pub holder: Option<(TaskId, u32)>,
     /// The ledger's count of this device's leases.
     pub usage: DeviceUse,
+    /// Reference preparations it made ahead of candidates (`reference_prepared`).
+    pub prepares: u32,
     /// Time the device was held to prepare reference data ahead of candidates (not in `held_ms`).
     pub prepare_ms: u64,
+    /// Of `prepare_ms`, the worker's own time on those preparations (not in `busy_ms`).
+    pub prepare_busy_ms: u64,
     /// Why the device was retired, once it was (`device_retired`): it takes no more work.
     pub lost: Option<String>,
 }
@@ -219,6 +227,8 @@ pub struct RunState {
     pub applied: u64,
     /// The ledger's tallies.
     tally: LedgerTally,
+    /// Where the time went: the stages' totals and the leases' spans.
+    times: Times,
 }
 
 impl RunState {
@@ -277,6 +287,7 @@ impl RunState {
             self.first_ts.get_or_insert(rec.ts_ms);
             self.last_ts = self.last_ts.max(rec.ts_ms);
             self.tally.apply(rec);
+            self.times.apply(rec);
             self.complete =
                 matches!(&rec.event, Event::RunEnded { reason } if reason.is_finished());
         }
@@ -460,9 +471,15 @@ impl RunState {
                 d.holder = None;
             }
             Event::ReferencePrepared {
-                device, held_ms, ..
+                device,
+                held_ms,
+                outcome,
+                ..
             } => {
-                self.devices.entry(device.clone()).or_default().prepare_ms += held_ms;
+                let d = self.devices.entry(device.clone()).or_default();
+                d.prepares += 1;
+                d.prepare_ms += held_ms;
+                d.prepare_busy_ms += outcome.duration_ms.min(*held_ms);
             }
             Event::DeviceRetired { device, error, .. } => {
                 let d = self.devices.entry(device.clone()).or_default();
@@ -588,6 +605,11 @@ impl RunState {
     /// The ledger of the records applied so far (what reports show of the spending).
     pub fn ledger(&self) -> Ledger {
         self.tally.ledger()
+    }
+
+    /// Where the run's time went: the stages' totals and the leases' spans.
+    pub fn times(&self) -> &Times {
+        &self.times
     }
 
     /// Milliseconds of device leases held per (task, turn): GPU-seconds per turn.
