@@ -57,7 +57,7 @@ pub enum EngineError {
 /// What to run: the problems, the tasks and their shape.
 #[derive(Debug, Clone)]
 pub struct RunPlan {
-    /// The run's name (`run.name`), as its log records it.
+    /// The run's name (`run.name`, or the config file's stem), as its log records it.
     pub run: String,
     pub method: MethodKind,
     pub feedback: FeedbackMode,
