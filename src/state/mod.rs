@@ -40,6 +40,7 @@ pub enum Applied {
 /// What the first `RunStarted` says about the run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunInfo {
+    /// The run's name.
     pub run: String,
     pub method: MethodKind,
     /// The feedback mode tasks fold with (`GE` when the log names none).
@@ -48,9 +49,13 @@ pub struct RunInfo {
     pub logged_feedback: Option<FeedbackMode>,
     /// The run's plan: every task, in the logged order.
     pub task_ids: Vec<TaskId>,
+    /// Turns per task (1 for one-shot and sampling).
     pub turns: u32,
+    /// Tasks per problem (k for sampling, else 1).
     pub samples: u32,
+    /// The results came from simulated services (displays and reports say so).
     pub simulated: bool,
+    /// Problem file names, for displays (empty in logs older than the field).
     pub problem_names: BTreeMap<ProblemKey, String>,
     /// Sorted, distinct: the fast_p denominator.
     pub problems: Vec<ProblemKey>,
@@ -70,13 +75,16 @@ impl RunInfo {
 /// One task: its machine, and what displays show beside the machine's turns.
 pub struct TaskView {
     pub id: TaskId,
+    /// The engine's own machine for the task, fed this task's events: its turns are the task's.
     runner: TaskRunner,
     /// The command the machine issued last, which no record applied so far answers: what an engine
     /// that goes on from this fold performs first ([`RunState::into_runners`]).
     pending: Command,
+    /// Where the machine is, as displays name it (kept beside the machine for them to read).
     pub stage: Stage,
     /// The turn the task is in (its last turn when done; 0 before its first event for a done task).
     pub turn: u32,
+    /// The task's turns in all (the plan's; unbounded for a task the log names without a plan).
     pub max_turns: u32,
     /// Answer text streamed so far, by turn, until the answer is logged (live runs only: streamed
     /// text is never written to the log).
@@ -194,9 +202,11 @@ pub struct RunState {
     /// What the tasks' machines keep of their finished turns: every turn for displays and reports;
     /// only what later prompts need when the engine goes on from the fold ([`RunState::resuming`]).
     retention: Retention,
+    /// The run's plan and shape, from its first `RunStarted` (`None` until one is applied).
     pub info: Option<RunInfo>,
     /// `RunStarted` records after the first (resumptions).
     pub resumes: u32,
+    /// Every task of the plan, and any other the log names.
     pub tasks: BTreeMap<TaskId, TaskView>,
     /// Devices by name (`cpu`, `cuda:0`): those a lease named, and those a caller added.
     pub devices: BTreeMap<String, DeviceView>,
@@ -215,13 +225,16 @@ pub struct RunState {
     pub budget_spend: Spend,
     /// The model that answered last, as the provider named it.
     pub model: Option<String>,
+    /// The first and the latest record's time (unix ms): the run's elapsed time.
     pub first_ts: Option<u64>,
     pub last_ts: u64,
     /// Why the run ended, once its `RunEnded` is applied (cleared when a resume starts).
     pub ended: Option<EndReason>,
     /// The last record applied is a `RunEnded` saying the run finished.
     pub complete: bool,
+    /// Which cap stopped new LLM requests (`budget_exhausted`), once one did.
     pub budget_exhausted: Option<String>,
+    /// The last persisted record applied: records at or below it are applied already.
     pub last_seq: Option<u64>,
     /// Records applied (transient ones included).
     pub applied: u64,
