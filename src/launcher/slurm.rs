@@ -43,10 +43,13 @@ const PENDING_POLL: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 pub(super) struct Slurm {
+    /// The allocation every step goes into.
     job_id: String,
     /// The `salloc` holding an allocation krefine asked for (`None` inside the user's own).
     owned: StdMutex<Option<tokio::process::Child>>,
+    /// The GPUs the run asked for, for the allocation's description.
     gpus: u32,
+    /// `resources.slurm`: each step's CPUs and GPUs, and the `srun` options.
     cfg: SlurmSection,
     /// `SLURM_CONF` of the orchestrator, passed to every `srun` (whose environment is scrubbed).
     slurm_conf: Option<OsString>,
