@@ -442,13 +442,18 @@ fn services_cfg_compile(a: &Analysis) -> String {
     format!("{:.0}", a.compile_each_s)
 }
 
+/// What the lower bound and the table are made of, in simulated seconds.
 struct Analysis {
+    /// The longest task's own chain: its answers, builds and executions one after another.
     chain_s: f64,
+    /// All builds' time, and one build's on average.
     compile_s: f64,
     compile_each_s: f64,
+    /// All executions' time, and the shortest and longest one.
     execute_s: f64,
     exec_min_s: f64,
     exec_max_s: f64,
+    /// The GPUs' busy share over the time executions waited for a lease.
     occupancy_when_queued: f64,
 }
 

@@ -62,6 +62,7 @@ struct KernelBenchReport {
 struct Row {
     name: String,
     verdict: String,
+    /// The medians of the ways the module doc names.
     kernelbench: f64,
     before: f64,
     lazy: f64,
@@ -69,6 +70,7 @@ struct Row {
     /// What the head start had prepared when the candidate arrived.
     prepared: String,
     later: f64,
+    /// The four krefine ways gave the same verdict.
     same: bool,
 }
 

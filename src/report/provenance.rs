@@ -189,6 +189,8 @@ pub fn provenance<'a>(
     }
 }
 
+/// Every value the results' environments recorded, field by field: a run's provenance names what
+/// it measured with, and says so when its results disagree (several values joined).
 #[derive(Default)]
 struct Seen {
     devices: BTreeSet<String>,

@@ -247,9 +247,13 @@ impl fmt::Display for WaitingOn {
 pub struct LogRecord {
     /// Schema version.
     pub v: u32,
+    /// The record's place in the log, from 0 with no gap: a reader that saw a `seq` has seen
+    /// every record before it.
     pub seq: u64,
     /// Unix time in milliseconds.
     pub ts_ms: u64,
+    /// The task the event belongs to; `None` for the run's own events (start, end, budget,
+    /// reference preparation, devices).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<TaskId>,
     pub event: Event,
