@@ -6,7 +6,7 @@
 //! - [`settings`]: the enums several rooms read from their own config sections (a leaf).
 //! - [`config`]: the TOML experiment config: assembles the rooms' sections, overrides, validation.
 //! - [`dataset`]: loading KernelBench problems (checkout, folder, JSONL) and problem selections.
-//! - [`machine`]: the pure per-task state machine (statig) and folding a log into task states.
+//! - [`machine`]: the pure per-task state machine (statig).
 //! - [`checks`]: static checks on a candidate's source before it is compiled (KernelBench parity).
 //! - [`engine`]: the async shell that runs machines, performs commands through services and gates.
 //! - [`gpu`]: device discovery (cudarc) and FIFO device leases.
@@ -26,7 +26,8 @@
 //! - [`interchange`]: KernelBench generations in (submission JSON, runs folder) and submissions out.
 //! - [`spend`]: the one type for LLM spending (tokens, USD), shared by reducer, reports and budget.
 //! - [`state`]: a run as folded from its log (`RunState`), the one reducer every consumer uses:
-//!   displays, reports, ledger, GPU-seconds, fast_p curves, the resume budget, the Python package.
+//!   displays, reports, ledger, GPU-seconds, fast_p curves, the resume budget and the engine's
+//!   resume, `--replay-llm`, the benchmarks' figures, the Python package.
 //! - [`view`]: `RunView`, the state with its fast_p curve for displays, and where displays' records
 //!   come from (`view::source`).
 //! - [`tui`]: the terminal UI (ratatui) for live runs, `watch` and `replay`; [`progress`]: the
