@@ -3,6 +3,7 @@
 //! from a temporary Hugging Face cache (offline), with token-id inputs; a level-1 problem with
 //! integer targets (kept, and cast on request); a KernelBench-shaped level-4 baseline made from measured reference times and used
 //! by a second run; the error for a model that is not cached; the provenance in the report.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod worker_support;
 

@@ -227,6 +227,10 @@ fn probe_lines(text: &str, hole: &str) -> Vec<String> {
 }
 
 #[test]
+#[allow(
+    unsafe_code,
+    reason = "std::env::set_var is unsafe: it runs before any other thread"
+)]
 fn hostile_candidates_find_no_hole_and_honest_ones_pass() {
     let secret = format!("sk-sandbox-{}-must-not-leak", std::process::id());
     // SAFETY: the only test of this binary, before any other thread exists.

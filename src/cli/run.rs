@@ -310,7 +310,10 @@ async fn drive(
 
 /// The run itself, once the services stand; the caller shuts the workers down and releases the
 /// launcher however this ends.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "what `drive` has built, handed over whole once; one call site"
+)]
 async fn drive_engine(
     args: RunArgs,
     loaded: &LoadedConfig,

@@ -162,8 +162,10 @@ fn incomplete_reason(llm: usize, workers: usize, devices_lost: Option<&str>) -> 
 }
 
 /// What performing one command produced.
-// Built once per command and matched at once, like `Event` itself; boxing would only add a hop.
-#[allow(clippy::large_enum_variant)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "built once per command and matched at once, like `Event` itself; boxing would only add a hop"
+)]
 enum Step {
     /// The answering event, to log and feed to the machine.
     Event(Event),

@@ -177,8 +177,7 @@ pub(super) async fn compile(shared: &Shared, task: TaskId, turn: u32, code: Stri
 }
 
 /// What keeps the cores quiet while the CPU device times a candidate.
-// The fields are held for their Drop only.
-#[allow(dead_code)]
+#[allow(dead_code, reason = "the fields are held for their Drop only")]
 enum Quiet<'a> {
     /// The compiler paused its running builds (and holds new ones back).
     Paused(BuildPause),

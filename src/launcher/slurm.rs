@@ -253,6 +253,10 @@ async fn request(
 
 /// The `salloc` command of an allocation of `cpus` one-CPU tasks and `gpus` GPUs, whose command
 /// prints the job id and then holds the allocation.
+#[allow(
+    unsafe_code,
+    reason = "pre_exec runs in the forked child: its own session, and SIGHUP when krefine dies"
+)]
 fn salloc(cfg: &SlurmSection, cpus: u32, gpus: u32) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new("salloc");
     cmd.arg("--job-name=krefine")

@@ -214,7 +214,10 @@ impl Endpoint {
             if self.completion_tokens_field {
                 args.max_completion_tokens(n);
             } else {
-                #[allow(deprecated)] // deprecated by OpenAI, still what most other servers read
+                #[allow(
+                    deprecated,
+                    reason = "deprecated by OpenAI, still what most other servers read"
+                )]
                 args.max_tokens(n);
             }
         }

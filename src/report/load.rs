@@ -334,7 +334,10 @@ pub fn load_run_with_log(dir: &Path) -> Result<(LoadedRun, ReadLog), LoadError> 
     Ok((loaded, log))
 }
 
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the run's facts from three sources (its start record, config and results); one call site"
+)]
 fn describe(
     name: &str,
     method: MethodKind,

@@ -30,9 +30,11 @@ pub const SCHEMA_VERSION: u32 = 2;
 /// have no task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-// Events are built once per service call and then logged and folded; boxing the big outcomes would
-// only add indirection to every match.
-#[allow(clippy::large_enum_variant)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "events are built once per service call, then logged and folded; boxing the big \
+              outcomes would only add indirection to every match"
+)]
 pub enum Event {
     /// Written when a run (or a resumed run) starts.
     RunStarted {
