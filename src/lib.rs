@@ -37,7 +37,7 @@
 //! Floors, bottom up (a room imports only from floors below it; the README's Layout has the table):
 //! leaves (`settings`, `run_end`, `cpu_budget`, `lock`, `scratch`); `types`; `services`, `store`,
 //! `spend`, `dataset`, `prompt`, `hf`; `gpu`, `sim`, `checks`; `launcher`, `refprep`, `machine`,
-//! `provenance`; `llm`, `worker`, `state`; `config`, `engine`, `metrics`; `report`, `view`; `tui`,
+//! `provenance`; `worker`, `state`; `llm`, `metrics`; `config`, `engine`; `report`, `view`; `tui`,
 //! `progress`, `interchange`; `cli`.
 
 pub mod checks;
