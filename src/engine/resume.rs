@@ -20,6 +20,13 @@ pub(super) fn fold(
     records: &[LogRecord],
     config: &Path,
 ) -> Result<Vec<(TaskRunner, Command)>, EngineError> {
+    if records.is_empty() {
+        // A new run: nothing to fold, and no state of a whole run to build and drop first.
+        return Ok(specs
+            .iter()
+            .map(|&spec| TaskRunner::start_keeping(spec, retention))
+            .collect());
+    }
     let mut state = RunState::resuming(specs, retention);
     for r in records {
         state.apply(r);
