@@ -109,11 +109,14 @@ pub fn available_cores() -> u32 {
     std::thread::available_parallelism().map_or(2, |n| n.get() as u32)
 }
 
+/// The budget's state, changed under one lock (never held across an await).
 #[derive(Debug, Default)]
 struct State {
+    /// What the grants hold now, and the quiet claims waiting.
     held: Held,
     /// Tickets of the claims waiting and what each is for, first in line first.
     line: VecDeque<(u64, Claim)>,
+    /// The next claim's ticket: its place in line.
     next_ticket: u64,
     /// Milli-cores the last builds used, newest last.
     measured: VecDeque<u64>,
@@ -122,8 +125,11 @@ struct State {
 /// The budget shared by the engine's stages and the background preparation.
 #[derive(Debug)]
 pub struct CpuBudget {
+    /// The cores shared out, in milli-cores.
     budget: u64,
     state: Mutex<State>,
+    /// Woken whenever cores are given back or a claim leaves the line: every waiting claim looks
+    /// again whether it is first and fits.
     wake: Notify,
 }
 
@@ -249,7 +255,9 @@ impl CpuBudget {
 struct InLine<'a> {
     budget: &'a CpuBudget,
     ticket: u64,
+    /// A quiet claim waits outside the line (it is counted in `Held::quiet_waiting` instead).
     quiet: bool,
+    /// Still waiting: once granted, there is no place to give up.
     waiting: bool,
 }
 
@@ -273,6 +281,7 @@ impl Drop for InLine<'_> {
 #[derive(Debug)]
 pub struct Grant<'a> {
     budget: &'a CpuBudget,
+    /// What the cores were claimed for: which tally they go back to.
     kind: Claim,
     milli: u64,
 }

@@ -6,7 +6,7 @@
 //! - [`settings`]: the enums several rooms read from their own config sections (a leaf).
 //! - [`config`]: the TOML experiment config: assembles the rooms' sections, overrides, validation.
 //! - [`dataset`]: loading KernelBench problems (checkout, folder, JSONL) and problem selections.
-//! - [`machine`]: the pure per-task state machine (statig) and folding a log into task states.
+//! - [`machine`]: the pure per-task state machine (statig).
 //! - [`checks`]: static checks on a candidate's source before it is compiled (KernelBench parity).
 //! - [`engine`]: the async shell that runs machines, performs commands through services and gates.
 //! - [`gpu`]: device discovery (cudarc) and FIFO device leases.
@@ -26,7 +26,8 @@
 //! - [`interchange`]: KernelBench generations in (submission JSON, runs folder) and submissions out.
 //! - [`spend`]: the one type for LLM spending (tokens, USD), shared by reducer, reports and budget.
 //! - [`state`]: a run as folded from its log (`RunState`), the one reducer every consumer uses:
-//!   displays, reports, ledger, GPU-seconds, fast_p curves, the resume budget, the Python package.
+//!   displays, reports, ledger, GPU-seconds, fast_p curves, the resume budget and the engine's
+//!   resume, `--replay-llm`, the benchmarks' figures, the Python package.
 //! - [`view`]: `RunView`, the state with its fast_p curve for displays, and where displays' records
 //!   come from (`view::source`).
 //! - [`tui`]: the terminal UI (ratatui) for live runs, `watch` and `replay`; [`progress`]: the
@@ -36,7 +37,7 @@
 //! Floors, bottom up (a room imports only from floors below it; the README's Layout has the table):
 //! leaves (`settings`, `run_end`, `cpu_budget`, `lock`, `scratch`); `types`; `services`, `store`,
 //! `spend`, `dataset`, `prompt`, `hf`; `gpu`, `sim`, `checks`; `launcher`, `refprep`, `machine`,
-//! `provenance`; `llm`, `worker`, `state`; `config`, `engine`, `metrics`; `report`, `view`; `tui`,
+//! `provenance`; `worker`, `state`; `llm`, `metrics`; `config`, `engine`; `report`, `view`; `tui`,
 //! `progress`, `interchange`; `cli`.
 
 pub mod checks;
@@ -45,11 +46,19 @@ pub mod config;
 pub mod cpu_budget;
 pub mod dataset;
 pub mod engine;
+#[allow(
+    unsafe_code,
+    reason = "device discovery asks the CUDA driver through cudarc's FFI calls"
+)]
 pub mod gpu;
 pub mod hf;
 pub mod interchange;
 pub mod launcher;
 pub mod llm;
+#[allow(
+    unsafe_code,
+    reason = "a lock folder's access check asks the kernel (access(2)) before anything is created in it"
+)]
 pub mod lock;
 pub mod machine;
 pub mod metrics;
@@ -66,7 +75,21 @@ pub mod sim;
 pub mod spend;
 pub mod state;
 pub mod store;
+#[allow(
+    unsafe_code,
+    reason = "whether the terminal's foreground process group is ours (getpgrp, tcgetpgrp)"
+)]
 pub mod tui;
 pub mod types;
 pub mod view;
+// The worker room starts and sandboxes processes (fork/exec hooks, namespaces, prctl, mmap): calls
+// into the kernel are its job. Two more of the workspace's lints wait there for the room's rework
+// (issue 38's later phase): the safety comment of `sandbox_enter::Prepared::enter`'s unsafe block
+// is not in the `// SAFETY:` form clippy reads, and `InputStore::ensure_with`'s allow has no reason.
+#[allow(
+    unsafe_code,
+    clippy::undocumented_unsafe_blocks,
+    clippy::allow_attributes_without_reason,
+    reason = "the worker room calls the kernel; see the comment above"
+)]
 pub mod worker;

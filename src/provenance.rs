@@ -142,11 +142,16 @@ pub enum ProvenanceError {
 pub struct Inputs<'a> {
     pub dataset_path: &'a Path,
     pub level: u32,
+    /// `dataset.problems` as written (`1-3`, `all`).
     pub selection: &'a str,
+    /// The problems it selected: what the content hash is over.
     pub problems: &'a [Problem],
+    /// The KernelBench baseline file reference times come from, if any: its hash is recorded.
     pub baseline: Option<&'a Path>,
     pub devices: &'a [DeviceInfo],
+    /// What device discovery found: the CUDA driver's version.
     pub discovery: &'a Discovery,
+    /// The Hugging Face cache the workers were given (level 4), and whether they ran offline.
     pub hf_cache: Option<PathBuf>,
     pub hf_offline: Option<bool>,
     pub evaluation: Option<Evaluation>,

@@ -95,8 +95,7 @@ pub struct CompileJob {
 pub struct Unavailable(pub String);
 
 /// Held while the CPU device times a candidate: builds stay paused until it is dropped.
-// Held for its Drop only.
-#[allow(dead_code)]
+#[allow(dead_code, reason = "held for its Drop only")]
 pub struct BuildPause(Box<dyn Send + Sync>);
 
 impl BuildPause {

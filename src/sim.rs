@@ -6,8 +6,6 @@
 //! `# krefine-sim: compile=error` or `# krefine-sim: verdict=correct speedup=1.7`. Without a marker a
 //! candidate compiles and is correct with speedup 1.0.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,12 +26,15 @@ use crate::types::{
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SimulatedSection {
+    /// Each build's time.
     #[serde(default = "sim_compile")]
     pub compile_s: f64,
+    /// Each execution's time, drawn from this range, the same for the same candidate.
     #[serde(default = "sim_exec_min")]
     pub execute_min_s: f64,
     #[serde(default = "sim_exec_max")]
     pub execute_max_s: f64,
+    /// Each profile's time.
     #[serde(default = "sim_profile")]
     pub profile_s: f64,
     /// Simulated seconds per real second (1 = real time).
@@ -72,8 +73,11 @@ impl Default for SimulatedSection {
 /// What a `# krefine-sim:` marker asks for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimScript {
+    /// `compile=error` makes this false: the build fails.
     pub compile_ok: bool,
+    /// The execution's verdict (`verdict=`; default correct).
     pub verdict: Verdict,
+    /// The execution's speedup (`speedup=`; default 1.0).
     pub speedup: f64,
     /// Overrides of the configured durations, in simulated seconds.
     pub compile_s: Option<f64>,
@@ -117,25 +121,13 @@ impl SimScript {
     }
 }
 
-/// Accumulated simulated work, for the benchmark's lower bound.
-#[derive(Default)]
-pub struct WorkTally {
-    pub compile_us: AtomicU64,
-    pub execute_us: AtomicU64,
-    pub llm_us: AtomicU64,
-}
-
 pub struct SimServices {
     cfg: SimulatedSection,
-    pub tally: Arc<WorkTally>,
 }
 
 impl SimServices {
     pub fn new(cfg: SimulatedSection) -> Self {
-        SimServices {
-            cfg,
-            tally: Arc::new(WorkTally::default()),
-        }
+        SimServices { cfg }
     }
 
     fn real(&self, simulated_s: f64) -> Duration {
@@ -162,9 +154,6 @@ impl Compiler for SimServices {
         let script = SimScript::parse(&job.code);
         let secs = script.compile_s.unwrap_or(self.cfg.compile_s);
         tokio::time::sleep(self.real(secs)).await;
-        self.tally
-            .compile_us
-            .fetch_add((secs * 1e6) as u64, Ordering::Relaxed);
         Ok(CompileOutcome {
             ran_on: None,
             worker_losses: Vec::new(),
@@ -197,9 +186,6 @@ impl Executor for SimServices {
         let script = SimScript::parse(&job.code);
         let secs = self.exec_seconds(&job, &script);
         tokio::time::sleep(self.real(secs)).await;
-        self.tally
-            .execute_us
-            .fetch_add((secs * 1e6) as u64, Ordering::Relaxed);
         let wall_ms = (secs * 1000.0) as u64;
         let verdict = script.verdict;
         let mut o = ExecOutcome::failure(
@@ -248,12 +234,13 @@ impl Executor for SimServices {
 
 /// An LLM that answers after a log-normal delay with a candidate whose fate is drawn at random.
 pub struct SimLlm {
+    /// An answer's latency in simulated seconds.
     latency: LogNormal<f64>,
+    /// Simulated seconds per real second.
     time_scale: f64,
     /// Probabilities of compile error, and of a correct result given it compiles.
     p_compile_error: f64,
     p_correct: f64,
-    pub tally: Arc<WorkTally>,
 }
 
 impl SimLlm {
@@ -265,7 +252,6 @@ impl SimLlm {
             time_scale,
             p_compile_error: 0.3,
             p_correct: 0.6,
-            tally: Arc::new(WorkTally::default()),
         })
     }
 }
@@ -281,9 +267,6 @@ impl Llm for SimLlm {
         let mut rng = rand::rngs::StdRng::from_seed(*seed.as_bytes());
         let secs = self.latency.sample(&mut rng);
         tokio::time::sleep(Duration::from_secs_f64(secs / self.time_scale)).await;
-        self.tally
-            .llm_us
-            .fetch_add((secs * 1e6) as u64, Ordering::Relaxed);
         let marker = if rng.random_bool(self.p_compile_error) {
             "compile=error".to_string()
         } else if rng.random_bool(self.p_correct) {

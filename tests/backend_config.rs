@@ -1,6 +1,7 @@
 //! `prompt.backend` in a config file: the precision KernelBench forces for TileLang (fp16) and
 //! ThunderKittens (bf16), taken when `eval.precision` is unset and an error when it contradicts;
 //! the DSL backends refuse the CPU device.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use krefine::config::{self, Backend};
 use krefine::types::Precision;

@@ -3,6 +3,7 @@
 //! pool to open the cache removes those whose publisher is gone, and keeps a live publisher's.
 //!
 //! Real files, a real pool (real worker processes) opening the cache.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod worker_support;
 

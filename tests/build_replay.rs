@@ -2,6 +2,7 @@
 //! build cache, builds nothing, failures included. Real workers build real `load_inline` extensions
 //! (tiny ones, through the C API, so the test stays quick); a build that fails in the candidate's own
 //! code is answered from the cache the second time with the same error and feedback.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::path::Path;
 use std::process::Command;

@@ -1,6 +1,7 @@
 //! `krefine compare`, `report --plot` and `report --submission` on run directories built from event
 //! logs, through the real binary: exact matched-budget values and intervals, what differs, plots on
 //! disk, the submission's content, and `eval --check` validation of good and malformed submissions.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -64,7 +65,10 @@ fn code_of(task: &str, turn: u32) -> String {
 }
 
 /// Write a run directory whose log holds `turns`.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "each argument is one fact of the run written"
+)]
 fn write_run(
     dir: &Path,
     name: &str,

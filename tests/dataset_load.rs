@@ -1,4 +1,5 @@
 //! Loading problems from every supported layout, selections, and the error messages users see.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -10,6 +10,7 @@
 //!
 //! Every request a device's worker gets is noted in `requests-<i>.jsonl` (operation, problem, the
 //! store entry it was pointed at).
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod worker_support;
 

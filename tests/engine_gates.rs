@@ -1,5 +1,6 @@
 //! The engine's gates, observed through instrumented services: LLM concurrency, the compile pool
 //! size, one candidate per device at a time, and no build running while the CPU device is timing.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -2,6 +2,7 @@
 //! CPU workers: the preparation is issued as soon as a task starts generating (the scripted LLM answers
 //! only once a `reference_prepared` event is logged), and the first candidates' results are the same
 //! as without it (KernelBench's metadata, to the string).
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod worker_support;
 

@@ -1,6 +1,7 @@
 //! `krefine eval` on CPU with real workers: a KernelBench runs folder for one tiny problem (a
 //! reference-equivalent kernel and a wrong one) becomes a normal run directory plus
 //! `eval_results.json`; its submission round-trips through `eval` again, and `compare` reads both.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -6,6 +6,7 @@
 //! fold of any prefix never fails. Written against the public API (`krefine::store::read_log`,
 //! `krefine::state::RunState::task_turns`, `krefine::metrics::ledger`) so that it outlives refactors of
 //! the reader.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod fuzz_support;
 

@@ -2,6 +2,7 @@
 //! LLM answers (code extraction), submission keys and files, baseline JSON, worker protocol frames.
 //! Properties: no panic on any input, and every error names where (the file, its line, the key).
 //! `PROPTEST_CASES` sets the cases per target (64 by default; `scripts/fuzz` runs them at volume).
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod fuzz_support;
 

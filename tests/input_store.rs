@@ -1,6 +1,7 @@
 //! The reference-input store with the real harness generator: a miss makes the entry, a hit makes
 //! nothing, a corrupt entry is rebuilt, two runs asking for one entry at once make it once, and the
 //! store stays within its size by removing the least recently used entries.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod worker_support;
 

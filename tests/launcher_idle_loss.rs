@@ -4,6 +4,7 @@
 //!
 //! Real workers through the ssh launcher to the test sshd (`scripts/slurm-test-cluster ssh-up`, which
 //! sets `KREFINE_TEST_SSH_*`); skipped without it, like the other remote-launcher tests.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod worker_support;
 

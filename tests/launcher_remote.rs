@@ -9,6 +9,7 @@
 //!   verdict), and leaves no job in `squeue`;
 //! - the ssh run gives the same verdicts;
 //! - a slurm run stopped with SIGTERM releases its allocation.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

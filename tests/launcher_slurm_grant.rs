@@ -5,6 +5,7 @@
 //! - a request the cluster can never grant (more CPUs than the partition has: `PartitionConfig`)
 //!   fails at once with Slurm's reason and what to change, not after `grant_timeout_s`;
 //! - SIGTERM while the request waits (a held job) stops the run and withdraws the request.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -3,6 +3,7 @@
 //! from a temporary Hugging Face cache (offline), with token-id inputs; a level-1 problem with
 //! integer targets (kept, and cast on request); a KernelBench-shaped level-4 baseline made from measured reference times and used
 //! by a second run; the error for a model that is not cached; the provenance in the report.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod worker_support;
 
@@ -124,6 +125,87 @@ fn make_cache(python: &Path, hub: &Path) {
     );
 }
 
+/// `krefine run CFG --no-tui --out OUT --set S...`, which must succeed.
+fn run_ok(cfg: &Path, out: &Path, sets: &[&str]) {
+    let mut args = vec![
+        "run",
+        cfg.to_str().unwrap(),
+        "--no-tui",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    let done = krefine(&args);
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+}
+
+/// A KernelBench-shaped level-4 baseline file of the reference times the three problems' `results`
+/// measured, under `root`.
+fn baseline_of(root: &Path, results: &[Value]) -> PathBuf {
+    let mut level4 = serde_json::Map::new();
+    for (file, r) in [
+        "1_tiny-gpt2_bs2_seq8.py",
+        "2_krefine-test-tiny-gpt2_bs2_seq8.py",
+        "3_CrossEntropyLoss.py",
+    ]
+    .iter()
+    .zip(results)
+    {
+        let s = &r["ref_runtime_stats"];
+        level4.insert(
+            file.to_string(),
+            serde_json::json!({"mean": s["mean"], "std": s["std"], "min": s["min"], "max": s["max"],
+                "num_trials": s["num_trials"], "hardware": r["env"]["device_name"], "device": "cpu"}),
+        );
+    }
+    let baseline = root.join("baseline_time_torch.json");
+    std::fs::write(
+        &baseline,
+        serde_json::json!({ "level4": level4 }).to_string(),
+    )
+    .unwrap();
+    baseline
+}
+
+/// The provenance the report of the run against `baseline` gives: level, method, model, dataset,
+/// baseline, evaluation, software and hardware.
+fn assert_provenance(rep: &Value, baseline: &Path) {
+    let p = &rep["provenance"];
+    assert_eq!(p["levels"], serde_json::json!([4]));
+    assert_eq!(p["method"]["kind"], "one_shot");
+    assert_eq!(p["method"]["samples_per_task"], 1);
+    assert_eq!(p["model"]["provider"], "scripted");
+    assert_eq!(p["model"]["name"], "reference-echo");
+    assert_eq!(p["model"]["endpoint_host"], Value::Null);
+    assert_eq!(p["dataset"]["kind"], "folder");
+    assert!(
+        p["dataset"]["content_hash"]
+            .as_str()
+            .unwrap()
+            .starts_with("blake3:")
+    );
+    assert_eq!(
+        p["baseline"]["hash"].as_str().unwrap(),
+        format!("blake3:{}", blake3_hex(baseline))
+    );
+    assert_eq!(p["eval"]["integer_inputs"], "kept");
+    assert_eq!(p["eval"]["mode"], "faithful");
+    assert_eq!(p["eval"]["timing_method"], "cpu_perf_counter");
+    assert!(p["software"]["transformers"].is_string(), "{p}");
+    assert!(p["software"]["torch"].is_string(), "{p}");
+    assert_eq!(
+        p["software"]["krefine"]["version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(p["hardware"]["devices"][0]["id"], "cpu");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn level4_runs_from_the_hf_cache_offline_with_a_baseline_and_provenance() {
     let python = worker_support::test_python().await;
@@ -159,18 +241,7 @@ async fn level4_runs_from_the_hf_cache_offline_with_a_baseline_and_provenance() 
     // Level 4, reference times measured live.
     let cfg = config(root, &python, 4, "");
     let live = root.join("runs/live");
-    let out = krefine(&[
-        "run",
-        cfg.to_str().unwrap(),
-        "--no-tui",
-        "--out",
-        live.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(&cfg, &live, &[]);
     let results = executed(&live);
     assert_eq!(results.len(), 3);
     for r in &results {
@@ -188,43 +259,12 @@ async fn level4_runs_from_the_hf_cache_offline_with_a_baseline_and_provenance() 
     assert!(frozen.contains("execute_s = 1800.0"), "{frozen}");
 
     // A KernelBench-shaped level-4 baseline from the measured reference times, then a run against it.
-    let mut level4 = serde_json::Map::new();
-    for (file, r) in [
-        "1_tiny-gpt2_bs2_seq8.py",
-        "2_krefine-test-tiny-gpt2_bs2_seq8.py",
-        "3_CrossEntropyLoss.py",
-    ]
-    .iter()
-    .zip(&results)
-    {
-        let s = &r["ref_runtime_stats"];
-        level4.insert(
-            file.to_string(),
-            serde_json::json!({"mean": s["mean"], "std": s["std"], "min": s["min"], "max": s["max"],
-                "num_trials": s["num_trials"], "hardware": r["env"]["device_name"], "device": "cpu"}),
-        );
-    }
-    let baseline = root.join("baseline_time_torch.json");
-    std::fs::write(
-        &baseline,
-        serde_json::json!({ "level4": level4 }).to_string(),
-    )
-    .unwrap();
+    let baseline = baseline_of(root, &results);
     let based = root.join("runs/based");
-    let set = format!("eval.baseline={}", baseline.display());
-    let out = krefine(&[
-        "run",
-        cfg.to_str().unwrap(),
-        "--no-tui",
-        "--out",
-        based.to_str().unwrap(),
-        "--set",
-        &set,
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        &cfg,
+        &based,
+        &[&format!("eval.baseline={}", baseline.display())],
     );
     for r in executed(&based) {
         assert_eq!(r["verdict"], "correct", "{}", r["feedback"]);
@@ -238,35 +278,7 @@ async fn level4_runs_from_the_hf_cache_offline_with_a_baseline_and_provenance() 
     }
 
     // The report states where the numbers come from.
-    let rep = report(&based);
-    let p = &rep["provenance"];
-    assert_eq!(p["levels"], serde_json::json!([4]));
-    assert_eq!(p["method"]["kind"], "one_shot");
-    assert_eq!(p["method"]["samples_per_task"], 1);
-    assert_eq!(p["model"]["provider"], "scripted");
-    assert_eq!(p["model"]["name"], "reference-echo");
-    assert_eq!(p["model"]["endpoint_host"], Value::Null);
-    assert_eq!(p["dataset"]["kind"], "folder");
-    assert!(
-        p["dataset"]["content_hash"]
-            .as_str()
-            .unwrap()
-            .starts_with("blake3:")
-    );
-    assert_eq!(
-        p["baseline"]["hash"].as_str().unwrap(),
-        format!("blake3:{}", blake3_hex(&baseline))
-    );
-    assert_eq!(p["eval"]["integer_inputs"], "kept");
-    assert_eq!(p["eval"]["mode"], "faithful");
-    assert_eq!(p["eval"]["timing_method"], "cpu_perf_counter");
-    assert!(p["software"]["transformers"].is_string(), "{p}");
-    assert!(p["software"]["torch"].is_string(), "{p}");
-    assert_eq!(
-        p["software"]["krefine"]["version"],
-        env!("CARGO_PKG_VERSION")
-    );
-    assert_eq!(p["hardware"]["devices"][0]["id"], "cpu");
+    assert_provenance(&report(&based), &baseline);
     let live_rep = report(&live);
     assert_eq!(live_rep["provenance"]["baseline"], Value::Null);
     let text = krefine(&["report", live.to_str().unwrap()]);
@@ -276,21 +288,10 @@ async fn level4_runs_from_the_hf_cache_offline_with_a_baseline_and_provenance() 
     // KernelBench's cast of integer inputs, on request: the token ids and class targets become
     // floats and every reference fails, as in KernelBench.
     let cast = root.join("runs/cast");
-    let out = krefine(&[
-        "run",
-        cfg.to_str().unwrap(),
-        "--no-tui",
-        "--out",
-        cast.to_str().unwrap(),
-        "--set",
-        "eval.cast_integer_inputs=true",
-        "--set",
-        "dataset.problems=1,3",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        &cfg,
+        &cast,
+        &["eval.cast_integer_inputs=true", "dataset.problems=1,3"],
     );
     let results = executed(&cast);
     assert_eq!(results.len(), 2);

@@ -1,4 +1,5 @@
 //! The provider configs in configs/providers/ load, and the LLM factory builds (or refuses) them.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::path::{Path, PathBuf};
 

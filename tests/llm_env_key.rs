@@ -18,6 +18,10 @@ use krefine::services::EventSink;
 use krefine::types::{ChatMessage, LlmRequest, Role};
 
 #[test]
+#[allow(
+    unsafe_code,
+    reason = "std::env::set_var is unsafe: it runs before any other thread"
+)]
 fn key_from_the_named_variable_reaches_only_the_server() {
     let var = format!("KREFINE_TEST_ENV_KEY_{}", std::process::id());
     let key = format!("sk-env-{}-secret", std::process::id());

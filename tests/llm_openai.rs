@@ -3,6 +3,7 @@
 //! Each test scripts the server's replies (JSON or SSE, status codes, headers, delays), sends
 //! requests through the provider wrapped in its ledger, and checks the answers, the attempt events,
 //! the requests the server saw, the totals, and that the API key appears in no event.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::collections::VecDeque;
 use std::convert::Infallible;

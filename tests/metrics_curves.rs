@@ -1,5 +1,6 @@
 //! fast_p@n, geomean, rates, verdict counts, pass@k and the equal-budget comparison, against values
 //! computed by hand.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::collections::BTreeMap;
 

@@ -3,6 +3,7 @@
 //!
 //! Regenerate the golden file after an intended template change with
 //! `UPDATE_GOLDEN=1 cargo test --test prompt_render`, then review the diff.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::path::{Path, PathBuf};
 

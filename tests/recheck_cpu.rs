@@ -7,6 +7,7 @@
 //! 0, `--candidates all`, a run with nothing to recheck, a run with missing code, a torn log and
 //! changed problems, and the inputs a recheck refuses. Verdicts, counts and fast_p only; no duration
 //! is compared.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod cli_support;
 

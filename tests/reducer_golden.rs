@@ -8,6 +8,7 @@
 //!
 //! A second test asserts that the report, the Python package's numbers and the view are the one
 //! fold's: each equals what `RunState` answers for the same records.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

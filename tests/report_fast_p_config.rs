@@ -3,6 +3,7 @@
 //! any of them set, and a bad value names the file and the key.
 //!
 //! Uses the real binary, the scripted LLM and the simulated executor.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -3,6 +3,7 @@
 //!
 //! Uses the real binary, the scripted LLM and the simulated executor so the run is fast and its
 //! outcome deterministic.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

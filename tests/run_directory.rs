@@ -5,6 +5,7 @@
 //! the log untouched, and `krefine repair` cuts it there with a backup.
 //!
 //! The real binary, the scripted LLM and the simulated executor (fast, deterministic).
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod cli_support;
 

@@ -6,6 +6,7 @@
 //! signal stops it at once.
 //!
 //! The real binary, the scripted LLM and the simulated executor; the terminal cases in tmux.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod cli_support;
 

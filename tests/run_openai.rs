@@ -1,6 +1,7 @@
 //! A whole refinement run against a real HTTP server on 127.0.0.1 that speaks the OpenAI protocol:
 //! the run completes, token and cost totals are exact, a 500 is retried, and the API key is nowhere in
 //! the run directory.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -5,6 +5,7 @@
 //!   the endpoint healthy evaluates every one of them.
 //! - A second krefine process on a run directory that a live run holds is refused with the holder's
 //!   pid; once the holder is killed (SIGKILL), its lock is gone and a resume proceeds.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,7 @@
 //! Static checks in a whole run (real binary, scripted model, real CPU workers): a strict run rejects
 //! a timing-patch candidate before compiling it and goes on; a faithful run builds and evaluates the
 //! same candidate and records the finding as a warning. Both show up in `krefine report`.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod worker_support;
 

@@ -6,6 +6,7 @@
 //! Real workers on the CPU (the Python of `KREFINE_TEST_PYTHON`), pure-PyTorch candidates (nothing
 //! to build), and a lock folder of the test's own (`KREFINE_LOCK_DIR`), shared by the processes of
 //! one test only.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod cli_support;
 

@@ -2,6 +2,7 @@
 //! screen rendered with ratatui's TestBackend against insta snapshots (tiny and huge terminals too),
 //! keys, `watch` following a growing file, and replay ordering and pacing (driven by an explicit
 //! clock, never by sleeping).
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::io::Write;
 use std::path::Path;

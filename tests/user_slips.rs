@@ -6,6 +6,7 @@
 //! equal curves: tests/compare_runs.rs.)
 //!
 //! The real binary, the scripted LLM and the simulated executor.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod cli_support;
 

@@ -41,6 +41,10 @@ fn dumps(text: &str) -> Vec<HashMap<String, String>> {
 }
 
 #[test]
+#[allow(
+    unsafe_code,
+    reason = "std::env::set_var is unsafe: it runs before any other thread"
+)]
 fn workers_cannot_see_orchestrator_secrets() {
     // SAFETY: this is the only test of this binary and the runtime is not built yet, so no other
     // thread reads the environment while it changes.

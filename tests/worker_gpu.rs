@@ -97,6 +97,52 @@ fn job(code: &str, build_dir: Option<String>) -> ExecJob {
     }
 }
 
+/// A pool on GPU 0 with three compile workers, GPU-sized timeouts and the GPU's arch list.
+async fn gpu_pool(tmp: &std::path::Path) -> Arc<WorkerPool> {
+    let work = tmp.join("work");
+    let python = test_python().await;
+    let harness = deployed_harness(tmp).await;
+    let mut s = WorkerSettings::new(python, harness, &work);
+    s.devices = vec![DeviceId::Gpu(0)];
+    s.compile_workers = 3;
+    s.timeouts = Timeouts {
+        compile_s: 300.0,
+        load_s: 120.0,
+        reference_s: 600.0,
+        execute_s: 30.0,
+        profile_s: 120.0,
+    };
+    let t = Instant::now();
+    let pool = WorkerPool::start(s).await.expect("pool");
+    eprintln!(
+        "pool started in {:.1} s; torch {}, arch list {:?}",
+        t.elapsed().as_secs_f64(),
+        pool.torch_version(),
+        pool.arch_list()
+    );
+    assert!(pool.arch_list().is_some(), "arch list from the GPU");
+    pool
+}
+
+/// Three CUDA candidates: a correct one, one that stores to an illegal address, one whose kernel
+/// never ends.
+fn candidates() -> (String, String, String) {
+    let ok = cuda_candidate("krefine_gpu_ok", "o[i] = a[i] + b[i];");
+    // A store through a null pointer may be optimised away (undefined behaviour); a volatile store
+    // to an unmapped high address cannot be.
+    let bad = cuda_candidate(
+        "krefine_gpu_bad",
+        "((volatile float*)0xFFFFFFFF00000000ULL)[i] = a[i] + b[i];",
+    );
+    let hang = cuda_candidate(
+        "krefine_gpu_hang",
+        // Inputs are in [0, 1): the volatile load never lets the loop end, and cannot be
+        // optimised away (an empty side-effect-free loop can be).
+        "while (*((volatile const float*)a) >= 0.0f) {} o[i] = a[i];",
+    );
+    (ok, bad, hang)
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU; run with --ignored on a GPU machine"]
 fn gpu_pool_end_to_end() {
@@ -106,42 +152,8 @@ fn gpu_pool_end_to_end() {
         .expect("runtime");
     rt.block_on(async {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let work = tmp.path().join("work");
-        let python = test_python().await;
-        let harness = deployed_harness(tmp.path()).await;
-        let mut s = WorkerSettings::new(python, harness, &work);
-        s.devices = vec![DeviceId::Gpu(0)];
-        s.compile_workers = 3;
-        s.timeouts = Timeouts {
-            compile_s: 300.0,
-            load_s: 120.0,
-            reference_s: 600.0,
-            execute_s: 30.0,
-            profile_s: 120.0,
-        };
-        let t = Instant::now();
-        let pool = WorkerPool::start(s).await.expect("pool");
-        eprintln!(
-            "pool started in {:.1} s; torch {}, arch list {:?}",
-            t.elapsed().as_secs_f64(),
-            pool.torch_version(),
-            pool.arch_list()
-        );
-        assert!(pool.arch_list().is_some(), "arch list from the GPU");
-
-        let ok = cuda_candidate("krefine_gpu_ok", "o[i] = a[i] + b[i];");
-        // A store through a null pointer may be optimised away (undefined behaviour); a volatile store
-        // to an unmapped high address cannot be.
-        let bad = cuda_candidate(
-            "krefine_gpu_bad",
-            "((volatile float*)0xFFFFFFFF00000000ULL)[i] = a[i] + b[i];",
-        );
-        let hang = cuda_candidate(
-            "krefine_gpu_hang",
-            // Inputs are in [0, 1): the volatile load never lets the loop end, and cannot be
-            // optimised away (an empty side-effect-free loop can be).
-            "while (*((volatile const float*)a) >= 0.0f) {} o[i] = a[i];",
-        );
+        let pool = gpu_pool(tmp.path()).await;
+        let (ok, bad, hang) = candidates();
         let logs = tmp.path().join("logs");
         let t = Instant::now();
         let (c_ok, c_bad, c_hang) = tokio::join!(

@@ -4,6 +4,7 @@
 //! event's `worker_losses`), never turned into the candidate's `crashed`.
 //!
 //! Real workers (the test Python with torch, the real harness), killed from outside with SIGKILL.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod worker_support;
 

@@ -4,6 +4,7 @@
 //! worker is started with `PR_SET_PDEATHSIG`.
 //!
 //! The real binary and real workers: `krefine eval` of a candidate that sleeps in its build.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

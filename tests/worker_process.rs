@@ -4,6 +4,7 @@
 //! The fake answers like the real harness, but the candidate source chooses its behaviour with a
 //! `FAKE:<what>` marker (sticky error, garbage line, wrong id, hang, exit, ...). A `start.txt` file
 //! in the fake's folder chooses how it starts (`ok`, `hang`, `exit`).
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod worker_support;
 

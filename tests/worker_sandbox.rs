@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use krefine::services::{Compiler, DeviceId, Executor};
 use krefine::types::{CompileStatus, Verdict};
-use krefine::worker::WorkerPool;
 use krefine::worker::sandbox::SandboxLevel;
+use krefine::worker::{WorkerPool, WorkerSettings};
 use worker_support::*;
 
 const HONEST: &str = r#"
@@ -226,7 +226,116 @@ fn probe_lines(text: &str, hole: &str) -> Vec<String> {
         .collect()
 }
 
+/// A run directory with its log and config, which no candidate may change; returns the log.
+fn run_dir_under_attack(run_dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(run_dir.join("logs")).expect("run dir");
+    let events = run_dir.join("events.jsonl");
+    std::fs::write(&events, "{\"original\": true}\n").expect("events");
+    std::fs::write(run_dir.join("config.toml"), "[run]\n").expect("config");
+    events
+}
+
+/// The device the test evaluates on: a GPU with `KREFINE_TEST_DEVICE=gpu`, else the CPU.
+fn test_device() -> DeviceId {
+    match std::env::var("KREFINE_TEST_DEVICE").as_deref() {
+        Ok("gpu") => DeviceId::Gpu(0),
+        _ => DeviceId::Cpu,
+    }
+}
+
+/// The pool's settings on `device` alone.
+fn settings_on(
+    device: &DeviceId,
+    python: PathBuf,
+    harness: PathBuf,
+    work: &Path,
+    cache: &Path,
+) -> WorkerSettings {
+    let mut settings = cpu_settings(python, harness, work, cache);
+    settings.devices = vec![device.clone()];
+    if matches!(device, DeviceId::Gpu(_)) {
+        // A GPU candidate process needs its CUDA context (a spawned one 4-9 s, seen on the H100)
+        // before anything is timed; the CPU-sized 10 s made an honest run a Timeout there.
+        settings.timeouts.execute_s = 120.0;
+        settings.timeouts.load_s = 120.0;
+    }
+    settings
+}
+
+/// A process of the same user outside the sandbox (the user's shell, say) that holds the secret
+/// too and notes any SIGCONT it gets in the file returned with it.
+async fn start_bystander(python: &Path, dir: &Path) -> (std::process::Child, PathBuf) {
+    let flag = dir.join("bystander-signalled");
+    let ready = dir.join("bystander-ready");
+    let bystander = std::process::Command::new(python)
+        .args([
+            "-c",
+            &format!(
+                "import signal, time\nsignal.signal(signal.SIGCONT, lambda *a: open({:?}, 'w').write('hit'))\nopen({:?}, 'w').write('ready')\ntime.sleep(600)",
+                flag.display().to_string(),
+                ready.display().to_string()
+            ),
+        ])
+        .spawn()
+        .expect("bystander");
+    for _ in 0..200 {
+        if ready.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ready.exists(), "bystander did not start");
+    (bystander, flag)
+}
+
+/// What every worker and candidate wrote (`seen`): each attack ran in both workers, and found
+/// nothing: no secret, no write to the run log, no connection, no signal outside.
+fn assert_no_hole_in(seen: &str, secret: &str) {
+    for hole in ["env", "runlog", "net", "kill", "scratch"] {
+        assert!(
+            seen.matches(&format!("KREFINE_PROBE {hole} ")).count() >= 2,
+            "{hole}: the attack did not also run in the evaluation worker"
+        );
+    }
+    assert!(!seen.contains(secret), "the orchestrator's secret leaked");
+    assert!(
+        !seen.contains("LEAKED"),
+        "a hostile candidate found something"
+    );
+    assert!(!seen.contains("runlog wrote=1") && !seen.contains("runlog wrote=2"));
+    assert!(!seen.contains("net connected=1"));
+    let reached: Vec<&str> = seen
+        .lines()
+        .filter(|l| l.contains("kill reached "))
+        .collect();
+    assert!(
+        reached.is_empty(),
+        "a signal reached a process outside: {reached:?}"
+    );
+}
+
+/// Whether anything connected to `listener` (non-blocking) so far.
+fn accepted_any(listener: &std::net::TcpListener) -> bool {
+    let mut accepted = false;
+    loop {
+        match listener.accept() {
+            Ok((mut s, _)) => {
+                let mut buf = Vec::new();
+                let _ = s.read_to_end(&mut buf);
+                accepted = true;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(_) => break,
+        }
+    }
+    accepted
+}
+
 #[test]
+#[allow(
+    unsafe_code,
+    reason = "std::env::set_var is unsafe: it runs before any other thread"
+)]
 fn hostile_candidates_find_no_hole_and_honest_ones_pass() {
     let secret = format!("sk-sandbox-{}-must-not-leak", std::process::id());
     // SAFETY: the only test of this binary, before any other thread exists.
@@ -242,25 +351,12 @@ fn hostile_candidates_find_no_hole_and_honest_ones_pass() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let work = tmp.path().join("work");
         let run_dir = tmp.path().join("run");
-        std::fs::create_dir_all(run_dir.join("logs")).expect("run dir");
-        let events = run_dir.join("events.jsonl");
-        std::fs::write(&events, "{\"original\": true}\n").expect("events");
-        std::fs::write(run_dir.join("config.toml"), "[run]\n").expect("config");
+        let events = run_dir_under_attack(&run_dir);
         let python = test_python().await;
         let harness = deployed_harness(tmp.path()).await;
         let cache = work.join("build-cache");
-        let mut settings = cpu_settings(python.clone(), harness, &work, &cache);
-        let device = match std::env::var("KREFINE_TEST_DEVICE").as_deref() {
-            Ok("gpu") => DeviceId::Gpu(0),
-            _ => DeviceId::Cpu,
-        };
-        settings.devices = vec![device.clone()];
-        if matches!(device, DeviceId::Gpu(_)) {
-            // A GPU candidate process needs its CUDA context (a spawned one 4-9 s, seen on the H100)
-            // before anything is timed; the CPU-sized 10 s made an honest run a Timeout there.
-            settings.timeouts.execute_s = 120.0;
-            settings.timeouts.load_s = 120.0;
-        }
+        let device = test_device();
+        let settings = settings_on(&device, python.clone(), harness, &work, &cache);
         let eval_worker = match device {
             DeviceId::Gpu(_) => "gpu-0.cow",
             DeviceId::Cpu => "cpu-0.cow",
@@ -279,28 +375,7 @@ fn hostile_candidates_find_no_hole_and_honest_ones_pass() {
         let peer_secret = format!("peer-scratch-{}", std::process::id());
         std::fs::write(peer.join("notes.txt"), &peer_secret).expect("peer file");
 
-        // A process of the same user outside the sandbox (the user's shell, say) that holds the
-        // secret too and notes any SIGCONT it gets.
-        let flag = tmp.path().join("bystander-signalled");
-        let ready = tmp.path().join("bystander-ready");
-        let mut bystander = std::process::Command::new(&python)
-            .args([
-                "-c",
-                &format!(
-                    "import signal, time\nsignal.signal(signal.SIGCONT, lambda *a: open({:?}, 'w').write('hit'))\nopen({:?}, 'w').write('ready')\ntime.sleep(600)",
-                    flag.display().to_string(),
-                    ready.display().to_string()
-                ),
-            ])
-            .spawn()
-            .expect("bystander");
-        for _ in 0..200 {
-            if ready.exists() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert!(ready.exists(), "bystander did not start");
+        let (mut bystander, flag) = start_bystander(&python, tmp.path()).await;
 
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");
         listener.set_nonblocking(true).expect("nonblocking");
@@ -322,7 +397,9 @@ fn hostile_candidates_find_no_hole_and_honest_ones_pass() {
         let honest_dir = PathBuf::from(honest.build_dir.clone().expect("build dir"));
         let honest_files = digest_tree(&honest_dir);
         assert!(
-            honest_files.iter().any(|(p, _)| p.ends_with("candidate.py")),
+            honest_files
+                .iter()
+                .any(|(p, _)| p.ends_with("candidate.py")),
             "the honest build was published into the cache"
         );
 
@@ -346,7 +423,10 @@ fn hostile_candidates_find_no_hole_and_honest_ones_pass() {
             );
             assert_eq!(e.env.sandbox.as_deref(), Some("namespaces"), "{hole}");
             if matches!(device, DeviceId::Gpu(_)) {
-                assert!(!e.env.device_name.is_empty(), "{hole}: the GPU is visible: {e:#?}");
+                assert!(
+                    !e.env.device_name.is_empty(),
+                    "{hole}: the GPU is visible: {e:#?}"
+                );
             }
             // What the import printed in the evaluation worker (its load.log, in the worker's
             // copy-on-write layer, which the next worker start clears).
@@ -381,18 +461,7 @@ fn hostile_candidates_find_no_hole_and_honest_ones_pass() {
         pool.shutdown().await;
 
         read_all_files(&work.join("workers"), &mut seen);
-        for hole in ["env", "runlog", "net", "kill", "scratch"] {
-            assert!(
-                seen.matches(&format!("KREFINE_PROBE {hole} ")).count() >= 2,
-                "{hole}: the attack did not also run in the evaluation worker"
-            );
-        }
-        assert!(!seen.contains(&secret), "the orchestrator's secret leaked");
-        assert!(!seen.contains("LEAKED"), "a hostile candidate found something");
-        assert!(!seen.contains("runlog wrote=1") && !seen.contains("runlog wrote=2"));
-        assert!(!seen.contains("net connected=1"));
-        let reached: Vec<&str> = seen.lines().filter(|l| l.contains("kill reached ")).collect();
-        assert!(reached.is_empty(), "a signal reached a process outside: {reached:?}");
+        assert_no_hole_in(&seen, &secret);
         assert_eq!(
             std::fs::read_to_string(&events).expect("events"),
             "{\"original\": true}\n",
@@ -403,20 +472,14 @@ fn hostile_candidates_find_no_hole_and_honest_ones_pass() {
             honest_files,
             "another candidate's cached build was changed"
         );
-        let mut accepted = false;
-        loop {
-            match listener.accept() {
-                Ok((mut s, _)) => {
-                    let mut buf = Vec::new();
-                    let _ = s.read_to_end(&mut buf);
-                    accepted = true;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(_) => break,
-            }
-        }
-        assert!(!accepted, "a candidate connected to 127.0.0.1");
-        assert!(!flag.exists(), "a candidate signalled a process outside its sandbox");
+        assert!(
+            !accepted_any(&listener),
+            "a candidate connected to 127.0.0.1"
+        );
+        assert!(
+            !flag.exists(),
+            "a candidate signalled a process outside its sandbox"
+        );
         let _ = bystander.kill();
         let _ = bystander.wait();
     });

@@ -3,6 +3,7 @@
 //! forked it ends. A pool started inside `block_on` on a short-lived thread (a test's thread, a helper
 //! thread) must not lose its workers when that thread ends; they are forked on the runtime's own
 //! threads.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 mod worker_support;
 

@@ -108,8 +108,9 @@ pub enum Level {
     Error,
 }
 
-/// `[eval.checks]`: a level per category; unset categories take the mode's default. Unknown keys
-/// are config errors that name the key (`deny_unknown_fields`).
+/// `[eval.checks]`: a level per category (each category is described in docs/static-checks.md);
+/// unset categories take the mode's default. Unknown keys are config errors that name the key
+/// (`deny_unknown_fields`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ChecksSection {

@@ -38,8 +38,12 @@ pub const MAX_PER_CATEGORY: usize = 20;
 /// The checks of one run: a level per category and what the rules need to know.
 #[derive(Debug, Clone)]
 pub struct StaticChecks {
+    /// Each category's level (`eval.checks`): off, a warning, or an error that rejects.
     levels: BTreeMap<Category, Level>,
+    /// The backend and precision the prompt asked for, which some rules check against.
     ctx: RuleContext,
+    /// In faithful mode a finding of the parsed layer is a warning at most, so that KernelBench's
+    /// rules alone decide verdicts there.
     mode: EvalMode,
 }
 

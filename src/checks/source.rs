@@ -30,9 +30,11 @@ pub struct StrLit {
 /// A candidate's source, split into views of the same length.
 #[derive(Debug, Clone)]
 pub struct Source {
+    /// The views the module doc describes, each as long as the source.
     pub python: String,
     pub cpp: String,
     pub strings: Vec<StrLit>,
+    /// Offset of each line's first byte: an offset's line is a binary search away.
     line_starts: Vec<usize>,
 }
 

@@ -6,7 +6,6 @@
 //! `krefine bench throughput` (in `bench_throughput`): a runs folder or submission evaluated cold and
 //! warm, candidates per GPU-hour and where the time went.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -21,8 +20,10 @@ use crate::gpu::DeviceInfo;
 use crate::prompt::{PromptSettings, Prompts};
 use crate::services::DeviceId;
 use crate::sim::{SimLlm, SimServices};
+use crate::state::RunState;
+use crate::state::times::Times;
 use crate::store::{RunDir, read_log};
-use crate::types::{Event, FeedbackMode, LogRecord, MethodKind, Precision, Problem, ProblemKey};
+use crate::types::{FeedbackMode, MethodKind, Precision, Problem, ProblemKey};
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
@@ -383,10 +384,10 @@ async fn scheduler(
     let summary = engine.run().await?;
     let wall = started.elapsed().as_secs_f64();
     let (cpu1, peak_kb) = proc_usage();
-    let records = read_log(&dir.events_path())?.records;
+    let run = RunState::from_records(&read_log(&dir.events_path())?.records);
     let _ = std::fs::remove_dir_all(&root);
 
-    let a = analyse(&records, gpus as f64, compile_slots as f64);
+    let a = analyse(&run, gpus as f64);
     let makespan = wall * scale;
     let lower = a
         .chain_s
@@ -433,7 +434,7 @@ async fn scheduler(
         "| orchestrator CPU time | {:.2} s (wall {wall:.1} s) | {cpu_goal} |\n| peak memory (RSS) | {:.1} MB | {rss_goal} |\n| events logged | {} | |\n",
         cpu1 - cpu0,
         peak_kb as f64 / 1024.0,
-        records.len()
+        run.applied
     ));
     Ok(out)
 }
@@ -442,52 +443,78 @@ fn services_cfg_compile(a: &Analysis) -> String {
     format!("{:.0}", a.compile_each_s)
 }
 
+/// What the lower bound and the table are made of, in simulated seconds.
 struct Analysis {
+    /// The longest task's own chain: its answers, builds and executions one after another.
     chain_s: f64,
+    /// All builds' time, and one build's on average.
     compile_s: f64,
     compile_each_s: f64,
+    /// All executions' time, and the shortest and longest one.
     execute_s: f64,
     exec_min_s: f64,
     exec_max_s: f64,
+    /// The GPUs' busy share over the time executions waited for a lease.
     occupancy_when_queued: f64,
 }
 
-/// Work totals (simulated seconds) and GPU occupancy while executions waited for a lease.
-fn analyse(records: &[LogRecord], gpus: f64, _slots: f64) -> Analysis {
-    let mut chain: BTreeMap<String, f64> = BTreeMap::new();
+/// Work totals (simulated seconds) and GPU occupancy while executions waited for a lease, from the
+/// run as the reducer folded it.
+fn analyse(run: &RunState, gpus: f64) -> Analysis {
+    let secs = |ms: u64| ms as f64 / 1000.0;
+    let mut chain_s = 0.0f64;
     let (mut compile_s, mut execute_s) = (0.0, 0.0);
-    let (mut n_compile, mut exec_min, mut exec_max) = (0.0, f64::MAX, 0.0f64);
-    // (time ms, delta waiting, delta busy)
-    let mut edges: Vec<(u64, i64, i64)> = Vec::new();
-    for r in records {
-        let task = r.task.map(|t| t.to_string()).unwrap_or_default();
-        match &r.event {
-            Event::LlmAnswered { answer, .. } => {
-                *chain.entry(task).or_default() += answer.latency_ms as f64 / 1000.0;
+    let (mut n_compile, mut exec_min, mut exec_max) = (0.0, None::<f64>, 0.0f64);
+    for task in run.tasks.values() {
+        // The task's own chain: each turn's answer, build and execution, one after another.
+        let mut chain = 0.0;
+        for turn in task.turns() {
+            if let Some(answer) = &turn.answer {
+                chain += secs(answer.latency_ms);
             }
-            Event::Compiled { outcome, .. } => {
-                let s = outcome.duration_ms as f64 / 1000.0;
+            if let Some(c) = &turn.compile {
+                let s = secs(c.duration_ms);
                 compile_s += s;
                 n_compile += 1.0;
-                *chain.entry(task).or_default() += s;
+                chain += s;
             }
-            Event::Executed { outcome, .. } => {
-                let s = outcome.wall_ms as f64 / 1000.0;
+            if let Some(e) = &turn.exec {
+                let s = secs(e.wall_ms);
                 execute_s += s;
-                exec_min = exec_min.min(s);
+                exec_min = Some(exec_min.map_or(s, |m| m.min(s)));
                 exec_max = exec_max.max(s);
-                *chain.entry(task).or_default() += s;
+                chain += s;
             }
-            Event::LeaseGranted { wait_ms, .. } if *wait_ms > 0 => {
-                edges.push((r.ts_ms.saturating_sub(*wait_ms), 1, 0));
-                edges.push((r.ts_ms, -1, 0));
-            }
-            Event::LeaseReleased { held_ms, .. } => {
-                edges.push((r.ts_ms.saturating_sub(*held_ms), 0, 1));
-                edges.push((r.ts_ms, 0, -1));
-            }
-            _ => {}
         }
+        chain_s = chain_s.max(chain);
+    }
+    Analysis {
+        chain_s,
+        compile_s,
+        compile_each_s: if n_compile > 0.0 {
+            compile_s / n_compile
+        } else {
+            0.0
+        },
+        execute_s,
+        exec_min_s: exec_min.unwrap_or(0.0),
+        exec_max_s: exec_max,
+        occupancy_when_queued: occupancy_when_queued(run.times(), gpus),
+    }
+}
+
+/// The share of the GPUs busy over the time at least one execution waited for a lease (1 when none
+/// ever waited).
+fn occupancy_when_queued(times: &Times, gpus: f64) -> f64 {
+    // (time ms, change in waiting, change in busy)
+    let mut edges: Vec<(u64, i64, i64)> = Vec::new();
+    for &(from, to) in &times.lease_waits {
+        edges.push((from, 1, 0));
+        edges.push((to, -1, 0));
+    }
+    for &(from, to) in &times.lease_holds {
+        edges.push((from, 0, 1));
+        edges.push((to, 0, -1));
     }
     edges.sort_unstable();
     let (mut waiting, mut busy) = (0i64, 0i64);
@@ -503,22 +530,10 @@ fn analyse(records: &[LogRecord], gpus: f64, _slots: f64) -> Analysis {
         busy += db;
         last = t;
     }
-    Analysis {
-        chain_s: chain.values().cloned().fold(0.0, f64::max),
-        compile_s,
-        compile_each_s: if n_compile > 0.0 {
-            compile_s / n_compile
-        } else {
-            0.0
-        },
-        execute_s,
-        exec_min_s: if exec_min == f64::MAX { 0.0 } else { exec_min },
-        exec_max_s: exec_max,
-        occupancy_when_queued: if queued_ms > 0.0 {
-            busy_when_queued / queued_ms
-        } else {
-            1.0
-        },
+    if queued_ms > 0.0 {
+        busy_when_queued / queued_ms
+    } else {
+        1.0
     }
 }
 
@@ -544,4 +559,39 @@ fn proc_usage() -> (f64, u64) {
         })
         .unwrap_or(0);
     (cpu, peak)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    /// The figures of the committed fixture run (4 tasks x 3 turns, simulated, on the CPU device),
+    /// as the benchmark computed them before it read the log through the reducer.
+    #[test]
+    fn the_figures_of_a_recorded_run() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/runs/quickstart-sim/events.jsonl");
+        let run = RunState::from_records(&read_log(&path).unwrap().records);
+        // "events logged"
+        assert_eq!(run.applied, 103);
+        let a = analyse(&run, 2.0);
+        // The longest task's own chain: its answers', builds' and executions' times.
+        assert!(close(a.chain_s, 0.265), "{}", a.chain_s);
+        assert!(close(a.compile_s, 0.55), "{}", a.compile_s);
+        assert!(close(a.compile_each_s, 0.05), "{}", a.compile_each_s);
+        assert!(close(a.execute_s, 0.378), "{}", a.execute_s);
+        assert_eq!((a.exec_min_s, a.exec_max_s), (0.02, 0.048));
+        assert!(
+            close(a.occupancy_when_queued, 0.287_346_221_441_124_76),
+            "{}",
+            a.occupancy_when_queued
+        );
+        // The same leases on one device keep it twice as busy.
+        let one = analyse(&run, 1.0);
+        assert!(close(one.occupancy_when_queued, 0.574_692_442_882_249_5));
+    }
 }

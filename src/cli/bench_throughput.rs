@@ -5,8 +5,8 @@
 //! - **warm**: the reference inputs the cold pass stored, a fresh build cache again (unless
 //!   `--warm-builds`), so the difference is the reference data's.
 //!
-//! Each pass's numbers are a pure function of its event log, the wall time and the device count
-//! ([`throughput`]): candidates per GPU-hour (candidates / (wall hours x devices)), time to the first
+//! Each pass's numbers are a pure function of its event log (folded by the run's one reducer), the
+//! wall time and the device count ([`throughput`]): candidates per GPU-hour (candidates / (wall hours x devices)), time to the first
 //! result, totals per stage (build, CPU preparation of inputs, reference work on the device, load,
 //! check, timing, isolation, lease waits), the lease-held time, and the GPU's measured work: the
 //! candidates' and references' timed trials as their CUDA events measured them (mean x trials) — a
@@ -19,14 +19,15 @@
 //! candidates per GPU-hour each floor would allow and the pass's wall time as a ratio to each: a
 //! pass at 1.3x its CPU floor and 3x its GPU floor is bound by its CPUs.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
 
-use crate::types::{Event, ExecOutcome, LogRecord};
+use crate::state::RunState;
+use crate::types::{Event, LogRecord};
 
 pub struct ThroughputBench {
     pub src: PathBuf,
@@ -92,79 +93,59 @@ pub struct DeviceShare {
     pub gpu_work_s: f64,
 }
 
-fn phase(o: &ExecOutcome, key: &str) -> f64 {
-    o.phases.get(key).and_then(|v| v.as_f64()).unwrap_or(0.0)
-}
-
-/// A pass's numbers from its log; `wall_s` is the pass's wall time.
-pub fn throughput(records: &[LogRecord], wall_s: f64) -> Throughput {
+/// A pass's numbers from its log, folded by the run's reducer; `wall_s` is the pass's wall time.
+pub fn throughput(run: &RunState, wall_s: f64) -> Throughput {
+    let times = run.times();
+    let ledger = run.ledger();
+    let secs = |ms: u64| ms as f64 / 1000.0;
     let mut t = Throughput {
         wall_s,
+        candidates: times.evaluated(),
+        first_result_s: times
+            .first_result_ts
+            .zip(run.first_ts)
+            .map(|(first, start)| secs(first.saturating_sub(start))),
+        build_s: secs(times.build_ms),
+        cpu_prep_s: secs(times.inputs_ms),
+        load_s: times.phase_s("load_s"),
+        check_s: times.phase_s("correctness_s"),
+        timing_s: times.phase_s("timing_s"),
+        isolation_s: times.phase_s("isolation_s") + times.phase_s("spawn_wait_s"),
+        lease_wait_s: secs(ledger.device_total.wait_ms),
+        gpu_work_s: secs(ledger.gpu_work_ms),
         ..Throughput::default()
     };
-    let start = records.first().map(|r| r.ts_ms);
-    let mut devices = BTreeSet::new();
-    for r in records {
-        match &r.event {
-            Event::Executed { outcome: o, .. } => {
-                t.candidates += 1;
-                if t.first_result_s.is_none() {
-                    t.first_result_s = start.map(|s| r.ts_ms.saturating_sub(s) as f64 / 1000.0);
-                }
-                t.gpu_prep_s += phase(o, "reference_s") + phase(o, "ref_timing_s");
-                t.load_s += phase(o, "load_s");
-                t.check_s += phase(o, "correctness_s");
-                t.timing_s += phase(o, "timing_s");
-                t.isolation_s += phase(o, "isolation_s") + phase(o, "spawn_wait_s");
-                let work = crate::metrics::ledger::measured_work_ms(o) as f64 / 1000.0;
-                t.gpu_work_s += work;
-                let d = t.per_device.entry(o.device.clone()).or_default();
-                d.candidates += 1;
-                d.gpu_work_s += work;
-            }
-            Event::Compiled { outcome, .. } if !outcome.cached => {
-                t.build_s += outcome.duration_ms as f64 / 1000.0;
-            }
-            Event::InputsPrepared { outcome, .. } => {
-                t.cpu_prep_s += outcome.duration_ms as f64 / 1000.0;
-            }
-            Event::ReferencePrepared {
-                device,
-                held_ms,
-                outcome,
-                ..
-            } => {
-                devices.insert(device.clone());
-                t.gpu_prep_s += *held_ms as f64 / 1000.0;
-                t.lease_held_s += *held_ms as f64 / 1000.0;
-                t.gpu_busy_s += outcome.duration_ms.min(*held_ms) as f64 / 1000.0;
-                t.per_device.entry(device.clone()).or_default().lease_held_s +=
-                    *held_ms as f64 / 1000.0;
-            }
-            Event::LeaseGranted {
-                device, wait_ms, ..
-            } => {
-                devices.insert(device.clone());
-                t.lease_wait_s += *wait_ms as f64 / 1000.0;
-                t.per_device.entry(device.clone()).or_default().lease_wait_s +=
-                    *wait_ms as f64 / 1000.0;
-            }
-            Event::LeaseReleased {
-                device,
-                held_ms,
-                busy_ms,
-                ..
-            } => {
-                t.lease_held_s += *held_ms as f64 / 1000.0;
-                let d = t.per_device.entry(device.clone()).or_default();
-                d.lease_held_s += *held_ms as f64 / 1000.0;
-                d.busy_s += *busy_ms as f64 / 1000.0;
-                t.gpu_busy_s += *busy_ms as f64 / 1000.0;
-            }
-            _ => {}
-        }
+    // Devices that held a lease or prepared reference data (a device retired before either did
+    // no work here).
+    let used = run
+        .devices
+        .iter()
+        .filter(|(_, d)| d.leases > 0 || d.prepares > 0);
+    let mut prepare_ms = 0;
+    let mut prepare_busy_ms = 0;
+    for (name, d) in used {
+        t.devices += 1;
+        prepare_ms += d.prepare_ms;
+        prepare_busy_ms += d.prepare_busy_ms;
+        t.per_device.insert(
+            name.clone(),
+            DeviceShare {
+                lease_wait_s: secs(d.wait_ms),
+                lease_held_s: secs(d.held_ms + d.prepare_ms),
+                busy_s: secs(d.busy_ms),
+                ..DeviceShare::default()
+            },
+        );
     }
-    t.devices = (devices.len() as u32).max(1);
+    for (name, n) in &times.evaluations {
+        let d = t.per_device.entry(name.clone()).or_default();
+        d.candidates = *n;
+        d.gpu_work_s = secs(ledger.devices.get(name).map_or(0, |u| u.work_ms));
+    }
+    t.gpu_prep_s = secs(prepare_ms) + times.phase_s("reference_s") + times.phase_s("ref_timing_s");
+    t.lease_held_s = secs(ledger.device_total.held_ms + prepare_ms);
+    t.gpu_busy_s = secs(ledger.device_total.busy_ms + prepare_busy_ms);
+    t.devices = t.devices.max(1);
     let gpu_hours = wall_s * f64::from(t.devices) / 3600.0;
     t.per_gpu_hour = if gpu_hours > 0.0 {
         f64::from(t.candidates) / gpu_hours
@@ -482,7 +463,8 @@ fn passes(
             .with_context(|| format!("the {pass} pass"))?;
         let wall_s = started.elapsed().as_secs_f64();
         let log = crate::store::read_log(&out.join(crate::store::EVENTS_FILE))?;
-        let t = throughput(&log.records, wall_s);
+        let run = RunState::from_records(&log.records);
+        let t = throughput(&run, wall_s);
         bounds.push(floors(&log.records, &t, cores));
         results.push((pass, t));
     }
@@ -506,10 +488,20 @@ fn passes(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::{Event, LogRecord};
     use serde_json::json;
 
     fn rec(ts_ms: u64, event: serde_json::Value) -> LogRecord {
         serde_json::from_value(json!({"v": 1, "seq": 0, "ts_ms": ts_ms, "event": event})).unwrap()
+    }
+
+    /// `log` folded as the log of a run holds it: numbered in order.
+    fn fold(log: &[LogRecord]) -> RunState {
+        let numbered: Vec<LogRecord> = (0..)
+            .zip(log)
+            .map(|(seq, r)| LogRecord { seq, ..r.clone() })
+            .collect();
+        RunState::from_records(&numbered)
     }
 
     fn executed(ts: u64, ref_source: &str) -> LogRecord {
@@ -573,7 +565,7 @@ mod tests {
                 json!({"type": "lease_released", "device": "cuda:0", "held_ms": 7_000, "busy_ms": 6_000, "turn": 1}),
             ),
         ];
-        let t = throughput(&log, 36.0);
+        let t = throughput(&fold(&log), 36.0);
         assert_eq!(t.candidates, 2);
         assert_eq!(t.devices, 1);
         // 2 candidates in 36 s on one device: 2 / 0.01 h.
@@ -610,6 +602,41 @@ mod tests {
                 .any(|l| l.starts_with("GPU busy: worker / wall x devices") && l.ends_with("40 %")),
             "{table}"
         );
+    }
+
+    /// The committed fixture run (11 candidates on the CPU device), as the benchmark read it before
+    /// it read the log through the reducer.
+    #[test]
+    fn the_figures_of_a_recorded_run() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/runs/quickstart-sim/events.jsonl");
+        let records = crate::store::read_log(&path).unwrap().records;
+        let t = throughput(&RunState::from_records(&records), 10.0);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert_eq!((t.candidates, t.devices), (11, 1));
+        assert!(close(t.per_gpu_hour, 3960.0));
+        assert_eq!(t.first_result_s, Some(0.24));
+        assert!(close(t.build_s, 0.55));
+        assert_eq!(
+            (
+                t.cpu_prep_s,
+                t.gpu_prep_s,
+                t.load_s,
+                t.check_s,
+                t.timing_s,
+                t.isolation_s
+            ),
+            (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        );
+        assert!(close(t.lease_wait_s, 2.648));
+        assert!(close(t.lease_held_s, 0.675));
+        assert!(close(t.gpu_busy_s, 0.641));
+        assert_eq!(t.gpu_work_s, 0.0);
+        let cpu = &t.per_device["cpu"];
+        assert_eq!(t.per_device.len(), 1);
+        assert_eq!(cpu.candidates, 11);
+        assert!(close(cpu.lease_wait_s, 2.648) && close(cpu.lease_held_s, 0.675));
+        assert!(close(cpu.busy_s, 0.641) && cpu.gpu_work_s == 0.0);
     }
 
     #[test]
@@ -652,7 +679,7 @@ mod tests {
             executed(7_000, "measured"),
             executed(8_000, "measured"),
         ];
-        let t = throughput(&log, 100.0);
+        let t = throughput(&RunState::from_records(&log), 100.0);
         let f = floors(&log, &t, 4);
         assert_eq!(f.build_cpu_s, 48.0);
         assert_eq!(f.median_build_cpu_s, 14.0, "the measured builds' median");
@@ -672,9 +699,16 @@ mod tests {
         assert_eq!(row("wall / CPU floor"), "3.70x");
         assert_eq!(row("wall / GPU floor"), "2.50x");
         // No work: no floor to divide by.
-        let none = floors(&[], &throughput(&[], 0.0), 16);
+        let none = floors(&[], &throughput(&RunState::from_records(&[]), 0.0), 16);
         assert_eq!((none.cpu_floor_s, none.gpu_floor_s), (0.0, 0.0));
-        assert!(render_floors(&[("cold", &throughput(&[], 0.0), &none)]).contains(" -\n"));
+        assert!(
+            render_floors(&[(
+                "cold",
+                &throughput(&RunState::from_records(&[]), 0.0),
+                &none
+            )])
+            .contains(" -\n")
+        );
     }
 
     #[test]
@@ -695,7 +729,7 @@ mod tests {
 
     #[test]
     fn an_empty_log_divides_by_nothing() {
-        let t = throughput(&[], 0.0);
+        let t = throughput(&RunState::new(), 0.0);
         assert_eq!((t.candidates, t.devices, t.per_gpu_hour), (0, 1, 0.0));
         assert_eq!(t.first_result_s, None);
         assert!(render(&[("cold", &t)]).contains(" -\n"));
@@ -732,7 +766,7 @@ mod tests {
             "held_ms": 1_000, "outcome": {"status": "ready", "built": [], "trials_ready": 5,
             "done": true, "next": null, "duration_ms": 1_000, "error": null}}),
         ));
-        let t = throughput(&log, 100.0);
+        let t = throughput(&fold(&log), 100.0);
         assert_eq!(t.devices, 2);
         let share = |d: &str| t.per_device[d].clone();
         // 100 trials of 2 ms each; the reference counted where measured (100 x 4 ms).
@@ -768,6 +802,6 @@ mod tests {
             ["cuda:1", "1", "7.0", "5.0", "0.20", "2.0", "0", "%"]
         );
         // One device: no per-device table.
-        assert!(!render(&[("cold", &throughput(&log[..3], 10.0))]).contains("per device"));
+        assert!(!render(&[("cold", &throughput(&fold(&log[..3]), 10.0))]).contains("per device"));
     }
 }

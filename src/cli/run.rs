@@ -340,7 +340,18 @@ async fn drive(
         startup_notices.abort();
     }
     let result = drive_engine(
-        &loaded, dir, prior, prior_view, plan, devices, &stop, display, llm, compiler, executor,
+        &loaded,
+        dir,
+        prior,
+        prior_view,
+        plan,
+        devices,
+        &stop,
+        display,
+        llm,
+        compiler,
+        executor,
+        args.quiet_report,
     )
     .await;
     if matches!(result, Ok(Driven::Forced(_))) {
@@ -384,7 +395,10 @@ async fn test_hold_shutdown() {
 
 /// The run itself, once the services stand; the caller shuts the workers down and releases the
 /// launcher however this ends (unless it was forced).
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "what `drive` has built, handed over whole once; one call site"
+)]
 async fn drive_engine(
     loaded: &LoadedConfig,
     dir: RunDir,
@@ -397,6 +411,7 @@ async fn drive_engine(
     llm: Arc<dyn crate::services::Llm>,
     compiler: Arc<dyn Compiler>,
     executor: Arc<dyn Executor>,
+    quiet_report: bool,
 ) -> anyhow::Result<Driven> {
     let cfg = &loaded.config;
     let prompts = Prompts::load(
@@ -515,11 +530,15 @@ async fn drive_engine(
         let _ = progress.await;
         summary
     };
-    Ok(Driven::Ended(finish(summary?, &dir)?))
+    Ok(Driven::Ended(finish(summary?, &dir, quiet_report)?))
 }
 
 /// Say how the run ended, print its report, and give its exit status.
-fn finish(summary: crate::engine::RunSummary, dir: &RunDir) -> anyhow::Result<ExitCode> {
+fn finish(
+    summary: crate::engine::RunSummary,
+    dir: &RunDir,
+    quiet_report: bool,
+) -> anyhow::Result<ExitCode> {
     eprintln!(
         "{} of {} task(s) finished{}",
         summary.finished,
@@ -535,7 +554,7 @@ fn finish(summary: crate::engine::RunSummary, dir: &RunDir) -> anyhow::Result<Ex
              (same config and --out) to redo exactly those"
         );
     }
-    if !args.quiet_report {
+    if !quiet_report {
         match super::report::render_dirs(&[dir.root().to_path_buf()], crate::report::Format::Text) {
             Ok(text) => super::print_out(&text)?,
             Err(e) => eprintln!("warning: could not build the report: {e:#}"),

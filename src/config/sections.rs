@@ -15,6 +15,9 @@ use crate::settings::HistoryPolicy;
 use crate::types::{FeedbackMode, MethodKind};
 use crate::worker::config::EvalSection;
 
+/// An experiment's config file, one field per `[section]`. Every key of every section is described
+/// in the README's "Configuration reference"; the comments on the sections' fields add what the
+/// code relies on.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Config {

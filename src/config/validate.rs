@@ -11,13 +11,38 @@ use crate::llm::config::Provider;
 use crate::settings::DeviceSelection;
 use crate::types::EvalMode;
 
-/// Check what serde cannot: ranges, and settings that contradict each other.
+/// Check what serde cannot: ranges, and settings that contradict each other. The first key found
+/// wrong is the error.
 pub(super) fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
-    let invalid = |key: &str, message: &str| ConfigError::Invalid {
-        path: path.to_path_buf(),
+    method_and_run(c)
+        .and_then(|()| model(c))
+        .and_then(|()| resources(c))
+        .and_then(|()| eval_devices(c))
+        .and_then(|()| eval_reference(c))
+        .and_then(|()| eval_numbers(c))
+        .and_then(|()| budget_and_report(c))
+        .map_err(|Invalid { key, message }| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            key,
+            message,
+        })
+}
+
+/// A key found wrong, and what was expected of it.
+struct Invalid {
+    key: String,
+    message: String,
+}
+
+fn invalid(key: &str, message: &str) -> Invalid {
+    Invalid {
         key: key.to_string(),
         message: message.to_string(),
-    };
+    }
+}
+
+/// `[method]` and `[run]`: at least one turn and one sample; a run name that is a plain folder.
+fn method_and_run(c: &Config) -> Result<(), Invalid> {
     if c.method.turns == 0 {
         return Err(invalid("method.turns", "expected at least 1 turn"));
     }
@@ -29,6 +54,11 @@ pub(super) fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
     {
         return Err(invalid("run.name", "expected a plain folder name"));
     }
+    Ok(())
+}
+
+/// `[model]`: what the provider needs, and sampling settings in range.
+fn model(c: &Config) -> Result<(), Invalid> {
     match c.model.provider {
         Provider::Scripted if c.model.answers.is_none() => {
             return Err(invalid(
@@ -63,6 +93,11 @@ pub(super) fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
             "expected a positive number",
         ));
     }
+    Ok(())
+}
+
+/// `[resources]`: sizes, counts and the launcher's own settings.
+fn resources(c: &Config) -> Result<(), Invalid> {
     if c.resources.llm_concurrency == 0 {
         return Err(invalid("resources.llm_concurrency", "expected at least 1"));
     }
@@ -116,6 +151,12 @@ pub(super) fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
         r.devices == DeviceSelection::Cpu,
     )
     .map_err(|(key, message)| invalid(&key, &message))?;
+    Ok(())
+}
+
+/// The evaluation against the devices it runs on: trials, the prompt's backend, the timer.
+fn eval_devices(c: &Config) -> Result<(), Invalid> {
+    let r = &c.resources;
     if c.eval.correct_trials == 0 {
         return Err(invalid("eval.correct_trials", "expected at least 1"));
     }
@@ -145,6 +186,11 @@ pub(super) fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
             ),
         ));
     }
+    Ok(())
+}
+
+/// The reference's compile settings, which apply with `eval.reference = "compile"` only.
+fn eval_reference(c: &Config) -> Result<(), Invalid> {
     if let Some(m) = &c.eval.compile_mode
         && !crate::worker::config::COMPILE_MODES.contains(&m.as_str())
     {
@@ -164,6 +210,11 @@ pub(super) fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
             "compile_backend and compile_mode apply with eval.reference = \"compile\" only",
         ));
     }
+    Ok(())
+}
+
+/// The evaluation's numbers: tolerances, trials, the speedup bound, timeouts, simulated times.
+fn eval_numbers(c: &Config) -> Result<(), Invalid> {
     for (key, value) in [("eval.atol", c.eval.atol), ("eval.rtol", c.eval.rtol)] {
         if let Some(v) = value
             && !(v.is_finite() && v >= 0.0)
@@ -207,6 +258,11 @@ pub(super) fn validate(c: &Config, path: &Path) -> Result<(), ConfigError> {
             "must not be larger than eval.simulated.execute_max_s",
         ));
     }
+    Ok(())
+}
+
+/// `[budget]` and `[report]`.
+fn budget_and_report(c: &Config) -> Result<(), Invalid> {
     if let Some(u) = c.budget.usd
         && (u.is_nan() || u < 0.0)
     {

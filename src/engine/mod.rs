@@ -26,6 +26,7 @@ use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 mod cancel;
+mod resume;
 mod stages;
 
 pub use cancel::{Escalation, RunStop, ShutdownSignal, Signals, StopReason, StopState};
@@ -62,10 +63,13 @@ pub enum EngineError {
 /// What to run: the problems, the tasks and their shape.
 #[derive(Debug, Clone)]
 pub struct RunPlan {
+    /// The run's name (`run.name`, or the config file's stem), as its log records it.
     pub run: String,
     pub method: MethodKind,
     pub feedback: FeedbackMode,
+    /// Turns per task (1 for one-shot and sampling).
     pub turns: u32,
+    /// Tasks per problem (k for sampling, else 1).
     pub samples: u32,
     pub problems: Vec<Arc<Problem>>,
     /// Marks runs whose results come from simulated services.
@@ -96,10 +100,13 @@ pub struct EngineParts {
     pub llm: Arc<dyn Llm>,
     pub compiler: Arc<dyn Compiler>,
     pub executor: Arc<dyn Executor>,
+    /// The devices candidates run on, one lease each; none: the CPU.
     pub devices: Vec<DeviceInfo>,
     pub prompts: Prompts,
     pub prompt_settings: PromptSettings,
+    /// LLM requests in flight at once (at least 1).
     pub llm_concurrency: usize,
+    /// Builds at once (at least 1).
     pub compile_workers: usize,
     /// The cores builds, the CPU stage of reference preparation and CPU-device timing share
     /// (`resources.cpu_budget`); `None`: not shared out (remote or simulated builds).
@@ -115,7 +122,9 @@ pub struct EngineParts {
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunSummary {
+    /// Tasks planned.
     pub tasks: usize,
+    /// Tasks that used all their turns, before this process or in it.
     pub finished: usize,
     /// Why the run stopped before finishing every task, if it did.
     pub stopped: Option<StopReason>,
@@ -127,6 +136,7 @@ pub struct RunSummary {
     /// Every device of the run was lost (`device: why; ...`): the tasks that reached a device step
     /// wait on workers, and a resume (on working devices) goes on.
     pub devices_lost: Option<String>,
+    /// The warning for a torn last line the resumed log had (dropped before appending).
     pub torn_tail: Option<String>,
 }
 
@@ -161,8 +171,10 @@ fn incomplete_reason(llm: usize, workers: usize, devices_lost: Option<&str>) -> 
 }
 
 /// What performing one command produced.
-// Built once per command and matched at once, like `Event` itself; boxing would only add a hop.
-#[allow(clippy::large_enum_variant)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "built once per command and matched at once, like `Event` itself; boxing would only add a hop"
+)]
 enum Step {
     /// The answering event, to log and feed to the machine.
     Event(Event),
@@ -175,37 +187,57 @@ enum Step {
     },
 }
 
+/// What every task driver of a run shares: the run's log and files, the services that perform
+/// commands, the gates in front of them, and how the run stands. One `Arc` per run; the drivers,
+/// the informational-event task and the reference preparation hold clones.
 struct Shared {
+    /// The run directory: where compile logs go, and what logged paths are relative to.
     dir: RunDir,
+    /// The event log. Every answering event is appended here before its machine sees it, which is
+    /// what makes a killed run resumable.
     log: EventLog,
     /// Prompt files and candidate files, each kind written one after another by a thread of its
     /// own, so that a candidate's file never waits behind prompts.
     prompt_files: FileWriter,
     kernel_files: FileWriter,
+    /// Every record as it is logged, in the file's order, plus transient ones (streamed tokens):
+    /// what the terminal UI and the progress line follow. The log's writer sends on it.
     bus: broadcast::Sender<Arc<LogRecord>>,
+    /// Where services report informational events (attempts, retries, lease and preparation
+    /// events); one task logs them in arrival order ([`log_info`]).
     sink: EventSink,
+    /// The services that perform the machines' commands.
     llm: Arc<dyn Llm>,
     compiler: Arc<dyn Compiler>,
     executor: Arc<dyn Executor>,
+    /// The templates and settings every prompt is rendered with.
     prompts: Prompts,
     prompt_settings: PromptSettings,
+    /// The plan's problems by key, for a task's prompt and its device steps.
     problems: HashMap<ProblemKey, Arc<Problem>>,
+    /// LLM requests in flight at once (`resources.llm_concurrency`).
     llm_gate: Semaphore,
+    /// Builds at once (`resources.compile_workers`): one permit per compile worker.
     compile_gate: Semaphore,
+    /// The compile gate's permits in all: taking every one drains the builds while the CPU device
+    /// times a candidate (when the compiler cannot pause them).
     compile_slots: u32,
     /// See [`EngineParts::cpu_budget`].
     cpu: Option<Arc<CpuBudget>>,
+    /// The run's devices and their leases, granted first come, first served.
     devices: DevicePool,
     /// Reference preparation ahead of candidates (`None`: off, or the executor needs none).
     prep: Option<Arc<Preparer>>,
-    /// The steps' cancellation: `stop`'s token.
+    /// The steps' cancellation (`stop`'s token), also cancelled by a driver's error: every wait of a
+    /// driver ends with it, and nothing more is logged for its step.
     cancel: CancellationToken,
     /// Why the run stops, and its escalation (see `cancel`).
     stop: RunStop,
     /// Set when no new LLM request may start (budget exhausted, fatal provider error).
     llm_stopped: AtomicBool,
+    /// Tasks that reached `Finish`, this process's and those the log had finished already.
     finished: AtomicU32,
-    /// Tasks deferred by an outage, by what they wait on.
+    /// Tasks deferred by an outage, by what they wait on: a resume redoes exactly their steps.
     waiting_llm: AtomicU32,
     waiting_workers: AtomicU32,
 }
@@ -240,10 +272,17 @@ impl Shared {
 /// A prepared run: log folded (when resuming), ready to drive.
 pub struct Engine {
     shared: Arc<Shared>,
+    /// Every planned task's machine with the command it performs first (a new task's first
+    /// request, or where a resumed one's log leaves it).
     runners: Vec<(TaskRunner, Command)>,
+    /// The other end of the services' sink ([`Shared::sink`]), drained by one task while the run
+    /// goes.
     info_rx: mpsc::Receiver<(Option<TaskId>, Event)>,
+    /// The warning for a torn last line the resumed log had (dropped before appending).
     torn_tail: Option<String>,
+    /// What the run's `RunStarted` record says.
     plan: RunPlan,
+    /// The run goes on from a log (`RunStarted.resumed`).
     resumed: bool,
 }
 
@@ -269,24 +308,10 @@ impl Engine {
             None => (Vec::new(), 0, None),
         };
         let next_seq = records.last().map(|r| r.seq + 1).unwrap_or(0);
-
-        // The same grouping the reducer's fold sees (machine::events_by_task).
-        let mut by_task = crate::machine::events_by_task(&records);
-        let known: std::collections::BTreeSet<TaskId> = specs.iter().map(|s| s.id).collect();
-        if let Some(stray) = by_task.keys().find(|t| !known.contains(t)) {
-            return Err(EngineError::Resume(format!(
-                "the log has events for task {stray}, which this config does not plan; resume with the run's own config ({})",
-                dir.config_path().display()
-            )));
-        }
+        // The engine keeps of finished turns only what later prompts need; views and reports fold
+        // the log for the rest.
         let retention = Retention::Prompts(parts.prompt_settings.history);
-        let mut runners = Vec::with_capacity(specs.len());
-        for spec in specs {
-            let evs = by_task.remove(&spec.id).unwrap_or_default();
-            // The engine keeps of finished turns only what later prompts need; views and reports
-            // fold the log for the rest.
-            runners.push(TaskRunner::fold_keeping(spec, retention, evs)?);
-        }
+        let runners = resume::fold(&specs, retention, &records, &dir.config_path())?;
 
         let (bus, _) = broadcast::channel(4096);
         let log = EventLog::open_broadcasting(

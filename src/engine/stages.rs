@@ -15,8 +15,10 @@ use tokio_util::sync::CancellationToken;
 /// A task's claim on its problem's reference data: on from the start of its LLM request until its
 /// execute (or until the driver stops), so that the data is prepared meanwhile (`crate::refprep`).
 pub(super) struct Interest<'a> {
+    /// The run's preparation (`None`: off, and the interest is nothing).
     pub(super) prep: Option<&'a Preparer>,
     pub(super) problem: ProblemKey,
+    /// Told to the preparation and not yet withdrawn.
     pub(super) on: bool,
 }
 
@@ -179,8 +181,7 @@ pub(super) async fn compile(shared: &Shared, task: TaskId, turn: u32, code: Stri
 }
 
 /// What keeps the cores quiet while the CPU device times a candidate.
-// The fields are held for their Drop only.
-#[allow(dead_code)]
+#[allow(dead_code, reason = "the fields are held for their Drop only")]
 enum Quiet<'a> {
     /// The compiler paused its running builds (and holds new ones back).
     Paused(BuildPause),

@@ -43,10 +43,13 @@ const PENDING_POLL: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 pub(super) struct Slurm {
+    /// The allocation every step goes into.
     job_id: String,
     /// The `salloc` holding an allocation krefine asked for (`None` inside the user's own).
     owned: StdMutex<Option<tokio::process::Child>>,
+    /// The GPUs the run asked for, for the allocation's description.
     gpus: u32,
+    /// `resources.slurm`: each step's CPUs and GPUs, and the `srun` options.
     cfg: SlurmSection,
     /// `SLURM_CONF` of the orchestrator, passed to every `srun` (whose environment is scrubbed).
     slurm_conf: Option<OsString>,
@@ -233,6 +236,28 @@ async fn request(
         },
         nodes: cfg.nodes,
     };
+    let child = salloc(cfg, cpus, gpus).spawn().map_err(|e| {
+        LauncherError::Slurm(format!(
+            "cannot run salloc (is Slurm installed and on PATH?): {e}"
+        ))
+    })?;
+    let mut waiting = Pending::watch(child)?;
+    match waiting.granted(cfg, &asked, cancel).await {
+        Ok(id) => {
+            tracing::info!("slurm allocation {id} granted");
+            Ok((id, waiting.hold()))
+        }
+        Err(why) => Err(waiting.withdraw(why).await),
+    }
+}
+
+/// The `salloc` command of an allocation of `cpus` one-CPU tasks and `gpus` GPUs, whose command
+/// prints the job id and then holds the allocation.
+#[allow(
+    unsafe_code,
+    reason = "pre_exec runs in the forked child: its own session, and SIGHUP when krefine dies"
+)]
+fn salloc(cfg: &SlurmSection, cpus: u32, gpus: u32) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new("salloc");
     cmd.arg("--job-name=krefine")
         .arg(format!("--ntasks={cpus}"))
@@ -272,98 +297,135 @@ async fn request(
             Ok(())
         });
     }
-    let mut child = cmd.spawn().map_err(|e| {
-        LauncherError::Slurm(format!(
-            "cannot run salloc (is Slurm installed and on PATH?): {e}"
-        ))
-    })?;
-    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
-        return Err(LauncherError::Slurm(
-            "salloc's pipes were not created".into(),
-        ));
-    };
-    let mut lines = BufReader::new(stdout).lines();
-    let mut errs = BufReader::new(stderr).lines();
-    let mut said: Vec<String> = Vec::new();
-    let mut errs_open = true;
-    let mut pending: Option<String> = None;
-    let wait = Duration::try_from_secs_f64(cfg.grant_timeout_s).unwrap_or(Duration::from_secs(600));
-    let deadline = tokio::time::Instant::now() + wait;
-    let mut poll = tokio::time::interval(PENDING_POLL);
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let why: String = loop {
-        tokio::select! {
-            line = lines.next_line() => match line {
-                Ok(Some(line)) => {
-                    if let Some(id) = line.trim().strip_prefix("krefine-job ")
-                        && !id.trim().is_empty()
+    cmd
+}
+
+/// A `salloc` whose allocation is not granted yet, and what it has said so far.
+struct Pending {
+    child: tokio::process::Child,
+    /// Its stdout, where its command prints the job id once the allocation is granted.
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    /// Its stderr, where it says the job id it waits on, and why it failed.
+    errs: tokio::io::Lines<BufReader<tokio::process::ChildStderr>>,
+    /// `errs` has not ended yet.
+    errs_open: bool,
+    /// Every line of `errs` so far, for the error when no allocation comes.
+    said: Vec<String>,
+    /// The job id of the pending request, once `salloc` named it (what `squeue` and `scancel` are
+    /// asked about).
+    job: Option<String>,
+}
+
+impl Pending {
+    fn watch(mut child: tokio::process::Child) -> Result<Pending, LauncherError> {
+        let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+            return Err(LauncherError::Slurm(
+                "salloc's pipes were not created".into(),
+            ));
+        };
+        Ok(Pending {
+            child,
+            lines: BufReader::new(stdout).lines(),
+            errs: BufReader::new(stderr).lines(),
+            errs_open: true,
+            said: Vec::new(),
+            job: None,
+        })
+    }
+
+    /// Wait for the job id of the granted allocation; `Err` says why none will come.
+    async fn granted(
+        &mut self,
+        cfg: &SlurmSection,
+        asked: &Asked,
+        cancel: &CancellationToken,
+    ) -> Result<String, String> {
+        let wait =
+            Duration::try_from_secs_f64(cfg.grant_timeout_s).unwrap_or(Duration::from_secs(600));
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut poll = tokio::time::interval(PENDING_POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                line = self.lines.next_line() => match line {
+                    Ok(Some(line)) => {
+                        if let Some(id) = line.trim().strip_prefix("krefine-job ")
+                            && !id.trim().is_empty()
+                        {
+                            return Ok(id.trim().to_string());
+                        }
+                    }
+                    _ => return Err("salloc ended without an allocation".to_string()),
+                },
+                line = self.errs.next_line(), if self.errs_open => match line {
+                    Ok(Some(line)) => {
+                        if self.job.is_none() {
+                            self.job = job_id_of(&line);
+                        }
+                        self.said.push(line);
+                    }
+                    _ => self.errs_open = false,
+                },
+                _ = poll.tick(), if self.job.is_some() => {
+                    let id = self.job.as_deref().unwrap_or_default();
+                    if let Ok(out) = run(&["squeue", "-h", "-j", id, "-o", "%T|%r"]).await
+                        && let Some((state, reason)) = parse_squeue(&out)
+                        && state == "PENDING"
+                        && let Some(advice) = hopeless(&reason, asked)
                     {
-                        let id = id.trim().to_string();
-                        // salloc keeps writing to stderr (e.g. "Job allocation N has been
-                        // revoked"): drain it.
-                        tokio::spawn(async move {
-                            while let Ok(Some(_)) = errs.next_line().await {}
-                        });
-                        tracing::info!("slurm allocation {id} granted");
-                        return Ok((id, child));
+                        return Err(format!(
+                            "slurm job {id} can never be granted: pending with reason {reason}; {advice}"
+                        ));
                     }
-                }
-                _ => break "salloc ended without an allocation".to_string(),
-            },
-            line = errs.next_line(), if errs_open => match line {
-                Ok(Some(line)) => {
-                    if pending.is_none() {
-                        pending = job_id_of(&line);
-                    }
-                    said.push(line);
-                }
-                _ => errs_open = false,
-            },
-            _ = poll.tick(), if pending.is_some() => {
-                let id = pending.as_deref().unwrap_or_default();
-                if let Ok(out) = run(&["squeue", "-h", "-j", id, "-o", "%T|%r"]).await
-                    && let Some((state, reason)) = parse_squeue(&out)
-                    && state == "PENDING"
-                    && let Some(advice) = hopeless(&reason, &asked)
-                {
-                    break format!(
-                        "slurm job {id} can never be granted: pending with reason {reason}; {advice}"
-                    );
-                }
-            },
-            _ = tokio::time::sleep_until(deadline) => {
-                break format!(
-                    "the allocation was not granted within resources.slurm.grant_timeout_s = {} s",
-                    cfg.grant_timeout_s
-                );
-            },
-            _ = cancel.cancelled() => {
-                break "interrupted while waiting for the allocation; the request was withdrawn".to_string();
-            },
-        }
-    };
-    // Pending or failed: SIGHUP withdraws a pending request; scancel makes sure.
-    if let Some(pid) = child.id() {
-        hangup(pid);
-    }
-    if let Some(id) = &pending {
-        let _ = run(&["scancel", "--quiet", id]).await;
-    }
-    let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
-    let _ = child.start_kill();
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
-        while errs_open {
-            match errs.next_line().await {
-                Ok(Some(line)) => said.push(line),
-                _ => errs_open = false,
+                },
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(format!(
+                        "the allocation was not granted within resources.slurm.grant_timeout_s = {} s",
+                        cfg.grant_timeout_s
+                    ));
+                },
+                _ = cancel.cancelled() => {
+                    return Err("interrupted while waiting for the allocation; the request was withdrawn".to_string());
+                },
             }
         }
-    })
-    .await;
-    Err(LauncherError::Slurm(format!(
-        "{why}; salloc said: {}",
-        said.join("\n").trim()
-    )))
+    }
+
+    /// The granted allocation's `salloc`. It keeps writing to stderr (e.g. "Job allocation N has
+    /// been revoked"): drained from now on.
+    fn hold(self) -> tokio::process::Child {
+        let Pending {
+            child, mut errs, ..
+        } = self;
+        tokio::spawn(async move { while let Ok(Some(_)) = errs.next_line().await {} });
+        child
+    }
+
+    /// Withdraw the request (pending or failed) and say `why`, with what `salloc` said: SIGHUP
+    /// withdraws a pending request; scancel makes sure.
+    async fn withdraw(mut self, why: String) -> LauncherError {
+        if let Some(pid) = self.child.id() {
+            hangup(pid);
+        }
+        if let Some(id) = &self.job {
+            let _ = run(&["scancel", "--quiet", id]).await;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
+        let _ = self.child.start_kill();
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            while self.errs_open {
+                match self.errs.next_line().await {
+                    Ok(Some(line)) => self.said.push(line),
+                    _ => self.errs_open = false,
+                }
+            }
+        })
+        .await;
+        LauncherError::Slurm(format!(
+            "{why}; salloc said: {}",
+            self.said.join("\n").trim()
+        ))
+    }
 }
 
 /// The line of a step's stderr that says the step or its node died, if any.
@@ -442,5 +504,116 @@ mod tests {
             Some("slurmstepd-n1: error: *** STEP 4.0 ON n1 CANCELLED AT 2026-11-23T22:30:24 ***")
         );
         assert_eq!(loss_line("Traceback ...\nSegmentation fault"), None);
+    }
+
+    #[test]
+    fn salloc_asks_for_one_cpu_tasks_and_the_gpus_and_holds_the_allocation() {
+        let cfg = SlurmSection {
+            partition: Some("gpu".into()),
+            time: Some("01:00:00".into()),
+            nodes: Some(2),
+            salloc_args: vec!["--exclusive".into()],
+            ..SlurmSection::default()
+        };
+        let cmd = salloc(&cfg, 12, 2);
+        let args: Vec<String> = cmd
+            .as_std()
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let mut expected = vec![
+            "--job-name=krefine",
+            "--ntasks=12",
+            "--cpus-per-task=1",
+            "--gpus=2",
+            "--nodes=2",
+            "--partition=gpu",
+            "--time=01:00:00",
+            "--exclusive",
+            "sh",
+            "-c",
+            "echo \"krefine-job $SLURM_JOB_ID\"; exec sleep infinity",
+        ];
+        assert_eq!(args, expected);
+        // No GPUs asked for: no --gpus.
+        let args: Vec<String> = salloc(&cfg, 12, 0)
+            .as_std()
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        expected.remove(3);
+        assert_eq!(args, expected);
+    }
+
+    /// A stand-in for `salloc`: a shell that says what `script` says, on the same pipes.
+    fn pending(script: &str) -> Pending {
+        let child = tokio::process::Command::new("sh")
+            .args(["-c", script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Pending::watch(child).unwrap()
+    }
+
+    fn asked() -> Asked {
+        Asked {
+            cpus: 4,
+            eval_steps: 1,
+            gpu_cpus: 4,
+            compile_workers: 0,
+            compile_cpus: 1,
+            gpus: 1,
+            nodes: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_job_id_the_command_prints_is_the_grant() {
+        let mut p = pending(
+            "echo 'salloc: Granted job allocation 999999991' >&2; \
+             echo 'krefine-job 999999991'; exec sleep 60",
+        );
+        let cfg = SlurmSection::default();
+        let id = p.granted(&cfg, &asked(), &CancellationToken::new()).await;
+        assert_eq!(id.as_deref(), Ok("999999991"));
+        let mut child = p.hold();
+        child.start_kill().unwrap();
+        child.wait().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_request_that_fails_says_why_with_what_salloc_said() {
+        let mut p = pending("echo 'salloc: error: invalid partition name specified' >&2; exit 1");
+        let cfg = SlurmSection::default();
+        let why = p
+            .granted(&cfg, &asked(), &CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(why, "salloc ended without an allocation");
+        assert_eq!(
+            p.withdraw(why).await.to_string(),
+            "slurm launcher: salloc ended without an allocation; salloc said: salloc: error: \
+             invalid partition name specified"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_wait_withdraws_the_request() {
+        let mut p = pending("exec sleep 60");
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        let why = p
+            .granted(&SlurmSection::default(), &asked(), &cancel)
+            .await
+            .unwrap_err();
+        assert!(why.starts_with("interrupted while waiting"), "{why}");
+        let e = p.withdraw(why).await.to_string();
+        assert!(
+            e.ends_with("the request was withdrawn; salloc said: "),
+            "{e}"
+        );
     }
 }

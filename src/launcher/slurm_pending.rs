@@ -32,11 +32,13 @@ pub(super) fn parse_squeue(out: &str) -> Option<(String, String)> {
 /// What the request asked for, to say what to change.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Asked {
+    /// One-CPU tasks in all: `eval_steps x gpu_cpus + compile_workers x compile_cpus`.
     pub cpus: u32,
     pub eval_steps: u32,
     pub gpu_cpus: u32,
     pub compile_workers: u32,
     pub compile_cpus: u32,
+    /// GPUs asked for (0 without `resources.slurm.gres`).
     pub gpus: u32,
     pub nodes: Option<u32>,
 }

@@ -27,6 +27,8 @@ pub struct Price {
     pub completion: f64,
 }
 
+/// `[model]`: which provider, which model, and how requests are made and retried (each key is in the
+/// README's "Configuration reference").
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {

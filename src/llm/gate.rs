@@ -19,10 +19,14 @@ use crate::launcher::config::ResourcesSection;
 pub const MINUTE: Duration = Duration::from_secs(60);
 
 pub struct Gate {
+    /// Attempts in flight at once (`resources.llm_concurrency`).
     in_flight: Semaphore,
+    /// The per-minute limits, checked and taken together under one lock.
     rates: Mutex<Rates>,
 }
 
+/// Requests and tokens taken in the last minute (`resources.requests_per_minute`,
+/// `resources.tokens_per_minute`).
 struct Rates {
     requests: Window,
     tokens: Window,
@@ -31,7 +35,10 @@ struct Rates {
 /// One attempt's right to run; the concurrency slot is given back when it is dropped.
 pub struct GatePass<'a> {
     gate: &'a Gate,
+    /// Held for its Drop: the concurrency slot.
     _permit: SemaphorePermit<'a>,
+    /// The attempt's token estimate in the token window, replaced by what it used once known
+    /// ([`GatePass::settle`]); `None` when tokens are not limited.
     token_entry: Option<u64>,
 }
 
@@ -105,12 +112,16 @@ impl GatePass<'_> {
 
 /// A sliding-window limit: weights taken in the last `span` must stay within `limit`.
 struct Window {
+    /// 0: unlimited.
     limit: u64,
     span: Duration,
+    /// What was taken within the span, oldest first (older entries are dropped as time passes).
     entries: VecDeque<Entry>,
+    /// The next entry's id, by which a pass settles its weight later.
     next_id: u64,
 }
 
+/// One weight taken from a window, and when.
 struct Entry {
     id: u64,
     at: Instant,

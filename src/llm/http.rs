@@ -128,14 +128,20 @@ impl AttemptError {
 /// A configured endpoint: URL, headers, model and sampling settings.
 pub struct Endpoint {
     http: reqwest::Client,
+    /// `model.base_url` as configured (or the default), for messages.
     base_url: String,
+    /// Where requests go: the base URL's chat completions path.
     url: Url,
+    /// `model.extra_headers`, checked once.
     headers: HeaderMap,
+    /// Sent as a bearer token; `None` for servers that take none.
     key: Option<ApiKey>,
+    /// The model and its sampling settings, sent with every request.
     model: ModelSection,
     /// OpenAI's own API takes `max_completion_tokens` (reasoning models reject `max_tokens`);
     /// other OpenAI-compatible servers know `max_tokens` best.
     completion_tokens_field: bool,
+    /// `model.request_timeout_s`: one attempt's limit.
     timeout: Duration,
 }
 
@@ -208,7 +214,10 @@ impl Endpoint {
             if self.completion_tokens_field {
                 args.max_completion_tokens(n);
             } else {
-                #[allow(deprecated)] // deprecated by OpenAI, still what most other servers read
+                #[allow(
+                    deprecated,
+                    reason = "deprecated by OpenAI, still what most other servers read"
+                )]
                 args.max_tokens(n);
             }
         }

@@ -54,9 +54,12 @@ pub type LedgerTotals = Spend;
 /// The run's shared ledger: every answer is recorded, and the budget caps are checked against it.
 #[derive(Debug, Default)]
 pub struct Ledger {
+    /// `budget.usd` and `budget.tokens`; `None`: no cap.
     usd_cap: Option<f64>,
     token_cap: Option<u64>,
+    /// Every answer so far, this process's and (on resume) the log's ([`Ledger::restore`]).
     totals: Mutex<LedgerTotals>,
+    /// A cap was reached and said so: it is said once.
     announced: AtomicBool,
 }
 

@@ -29,20 +29,30 @@ pub enum SetupError {
     Endpoint(#[from] EndpointError),
 }
 
+/// An OpenAI-compatible chat endpoint, behind the run's rate limits, with retries.
 pub struct OpenAiLlm {
     endpoint: Endpoint,
+    /// Concurrency and the per-minute request and token limits every attempt passes.
     gate: Gate,
+    /// How often a transient failure is retried, and how long to wait before each retry.
     retry: RetryPolicy,
+    /// What an answer costs, for answers whose server reports no cost.
     prices: Prices,
+    /// `model.name`: the model asked for, and the name an answer gets when the server names none.
     model: String,
+    /// The run's cancellation: a request waiting at the gate or in flight ends with it.
     cancel: CancellationToken,
 }
 
+/// What an [`OpenAiLlm`] is built from; everything but `[model]` has a default.
 pub struct OpenAiLlmBuilder {
     model: ModelSection,
+    /// The concurrency and rate limits (`[resources]`).
     resources: ResourcesSection,
+    /// The API key (default: read from `model.api_key_env`).
     key: Option<ApiKey>,
     cancel: CancellationToken,
+    /// The span of the per-minute limits (a minute; tests shorten it).
     rate_window: Duration,
 }
 

@@ -3,7 +3,10 @@
 //! Re-running a run's candidates (another GPU, another evaluation mode) without asking a model
 //! again. Answers keep their recorded usage, so token metrics stay comparable; their cost is 0,
 //! since replaying spends nothing. The log is read by the store's one reader
-//! ([`crate::store::read_log`]), with its rule for a torn last line.
+//! ([`crate::store::read_log`]), with its rule for a torn last line, and folded by the run's one
+//! reducer ([`RunState`]): each turn's answer is the one the recorded run went on with. A log whose
+//! events do not fit a task's machine (a corrupt or foreign one, which reports refuse) serves that
+//! task's answers up to the event that does not fit, with a warning.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -11,8 +14,9 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 
 use crate::services::{EventSink, Llm, LlmError};
+use crate::state::RunState;
 use crate::store::{self, ReadLog, StoreError};
-use crate::types::{Event, LlmAnswer, LlmRequest, TaskId};
+use crate::types::{LlmAnswer, LlmRequest, TaskId};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
@@ -60,16 +64,30 @@ impl ReplayLlm {
         if let Some(w) = &log.torn_tail {
             tracing::warn!("{w}");
         }
-        let mut answers = HashMap::new();
+        let mut run = RunState::from_records(&log.records);
         // A last line that lacks only its newline still holds an answer worth serving.
-        for record in log.records.into_iter().chain(log.unterminated) {
-            if let (Some(task), Event::LlmAnswered { turn, answer, .. }) =
-                (record.task, record.event)
-            {
-                // The first answer is the one the run went on with.
-                answers.entry((task, turn)).or_insert(answer);
+        if let Some(last) = &log.unterminated {
+            run.apply(last);
+        }
+        for t in run.tasks.values() {
+            if let Some(e) = &t.error {
+                tracing::warn!(
+                    "{}: task {}: {e}; its answers after that event are not served",
+                    path.display(),
+                    t.id
+                );
             }
         }
+        // Each turn holds the answer the run went on with.
+        let answers = run
+            .tasks
+            .values()
+            .flat_map(|t| {
+                t.turns()
+                    .iter()
+                    .filter_map(move |r| Some(((t.id, r.turn), r.answer.clone()?)))
+            })
+            .collect();
         ReplayLlm {
             path: path.to_path_buf(),
             answers,
@@ -113,7 +131,7 @@ impl Llm for ReplayLlm {
 mod tests {
     use super::*;
     use crate::store::EVENTS_FILE;
-    use crate::types::{LogRecord, SCHEMA_VERSION, Usage};
+    use crate::types::{Event, LogRecord, SCHEMA_VERSION, Usage};
 
     fn task(s: &str) -> TaskId {
         s.parse().unwrap()
@@ -197,10 +215,58 @@ mod tests {
         assert!(e.starts_with("e.jsonl:2: not an event record"), "{e}");
     }
 
+    /// A recorded run cut after any record, or mid-record: every answer its log holds is served,
+    /// as recorded, and nothing else.
+    #[tokio::test]
+    async fn a_recorded_run_cut_anywhere_serves_the_answers_it_holds() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/runs/quickstart-sim/events.jsonl");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let ends: Vec<usize> = text.match_indices('\n').map(|(i, _)| i + 1).collect();
+        let sink = EventSink::discard();
+        let mut served_whole = 0;
+        for (n, &end) in ends.iter().enumerate() {
+            // Cut after line n + 1; in the middle of the line after it (a torn tail); and just
+            // before that line's newline (a last line that still reads as a record).
+            let next = ends.get(n + 1).copied().unwrap_or(end + 1);
+            for cut in [end, (end + next) / 2, next - 1] {
+                let log = &text[..cut];
+                let llm = ReplayLlm::parse(log, &path).unwrap();
+                let mut recorded = 0;
+                for line in log.lines() {
+                    let Ok(rec) = serde_json::from_str::<LogRecord>(line) else {
+                        continue;
+                    };
+                    let (Some(task), Event::LlmAnswered { turn, answer, .. }) =
+                        (rec.task, rec.event)
+                    else {
+                        continue;
+                    };
+                    recorded += 1;
+                    let got = llm.complete(req(&task.to_string(), turn), &sink).await;
+                    let got = got.unwrap();
+                    assert_eq!(
+                        (got.content, got.usage, &got.model),
+                        (answer.content, answer.usage, &answer.model)
+                    );
+                    assert_eq!(
+                        (got.cost_usd, got.latency_ms, got.attempts),
+                        (Some(0.0), 0, 1)
+                    );
+                }
+                assert_eq!(llm.len(), recorded, "{n} lines, cut at {cut}");
+                if cut == text.len() {
+                    served_whole = recorded;
+                }
+            }
+        }
+        assert_eq!(served_whole, 12);
+    }
+
     #[test]
     fn loads_from_run_dir_or_file() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join(EVENTS_FILE), answered(0, "2/5/0", 3, "x")).unwrap();
+        std::fs::write(dir.path().join(EVENTS_FILE), answered(0, "2/5/0", 1, "x")).unwrap();
         assert_eq!(ReplayLlm::load(dir.path()).unwrap().len(), 1);
         assert_eq!(
             ReplayLlm::load(&dir.path().join(EVENTS_FILE))

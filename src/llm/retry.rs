@@ -18,8 +18,11 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
 /// Retries after the first attempt, and how long to wait before each.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetryPolicy {
+    /// `model.max_retries`: retries after the first attempt.
     pub max_retries: u32,
+    /// The first wait (`model.backoff_base_s`), doubled for each retry after it, with jitter.
     pub base: Duration,
+    /// No wait is longer (`model.backoff_max_s`).
     pub max: Duration,
 }
 

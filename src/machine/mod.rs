@@ -13,7 +13,6 @@
 //! the rest and a long run has many tasks.
 
 mod feedback;
-mod fold;
 
 use statig::prelude::*;
 
@@ -24,7 +23,9 @@ use crate::types::{
 };
 
 pub use feedback::{NO_CODE_FEEDBACK, execution_text, turn_feedback};
-pub use fold::{TaskTurns, events_by_task};
+
+/// Turn records of every task of a run, by task.
+pub type TaskTurns = std::collections::BTreeMap<TaskId, Vec<TurnRecord>>;
 
 /// Where a task is in its turn: the machine's resting states, as displays, the engine and reports
 /// name them. Feedback is not a resting stage: a turn's feedback is written when it ends, and the
@@ -78,9 +79,10 @@ pub struct MachineError {
 pub struct Outbox(Vec<Command>);
 
 /// What a machine keeps of the turns it has finished.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Retention {
     /// Every turn whole, for whoever shows or measures them (reports, metrics, views).
+    #[default]
     Everything,
     /// Only what later prompts are made of: a finished turn becomes its feedback (the prompt
     /// builder's form); under the `last` history policy only the latest is kept, since no prompt
@@ -394,6 +396,11 @@ impl TaskRunner {
 
     pub fn is_done(&self) -> bool {
         matches!(self.sm.state(), State::Done {})
+    }
+
+    /// Turns finished so far, whatever the retention keeps of them.
+    pub fn finished(&self) -> u32 {
+        self.sm.finished
     }
 
     /// The stage and turn the task is in (its last turn once done), for displays.

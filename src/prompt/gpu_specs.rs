@@ -53,7 +53,10 @@ const AMPERE_GA10X_SMEM: (u32, u32) = (100, 99);
 const ADA_SMEM: (u32, u32) = (100, 99);
 const REGS: u32 = 65_536;
 
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one row of the specs table, its columns in the table's order"
+)]
 const fn spec(
     model: &'static str,
     architecture: &'static str,

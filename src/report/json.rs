@@ -12,15 +12,19 @@ use crate::types::MethodKind;
 
 use super::{Row, RunReport, axis_name, feedback_key, rows};
 
+/// `report.json`'s shape. Every key is described in docs/output-formats.md; the comments here say
+/// what is not plain from the name.
 #[derive(Serialize)]
 struct Run<'a> {
     run: &'a str,
     method: MethodKind,
     feedback: Option<&'static str>,
     model: &'a str,
+    /// False while the run is in progress or when it stopped early.
     complete: bool,
     /// `turns` or `samples`: what the `turn` key of each row counts.
     axis: &'static str,
+    /// The fast_p denominator: the run's problems.
     problems: usize,
     turns: Vec<Turn<'a>>,
     #[serde(skip_serializing_if = "PassAt::is_empty")]
@@ -29,10 +33,13 @@ struct Run<'a> {
     #[serde(skip_serializing_if = "Integrity::is_empty")]
     integrity: Integrity,
     ledger: LedgerTotals<'a>,
+    /// What the scores were measured on and how; absent for a report built without a run
+    /// directory.
     #[serde(skip_serializing_if = "Option::is_none")]
     provenance: Option<&'a super::provenance::Provenance>,
 }
 
+/// One row of the curve: a turn (refinement) or a sample count (sampling), over all problems.
 #[derive(Serialize)]
 struct Turn<'a> {
     turn: u32,
@@ -44,15 +51,21 @@ struct Turn<'a> {
     /// Mean fraction of speed of light of the correct candidates so far that have one.
     #[serde(skip_serializing_if = "Option::is_none")]
     sol_mean: Option<Option<f64>>,
+    /// How many candidates `sol_mean` is over.
     #[serde(skip_serializing_if = "Option::is_none")]
     sol_candidates: Option<usize>,
     correct_rate: f64,
     compiled_rate: f64,
     correct: usize,
     compiled: usize,
+    /// Problems in the geomean: a correct candidate that was timed.
     timed: usize,
+    /// Problems whose candidate for this row has no verdict yet.
     pending: usize,
+    /// This row's candidates by verdict.
     verdicts: &'a BTreeMap<String, usize>,
+    /// The row's own spending (`cost_usd`: `None` when no answer carried a cost), and the running
+    /// totals of rows `1..=turn`.
     tokens: Tokens,
     cost_usd: Option<f64>,
     cumulative_tokens: u64,
@@ -104,6 +117,7 @@ impl Serialize for PassAt<'_> {
     }
 }
 
+/// The run's spending and resource use (the ledger), as `report.json` shows it.
 #[derive(Serialize)]
 struct LedgerTotals<'a> {
     /// Generations served as they were (`krefine eval`; no LLM was called), when the run's
@@ -119,6 +133,7 @@ struct LedgerTotals<'a> {
     llm_failed_attempts: u64,
     llm_retries: u64,
     llm_failures: u64,
+    /// Lease use over all devices, and by device.
     device_time: DeviceUse,
     devices: &'a BTreeMap<String, DeviceUse>,
     compiles: u64,

@@ -74,6 +74,7 @@ pub struct RunInfo {
     pub model: String,
     /// Device names that measured the run's candidates (`cpu`, `NVIDIA H100 80GB HBM3`).
     pub hardware: Vec<String>,
+    /// As the first result that recorded them says (`None`: no result did).
     pub precision: Option<String>,
     pub eval_mode: Option<String>,
     pub timing_method: Option<String>,
@@ -83,6 +84,7 @@ pub struct RunInfo {
     pub tolerance: Option<String>,
     /// Where reference timings came from (`measured`, `cached`, `baseline:<file>`).
     pub reference: Vec<String>,
+    /// The dataset folder's name, level and problems, from the frozen config (`None` without one).
     pub dataset: Option<String>,
     /// Turns (refine) or samples (sampling) per problem.
     pub axis: u32,
@@ -146,11 +148,14 @@ pub struct LoadedRun {
     pub dir: PathBuf,
     pub report: RunReport,
     pub info: RunInfo,
+    /// Each problem's attempts with outcome and cost, in budget order (for matched-budget
+    /// comparisons).
     pub attempts: RunAttempts,
     /// Every task's turn records.
     pub turns: TaskTurns,
     /// Milliseconds of device leases held per (task, turn) (execution and profiling).
     pub device_ms: BTreeMap<(TaskId, u32), u64>,
+    /// The planned tasks, in the logged order.
     pub task_ids: Vec<TaskId>,
     /// A torn last line of the log that was dropped, to warn about.
     pub torn_tail: Option<String>,
@@ -329,7 +334,10 @@ pub fn load_run_with_log(dir: &Path) -> Result<(LoadedRun, ReadLog), LoadError> 
     Ok((loaded, log))
 }
 
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the run's facts from three sources (its start record, config and results); one call site"
+)]
 fn describe(
     name: &str,
     method: MethodKind,

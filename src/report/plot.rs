@@ -196,11 +196,13 @@ struct Lines<'s> {
     x_desc: &'s str,
     y_desc: &'s str,
     x_max: f64,
+    /// The x axis counts (turns, samples): whole-number ticks, with half a step of margin.
     integer_x: bool,
     /// Values hold until the next point (a budget between two grid points buys what the lower one
     /// bought), so draw steps instead of slopes.
     steps: bool,
     series: Vec<Series>,
+    /// Draw the series' legend: once per figure where several panels show the same series.
     legend: bool,
 }
 

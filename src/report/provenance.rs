@@ -189,6 +189,8 @@ pub fn provenance<'a>(
     }
 }
 
+/// Every value the results' environments recorded, field by field: a run's provenance names what
+/// it measured with, and says so when its results disagree (several values joined).
 #[derive(Default)]
 struct Seen {
     devices: BTreeSet<String>,
@@ -490,9 +492,8 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
-    /// One refinement run on an H100 against a baseline file, golden in JSON and text.
-    #[test]
-    fn golden_provenance() {
+    /// One refinement run on an H100 against a baseline file, with a secret in its endpoint.
+    fn golden_run() -> Provenance {
         let config = crate::config::parse(
             r#"
 [dataset]
@@ -574,7 +575,13 @@ precision = "bf16"
             samples: 1,
             feedback: Some(FeedbackMode::GE),
         };
-        let p = provenance(&started, Some(&config), Some(&recorded), results.iter());
+        provenance(&started, Some(&config), Some(&recorded), results.iter())
+    }
+
+    /// The golden run's provenance as `report.json` holds it; no secret of the endpoint in it.
+    #[test]
+    fn golden_provenance_json() {
+        let p = golden_run();
         assert_eq!(
             serde_json::to_value(&p).unwrap(),
             json!({
@@ -628,7 +635,14 @@ precision = "bf16"
                 }
             })
         );
-        let text: Vec<String> = lines(&p)
+        let json = serde_json::to_string(&p).unwrap();
+        assert!(!json.contains("sk-"), "{json}");
+    }
+
+    /// The golden run's provenance as the text report shows it.
+    #[test]
+    fn golden_provenance_text() {
+        let text: Vec<String> = lines(&golden_run())
             .into_iter()
             .map(|(k, v)| format!("{k}: {v}"))
             .collect();
@@ -646,8 +660,6 @@ precision = "bf16"
                 "evaluation: faithful mode, bf16, cuda_event timing, reference baseline:H100/baseline_time_torch.json, integer inputs kept, inputs kernelbench",
             ]
         );
-        let json = serde_json::to_string(&p).unwrap();
-        assert!(!json.contains("sk-"), "{json}");
     }
 
     #[test]

@@ -40,9 +40,11 @@ impl DeviceUse {
 /// Everything a run spent.
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct Ledger {
+    /// LLM spending over the run.
     pub total: Spend,
     /// By turn number, over all tasks.
     pub per_turn: BTreeMap<u32, Spend>,
+    /// By task, and by task and turn (what a candidate cost).
     pub per_task: BTreeMap<TaskId, Spend>,
     pub per_task_turn: BTreeMap<TaskId, BTreeMap<u32, Spend>>,
     /// HTTP attempts against the provider (`LlmAttempt`).
@@ -53,6 +55,7 @@ pub struct Ledger {
     pub llm_retries: u64,
     /// Turns whose LLM request failed for good (`LlmFailed`).
     pub llm_failures: u64,
+    /// Lease use by device name (`cpu`, `cuda:0`).
     pub devices: BTreeMap<String, DeviceUse>,
     /// Sum over devices.
     pub device_total: DeviceUse,
@@ -114,9 +117,13 @@ impl Ledger {
 /// The ledger as records are applied, with what it needs to finish its derived numbers.
 #[derive(Debug, Clone, Default)]
 pub struct LedgerTally {
+    /// The counts so far; the derived figures (retries, device totals, wall time) are filled in
+    /// when the ledger is asked for ([`LedgerTally::ledger`]).
     ledger: Ledger,
-    /// (task, turn) of every LLM request that made an attempt.
+    /// (task, turn) of every LLM request that made an attempt: attempts beyond one per request are
+    /// retries.
     requests: BTreeSet<(Option<TaskId>, u32)>,
+    /// The earliest and latest record's time (unix ms): the ledger's wall time.
     first_ts: Option<u64>,
     last_ts: u64,
     /// Milliseconds of device leases held per (task, turn), from `lease_released` records.

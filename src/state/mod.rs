@@ -3,25 +3,30 @@
 //! The one reducer of the event log. Each record is applied once and answers the terminal UI (live,
 //! `watch`, `replay`) and the progress line (through [`crate::view::RunView`], which adds the fast_p
 //! curve), the report's tables and the Python package (through [`crate::report::load`]), the ledger
-//! (lease and spend tallies: [`ledger::LedgerTally`]), GPU-seconds per turn and the budget spent
-//! before a resume. Each task is folded through the engine's own task machine ([`TaskRunner`]), so no
-//! consumer can disagree with what the engine did. Pure: no I/O, no clock, no terminal; records that
-//! were already applied (same or older `seq`) are ignored, so a source may hand the same record twice
-//! (a live view rebuilt from the log after its broadcast lagged, a watched file read again).
+//! (lease and spend tallies: [`ledger::LedgerTally`]), GPU-seconds per turn, the benchmarks (time per
+//! stage and the leases' spans: [`times::Times`]), `--replay-llm` (each turn's recorded answer), the
+//! budget spent before a resume and the engine's resume itself (its machines, folded keeping only
+//! what later prompts need: [`RunState::resuming`]). Each task is folded through the engine's own
+//! task machine ([`TaskRunner`]), so no consumer can disagree with what the engine did. Pure: no I/O,
+//! no clock, no terminal; records that were already applied (same or older `seq`) are ignored, so a
+//! source may hand the same record twice (a live view rebuilt from the log after its broadcast
+//! lagged, a watched file read again).
 
 pub mod ledger;
+pub mod times;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 pub use crate::machine::Stage;
-use crate::machine::{MachineError, TaskRunner, TaskSpec, TaskTurns};
+use crate::machine::{MachineError, Retention, TaskRunner, TaskSpec, TaskTurns};
 use crate::spend::Spend;
 use crate::types::{
-    EndReason, Event, FeedbackMode, LogRecord, MethodKind, ProblemKey, TaskId, TurnRecord, Verdict,
-    WaitingOn,
+    Command, EndReason, Event, FeedbackMode, LogRecord, MethodKind, ProblemKey, TaskId, TurnRecord,
+    Verdict, WaitingOn,
 };
 
 use ledger::{DeviceUse, Ledger, LedgerTally};
+use times::Times;
 
 /// What applying a record did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +40,7 @@ pub enum Applied {
 /// What the first `RunStarted` says about the run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunInfo {
+    /// The run's name.
     pub run: String,
     pub method: MethodKind,
     /// The feedback mode tasks fold with (`GE` when the log names none).
@@ -43,9 +49,13 @@ pub struct RunInfo {
     pub logged_feedback: Option<FeedbackMode>,
     /// The run's plan: every task, in the logged order.
     pub task_ids: Vec<TaskId>,
+    /// Turns per task (1 for one-shot and sampling).
     pub turns: u32,
+    /// Tasks per problem (k for sampling, else 1).
     pub samples: u32,
+    /// The results came from simulated services (displays and reports say so).
     pub simulated: bool,
+    /// Problem file names, for displays (empty in logs older than the field).
     pub problem_names: BTreeMap<ProblemKey, String>,
     /// Sorted, distinct: the fast_p denominator.
     pub problems: Vec<ProblemKey>,
@@ -65,10 +75,16 @@ impl RunInfo {
 /// One task: its machine, and what displays show beside the machine's turns.
 pub struct TaskView {
     pub id: TaskId,
+    /// The engine's own machine for the task, fed this task's events: its turns are the task's.
     runner: TaskRunner,
+    /// The command the machine issued last, which no record applied so far answers: what an engine
+    /// that goes on from this fold performs first ([`RunState::into_runners`]).
+    pending: Command,
+    /// Where the machine is, as displays name it (kept beside the machine for them to read).
     pub stage: Stage,
     /// The turn the task is in (its last turn when done; 0 before its first event for a done task).
     pub turn: u32,
+    /// The task's turns in all (the plan's; unbounded for a task the log names without a plan).
     pub max_turns: u32,
     /// Answer text streamed so far, by turn, until the answer is logged (live runs only: streamed
     /// text is never written to the log).
@@ -97,16 +113,14 @@ impl std::fmt::Debug for TaskView {
 }
 
 impl TaskView {
-    fn new(id: TaskId, max_turns: u32, feedback: FeedbackMode) -> Self {
-        let (runner, _) = TaskRunner::start(TaskSpec {
-            id,
-            max_turns,
-            feedback,
-        });
+    fn new(spec: TaskSpec, retention: Retention) -> Self {
+        let (id, max_turns) = (spec.id, spec.max_turns);
+        let (runner, pending) = TaskRunner::start_keeping(spec, retention);
         let (stage, turn) = runner.stage();
         TaskView {
             id,
             runner,
+            pending,
             stage,
             turn,
             max_turns,
@@ -149,6 +163,12 @@ impl TaskView {
     pub fn failing(&self) -> bool {
         self.last_verdict().is_some_and(|v| v != Verdict::Correct)
     }
+
+    /// The log has driven this task's machine: it left its first turn's Generate, or refused an
+    /// event.
+    pub fn moved(&self) -> bool {
+        self.fault.is_some() || (self.stage, self.turn) != (Stage::Generate, 1)
+    }
 }
 
 /// One device as the lease events show it. Its leases, held and busy time are the ledger's
@@ -159,8 +179,12 @@ pub struct DeviceView {
     pub holder: Option<(TaskId, u32)>,
     /// The ledger's count of this device's leases.
     pub usage: DeviceUse,
+    /// Reference preparations it made ahead of candidates (`reference_prepared`).
+    pub prepares: u32,
     /// Time the device was held to prepare reference data ahead of candidates (not in `held_ms`).
     pub prepare_ms: u64,
+    /// Of `prepare_ms`, the worker's own time on those preparations (not in `busy_ms`).
+    pub prepare_busy_ms: u64,
     /// Why the device was retired, once it was (`device_retired`): it takes no more work.
     pub lost: Option<String>,
 }
@@ -175,9 +199,14 @@ impl std::ops::Deref for DeviceView {
 /// The state of a run after the records applied so far.
 #[derive(Debug, Default)]
 pub struct RunState {
+    /// What the tasks' machines keep of their finished turns: every turn for displays and reports;
+    /// only what later prompts need when the engine goes on from the fold ([`RunState::resuming`]).
+    retention: Retention,
+    /// The run's plan and shape, from its first `RunStarted` (`None` until one is applied).
     pub info: Option<RunInfo>,
     /// `RunStarted` records after the first (resumptions).
     pub resumes: u32,
+    /// Every task of the plan, and any other the log names.
     pub tasks: BTreeMap<TaskId, TaskView>,
     /// Devices by name (`cpu`, `cuda:0`): those a lease named, and those a caller added.
     pub devices: BTreeMap<String, DeviceView>,
@@ -196,23 +225,59 @@ pub struct RunState {
     pub budget_spend: Spend,
     /// The model that answered last, as the provider named it.
     pub model: Option<String>,
+    /// The first and the latest record's time (unix ms): the run's elapsed time.
     pub first_ts: Option<u64>,
     pub last_ts: u64,
     /// Why the run ended, once its `RunEnded` is applied (cleared when a resume starts).
     pub ended: Option<EndReason>,
     /// The last record applied is a `RunEnded` saying the run finished.
     pub complete: bool,
+    /// Which cap stopped new LLM requests (`budget_exhausted`), once one did.
     pub budget_exhausted: Option<String>,
+    /// The last persisted record applied: records at or below it are applied already.
     pub last_seq: Option<u64>,
     /// Records applied (transient ones included).
     pub applied: u64,
     /// The ledger's tallies.
     tally: LedgerTally,
+    /// Where the time went: the stages' totals and the leases' spans.
+    times: Times,
 }
 
 impl RunState {
     pub fn new() -> Self {
         RunState::default()
+    }
+
+    /// A fold for the engine to go on from (a resume): each task of `plan` starts from its own
+    /// spec, and every machine keeps `retention` of its finished turns (the engine keeps only what
+    /// later prompts need, since the log holds the rest). What such a state says of finished turns
+    /// (verdicts, speedups, [`RunState::task_turns`]) is what the retention kept; its machines go
+    /// to the engine through [`RunState::into_runners`].
+    pub fn resuming(plan: &[TaskSpec], retention: Retention) -> Self {
+        let mut s = RunState {
+            retention,
+            ..RunState::default()
+        };
+        for spec in plan {
+            s.tasks.insert(spec.id, TaskView::new(*spec, retention));
+        }
+        s
+    }
+
+    /// The tasks' machines, each with the command it still has to perform, for an engine to go on
+    /// from; a task whose machine refused an event of the log is that error.
+    pub fn into_runners(self) -> BTreeMap<TaskId, Result<(TaskRunner, Command), MachineError>> {
+        self.tasks
+            .into_iter()
+            .map(|(id, t)| {
+                let runner = match t.fault {
+                    Some(e) => Err(e),
+                    None => Ok((t.runner, t.pending)),
+                };
+                (id, runner)
+            })
+            .collect()
     }
 
     /// Fold a whole log.
@@ -235,66 +300,125 @@ impl RunState {
             self.first_ts.get_or_insert(rec.ts_ms);
             self.last_ts = self.last_ts.max(rec.ts_ms);
             self.tally.apply(rec);
+            self.times.apply(rec);
             self.complete =
                 matches!(&rec.event, Event::RunEnded { reason } if reason.is_finished());
         }
         self.applied += 1;
-        let mut turn_ended = false;
-        match &rec.event {
-            Event::RunStarted {
-                run,
-                method,
-                feedback,
-                task_ids,
-                turns,
-                samples,
-                simulated,
-                problem_names,
-                ..
-            } => {
-                self.ended = None;
-                if self.info.is_some() {
-                    self.resumes += 1;
-                } else {
-                    let logged_feedback = *feedback;
-                    let feedback = feedback.unwrap_or(FeedbackMode::GE);
-                    let mut problems: Vec<ProblemKey> =
-                        task_ids.iter().map(|t| t.problem).collect();
-                    problems.sort_unstable();
-                    problems.dedup();
-                    self.info = Some(RunInfo {
-                        run: run.clone(),
-                        method: *method,
-                        feedback,
-                        logged_feedback,
-                        task_ids: task_ids.clone(),
-                        turns: *turns,
-                        samples: *samples,
-                        simulated: *simulated,
-                        problem_names: problem_names.clone(),
-                        problems,
-                    });
-                    for &id in task_ids {
-                        self.tasks
-                            .entry(id)
-                            .or_insert_with(|| TaskView::new(id, *turns, feedback));
-                    }
-                    turn_ended = true;
-                }
-            }
+        let turn_ended = match &rec.event {
+            Event::RunStarted { .. } => self.start_run(&rec.event),
             Event::RunEnded { reason } => {
-                self.ended = Some(reason.clone());
-                // Whatever was in flight was abandoned with the run.
-                self.llm_in_flight.clear();
-                self.llm_waiting.clear();
-                for d in self.devices.values_mut() {
-                    d.holder = None;
-                }
-                for t in self.tasks.values_mut() {
-                    t.streaming.clear();
-                }
+                self.end_run(reason);
+                false
             }
-            Event::BudgetExhausted { what } => self.budget_exhausted = Some(what.clone()),
+            Event::BudgetExhausted { what } => {
+                self.budget_exhausted = Some(what.clone());
+                false
+            }
+            Event::LlmStarted { .. }
+            | Event::LlmRetryWait { .. }
+            | Event::LlmDelta { .. }
+            | Event::LlmAttempt { .. }
+            | Event::Deferred { .. } => {
+                self.note_request(rec);
+                false
+            }
+            Event::LeaseGranted { .. }
+            | Event::LeaseReleased { .. }
+            | Event::ReferencePrepared { .. }
+            | Event::InputsPrepared { .. }
+            | Event::DeviceRetired { .. } => {
+                self.note_device(rec);
+                false
+            }
+            Event::LlmAnswered { .. }
+            | Event::LlmFailed { .. }
+            | Event::Compiled { .. }
+            | Event::Executed { .. }
+            | Event::Profiled { .. } => {
+                if let Event::LlmAnswered { answer, .. } = &rec.event {
+                    self.spend = *self.tally.total();
+                    self.budget_spend.add_budgeted(answer);
+                    if !answer.model.is_empty() {
+                        self.model = Some(answer.model.clone());
+                    }
+                }
+                self.drive(rec)
+            }
+        };
+        Applied::Folded { turn_ended }
+    }
+
+    /// A `RunStarted`: the first one plans the run (true: the plan arrived), a later one is a
+    /// resume.
+    fn start_run(&mut self, started: &Event) -> bool {
+        let Event::RunStarted {
+            run,
+            method,
+            feedback,
+            task_ids,
+            turns,
+            samples,
+            simulated,
+            problem_names,
+            ..
+        } = started
+        else {
+            return false;
+        };
+        self.ended = None;
+        if self.info.is_some() {
+            self.resumes += 1;
+            return false;
+        }
+        let logged_feedback = *feedback;
+        let feedback = feedback.unwrap_or(FeedbackMode::GE);
+        let mut problems: Vec<ProblemKey> = task_ids.iter().map(|t| t.problem).collect();
+        problems.sort_unstable();
+        problems.dedup();
+        self.info = Some(RunInfo {
+            run: run.clone(),
+            method: *method,
+            feedback,
+            logged_feedback,
+            task_ids: task_ids.clone(),
+            turns: *turns,
+            samples: *samples,
+            simulated: *simulated,
+            problem_names: problem_names.clone(),
+            problems,
+        });
+        let retention = self.retention;
+        for &id in task_ids {
+            self.tasks.entry(id).or_insert_with(|| {
+                let spec = TaskSpec {
+                    id,
+                    max_turns: *turns,
+                    feedback,
+                };
+                TaskView::new(spec, retention)
+            });
+        }
+        true
+    }
+
+    /// A `RunEnded`: whatever was in flight was abandoned with the run.
+    fn end_run(&mut self, reason: &EndReason) {
+        self.ended = Some(reason.clone());
+        self.llm_in_flight.clear();
+        self.llm_waiting.clear();
+        for d in self.devices.values_mut() {
+            d.holder = None;
+        }
+        for t in self.tasks.values_mut() {
+            t.streaming.clear();
+        }
+    }
+
+    /// An LLM request's progress short of its answer: sent, waiting to retry, streaming, an
+    /// attempt, or deferred by an outage.
+    fn note_request(&mut self, rec: &LogRecord) {
+        match &rec.event {
             Event::LlmStarted { turn, prompt_file } => {
                 if let Some(task) = rec.task {
                     self.llm_in_flight.insert((task, *turn));
@@ -330,7 +454,6 @@ impl RunState {
                     }
                 }
             }
-            Event::LlmAttempt { .. } => {}
             Event::Deferred {
                 turn, waiting_on, ..
             } => {
@@ -340,6 +463,14 @@ impl RunState {
                     self.task_mut(task).deferred = Some(*waiting_on);
                 }
             }
+            // Counted by the ledger only.
+            _ => {}
+        }
+    }
+
+    /// A device's lease changing hands, its reference preparation, or its loss.
+    fn note_device(&mut self, rec: &LogRecord) {
+        match &rec.event {
             Event::LeaseGranted { device, turn, .. } => {
                 let usage = self.tally.device(device).copied().unwrap_or_default();
                 let d = self.devices.entry(device.clone()).or_default();
@@ -353,33 +484,24 @@ impl RunState {
                 d.holder = None;
             }
             Event::ReferencePrepared {
-                device, held_ms, ..
+                device,
+                held_ms,
+                outcome,
+                ..
             } => {
-                self.devices.entry(device.clone()).or_default().prepare_ms += held_ms;
+                let d = self.devices.entry(device.clone()).or_default();
+                d.prepares += 1;
+                d.prepare_ms += held_ms;
+                d.prepare_busy_ms += outcome.duration_ms.min(*held_ms);
             }
-            // Made on the CPU with no lease held: no device's time.
-            Event::InputsPrepared { .. } => {}
             Event::DeviceRetired { device, error, .. } => {
                 let d = self.devices.entry(device.clone()).or_default();
                 d.lost = Some(error.clone());
                 d.holder = None;
             }
-            Event::LlmAnswered { .. }
-            | Event::LlmFailed { .. }
-            | Event::Compiled { .. }
-            | Event::Executed { .. }
-            | Event::Profiled { .. } => {
-                if let Event::LlmAnswered { answer, .. } = &rec.event {
-                    self.spend = *self.tally.total();
-                    self.budget_spend.add_budgeted(answer);
-                    if !answer.model.is_empty() {
-                        self.model = Some(answer.model.clone());
-                    }
-                }
-                turn_ended = self.drive(rec);
-            }
+            // Inputs are made on the CPU with no lease held: no device's time.
+            _ => {}
         }
-        Applied::Folded { turn_ended }
     }
 
     /// Feed a machine-driving event to its task; true when a turn ended.
@@ -401,27 +523,37 @@ impl RunState {
         if t.error.is_some() {
             return false;
         }
-        let before = t.finished_turns();
-        if let Err(e) = t.runner.handle(&rec.event) {
-            t.error = Some(e.to_string());
-            t.fault = Some(e);
+        let before = t.runner.finished();
+        match t.runner.handle(&rec.event) {
+            Ok(Some(next)) => t.pending = next,
+            Ok(None) => {}
+            Err(e) => {
+                t.error = Some(e.to_string());
+                t.fault = Some(e);
+            }
         }
         let (stage, turn) = t.runner.stage();
         t.stage = stage;
         t.turn = turn;
-        t.finished_turns() != before
+        t.runner.finished() != before
     }
 
     /// The task, created on first sight when the log names a task `RunStarted` did not list.
     fn task_mut(&mut self, id: TaskId) -> &mut TaskView {
-        let (turns, feedback) = self
+        let (max_turns, feedback) = self
             .info
             .as_ref()
             .map(|i| (i.turns, i.feedback))
             .unwrap_or((u32::MAX, FeedbackMode::GE));
-        self.tasks
-            .entry(id)
-            .or_insert_with(|| TaskView::new(id, turns, feedback))
+        let retention = self.retention;
+        self.tasks.entry(id).or_insert_with(|| {
+            let spec = TaskSpec {
+                id,
+                max_turns,
+                feedback,
+            };
+            TaskView::new(spec, retention)
+        })
     }
 
     /// Turns finished over all tasks.
@@ -486,6 +618,11 @@ impl RunState {
     /// The ledger of the records applied so far (what reports show of the spending).
     pub fn ledger(&self) -> Ledger {
         self.tally.ledger()
+    }
+
+    /// Where the run's time went: the stages' totals and the leases' spans.
+    pub fn times(&self) -> &Times {
+        &self.times
     }
 
     /// Milliseconds of device leases held per (task, turn): GPU-seconds per turn.

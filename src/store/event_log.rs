@@ -23,12 +23,15 @@ const MAX_BATCH: usize = 1024;
 /// The append side of a run's event log.
 pub struct EventLog {
     path: Arc<Path>,
+    /// To the writer thread, which numbers, stamps and writes the records in the order queued.
     queue: mpsc::Sender<Entry>,
 }
 
+/// An event to log, and where its appender waits for the record.
 struct Entry {
     task: Option<TaskId>,
     event: Event,
+    /// Answered once the record is in the file (synced with `fsync`), or with why it is not.
     answer: oneshot::Sender<Result<Arc<LogRecord>, StoreError>>,
 }
 
@@ -121,14 +124,18 @@ fn open_at(path: &Path, valid_len: u64) -> Result<std::fs::File, StoreError> {
     Ok(file)
 }
 
+/// The writer thread's side: the file, and what the next record gets.
 struct Writer {
     file: std::fs::File,
     path: Arc<Path>,
+    /// The next record's `seq`: one more than the last record in the file.
     next_seq: u64,
+    /// Sync each batch to the disk before answering its appenders (`output.fsync`).
     fsync: bool,
     /// Set by a failed write. How much of that batch reached the file is unknown, so nothing is
     /// written after it: a line appended behind a cut one would turn the torn tail into corruption.
     broken: Option<(std::io::ErrorKind, String)>,
+    /// Where each record goes once written, in the file's order (the engine's live subscribers).
     bus: Option<broadcast::Sender<Arc<LogRecord>>>,
 }
 

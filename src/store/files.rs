@@ -15,6 +15,7 @@ use super::{StoreError, io};
 /// that falls behind holds no more than this many files' contents.
 const QUEUE: usize = 32;
 
+/// One file to write, and where its appender waits for the result.
 struct Job {
     path: PathBuf,
     data: Vec<u8>,

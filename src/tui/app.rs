@@ -144,6 +144,7 @@ pub enum ReplayCmd {
 pub struct Meta {
     /// The configured model name.
     pub model: Option<String>,
+    /// The configured compile workers and LLM concurrency: the header's "busy of".
     pub compile_workers: Option<u32>,
     pub llm_concurrency: Option<u32>,
     /// Where prompt files and compile logs are read from.
@@ -155,7 +156,9 @@ pub struct Meta {
 pub struct GpuStat {
     /// `cuda:0`, matching the lease events' device names.
     pub device: String,
+    /// Percent of the last sample period a kernel ran.
     pub util_pct: u32,
+    /// Device memory in use and in all, in bytes.
     pub mem_used: u64,
     pub mem_total: u64,
 }
@@ -164,7 +167,9 @@ pub struct GpuStat {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ReplayStatus {
     pub paused: bool,
+    /// Recorded time played per real second.
     pub speed: f64,
+    /// Records played so far, of the log's `total`.
     pub played: usize,
     pub total: usize,
 }
@@ -172,22 +177,32 @@ pub struct ReplayStatus {
 /// Files larger than this are shown cut (a compiler log can be megabytes).
 const MAX_FILE_BYTES: usize = 256 * 1024;
 
+/// The terminal UI's state: the run as folded so far, and what the user has chosen to see.
 pub struct App {
+    /// The run folded from the records the source has sent.
     pub view: RunView,
+    /// Live, watched or replayed: what quitting and the keys do.
     pub mode: Mode,
+    /// What the header shows that the log does not hold.
     pub meta: Meta,
+    /// The task table, or one task's detail.
     pub screen: Screen,
     /// Index into [`App::rows`].
     pub selected: usize,
+    /// The task table's order, reversed when `reverse`.
     pub sort: SortKey,
     pub reverse: bool,
+    /// Which tasks the table shows.
     pub filter: Filter,
+    /// The key help is shown over the screen.
     pub help: bool,
     /// A cancellation was asked for (live).
     pub stopping: bool,
     /// The source will send nothing more (the live engine is gone).
     pub closed: bool,
+    /// Where a replay stands (replays only).
     pub replay: Option<ReplayStatus>,
+    /// The GPUs' latest readings, for the resources panel (empty without NVML).
     pub gpus: Vec<GpuStat>,
     /// The latest problem reading the source.
     pub warning: Option<String>,

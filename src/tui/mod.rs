@@ -63,7 +63,10 @@ pub fn in_foreground() -> bool {
     use std::io::IsTerminal;
     // SAFETY: getpgrp and tcgetpgrp take and return plain integers; no memory is shared.
     let group = unsafe { libc::getpgrp() };
-    let owns = |fd: libc::c_int| unsafe { libc::tcgetpgrp(fd) } == group;
+    let owns = |fd: libc::c_int| {
+        // SAFETY: as above: an integer in, an integer out.
+        unsafe { libc::tcgetpgrp(fd) == group }
+    };
     owns(libc::STDOUT_FILENO) && (!std::io::stdin().is_terminal() || owns(libc::STDIN_FILENO))
 }
 

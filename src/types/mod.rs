@@ -30,9 +30,11 @@ pub const SCHEMA_VERSION: u32 = 2;
 /// have no task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-// Events are built once per service call and then logged and folded; boxing the big outcomes would
-// only add indirection to every match.
-#[allow(clippy::large_enum_variant)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "events are built once per service call, then logged and folded; boxing the big \
+              outcomes would only add indirection to every match"
+)]
 pub enum Event {
     /// Written when a run (or a resumed run) starts.
     RunStarted {
@@ -247,9 +249,13 @@ impl fmt::Display for WaitingOn {
 pub struct LogRecord {
     /// Schema version.
     pub v: u32,
+    /// The record's place in the log, from 0 with no gap: a reader that saw a `seq` has seen
+    /// every record before it.
     pub seq: u64,
     /// Unix time in milliseconds.
     pub ts_ms: u64,
+    /// The task the event belongs to; `None` for the run's own events (start, end, budget,
+    /// reference preparation, devices).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<TaskId>,
     pub event: Event,

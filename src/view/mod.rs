@@ -39,9 +39,12 @@ impl std::ops::DerefMut for RunView {
 /// One step of the fast_p curve.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct CurvePoint {
+    /// The step: a turn (refinement) or a sample count (sampling), from 1.
     pub n: u32,
     pub fast_p: FastP,
+    /// Share of problems with a correct candidate by this step.
     pub correct_rate: f64,
+    /// Geometric mean of the best correct speedups (`None`: no correct candidate timed yet).
     pub geomean: Option<f64>,
 }
 

@@ -86,7 +86,9 @@ impl Live {
 /// complete line that is not a record is reported and skipped.
 pub struct Tail {
     path: PathBuf,
+    /// Bytes of the file read so far: the next read starts here.
     offset: u64,
+    /// Splits what was read into lines, keeping an incomplete last line back.
     lines: LineReader,
 }
 
@@ -174,11 +176,14 @@ pub const MAX_GAP_MS: u64 = 1_000;
 /// A recorded log played back in recorded time scaled by `speed`. Driven by the caller's clock
 /// (`advance` takes the real time that passed), so it is deterministic and testable without sleeping.
 pub struct Replay {
+    /// The whole log, played from `next` on.
     records: Vec<LogRecord>,
     next: usize,
     /// Position in recorded time (unix ms of the log).
     clock_ms: f64,
+    /// Recorded time played per real second.
     pub speed: f64,
+    /// Nothing plays while paused; stepping still does.
     pub paused: bool,
 }
 

@@ -1,6 +1,7 @@
 //! What the tests that drive the `krefine` binary on CPU share: the repository, the workers' Python,
 //! running the binary (a failure panics with its output), and small file helpers.
-#![allow(dead_code)] // each test binary uses its own part
+#![allow(dead_code, reason = "each test binary uses its own part")]
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 pub mod tmux;
 

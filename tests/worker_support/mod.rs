@@ -1,5 +1,6 @@
 //! Shared helpers for the worker integration tests (`tests/worker_*.rs`).
-#![allow(dead_code)] // each test binary uses a different subset
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+#![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -11,7 +11,9 @@ use ratatui::widgets::{Block, Paragraph, Wrap};
 use super::verdict_style;
 use crate::machine::turn_feedback;
 use crate::tui::app::{App, Detail};
-use crate::types::{ChatMessage, CompileStatus, TurnRecord};
+use crate::types::{
+    ChatMessage, CompileOutcome, CompileStatus, ExecOutcome, ProfileOutcome, TurnRecord,
+};
 use crate::view::TaskView;
 
 pub fn draw(frame: &mut Frame, area: Rect, app: &App, d: &Detail) {
@@ -113,55 +115,82 @@ pub(crate) fn turn_lines(app: &App, t: &TaskView, n: u32, full_prompt: bool) -> 
     let rec = t.turns().get((n as usize).saturating_sub(1));
     let empty = TurnRecord::default();
     let r = rec.unwrap_or(&empty);
+    prompt_lines(&mut lines, app, t, r, n, full_prompt);
+    answer_lines(&mut lines, t, r, n);
+    if r.answer.is_some() {
+        code_lines(&mut lines, r);
+    }
+    if let Some(c) = &r.compile {
+        compile_lines(&mut lines, app, c);
+    }
+    if let Some(e) = &r.exec {
+        exec_lines(&mut lines, e);
+    }
+    if let Some(p) = &r.profile {
+        profile_lines(&mut lines, p);
+    }
+    if r.verdict.is_some() {
+        feedback_lines(&mut lines, t, r, n);
+    }
+    lines
+}
 
-    // Prompt.
-    match t.prompt_files.get(&n) {
-        Some(path) => {
-            section(&mut lines, format!("Prompt ({path})"));
-            match app.file(path) {
-                Some(raw) => match serde_json::from_str::<Vec<ChatMessage>>(raw) {
-                    Ok(messages) => {
-                        for m in messages {
-                            lines.push(Line::styled(
-                                format!("[{}]", role(&m)),
-                                Style::new().fg(Color::Yellow),
-                            ));
-                            let total = m.content.lines().count();
-                            if full_prompt || total <= PROMPT_PREVIEW + 1 {
-                                text(&mut lines, &m.content);
-                            } else {
-                                for l in m.content.lines().take(PROMPT_PREVIEW) {
-                                    lines.push(Line::raw(l.to_string()));
-                                }
-                                note(
-                                    &mut lines,
-                                    format!(
-                                        "… {} more lines (p shows the whole prompt)",
-                                        total - PROMPT_PREVIEW
-                                    ),
-                                );
-                            }
-                        }
-                    }
-                    Err(_) => text(&mut lines, raw),
-                },
-                None => note(&mut lines, "(not read)"),
+/// The prompt of turn `n`: its messages as stored (folded to a few lines each unless
+/// `full_prompt`), or why there is none.
+fn prompt_lines(
+    lines: &mut Vec<Line<'static>>,
+    app: &App,
+    t: &TaskView,
+    r: &TurnRecord,
+    n: u32,
+    full_prompt: bool,
+) {
+    let Some(path) = t.prompt_files.get(&n) else {
+        section(lines, "Prompt".into());
+        note(
+            lines,
+            if t.turn < n || (t.turn == n && r.answer.is_none() && r.llm_error.is_none()) {
+                "(not sent yet)"
+            } else {
+                "(not recorded: the run predates stored prompts)"
+            },
+        );
+        return;
+    };
+    section(lines, format!("Prompt ({path})"));
+    let Some(raw) = app.file(path) else {
+        note(lines, "(not read)");
+        return;
+    };
+    let Ok(messages) = serde_json::from_str::<Vec<ChatMessage>>(raw) else {
+        text(lines, raw);
+        return;
+    };
+    for m in messages {
+        lines.push(Line::styled(
+            format!("[{}]", role(&m)),
+            Style::new().fg(Color::Yellow),
+        ));
+        let total = m.content.lines().count();
+        if full_prompt || total <= PROMPT_PREVIEW + 1 {
+            text(lines, &m.content);
+        } else {
+            for l in m.content.lines().take(PROMPT_PREVIEW) {
+                lines.push(Line::raw(l.to_string()));
             }
-        }
-        None => {
-            section(&mut lines, "Prompt".into());
             note(
-                &mut lines,
-                if t.turn < n || (t.turn == n && r.answer.is_none() && r.llm_error.is_none()) {
-                    "(not sent yet)"
-                } else {
-                    "(not recorded: the run predates stored prompts)"
-                },
+                lines,
+                format!(
+                    "… {} more lines (p shows the whole prompt)",
+                    total - PROMPT_PREVIEW
+                ),
             );
         }
     }
+}
 
-    // Answer.
+/// The answer: as logged, as streamed so far, or the request's error.
+fn answer_lines(lines: &mut Vec<Line<'static>>, t: &TaskView, r: &TurnRecord, n: u32) {
     match (&r.answer, t.streaming.get(&n), &r.llm_error) {
         (Some(a), _, _) => {
             let usage = a
@@ -174,7 +203,7 @@ pub(crate) fn turn_lines(app: &App, t: &TaskView, n: u32, full_prompt: bool) -> 
                 })
                 .unwrap_or_else(|| "no usage reported".into());
             section(
-                &mut lines,
+                lines,
                 format!(
                     "Answer ({}, {usage}, {:.1} s, {} attempt(s))",
                     if a.model.is_empty() { "?" } else { &a.model },
@@ -182,201 +211,195 @@ pub(crate) fn turn_lines(app: &App, t: &TaskView, n: u32, full_prompt: bool) -> 
                     a.attempts
                 ),
             );
-            text(&mut lines, &a.content);
+            text(lines, &a.content);
         }
         (None, Some(partial), _) => {
-            section(&mut lines, "Answer (streaming…)".into());
-            text(&mut lines, partial);
+            section(lines, "Answer (streaming…)".into());
+            text(lines, partial);
         }
         (None, None, Some(err)) => {
-            section(&mut lines, "Answer".into());
+            section(lines, "Answer".into());
             lines.push(Line::styled(
                 format!("LLM request failed: {err}"),
                 Style::new().fg(Color::Red),
             ));
         }
         (None, None, None) => {
-            section(&mut lines, "Answer".into());
-            note(&mut lines, "(no answer yet)");
+            section(lines, "Answer".into());
+            note(lines, "(no answer yet)");
         }
     }
+}
 
-    // Extracted code.
-    if r.answer.is_some() {
-        section(&mut lines, "Extracted code".into());
-        match &r.code {
-            Some(c) => text(&mut lines, c),
-            None => lines.push(Line::styled(
-                "no usable code block with a ModelNew class",
-                Style::new().fg(Color::Red),
-            )),
-        }
+/// The code extracted from an answer, or that there was none.
+fn code_lines(lines: &mut Vec<Line<'static>>, r: &TurnRecord) {
+    section(lines, "Extracted code".into());
+    match &r.code {
+        Some(c) => text(lines, c),
+        None => lines.push(Line::styled(
+            "no usable code block with a ModelNew class",
+            Style::new().fg(Color::Red),
+        )),
     }
+}
 
-    // Compile.
-    if let Some(c) = &r.compile {
-        let status = match c.status {
-            CompileStatus::Ok => "ok",
-            CompileStatus::Error => "error",
-            CompileStatus::Timeout => "timeout",
-            CompileStatus::Crashed => "crashed",
-            CompileStatus::Rejected => "rejected by static checks",
-        };
-        section(
-            &mut lines,
+/// The build: status, error, static-check findings and the compiler's log.
+fn compile_lines(lines: &mut Vec<Line<'static>>, app: &App, c: &CompileOutcome) {
+    let status = match c.status {
+        CompileStatus::Ok => "ok",
+        CompileStatus::Error => "error",
+        CompileStatus::Timeout => "timeout",
+        CompileStatus::Crashed => "crashed",
+        CompileStatus::Rejected => "rejected by static checks",
+    };
+    section(
+        lines,
+        format!(
+            "Compile: {status}{} · {:.1} s{}",
+            if c.cached { " (cached)" } else { "" },
+            c.duration_ms as f64 / 1000.0,
+            c.build_path
+                .as_deref()
+                .map(|p| format!(" · build {p}"))
+                .unwrap_or_default()
+        ),
+    );
+    if let Some(e) = &c.error {
+        lines.push(Line::styled(
+            format!("{}: {e}", c.error_name.as_deref().unwrap_or("error")),
+            Style::new().fg(Color::Red),
+        ));
+    }
+    for f in &c.findings {
+        lines.push(Line::styled(
             format!(
-                "Compile: {status}{} · {:.1} s{}",
-                if c.cached { " (cached)" } else { "" },
-                c.duration_ms as f64 / 1000.0,
-                c.build_path
-                    .as_deref()
-                    .map(|p| format!(" · build {p}"))
-                    .unwrap_or_default()
+                "finding {} ({:?}){}: {}",
+                f.category,
+                f.severity,
+                f.line.map(|l| format!(" line {l}")).unwrap_or_default(),
+                f.message
             ),
-        );
-        if let Some(e) = &c.error {
-            lines.push(Line::styled(
-                format!("{}: {e}", c.error_name.as_deref().unwrap_or("error")),
-                Style::new().fg(Color::Red),
-            ));
-        }
-        for f in &c.findings {
-            lines.push(Line::styled(
-                format!(
-                    "finding {} ({:?}){}: {}",
-                    f.category,
-                    f.severity,
-                    f.line.map(|l| format!(" line {l}")).unwrap_or_default(),
-                    f.message
-                ),
-                Style::new().fg(Color::Yellow),
-            ));
-        }
-        match &c.log_path {
-            Some(p) => {
-                note(&mut lines, format!("log {p}"));
-                match app.file(p) {
-                    Some(log) if !log.trim().is_empty() => text(&mut lines, log),
-                    Some(_) => note(&mut lines, "(empty log)"),
-                    None if !c.feedback.trim().is_empty() => text(&mut lines, &c.feedback),
-                    None => {}
-                }
-            }
-            None if !c.feedback.trim().is_empty() => text(&mut lines, &c.feedback),
-            None => {}
-        }
+            Style::new().fg(Color::Yellow),
+        ));
     }
+    match &c.log_path {
+        Some(p) => {
+            note(lines, format!("log {p}"));
+            match app.file(p) {
+                Some(log) if !log.trim().is_empty() => text(lines, log),
+                Some(_) => note(lines, "(empty log)"),
+                None if !c.feedback.trim().is_empty() => text(lines, &c.feedback),
+                None => {}
+            }
+        }
+        None if !c.feedback.trim().is_empty() => text(lines, &c.feedback),
+        None => {}
+    }
+}
 
-    // Correctness and timing.
-    if let Some(e) = &r.exec {
-        section(
-            &mut lines,
-            format!("Correctness and timing on {}", e.device),
-        );
-        let mut head = vec![Span::styled(
-            e.verdict.as_str().to_string(),
-            verdict_style(Some(e.verdict)),
-        )];
-        head.push(Span::raw(format!(
-            " · compiled {} · correct {}",
-            e.compiled, e.correctness
+/// Correctness and timing: verdict, runtimes, the timing's statistics, a flagged speedup and
+/// findings, and the evaluation's own feedback.
+fn exec_lines(lines: &mut Vec<Line<'static>>, e: &ExecOutcome) {
+    section(lines, format!("Correctness and timing on {}", e.device));
+    let mut head = vec![Span::styled(
+        e.verdict.as_str().to_string(),
+        verdict_style(Some(e.verdict)),
+    )];
+    head.push(Span::raw(format!(
+        " · compiled {} · correct {}",
+        e.compiled, e.correctness
+    )));
+    if let Some(s) = e.speedup {
+        head.push(Span::raw(format!(" · speedup {s:.3}x")));
+    }
+    lines.push(Line::from(head));
+    if e.runtime_ms >= 0.0 {
+        lines.push(Line::raw(format!(
+            "candidate {:.4} ms · reference {} ({})",
+            e.runtime_ms,
+            if e.ref_runtime_ms >= 0.0 {
+                format!("{:.4} ms", e.ref_runtime_ms)
+            } else {
+                "-".into()
+            },
+            e.ref_source.as_deref().unwrap_or("?")
         )));
-        if let Some(s) = e.speedup {
-            head.push(Span::raw(format!(" · speedup {s:.3}x")));
-        }
-        lines.push(Line::from(head));
-        if e.runtime_ms >= 0.0 {
-            lines.push(Line::raw(format!(
-                "candidate {:.4} ms · reference {} ({})",
-                e.runtime_ms,
-                if e.ref_runtime_ms >= 0.0 {
-                    format!("{:.4} ms", e.ref_runtime_ms)
-                } else {
-                    "-".into()
-                },
-                e.ref_source.as_deref().unwrap_or("?")
-            )));
-        }
-        if let Some(s) = &e.runtime_stats {
-            lines.push(Line::raw(format!(
-                "stats: mean {:.4} · median {:.4} · std {:.4} · min {:.4} · max {:.4} ms over {} trials",
-                s.mean, s.median, s.std, s.min, s.max, s.num_trials
-            )));
-        }
-        if let Some(sc) = &e.speedup_check
-            && sc.flagged
-        {
-            lines.push(Line::styled(
-                format!(
-                    "speedup above the {} bound {:.1}x{}",
-                    sc.bound_source,
-                    sc.bound,
-                    match sc.verified {
-                        Some(true) => " (confirmed by re-timing)",
-                        Some(false) => " (NOT confirmed: does not count)",
-                        None => "",
-                    }
-                ),
-                Style::new().fg(Color::Yellow),
-            ));
-        }
-        for f in &e.findings {
-            lines.push(Line::styled(
-                format!("finding {} ({:?}): {}", f.category, f.severity, f.message),
-                Style::new().fg(Color::Yellow),
-            ));
-        }
-        if !e.feedback.trim().is_empty() {
-            text(&mut lines, &e.feedback);
-        }
     }
-
-    // Profile.
-    if let Some(p) = &r.profile {
-        section(
-            &mut lines,
-            format!("Profile ({:.1} s)", p.duration_ms as f64 / 1000.0),
-        );
-        if let Some(e) = &p.error {
-            lines.push(Line::styled(e.clone(), Style::new().fg(Color::Red)));
-        }
-        text(&mut lines, &p.table);
+    if let Some(s) = &e.runtime_stats {
+        lines.push(Line::raw(format!(
+            "stats: mean {:.4} · median {:.4} · std {:.4} · min {:.4} · max {:.4} ms over {} trials",
+            s.mean, s.median, s.std, s.min, s.max, s.num_trials
+        )));
     }
-
-    // Feedback.
-    if r.verdict.is_some() {
-        let fb = turn_feedback(t.feedback(), r);
-        let next = if n < t.max_turns {
-            format!("turn {}", n + 1)
-        } else {
-            "no next turn (the task's last turn)".into()
-        };
-        section(
-            &mut lines,
-            format!("Feedback for {next}, mode {}", t.feedback()),
-        );
-        note(&mut lines, "code: the extracted candidate above");
-        match &fb.execution {
-            Some(x) => {
-                lines.push(Line::styled("[execution]", Style::new().fg(Color::Yellow)));
-                text(&mut lines, x);
-            }
-            None if t.feedback().includes_execution() => note(&mut lines, "execution: none"),
-            None => note(&mut lines, "execution: not sent in this mode"),
-        }
-        match &fb.profile {
-            Some(p) => {
-                lines.push(Line::styled("[profile]", Style::new().fg(Color::Yellow)));
-                text(&mut lines, p);
-            }
-            None if t.feedback().includes_profile() => note(
-                &mut lines,
-                "profile: none (only correct candidates are profiled)",
+    if let Some(sc) = &e.speedup_check
+        && sc.flagged
+    {
+        lines.push(Line::styled(
+            format!(
+                "speedup above the {} bound {:.1}x{}",
+                sc.bound_source,
+                sc.bound,
+                match sc.verified {
+                    Some(true) => " (confirmed by re-timing)",
+                    Some(false) => " (NOT confirmed: does not count)",
+                    None => "",
+                }
             ),
-            None => note(&mut lines, "profile: not sent in this mode"),
-        }
+            Style::new().fg(Color::Yellow),
+        ));
     }
-    lines
+    for f in &e.findings {
+        lines.push(Line::styled(
+            format!("finding {} ({:?}): {}", f.category, f.severity, f.message),
+            Style::new().fg(Color::Yellow),
+        ));
+    }
+    if !e.feedback.trim().is_empty() {
+        text(lines, &e.feedback);
+    }
+}
+
+/// The profiler's table, or its error.
+fn profile_lines(lines: &mut Vec<Line<'static>>, p: &ProfileOutcome) {
+    section(
+        lines,
+        format!("Profile ({:.1} s)", p.duration_ms as f64 / 1000.0),
+    );
+    if let Some(e) = &p.error {
+        lines.push(Line::styled(e.clone(), Style::new().fg(Color::Red)));
+    }
+    text(lines, &p.table);
+}
+
+/// What the next turn's prompt got of this one, by the task's feedback mode.
+fn feedback_lines(lines: &mut Vec<Line<'static>>, t: &TaskView, r: &TurnRecord, n: u32) {
+    let fb = turn_feedback(t.feedback(), r);
+    let next = if n < t.max_turns {
+        format!("turn {}", n + 1)
+    } else {
+        "no next turn (the task's last turn)".into()
+    };
+    section(lines, format!("Feedback for {next}, mode {}", t.feedback()));
+    note(lines, "code: the extracted candidate above");
+    match &fb.execution {
+        Some(x) => {
+            lines.push(Line::styled("[execution]", Style::new().fg(Color::Yellow)));
+            text(lines, x);
+        }
+        None if t.feedback().includes_execution() => note(lines, "execution: none"),
+        None => note(lines, "execution: not sent in this mode"),
+    }
+    match &fb.profile {
+        Some(p) => {
+            lines.push(Line::styled("[profile]", Style::new().fg(Color::Yellow)));
+            text(lines, p);
+        }
+        None if t.feedback().includes_profile() => note(
+            lines,
+            "profile: none (only correct candidates are profiled)",
+        ),
+        None => note(lines, "profile: not sent in this mode"),
+    }
 }
 
 fn role(m: &ChatMessage) -> &'static str {
