@@ -464,7 +464,9 @@ class Servant:
 
     def call(self, frame: Frame) -> None:
         n = frame.get_int("n")
-        if n == NULL_CALL:  # the worker measures the hand-over alone
+        if n == NULL_CALL:  # the worker measures the hand-over alone: a device step, no forward
+            if self.device.type == "cuda":
+                torch.empty(1, device=self.device).zero_()
             kb_tensors.synchronize(self.device)
             self.channel.send("done", n=n)
             return

@@ -66,13 +66,14 @@ from kb_tensors import same_bytes
 _perf_counter = time.perf_counter
 _perf_counter_ns = time.perf_counter_ns
 
-# Faithful mode's probes on the worker's clock: fresh calls (every output checked), and null calls
-# (the process answers without running forward) that measure the hand-over; what a null call may
-# account for is capped, so a process that slows its own null calls cannot hide a forged time.
+# Faithful mode's probes on the worker's clock: fresh calls (every output checked), and null calls (the
+# whole hand-over, the copies and a device step in the process included, without a forward: on a GPU
+# its two switches between the worker's and the process's CUDA contexts are most of it); what a null
+# call may account for is capped, so a process that slows its own null calls cannot hide a forged time.
 PROBE_CALLS = 3
 PROBE_ROUNDS = 3
 NULL_CALLS = 5
-NULL_CAP_MS = 0.3
+NULL_CAP_MS = 0.5
 # A KernelBench time below what the fastest fresh call took on the worker's clock (less the worker's own
 # copies and the hand-over) by more than MEMO_SHARE of that plus MEMO_SLACK_MS is `memo_suspected`. On
 # a kernel of a few microseconds the hand-over is most of a call and varies by more than the kernel, so
@@ -644,7 +645,7 @@ class Driver:
                         warn(verdict, "fresh_output_mismatch", problem)
                         return
                     cores.append(span - copies)
-                nulls.extend(self._null_call() for _ in range(NULL_CALLS))
+                nulls.extend(self._null_call(first, in_views, out_views) for _ in range(NULL_CALLS))
                 hand_over = min(statistics.median(nulls), NULL_CAP_MS)
                 bound = (min(cores) - hand_over) * (1.0 - MEMO_SHARE[kind]) - MEMO_SLACK_MS[kind]
                 if reported >= bound:
@@ -679,12 +680,11 @@ class Driver:
             "memoised or unfinished output"
         )
 
-    def _null_call(self) -> float:
-        t0 = _perf_counter_ns()
-        self.send("call", n=NULL_CALL)
-        if self.recv("done").raw("n") != NULL_CALL:
-            raise ForbiddenMessage("a reply to another call where the null call was due")
-        return (_perf_counter_ns() - t0) / 1e6
+    def _null_call(self, inputs: list[Any], in_views: Any, out_views: Any) -> float:
+        """A call through the whole hand-over (the worker's copies, the messages, a device step in the
+        process and its synchronisation) with no forward: its span less the worker's own copies."""
+        span, _, _, copies = self._call(NULL_CALL, inputs, in_views, out_views)
+        return span - copies
 
     def escape_probe(self, verdict: Verdict) -> None:
         """Faithful mode: work on another stream escapes KernelBench's events (kb_timing.stream_escape_probe)."""
