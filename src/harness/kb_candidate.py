@@ -48,6 +48,7 @@ from kb_channel import Channel, Frame, ProtocolError
 from kb_correctness import Verdict
 from kb_exchange import Borrowed
 from kb_feedback import CANDIDATE_ERRORS, get_error_name
+from kb_memory import release_memory
 from kb_reference import ReferenceFailure, TrialData
 from kb_tensors import RngState
 
@@ -512,6 +513,10 @@ class Servant:
                 self._faithful_timing(verdict, ref)
         else:
             verdict.correctness = False
+        # KernelBench's check left its temporaries (COMPARE_FACTOR times the output) in this process's
+        # allocator: back to the device before the worker's probes, which lend and check beside it
+        # (kb_memory.Footprint.reserve).
+        release_memory(self.device)
         self.channel.send("faithful_done", verdict=verdict_to_wire(verdict))
 
     def _faithful_timing(self, verdict: Verdict, ref: RemoteReference) -> None:

@@ -19,6 +19,7 @@ import torch
 
 import kb_feedback
 from kb_feedback import CANDIDATE_ERRORS, get_error_name
+from kb_memory import SLICE_ELEMENTS
 from kb_reference import TrialData, release_memory, set_seed
 from kb_tensors import restore_rng, synchronize
 
@@ -247,14 +248,34 @@ class TrialComparison:
     detail: kb_feedback.Mismatch | None = None
 
 
-def compare_trial(output: Any, output_new: Any, atol: float, rtol: float, index: int) -> TrialComparison:
+def sliced_allclose(expected: torch.Tensor, got: torch.Tensor, atol: float, rtol: float) -> bool:
+    """torch.allclose (captured at import) on tensors of one shape, slice by slice along the leading
+    dimensions (at most SLICE_ELEMENTS each): the same answer, since the test is elementwise, with one
+    slice's temporaries instead of a whole output's (kb_memory). The worker's comparison."""
+    if expected.shape != got.shape or expected.dim() == 0 or expected.numel() <= SLICE_ELEMENTS:
+        return bool(_ALLCLOSE(expected, got, atol=atol, rtol=rtol))
+    rows = expected.shape[0]
+    per_row = expected.numel() // rows
+    if per_row > SLICE_ELEMENTS:
+        return all(sliced_allclose(expected[i], got[i], atol, rtol) for i in range(rows))
+    step = SLICE_ELEMENTS // per_row
+    return all(
+        bool(_ALLCLOSE(expected[i : i + step], got[i : i + step], atol=atol, rtol=rtol)) for i in range(0, rows, step)
+    )
+
+
+def compare_trial(
+    output: Any, output_new: Any, atol: float, rtol: float, index: int, sliced: bool = False
+) -> TrialComparison:
     """KernelBench's comparison of trial `index`'s output (`output` expected, `output_new` the
     candidate's): the shape, then torch.allclose (captured at import), then the differences. Where it
     runs: in the candidate's process in faithful mode, as KernelBench does; in the worker in strict mode
-    (kb_strict.StrictSession.compare_trial), where the expected output never leaves."""
+    (kb_drive), where the expected output never leaves, `sliced` (sliced_allclose: the worker's
+    temporaries stay small beside the candidate's process)."""
     if output.shape != output_new.shape:
         return TrialComparison(shapes=(str(output.shape), str(output_new.shape)))
-    if _ALLCLOSE(output, output_new, atol=atol, rtol=rtol):
+    close = sliced_allclose(output, output_new, atol, rtol) if sliced else _ALLCLOSE(output, output_new, atol=atol, rtol=rtol)
+    if close:
         return TrialComparison(passed=True)
     # KernelBench's torch.max/torch.mean(torch.abs(output - output_new)), computed once.
     diff = torch.abs(output - output_new)

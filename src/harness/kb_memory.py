@@ -10,8 +10,9 @@ its own beside it. The rule that keeps krefine's caches from making a problem fa
   beyond what was there before, its output included), which gives the problem's `Footprint`.
 - A candidate's working set is estimated from it (`Footprint.candidate`): its own forward as large as the
   reference's, the check's temporaries (`torch.allclose` on outputs of that size, COMPARE_FACTOR times the
-  output), a CUDA context. The worker's own transient need while serving it (`Footprint.serving`): a
-  trial's data made per use, or strict timing's and the fresh-input probe's inputs and checked calls.
+  output), a CUDA context. The buffers the worker lends its process (`Footprint.lent`), and the worker's
+  own transient need while serving it (`Footprint.serving`): a trial's data made per use, or strict
+  timing's and the fresh-input probe's inputs and checked calls, compared in slices (SLICE_ELEMENTS).
 - Before a request reaches the reference (`ReferenceCache.make_room`) and whenever a trial is placed, the
   cache keeps on the device only what fits beside both, plus HEADROOM_FRACTION of the device; other
   problems' cached data gives way first (least recently used first), then this problem's own, which moves
@@ -51,6 +52,11 @@ HEADROOM_FRACTION = 0.05
 COMPARE_FACTOR = 3.5
 # A candidate process's CUDA context and its allocator's first blocks (about 0.5 GB on an H100).
 CONTEXT_BYTES = GIB
+# The worker compares outputs in slices of at most this many elements (kb_correctness.sliced_allclose), so
+# its temporaries are one slice's (8-byte elements at the most), not a whole output's: on level 1's 8 GiB
+# outputs, 28 GiB beside the candidate's process would push the problem off an 80 GB card.
+SLICE_ELEMENTS = 1 << 25
+SLICE_CHECK_BYTES = int(COMPARE_FACTOR * SLICE_ELEMENTS * 8)
 
 
 def headroom(total: int) -> int:
@@ -74,30 +80,48 @@ class Footprint:
     forward: int
 
     def check(self) -> int:
-        """The temporaries of comparing one output with the expected one."""
+        """The temporaries of comparing one output with the expected one at once (KernelBench's
+        torch.allclose, in the candidate's process in faithful mode)."""
         return int(COMPARE_FACTOR * self.output)
+
+    def worker_check(self) -> int:
+        """The temporaries of the worker's comparison, made slice by slice."""
+        return min(self.check(), SLICE_CHECK_BYTES)
 
     def candidate(self, strict: bool = False) -> int:
         """A candidate process's working set: a forward as large as the reference's, its CUDA context,
         and in faithful mode its check (compared in its own process, as KernelBench does; its allocator
-        keeps those blocks for the rest of its run), in strict mode the clones of its inputs (the worker
-        compares)."""
+        keeps those blocks until krefine's servant empties it after KernelBench's loop), in strict mode
+        the clones of its inputs (the worker compares)."""
         return self.forward + (self.inputs if strict else self.check()) + CONTEXT_BYTES
 
+    def lent(self, strict: bool = False) -> int:
+        """The buffers the worker allocates and the candidate's process maps (kb_exchange): one input set
+        and one output slot, and in faithful mode a trial's expected output too (KernelBench's timing
+        inputs go into the input set's buffers)."""
+        return self.inputs + self.output + (0 if strict else self.output)
+
     def serving(self) -> int:
-        """What the worker allocates while serving a candidate, beyond its cached data, at the most: the
-        copies it lends the candidate's process (kb_exchange: one input set and one output buffer, and in
-        faithful mode KernelBench's timing inputs and a trial's expected output too), and a call checked
-        on fresh inputs (strict timing, the fresh-input probe): the pristine set and either the
-        reference's forward on a clone of it or the comparison of its output. Covers a trial made or
-        copied up per use (its inputs and the forward)."""
-        lent = 2 * self.inputs + 2 * self.output
-        return lent + self.inputs + max(self.inputs + self.forward, self.output + self.check())
+        """The worker's own transient need while serving a candidate, at the most: a call checked on
+        fresh inputs (strict trials and timing, faithful mode's fresh-input probe): the pristine set, the
+        output's private copy, and either the reference's forward on a clone of the set or the sliced
+        comparison. Covers a trial made or copied up per use (its inputs and the forward)."""
+        return self.inputs + self.output + max(self.inputs + self.forward, self.output + self.worker_check())
 
     def reserve(self, total: int, strict: bool = False) -> int:
-        """What must stay free beside krefine's cached data while a candidate of this problem runs (the
-        worker's serving peaks while the candidate's process still holds its working set)."""
-        return self.candidate(strict) + self.serving() + headroom(total)
+        """What must stay free beside krefine's cached data while a candidate of this problem runs, at its
+        peak. Strict mode: the process's working set, the lent buffers and the worker's serving at once.
+        Faithful mode: the larger of KernelBench's loop in the process (its working set, check included,
+        beside the lent input set and expected output and a trial made per use) and the probes after it
+        (the process's forward and context, its allocator emptied, beside every lent buffer and the
+        worker's checked calls)."""
+        if strict:
+            peak = self.candidate(True) + self.lent(True) + self.serving()
+        else:
+            loop = self.candidate() + self.inputs + self.output + self.inputs + self.forward
+            probes = self.forward + CONTEXT_BYTES + self.lent() + self.serving()
+            peak = max(loop, probes)
+        return peak + headroom(total)
 
     def kernelbench(self) -> int:
         """What KernelBench's own flow holds at its peak, in one process: the inputs, the reference's
