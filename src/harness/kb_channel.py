@@ -21,6 +21,7 @@ This module imports nothing of the harness and no third-party package.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -166,7 +167,5 @@ class Channel:
         return int(self.conn.fileno())
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.conn.close()
-        except OSError:
-            pass

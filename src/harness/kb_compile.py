@@ -154,8 +154,8 @@ def capture_fds(log_path: str, append: bool = False, limit: int = CAPTURE_LIMIT)
         os.dup2(write_fd, 2)
         # Python-level prints go through sys.stdout/sys.stderr, which someone may have replaced (a test
         # runner, or the candidate itself); point them at the captured fds too.
-        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115 - the process's own streams
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115 - the process's own streams
         yield
     finally:
         _flush_all()

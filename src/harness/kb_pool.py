@@ -219,7 +219,7 @@ class Worker:
             try:
                 self.processes_started += 1
                 return CandidateProcess(device, self.start_method)
-            except (ConnectionError, FileNotFoundError, EOFError, OSError):
+            except (ConnectionError, FileNotFoundError, EOFError, OSError):  # noqa: PERF203 - a retry loop
                 # The forkserver died since it was last used (and is not yet known dead): start a new
                 # one and try again; a job must not fail for krefine's own process.
                 if attempt == START_TRIES - 1:

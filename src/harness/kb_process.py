@@ -175,7 +175,7 @@ def child_main(conn: Any, device_name: str, harness_dir: str) -> None:
     try:
         # The device step waits for the worker's grant (see the module doc).
         channel.send(
-            "device?", pid=os.getpid(), preloaded=_IMPORTED_IN != os.getpid(), descriptors=open_descriptors()
+            "device?", pid=os.getpid(), preloaded=os.getpid() != _IMPORTED_IN, descriptors=open_descriptors()
         )
         channel.expect("device")
         if device.type == "cuda":

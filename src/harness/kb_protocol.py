@@ -456,10 +456,8 @@ def _check_typeddict(value: Any, tp: type, path: str, allow_extra: bool) -> list
     if not isinstance(value, dict):
         return [f"{path}: expected object {tp.__name__}, got {type(value).__name__}"]
     hints = _hints(tp)
-    problems: list[str] = []
-    for key in sorted(tp.__required_keys__):  # type: ignore[attr-defined]
-        if key not in value:
-            problems.append(f"{path}: missing field {key!r}")
+    required = sorted(tp.__required_keys__)  # type: ignore[attr-defined]
+    problems = [f"{path}: missing field {key!r}" for key in required if key not in value]
     for key, item in value.items():
         if key not in hints:
             if not allow_extra:

@@ -27,7 +27,7 @@ QUICKSTART = REPO / "configs" / "quickstart"
 if str(HARNESS_DIR) not in sys.path:
     sys.path.insert(0, str(HARNESS_DIR))
 
-import kb_protocol  # noqa: E402
+import kb_protocol  # noqa: E402 - after the harness folder is put on sys.path
 
 
 class ProtocolViolation(AssertionError):

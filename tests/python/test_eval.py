@@ -786,7 +786,7 @@ def test_checksum_sees_one_changed_element() -> None:
     assert kb_eval.tensor_checksum(odd) != kb_eval.tensor_checksum(torch.zeros(3, dtype=torch.uint8))
     # The device path (a weighted sum computed where the tensor lives), exercised here on the CPU.
     weighted = kb_tensors.weighted_checksum
-    as_bytes = lambda t: t.reshape(-1).view(torch.uint8)  # noqa: E731
+    as_bytes = lambda t: t.reshape(-1).view(torch.uint8)  # noqa: E731 - a one-line helper beside its use
     assert weighted(as_bytes(y)) != weighted(as_bytes(z))
     w = torch.rand(1000, 3)
     before_w = weighted(as_bytes(w))

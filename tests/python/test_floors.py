@@ -44,11 +44,12 @@ def test_every_harness_module_is_on_a_floor() -> None:
 def test_imports_run_down_the_floors() -> None:
     order = _floor_order()
     rank = {name: i for i, name in enumerate(order)}
-    upward = []
-    for name in order:
-        for target in sorted(_imports(HARNESS / f"{name}.py", set(order))):
-            if rank[target] < rank[name] and (name, target) not in KNOWN_UPWARD:
-                upward.append(f"{name} imports {target}")
+    upward = [
+        f"{name} imports {target}"
+        for name in order
+        for target in sorted(_imports(HARNESS / f"{name}.py", set(order)))
+        if rank[target] < rank[name] and (name, target) not in KNOWN_UPWARD
+    ]
     assert upward == []
 
 

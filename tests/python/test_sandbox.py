@@ -22,7 +22,7 @@ import pytest
 HARNESS = Path(__file__).resolve().parents[2] / "src" / "harness"
 sys.path.insert(0, str(HARNESS))
 
-import kb_sandbox  # noqa: E402
+import kb_sandbox  # noqa: E402 - after the harness folder is put on sys.path
 
 ABI = kb_sandbox.landlock_abi()
 needs_landlock = pytest.mark.skipif(ABI == 0, reason="this kernel has no Landlock")
