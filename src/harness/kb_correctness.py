@@ -10,6 +10,7 @@ KernelBench's loop (`run_trials`) runs in the candidate's own single-use process
 
 from __future__ import annotations
 
+import math
 import re
 import traceback
 from dataclasses import dataclass, field
@@ -264,6 +265,48 @@ def sliced_allclose(expected: torch.Tensor, got: torch.Tensor, atol: float, rtol
     )
 
 
+def sliced_mismatch(trial: int, expected: torch.Tensor, got: torch.Tensor, atol: float, rtol: float) -> TrialComparison:
+    """A failed comparison's figures (KernelBench's max and mean difference, mismatch_detail's counts and
+    first failing element) made slice by slice, as sliced_allclose compares: the worker never holds a
+    whole output's difference beside the candidate's process (kb_memory)."""
+    flat_expected, flat_got = expected.reshape(-1), got.reshape(-1)
+    total = flat_expected.numel()
+    max_abs, abs_sum, bad, nonfinite = 0.0, 0.0, 0, 0
+    first: tuple[int, float | None, float | None] | None = None
+    detailed = True
+    for start in range(0, total, SLICE_ELEMENTS):
+        want, have = flat_expected[start : start + SLICE_ELEMENTS], flat_got[start : start + SLICE_ELEMENTS]
+        diff = torch.abs(want - have)
+        part_max = float(torch.max(diff).item())
+        max_abs = part_max if math.isnan(part_max) or math.isnan(max_abs) else max(max_abs, part_max)
+        abs_sum += float(diff.sum(dtype=torch.float64).item())
+        part = mismatch_detail(trial, want, have, atol, rtol, diff) if detailed else None
+        if part is None:
+            detailed = False
+            continue
+        bad, nonfinite = bad + part.bad, nonfinite + part.nonfinite
+        if first is None and part.first_index is not None:
+            first = (start + part.first_index[0], part.expected, part.got)
+    avg_abs = abs_sum / total
+    detail = None
+    if detailed:
+        first_index = None
+        if first is not None:
+            first_index = tuple(int(i) for i in torch.unravel_index(torch.tensor(first[0]), expected.shape))
+        detail = kb_feedback.Mismatch(
+            trial=trial,
+            max_abs=max_abs,
+            mean_abs=avg_abs,
+            bad=bad,
+            total=total,
+            first_index=first_index,
+            expected=first[1] if first else None,
+            got=first[2] if first else None,
+            nonfinite=nonfinite,
+        )
+    return TrialComparison(max_diff=max_abs, avg_diff=avg_abs, detail=detail)
+
+
 def compare_trial(
     output: Any, output_new: Any, atol: float, rtol: float, index: int, sliced: bool = False
 ) -> TrialComparison:
@@ -277,6 +320,8 @@ def compare_trial(
     close = sliced_allclose(output, output_new, atol, rtol) if sliced else _ALLCLOSE(output, output_new, atol=atol, rtol=rtol)
     if close:
         return TrialComparison(passed=True)
+    if sliced and output.numel() > SLICE_ELEMENTS:
+        return sliced_mismatch(index + 1, output, output_new, atol, rtol)
     # KernelBench's torch.max/torch.mean(torch.abs(output - output_new)), computed once.
     diff = torch.abs(output - output_new)
     max_diff = torch.max(diff).item()

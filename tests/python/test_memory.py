@@ -225,3 +225,41 @@ def test_the_workers_sliced_comparison_answers_as_allclose_does(shape: tuple[int
         got = expected.clone()
         got.view(-1)[-1] = float("nan")
         assert not kb_correctness.sliced_allclose(expected, got, 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize("shape", [(70, 9, 11), (2, 5000), (4000,)])
+def test_the_workers_sliced_mismatch_reports_what_the_whole_output_would(
+    shape: tuple[int, ...], monkeypatch: Any
+) -> None:
+    """A failed trial's figures in the worker (max and mean difference, failing count, first failing
+    element, non-finite count) come out of the slices as they would from the whole output."""
+    import kb_correctness
+
+    monkeypatch.setattr(kb_correctness, "SLICE_ELEMENTS", 64)
+    gen = torch.Generator().manual_seed(7)
+    expected = torch.randn(shape, generator=gen)
+    got = expected.clone()
+    flat = got.view(-1)
+    flat[100] += 0.5
+    flat[-3] = float("inf")
+    flat[-70:-65] -= 2.0
+    whole = kb_correctness.compare_trial(expected, got, 1e-4, 1e-4, 0)
+    sliced = kb_correctness.compare_trial(expected, got, 1e-4, 1e-4, 0, sliced=True)
+    assert not whole.passed and not sliced.passed
+    assert whole.detail is not None and sliced.detail is not None
+    assert sliced.max_diff == whole.max_diff == float("inf")
+    assert sliced.avg_diff == whole.avg_diff == float("inf")
+    assert (sliced.detail.bad, sliced.detail.nonfinite, sliced.detail.total) == (
+        whole.detail.bad,
+        whole.detail.nonfinite,
+        whole.detail.total,
+    ) == (7, 1, expected.numel())
+    assert sliced.detail.first_index == whole.detail.first_index
+    assert (sliced.detail.expected, sliced.detail.got) == (whole.detail.expected, whole.detail.got)
+    # Finite differences: the mean agrees to rounding.
+    flat[-3] = expected.view(-1)[-3]
+    whole = kb_correctness.compare_trial(expected, got, 1e-4, 1e-4, 0)
+    sliced = kb_correctness.compare_trial(expected, got, 1e-4, 1e-4, 0, sliced=True)
+    assert sliced.max_diff == whole.max_diff
+    assert sliced.avg_diff == pytest.approx(whole.avg_diff, rel=1e-5)
+    assert sliced.detail is not None and sliced.detail.bad == 6
