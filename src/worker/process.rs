@@ -123,92 +123,9 @@ impl WorkerProcess {
     /// Start a worker and wait (up to `spec.load_timeout`) for its `ready` line.
     pub async fn spawn(spec: &SpawnSpec) -> Result<WorkerProcess, WorkerError> {
         prepare_scratch(&spec.scratch).await?;
-        if let Some(sandbox) = &spec.sandbox {
-            // Overlay layers live in the scratch folder, which was just emptied.
-            // Overlay layers start empty at every spawn: nothing one incarnation wrote survives.
-            for o in &sandbox.overlays {
-                if let Some(parent) = o.upper.parent() {
-                    reset_dir(parent)
-                        .await
-                        .map_err(|e| WorkerError::io("reset overlay folder", parent, e))?;
-                }
-                for dir in [&o.upper, &o.work] {
-                    reset_dir(dir)
-                        .await
-                        .map_err(|e| WorkerError::io("reset overlay folder", dir, e))?;
-                }
-            }
-        }
+        reset_overlays(spec).await?;
         let (log_file, log_start) = open_log(spec).await?;
-
-        let script = spec.harness_dir.join(HARNESS_ENTRY);
-        let args: Vec<OsString> = vec![
-            "-u".into(),
-            script.into_os_string(),
-            "serve".into(),
-            "--role".into(),
-            spec.role.as_str().into(),
-            "--scratch".into(),
-            spec.scratch.clone().into_os_string(),
-        ];
-        let mut cmd = match &spec.remote {
-            None => {
-                let mut c = tokio::process::Command::new(&spec.python);
-                c.args(&args).env_clear().envs(worker_env(spec));
-                c
-            }
-            Some(r) => r
-                .launcher
-                .command(
-                    &r.placement,
-                    &spec.name,
-                    &spec.python,
-                    &args,
-                    &worker_env(spec),
-                )
-                .map_err(|e| WorkerError::Spawn {
-                    worker: spec.name.clone(),
-                    program: spec.python.clone(),
-                    source: std::io::Error::other(e),
-                })?,
-        };
-        cmd.current_dir(&spec.scratch)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            // Through a pipe and a capped pump rather than straight into the file: see
-            // LOG_BYTES_PER_REQUEST.
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        // Own session (and process group): ninja, nvcc and anything a candidate forks die with the
-        // worker, see `kill_group`. And the worker dies with krefine, stopped or not (before the
-        // sandbox's fork, so that its supervisor, the process we start, is the one tied to us).
-        let krefine = std::process::id() as libc::pid_t;
-        // Builds yield the cores to the evaluation workers' timings (see `BACKGROUND_NICE`).
-        let background = spec.role == WorkerRole::Compile;
-        // SAFETY: between fork and exec only the async-signal-safe `setsid`, `getpriority`,
-        // `setpriority`, `prctl` and `getppid`.
-        unsafe {
-            cmd.pre_exec(move || {
-                nix::unistd::setsid().map_err(std::io::Error::from)?;
-                if background {
-                    lower_priority();
-                }
-                die_with_parent(krefine)
-            });
-        }
-        // The sandbox, entered after `setsid` so the supervisor it leaves outside keeps the pid, the
-        // session and the process group we kill.
-        if let Some(sandbox) = &spec.sandbox {
-            let mut prepared = sandbox.prepare().map_err(|e| WorkerError::Spawn {
-                worker: spec.name.clone(),
-                program: spec.python.clone(),
-                source: std::io::Error::other(e),
-            })?;
-            // SAFETY: `enter` makes only async-signal-safe system calls on data prepared above.
-            unsafe {
-                cmd.pre_exec(move || prepared.enter());
-            }
-        }
+        let cmd = command(spec)?;
         let mut child =
             super::session::spawn_tied(cmd)
                 .await
@@ -234,7 +151,7 @@ impl WorkerProcess {
                 log_tail: String::new(),
             });
         };
-        let mut worker = WorkerProcess {
+        let worker = WorkerProcess {
             name: spec.name.clone(),
             child,
             pid,
@@ -262,6 +179,12 @@ impl WorkerProcess {
             remote: spec.remote.clone(),
             supervised: spec.sandbox.is_some() && spec.remote.is_none(),
         };
+        Self::await_ready(worker, spec).await
+    }
+
+    /// Wait (up to `spec.load_timeout`) for the worker's `ready` line, for the role asked; a worker
+    /// that sends anything else, or nothing in time, is killed and its log's tail reported.
+    async fn await_ready(mut worker: Self, spec: &SpawnSpec) -> Result<WorkerProcess, WorkerError> {
         match worker.read_response(spec.load_timeout).await {
             Ok(Response::Ok(r)) if r.id == 0 => match r.body {
                 ResponseBody::Ready(ready) => {
@@ -751,6 +674,102 @@ fn make_dirs_writable(dir: &Path) {
             }
         }
     }
+}
+
+/// The worker's command line: the harness's entry point in `serve` mode for the role, in its scratch
+/// folder, with a clean environment (or through the remote launcher), in a session of its own that
+/// dies with krefine, and inside the sandbox when there is one.
+fn command(spec: &SpawnSpec) -> Result<tokio::process::Command, WorkerError> {
+    let script = spec.harness_dir.join(HARNESS_ENTRY);
+    let args: Vec<OsString> = vec![
+        "-u".into(),
+        script.into_os_string(),
+        "serve".into(),
+        "--role".into(),
+        spec.role.as_str().into(),
+        "--scratch".into(),
+        spec.scratch.clone().into_os_string(),
+    ];
+    let mut cmd = match &spec.remote {
+        None => {
+            let mut c = tokio::process::Command::new(&spec.python);
+            c.args(&args).env_clear().envs(worker_env(spec));
+            c
+        }
+        Some(r) => r
+            .launcher
+            .command(
+                &r.placement,
+                &spec.name,
+                &spec.python,
+                &args,
+                &worker_env(spec),
+            )
+            .map_err(|e| WorkerError::Spawn {
+                worker: spec.name.clone(),
+                program: spec.python.clone(),
+                source: std::io::Error::other(e),
+            })?,
+    };
+    cmd.current_dir(&spec.scratch)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        // Through a pipe and a capped pump rather than straight into the file: see
+        // LOG_BYTES_PER_REQUEST.
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    // Own session (and process group): ninja, nvcc and anything a candidate forks die with the
+    // worker, see `kill_group`. And the worker dies with krefine, stopped or not (before the
+    // sandbox's fork, so that its supervisor, the process we start, is the one tied to us).
+    let krefine = std::process::id() as libc::pid_t;
+    // Builds yield the cores to the evaluation workers' timings (see `BACKGROUND_NICE`).
+    let background = spec.role == WorkerRole::Compile;
+    // SAFETY: between fork and exec only the async-signal-safe `setsid`, `getpriority`,
+    // `setpriority`, `prctl` and `getppid`.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            if background {
+                lower_priority();
+            }
+            die_with_parent(krefine)
+        });
+    }
+    // The sandbox, entered after `setsid` so the supervisor it leaves outside keeps the pid, the
+    // session and the process group we kill.
+    if let Some(sandbox) = &spec.sandbox {
+        let mut prepared = sandbox.prepare().map_err(|e| WorkerError::Spawn {
+            worker: spec.name.clone(),
+            program: spec.python.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        // SAFETY: `enter` makes only async-signal-safe system calls on data prepared above.
+        unsafe {
+            cmd.pre_exec(move || prepared.enter());
+        }
+    }
+    Ok(cmd)
+}
+
+/// Overlay layers live in the scratch folder, which was just emptied; they start empty at every
+/// spawn: nothing one incarnation wrote survives.
+async fn reset_overlays(spec: &SpawnSpec) -> Result<(), WorkerError> {
+    let Some(sandbox) = &spec.sandbox else {
+        return Ok(());
+    };
+    for o in &sandbox.overlays {
+        if let Some(parent) = o.upper.parent() {
+            reset_dir(parent)
+                .await
+                .map_err(|e| WorkerError::io("reset overlay folder", parent, e))?;
+        }
+        for dir in [&o.upper, &o.work] {
+            reset_dir(dir)
+                .await
+                .map_err(|e| WorkerError::io("reset overlay folder", dir, e))?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

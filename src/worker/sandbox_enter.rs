@@ -145,6 +145,21 @@ impl Prepared {
     /// # Safety
     /// Call only between `fork` and `exec` (a `pre_exec` hook).
     pub unsafe fn enter(&mut self) -> io::Result<()> {
+        // SAFETY: this function's own contract (between fork and exec); each step makes raw system
+        // calls on data prepared before the fork, in this order.
+        unsafe {
+            self.enter_namespaces()?;
+            self.make_view()?;
+            self.cover_and_bind_back()?;
+            self.become_pid1()
+        }
+    }
+
+    /// New user, mount, PID, network, IPC and UTS namespaces, mapped to the caller's ids; mounts private.
+    ///
+    /// # Safety
+    /// Call only between `fork` and `exec`, in [`Self::enter`]'s order.
+    unsafe fn enter_namespaces(&self) -> io::Result<()> {
         // SAFETY (whole body): raw system calls on C strings and plain structs owned by `self`.
         unsafe {
             let flags = libc::CLONE_NEWUSER
@@ -188,6 +203,17 @@ impl Prepared {
                 ) as libc::c_long,
                 b"making mounts private",
             )?;
+            Ok(())
+        }
+    }
+
+    /// Clones of every folder that comes back (taken before anything is covered), then `/` read-only.
+    ///
+    /// # Safety
+    /// Call only between `fork` and `exec`, in [`Self::enter`]'s order.
+    unsafe fn make_view(&mut self) -> io::Result<()> {
+        // SAFETY (whole body): raw system calls on C strings and plain structs owned by `self`.
+        unsafe {
             let ro = MountAttr {
                 attr_set: MOUNT_ATTR_RDONLY,
                 attr_clr: 0,
@@ -234,6 +260,17 @@ impl Prepared {
                 ),
                 b"mount_setattr (making / read-only)",
             )?;
+            Ok(())
+        }
+    }
+
+    /// Hidden folders covered by empty tmpfs, the cloned folders bound back, the overlays mounted.
+    ///
+    /// # Safety
+    /// Call only between `fork` and `exec`, in [`Self::enter`]'s order.
+    unsafe fn cover_and_bind_back(&mut self) -> io::Result<()> {
+        // SAFETY (whole body): raw system calls on C strings and plain structs owned by `self`.
+        unsafe {
             for (i, op) in self.ops.iter().enumerate() {
                 match op {
                     Op::Hide {
@@ -287,6 +324,18 @@ impl Prepared {
                     b"mounting the copy-on-write overlay",
                 )?;
             }
+            Ok(())
+        }
+    }
+
+    /// Fork into the new PID namespace (the first process supervises and never returns), then, as its
+    /// PID 1: a fresh /proc, the working folder, no new privileges.
+    ///
+    /// # Safety
+    /// Call only between `fork` and `exec`, in [`Self::enter`]'s order.
+    unsafe fn become_pid1(&self) -> io::Result<()> {
+        // SAFETY (whole body): raw system calls on C strings and plain structs owned by `self`.
+        unsafe {
             let child = libc::fork();
             if child < 0 {
                 return Err(fail(b"fork (into the new PID namespace)"));
