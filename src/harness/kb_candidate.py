@@ -167,7 +167,11 @@ class Integrity:
 
     def check_threads(self, verdict: Verdict, phase: str) -> bool:
         ok = True
-        alive = [t for t in _enumerate_threads() if t.ident not in self.threads and t.is_alive()]
+        alive = [
+            t
+            for t in _enumerate_threads()
+            if t.ident not in self.threads and t.is_alive() and t not in kb_compile.HARNESS_THREADS
+        ]
         if alive:
             names = ", ".join(sorted(t.name for t in alive))
             ok = self.report(

@@ -21,6 +21,7 @@ import resource
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,10 @@ _PIPE_SIZE = 1024 * 1024
 # How long the end of a capture waits for the pump: a process the candidate left behind may keep the
 # pipe open for good.
 _PUMP_JOIN_S = 5.0
+# The harness's own threads in a candidate's process (capture pumps): the candidate checks leave them out.
+# A pump may outlive its capture: the join's timeout is read on the process's clock, and a candidate that
+# slows that clock (a GOT patch of clock_gettime) makes every such wait end at once.
+HARNESS_THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 # Held by the worker that builds or loads in a build dir (see remove_stale_locks); not torch's `lock`.
 BUILD_LOCK_FILE = "krefine-build.lock"
 _held_build_lock: tuple[str, int] | None = None
@@ -145,6 +150,7 @@ def capture_fds(log_path: str, append: bool = False, limit: int = CAPTURE_LIMIT)
     with contextlib.suppress(OSError, AttributeError):
         fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
     pump = threading.Thread(target=_pump, args=(read_fd, log_fd, limit), name="krefine-capture", daemon=True)
+    HARNESS_THREADS.add(pump)
     pump.start()
     _flush_all()
     saved_out, saved_err = os.dup(1), os.dup(2)

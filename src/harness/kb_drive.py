@@ -541,16 +541,30 @@ class Driver:
         self.timing = True
         spans: list[float] = []
         ratio = 0.0
+        kind = self.ctx.device.type
+        typical = statistics.median(self.spans) if self.spans else None
         try:
             in_views, out_views = self._bind(probe.inputs, probe.expected)
-            for _ in range(PRECISION_CALLS):
-                span, got, reply, _ = self._call(-1, probe.inputs, in_views, out_views)
-                if reply.raw("verdict") is not None or reply.raw("mismatch") is not None:
-                    record["ratio"] = None
-                    warn(verdict, "precision_lowered", "the candidate failed on the precision probe's inputs (signed values)")
-                    return
-                spans.append(span)
-                ratio = max(ratio, kb_precision.ratio(probe, got))
+            # A probe slower than the timed calls is measured again (up to PROBE_ROUNDS rounds, the
+            # fastest call kept), as a forged-looking figure is: a machine's load passes, a path the
+            # candidate takes on other inputs does not.
+            for _round in range(PROBE_ROUNDS):
+                for _ in range(PRECISION_CALLS):
+                    span, got, reply, _ = self._call(-1, probe.inputs, in_views, out_views)
+                    if reply.raw("verdict") is not None or reply.raw("mismatch") is not None:
+                        record["ratio"] = None
+                        warn(
+                            verdict,
+                            "precision_lowered",
+                            "the candidate failed on the precision probe's inputs (signed values)",
+                        )
+                        return
+                    spans.append(span)
+                    ratio = max(ratio, kb_precision.ratio(probe, got))
+                if strict and ratio >= kb_precision.FAIL_RATIO:
+                    break  # refused below: no need to time it further
+                if typical is None or min(spans) <= SPECIALISED_RATIO[kind] * typical + SPECIALISED_SLACK_MS[kind]:
+                    break
         finally:
             self.timing = was_timing
         span = min(spans)
@@ -565,16 +579,13 @@ class Driver:
             return
         if ratio >= kb_precision.WARN_RATIO:
             warn(verdict, "precision_lowered", message)
-        kind = self.ctx.device.type
-        if self.spans:
-            typical = statistics.median(self.spans)
-            if span > SPECIALISED_RATIO[kind] * typical + SPECIALISED_SLACK_MS[kind]:
-                warn(
-                    verdict,
-                    "distribution_specialised",
-                    f"a call on the precision probe's inputs took {span:.3f} ms on the worker's clock, the timed "
-                    f"calls {typical:.3f} ms (median): the candidate may take another path on other inputs",
-                )
+        if typical is not None and span > SPECIALISED_RATIO[kind] * typical + SPECIALISED_SLACK_MS[kind]:
+            warn(
+                verdict,
+                "distribution_specialised",
+                f"a call on the precision probe's inputs took {span:.3f} ms on the worker's clock, the timed "
+                f"calls {typical:.3f} ms (median): the candidate may take another path on other inputs",
+            )
 
     # -- faithful mode
 

@@ -179,3 +179,35 @@ def test_a_forkserver_that_dies_during_a_job_blames_that_job(
     monkeypatch.setattr(worker, "grant_spares", grant)
     assert killed and blamed["metadata"]["runtime_error_name"] == "harness_tampering", blamed
     honest(worker, tmp_path / "after", "strict")
+
+
+def test_the_harness_capture_pump_is_not_counted_as_the_candidates_thread() -> None:
+    """A capture pump may outlive its capture (its join's timeout runs on the process's clock, which a
+    GOT-patched clock_gettime slows: the wait ends at once). The candidate checks leave the harness's
+    own threads out; a thread of the same name that the harness did not start still fails strict mode."""
+    import threading
+
+    import torch
+
+    import kb_candidate
+    import kb_compile
+    from kb_correctness import Verdict
+
+    integrity = kb_candidate.Integrity("strict", torch.device("cpu"), {})
+    stop = threading.Event()
+    pump = threading.Thread(target=stop.wait, name="krefine-capture", daemon=True)
+    kb_compile.HARNESS_THREADS.add(pump)
+    pump.start()
+    impostor = threading.Thread(target=stop.wait, name="krefine-capture", daemon=True)
+    try:
+        verdict = Verdict()
+        assert integrity.check_threads(verdict, "at import")
+        assert "thread_left_running" not in [f["category"] for f in verdict.findings]
+        impostor.start()
+        assert not integrity.check_threads(verdict, "after the forward")
+        assert "thread_left_running" in [f["category"] for f in verdict.findings]
+    finally:
+        stop.set()
+        pump.join()
+        if impostor.is_alive():
+            impostor.join()
