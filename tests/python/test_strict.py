@@ -158,8 +158,13 @@ def test_skipping_work_on_unchecked_calls_is_caught(worker: kb_eval.Worker, tmp_
 @pytest.mark.slow
 def test_a_done_sent_before_the_work_copies_no_output(worker: kb_eval.Worker, tmp_path: Path) -> None:
     """early_done rewrites the harness in its process to answer each call before computing it: the
-    worker's copy after `done` holds its poison, and a checked call fails."""
+    worker's copy after `done` holds its poison, and a checked call fails. On a loaded machine the worker
+    may copy only after the late work (20 ms) has finished: then every call's span holds that work, and
+    the early answer gained nothing."""
     response = evaluate(worker, tmp_path, "early_done.py", "strict")
+    if response["status"] == "correct":
+        assert response["runtime_stats"]["min"] >= 20.0, response["runtime_stats"]
+        return
     assert response["status"] == "incorrect" and response["speedup"] is None, response
     assert response["metadata"]["correctness_issue_name"] == "timed_output_mismatch", response
 
