@@ -92,9 +92,21 @@ fn workers_cannot_see_orchestrator_secrets() {
                 for secret in SECRETS {
                     assert!(!env.contains_key(secret), "{role} sees {secret}: {env:#?}");
                 }
-                let own = scratch.join(role).to_string_lossy().into_owned();
-                assert_eq!(env.get("HOME"), Some(&own), "{role}");
-                assert_eq!(env.get("TMPDIR"), Some(&own), "{role}");
+                // HOME and TMPDIR are the worker's own scratch, and for a candidate's process
+                // (issue 35) a folder of its own inside it: no candidate sees another's files.
+                let own = scratch.join(role);
+                let home = env.get("HOME").map(std::path::PathBuf::from);
+                assert!(
+                    home.as_ref().is_some_and(|h| h.starts_with(&own)),
+                    "{role}: HOME {home:?} outside {own:?}"
+                );
+                assert_eq!(env.get("TMPDIR").map(std::path::PathBuf::from), home, "{role}");
+                if role == "cpu-0" {
+                    assert!(
+                        home.as_ref().is_some_and(|h| h.starts_with(own.join("candidates"))),
+                        "{role}: a candidate's HOME {home:?} is not its own folder"
+                    );
+                }
                 assert_eq!(
                     env.get("CUDA_VISIBLE_DEVICES").map(String::as_str),
                     Some(""),

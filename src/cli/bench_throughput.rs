@@ -679,7 +679,7 @@ mod tests {
             executed(7_000, "measured"),
             executed(8_000, "measured"),
         ];
-        let t = throughput(&RunState::from_records(&log), 100.0);
+        let t = throughput(&fold(&log), 100.0);
         let f = floors(&log, &t, 4);
         assert_eq!(f.build_cpu_s, 48.0);
         assert_eq!(f.median_build_cpu_s, 14.0, "the measured builds' median");

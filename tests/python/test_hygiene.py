@@ -43,7 +43,8 @@ def evaluate(worker: kb_eval.Worker, build: Path, source: str, mode: str) -> dic
 
 def honest(worker: kb_eval.Worker, build: Path, mode: str) -> dict[str, Any]:
     response = evaluate(worker, build, HONEST, mode)
-    assert response["status"] == "correct" and response["speedup"] is not None, response
+    why = (response["status"], response.get("metadata", {}), str(response.get("feedback", ""))[:600])
+    assert response["status"] == "correct" and response["speedup"] is not None, why
     assert [f["category"] for f in response["findings"]] == [], response["findings"]
     return response
 
