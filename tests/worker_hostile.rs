@@ -263,7 +263,8 @@ fn compile_error_feedback_has_the_compiler_error_line() {
         let s = shared().await;
         let c = compile(&s.pool, &s.logs, "compile_error.py").await;
         assert_eq!(c.status, CompileStatus::Error, "{c:#?}");
-        assert!(!c.cached);
+        // Built, or (on a later run of the suite, whose build cache persists) replayed from the
+        // cache with the same output: a failure in the candidate's own code is cached (issue 36).
         assert!(c.error_name.is_some(), "{c:#?}");
         // g++: "error: expected ',' or ';' before 'return'" and "'undeclared_name' was not declared".
         assert!(
