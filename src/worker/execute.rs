@@ -378,7 +378,7 @@ impl Executor for WorkerPool {
         problems: Vec<Arc<Problem>>,
         processes: Option<u32>,
     ) -> HashMap<ProblemKey, InputsPlan> {
-        self.plan_inputs_now(&problems, processes).await
+        self.inputs.plan(&problems, processes).await
     }
 
     async fn make_inputs(
@@ -386,11 +386,11 @@ impl Executor for WorkerPool {
         problem: Arc<Problem>,
         processes: Option<u32>,
     ) -> Result<Option<InputsOutcome>, Unavailable> {
-        self.make_inputs_now(&problem, processes).await
+        self.inputs.make(&problem, processes).await
     }
 
     fn hold_inputs(&self, problem: &Problem) -> Option<Box<dyn std::any::Any + Send + Sync>> {
-        self.hold_inputs_of(problem)
+        self.inputs.hold(problem)
     }
 
     async fn prepare_reference(

@@ -20,6 +20,8 @@
 //! - `reference`: outcomes of preparing a problem's reference data ahead of its candidates.
 //! - [`input_store`]: the on-disk store of reference inputs made on the CPU, off the device lease.
 //! - [`input_admission`]: how large that store may grow and which entries go to make room.
+//! - `inputs`: the inputs room: this pool's input stores (disk and in-memory tiers), what their
+//!   entries are made of, and the CPU stage of reference preparation.
 //! - `build_store`: publishing builds into the shared cache, sealing them, the copy-on-write taint
 //!   check.
 //! - [`pause`]: stopping the compile pool while the CPU device times a candidate.
@@ -41,6 +43,7 @@ mod execute;
 pub mod harness;
 pub mod input_admission;
 pub mod input_store;
+mod inputs;
 mod loss;
 mod outcome;
 pub mod pause;

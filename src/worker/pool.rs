@@ -23,8 +23,7 @@ use tokio::sync::{Mutex, Semaphore};
 
 use super::WorkerError;
 use super::build_store::{PCH_DIR, STALE_PUBLISH, sweep_publish_leftovers};
-use super::config::InputsMode;
-use super::input_store::InputStore;
+use super::inputs::{InputStores, InputTiers};
 use super::loss::toolchain_mismatch;
 use super::pause::Pauser;
 use super::process::WorkerProcess;
@@ -34,7 +33,7 @@ use super::sandbox_spec::{resolve_sandbox, visible_dirs, worker_sandbox};
 use super::session::kill_group;
 use super::settings::{Deadlines, WorkerSettings};
 use super::slot::{Slot, SlotState};
-use super::spawn_spec::{Remote, SpawnSpec, worker_env};
+use super::spawn_spec::{Remote, SpawnSpec};
 use crate::services::DeviceId;
 use crate::types::Problem;
 
@@ -61,13 +60,8 @@ pub struct WorkerPool {
     pub(super) pauser: Arc<Pauser>,
     /// What the workers run in (recorded in every result's `env.sandbox`).
     pub(super) sandbox_level: SandboxLevel,
-    /// The on-disk store of CPU-made inputs, when it is on (`eval.inputs = "kernelbench"`, a size
-    /// above 0, a local launcher: remote workers would not see it).
-    pub(super) input_store: Option<InputStore>,
-    /// The store's in-memory tier (`/dev/shm`), for entries the disk store refuses.
-    pub(super) ram_store: Option<InputStore>,
-    /// Its folder, this run's own: removed when the pool is dropped.
-    _ram_scratch: Option<crate::scratch::Scratch>,
+    /// The stores of CPU-made reference inputs (the inputs room).
+    pub(super) inputs: InputStores,
 }
 
 impl std::fmt::Debug for WorkerPool {
@@ -142,79 +136,16 @@ impl WorkerPool {
             load_timeout: deadlines.load,
             extra_env: settings.extra_env.clone(),
         };
-        let input_store = match &settings.reference_cache {
-            Some(root)
-                if !remote
-                    && settings.reference_cache_bytes > 0
-                    && settings.inputs == InputsMode::Kernelbench =>
-            {
-                // The generator runs the problem's (trusted) code on the CPU with every GPU hidden,
-                // outside the sandbox: it is the only writer of the store.
-                let gen_spec = spec(
-                    "inputs".into(),
-                    WorkerRole::Compile,
-                    Some(String::new()),
-                    None,
-                    launcher.compile_placement(0),
-                );
-                tokio::fs::create_dir_all(&gen_spec.scratch)
-                    .await
-                    .map_err(|e| WorkerError::io("create scratch", &gen_spec.scratch, e))?;
-                Some(InputStore::new(
-                    root.clone(),
-                    settings.reference_cache_bytes,
-                    settings.python.clone(),
-                    settings.harness_dir.clone(),
-                    worker_env(&gen_spec),
-                    deadlines.reference,
-                ))
-            }
-            _ => None,
-        };
-        // The in-memory tier: this run's own folder in /dev/shm (a dead run's is swept), or the
-        // machine's kept one, shared by runs and left in place.
-        let shm = std::path::Path::new("/dev/shm");
-        let ram_root = match &input_store {
-            Some(_) if settings.reference_ram_keep && settings.reference_ram_bytes > 0 => {
-                let dir = super::input_store::ram_store_dir(true);
-                match std::fs::create_dir_all(dir.join("inputs")) {
-                    Ok(()) => Some(dir.join("inputs")),
-                    Err(e) => {
-                        tracing::warn!("no in-memory input store in {}: {e}", dir.display());
-                        None
-                    }
-                }
-            }
-            _ => None,
-        };
-        let ram_scratch = match &input_store {
-            Some(_) if ram_root.is_some() => None,
-            Some(_) if settings.reference_ram_bytes > 0 && shm.is_dir() => {
-                match crate::scratch::Scratch::claim(shm, super::input_store::RAM_STORE_PREFIX) {
-                    Ok(s) => Some(s),
-                    Err(e) => {
-                        tracing::warn!("no in-memory input store in {}: {e}", shm.display());
-                        None
-                    }
-                }
-            }
-            _ => None,
-        };
-        let ram_root = ram_root.or_else(|| ram_scratch.as_ref().map(|s| s.path().join("inputs")));
-        let ram_store = match (&input_store, ram_root) {
-            (Some(disk), Some(root)) => Some(
-                InputStore::new(
-                    root,
-                    settings.reference_ram_bytes,
-                    settings.python.clone(),
-                    settings.harness_dir.clone(),
-                    disk.env().to_vec(),
-                    deadlines.reference,
-                )
-                .in_memory(),
-            ),
-            _ => None,
-        };
+        let input_tiers = InputTiers::open(&settings, deadlines.reference, || {
+            spec(
+                "inputs".into(),
+                WorkerRole::Compile,
+                Some(String::new()),
+                None,
+                launcher.compile_placement(0),
+            )
+        })
+        .await?;
         let physical = |i: u32| {
             crate::gpu::worker_visible_device(i, settings.visible_devices.as_deref())
                 .map_err(WorkerError::Settings)
@@ -352,6 +283,7 @@ impl WorkerPool {
             .zip(evals)
             .map(|((d, s), p)| (d, make_slot(s, Some(p))))
             .collect();
+        let inputs = input_tiers.for_entries(&settings, &torch);
         let n = compile_slots.len();
         let pauser = Pauser::new(compile_slots.iter().map(|s| s.pgid.clone()).collect());
         Ok(Arc::new(WorkerPool {
@@ -368,9 +300,7 @@ impl WorkerPool {
             closed: AtomicBool::new(false),
             settings,
             sandbox_level,
-            input_store,
-            ram_store,
-            _ram_scratch: ram_scratch,
+            inputs,
         }))
     }
 
