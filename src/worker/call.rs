@@ -197,7 +197,7 @@ impl WorkerPool {
         let mut last = None;
         for _ in 0..tries {
             match WorkerProcess::spawn(&slot.spec).await {
-                Ok(p) => match toolchain_mismatch(self.toolchain.as_deref(), p.ready()) {
+                Ok(p) => match toolchain_mismatch(self.builds.toolchain(), p.ready()) {
                     None => return Ok(p),
                     Some(why) => {
                         let mut p = p;
@@ -244,7 +244,7 @@ impl WorkerPool {
         let started = WorkerProcess::spawn(&slot.spec).await;
         let remote = slot.spec.remote.is_some();
         let why = match started {
-            Ok(mut p) => match toolchain_mismatch(self.toolchain.as_deref(), p.ready()) {
+            Ok(mut p) => match toolchain_mismatch(self.builds.toolchain(), p.ready()) {
                 None => return Ok(p),
                 Some(why) => {
                     slot.note_ready(&p, &self.settings.launcher);

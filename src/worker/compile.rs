@@ -6,53 +6,28 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 
-use super::build_cache::{FailedBuild, append_file};
-use super::build_store::{publish_build, publish_pchs};
+use super::build_cache::{Builds, FailedBuild, append_file};
+use super::build_store::publish_build;
 use super::loss::{Fault, retry_lost};
 use super::outcome::{CallError, Failure, FailureKind, Phase, closed, elapsed_ms, failure};
 use super::pool::WorkerPool;
 use super::protocol::{CompileRequest, CompileStatusWire, RequestBody, ResponseBody};
-use super::slot::{FreeSlot, Slot};
+use super::slot::FreeSlot;
 use super::worker_log::log_tail;
 use crate::services::{BuildPause, CompileJob, Compiler, Unavailable};
 use crate::types::RequestError;
 use crate::types::{BuildCpu, CompileOutcome, CompileStatus};
 
-impl WorkerPool {
-    /// Publish the precompiled headers a sandboxed compile worker has finished (in the background,
-    /// after a build that missed them) into the shared cache, for every later worker and run. Without
-    /// the sandbox the worker writes the shared `pch/` itself. A failure only costs speed: logged.
-    pub(super) async fn publish_pchs_of(&self, slot: &Slot) {
-        let Some(overlay) = slot.spec.sandbox.as_ref().and_then(|s| s.overlays.first()) else {
-            return;
-        };
-        let (upper, cache) = (overlay.upper.clone(), self.settings.build_cache.clone());
-        match tokio::task::spawn_blocking(move || publish_pchs(&upper, &cache)).await {
-            Ok(Ok(keys)) if !keys.is_empty() => tracing::info!(
-                "published the precompiled header(s) {} of worker {} into the build cache",
-                keys.join(", "),
-                slot.spec.name
-            ),
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::warn!(
-                "could not publish worker {}'s precompiled headers: {e}",
-                slot.spec.name
-            ),
-            Err(e) => tracing::warn!("publishing precompiled headers failed: {e}"),
-        }
-    }
-}
-
 #[async_trait]
 impl Compiler for WorkerPool {
     async fn compile(&self, job: CompileJob) -> Result<CompileOutcome, Unavailable> {
         let started = Instant::now();
-        let build_dir = self.build_dir_for(&job.code);
-        let _build = self.lock_build(&build_dir).await?;
-        if let Some(outcome) = self.cached_compile(&build_dir, &job, started).await {
+        let build_dir = self.builds.dir_for(&job.code);
+        let _build = self.builds.lock(&build_dir).await?;
+        if let Some(outcome) = self.builds.cached(&build_dir, &job, started).await {
             return Ok(outcome);
         }
-        WorkerPool::forget_failure(&build_dir).await;
+        Builds::forget_failure(&build_dir).await;
         let retries = self.settings.launcher.loss_retries();
         let attempt = || self.compile_once(&job, &build_dir, started);
         let (mut outcome, losses) = retry_lost(retries, || false, attempt).await?;
@@ -63,8 +38,8 @@ impl Compiler for WorkerPool {
     async fn cached(&self, job: &CompileJob) -> Option<CompileOutcome> {
         // No lock: markers appear whole (written, then renamed) and a build dir is never unsealed;
         // a miss here is looked up again under the build dir's lock.
-        let build_dir = self.build_dir_for(&job.code);
-        self.cached_compile(&build_dir, job, Instant::now()).await
+        let build_dir = self.builds.dir_for(&job.code);
+        self.builds.cached(&build_dir, job, Instant::now()).await
     }
 
     async fn pause_builds(&self) -> Option<BuildPause> {
@@ -167,12 +142,12 @@ impl WorkerPool {
         let request = RequestBody::Compile(CompileRequest {
             source: job.code.clone(),
             build_dir: build_dir.to_string_lossy().into_owned(),
-            arch_list: self.arch_list.clone(),
+            arch_list: self.builds.arch_list().map(str::to_string),
             log_path: worker_log.to_string_lossy().into_owned(),
             build: Some(self.settings.build.as_str().into()),
         });
         let result = self.call(slot, request, self.deadlines.compile, true).await;
-        self.publish_pchs_of(slot).await;
+        self.builds.publish_pchs_of(slot).await;
         if worker_log != job.log_path {
             copy_log(&worker_log, &job.log_path).await;
         }
@@ -203,8 +178,7 @@ impl WorkerPool {
                 let mut error = r.error;
                 if status == CompileStatus::Ok
                     && let Some(sandbox) = &slot.spec.sandbox
-                    && let Err(e) =
-                        publish_build(sandbox, &self.settings.build_cache, build_dir).await
+                    && let Err(e) = publish_build(sandbox, self.builds.root(), build_dir).await
                 {
                     status = CompileStatus::Error;
                     let message = format!("krefine could not store the build in the cache: {e}");
@@ -212,14 +186,15 @@ impl WorkerPool {
                     error = Some(message);
                 }
                 if status == CompileStatus::Ok {
-                    self.record_success(
-                        build_dir,
-                        job,
-                        &feedback,
-                        r.duration_s,
-                        r.build_path.clone(),
-                    )
-                    .await;
+                    self.builds
+                        .record_success(
+                            build_dir,
+                            job,
+                            &feedback,
+                            r.duration_s,
+                            r.build_path.clone(),
+                        )
+                        .await;
                 } else if r.status == CompileStatusWire::CompileError {
                     // The candidate's own code failed to build: kept, so no request of the same
                     // source pays for it again.
@@ -230,7 +205,7 @@ impl WorkerPool {
                         duration_s: r.duration_s,
                         build_path: r.build_path.as_deref(),
                     };
-                    self.record_failure(build_dir, job, failed).await;
+                    self.builds.record_failure(build_dir, job, failed).await;
                 }
                 Ok(CompileOutcome {
                     ran_on,

@@ -121,7 +121,7 @@ impl WorkerPool {
     pub(super) fn candidate_spec(&self, job: &ExecJob) -> (PathBuf, CandidateSpec) {
         let dir = match &job.build_dir {
             Some(d) => PathBuf::from(d),
-            None => self.build_dir_for(&job.code),
+            None => self.builds.dir_for(&job.code),
         };
         let spec = CandidateSpec {
             source: job.code.clone(),
@@ -419,7 +419,8 @@ impl WorkerPool {
         let started = Instant::now();
         let (build_dir, candidate) = self.candidate_spec(job);
         let _build = self
-            .lock_build(&build_dir)
+            .builds
+            .lock(&build_dir)
             .await
             .map_err(Fault::Unavailable)?;
         let integrity = self.integrity_spec(slot.hardware().as_deref());
@@ -476,7 +477,8 @@ impl WorkerPool {
         let started = Instant::now();
         let (build_dir, candidate) = self.candidate_spec(job);
         let _build = self
-            .lock_build(&build_dir)
+            .builds
+            .lock(&build_dir)
             .await
             .map_err(Fault::Unavailable)?;
         let request = RequestBody::Profile(ProfileRequest {

@@ -20,16 +20,18 @@
 //! - `reference`: outcomes of preparing a problem's reference data ahead of its candidates.
 //! - [`input_store`]: the on-disk store of reference inputs made on the CPU, off the device lease.
 //! - [`input_admission`]: how large that store may grow and which entries go to make room.
-//! - `inputs`: the inputs room: this pool's input stores (disk and in-memory tiers), what their
-//!   entries are made of, and the CPU stage of reference preparation.
 //! - `build_store`: publishing builds into the shared cache, sealing them, the copy-on-write taint
 //!   check.
 //! - [`pause`]: stopping the compile pool while the CPU device times a candidate.
 //! - `settings`: [`WorkerSettings`] and the validated deadlines; `slot`: one worker position;
 //!   `sandbox_spec`: probing the sandbox and each worker's file system view.
+//! - `inputs`: the inputs room: this pool's input stores (disk and in-memory tiers), what their
+//!   entries are made of, and the CPU stage of reference preparation.
+//! - `build_cache`: the build room (`Builds`: the content-addressed build cache, its keys, the build
+//!   dirs' locks and markers).
 //! - [`pool`]: [`WorkerPool`] itself (state, start, shutdown); above it the jobs it does: `call` (one
-//!   request through a slot), `build_cache`, `compile` (the `Compiler`), `prepare` (reference
-//!   preparation), `execute` (the `Executor`).
+//!   request through a slot), `compile` (the `Compiler`), `prepare` (reference preparation),
+//!   `execute` (the `Executor`).
 //! - [`baseline`]: KernelBench baseline timing files.
 
 pub mod baseline;

@@ -13,8 +13,7 @@
 //! This file holds the pool itself (its state, start, shutdown); the jobs it does live beside it:
 //! `call` (one request through a slot), `compile`, `execute`, `prepare`, `build_cache`, `outcome`.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -22,7 +21,7 @@ use std::time::Duration;
 use tokio::sync::{Mutex, Semaphore};
 
 use super::WorkerError;
-use super::build_store::{PCH_DIR, STALE_PUBLISH, sweep_publish_leftovers};
+use super::build_cache::{Builds, sweep_build_cache};
 use super::inputs::{InputStores, InputTiers};
 use super::loss::toolchain_mismatch;
 use super::pause::Pauser;
@@ -43,18 +42,12 @@ pub(super) const EXIT_GRACE: Duration = Duration::from_secs(5);
 pub struct WorkerPool {
     pub(super) settings: WorkerSettings,
     pub(super) deadlines: Deadlines,
-    /// torch version of the workers (part of the build key).
-    pub(super) torch: String,
-    /// The first compile worker's toolchain (machine, libc, compilers; part of the build key). A
-    /// worker that reports another one is refused.
-    pub(super) toolchain: Option<String>,
-    /// The arch list builds use (settings, or derived from the GPUs).
-    pub(super) arch_list: Option<String>,
+    /// The build cache, its keys and locks (the build room).
+    pub(super) builds: Builds,
     pub(super) compile_slots: Vec<Slot>,
     pub(super) compile_free: StdMutex<Vec<usize>>,
     pub(super) compile_permits: Semaphore,
     pub(super) eval_slots: Vec<(DeviceId, Slot)>,
-    pub(super) build_locks: StdMutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
     pub(super) closed: AtomicBool,
     /// Stops the compile workers while the CPU device times a candidate.
     pub(super) pauser: Arc<Pauser>,
@@ -67,8 +60,8 @@ pub struct WorkerPool {
 impl std::fmt::Debug for WorkerPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WorkerPool")
-            .field("torch", &self.torch)
-            .field("arch_list", &self.arch_list)
+            .field("torch", &self.builds.torch())
+            .field("arch_list", &self.builds.arch_list())
             .field("compile_workers", &self.compile_slots.len())
             .field(
                 "devices",
@@ -289,14 +282,17 @@ impl WorkerPool {
         Ok(Arc::new(WorkerPool {
             pauser,
             deadlines,
-            torch,
-            toolchain,
-            arch_list,
+            builds: Builds::new(
+                settings.build_cache.clone(),
+                settings.build,
+                torch,
+                toolchain,
+                arch_list,
+            ),
             compile_free: StdMutex::new((0..n).rev().collect()),
             compile_permits: Semaphore::new(n),
             compile_slots,
             eval_slots,
-            build_locks: StdMutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             settings,
             sandbox_level,
@@ -311,7 +307,7 @@ impl WorkerPool {
 
     /// The torch version the workers run (part of every build key).
     pub fn torch_version(&self) -> &str {
-        &self.torch
+        self.builds.torch()
     }
 
     /// The sandbox the workers run in.
@@ -321,7 +317,12 @@ impl WorkerPool {
 
     /// The `TORCH_CUDA_ARCH_LIST` builds use.
     pub fn arch_list(&self) -> Option<&str> {
-        self.arch_list.as_deref()
+        self.builds.arch_list()
+    }
+
+    /// Content-addressed build directory of a candidate source.
+    pub fn build_dir_for(&self, source: &str) -> PathBuf {
+        self.builds.dir_for(source)
     }
 
     pub fn settings(&self) -> &WorkerSettings {
@@ -361,7 +362,7 @@ impl WorkerPool {
                     slot.pgid.store(0, Ordering::SeqCst);
                     // The headers it finished since its last build, before its layer goes.
                     if slot.spec.role == WorkerRole::Compile {
-                        self.publish_pchs_of(slot).await;
+                        self.builds.publish_pchs_of(slot).await;
                     }
                 }
                 // Busy: the request in flight sees the worker die and reports it.
@@ -392,24 +393,5 @@ impl WorkerPool {
             DeviceId::Gpu(_) => "cuda:0",
             DeviceId::Cpu => "cpu",
         }
-    }
-}
-
-/// Remove what a krefine killed while publishing into the build cache left there (a build's or a
-/// precompiled header's temporary folder, [`sweep_publish_leftovers`]).
-async fn sweep_build_cache(cache: &Path) {
-    let cache = cache.to_path_buf();
-    let swept = tokio::task::spawn_blocking(move || {
-        let mut removed = sweep_publish_leftovers(&cache, STALE_PUBLISH);
-        removed.extend(sweep_publish_leftovers(&cache.join(PCH_DIR), STALE_PUBLISH));
-        removed
-    })
-    .await
-    .unwrap_or_default();
-    if !swept.is_empty() {
-        tracing::info!(
-            "removed {} folder(s) left in the build cache by a publisher that is gone",
-            swept.len()
-        );
     }
 }
