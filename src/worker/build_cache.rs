@@ -158,11 +158,6 @@ impl Builds {
         self.arch_list.as_deref()
     }
 
-    /// The toolchain every worker must report (`None`: the first compile worker reported none).
-    pub(super) fn toolchain(&self) -> Option<&str> {
-        self.toolchain.as_deref()
-    }
-
     /// The cache's folder.
     pub(super) fn root(&self) -> &Path {
         &self.root

@@ -1,7 +1,6 @@
 //! The pool as [`Compiler`]: one compile attempt on a free compile worker, retried when the worker is lost.
 
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -12,7 +11,7 @@ use super::loss::{Fault, retry_lost};
 use super::outcome::{CallError, Failure, FailureKind, Phase, closed, elapsed_ms, failure};
 use super::pool::WorkerPool;
 use super::protocol::{CompileRequest, CompileStatusWire, RequestBody, ResponseBody};
-use super::slot::FreeSlot;
+use super::slot::NoLease;
 use super::worker_log::log_tail;
 use crate::services::{BuildPause, CompileJob, Compiler, Unavailable};
 use crate::types::RequestError;
@@ -48,7 +47,7 @@ impl Compiler for WorkerPool {
         if self.settings.launcher.is_remote() {
             return None;
         }
-        Some(BuildPause::new(self.pauser.pause().await))
+        Some(BuildPause::new(self.calls.pauser().pause().await))
     }
 }
 
@@ -111,28 +110,17 @@ impl WorkerPool {
                 "no compile worker is left: the hosts of all of them were drained".into(),
             ))
         };
-        let Ok(permit) = self.compile_permits.acquire().await else {
-            return Err(if self.closed.load(Ordering::SeqCst) {
-                Fault::Unavailable(closed())
-            } else {
-                no_workers()
-            });
-        };
-        let index = match self.compile_free.lock() {
-            Ok(mut free) => free.pop(),
-            Err(poisoned) => poisoned.into_inner().pop(),
-        };
-        // The semaphore has as many permits as free slots, so a permit always finds one.
-        let Some(index) = index else {
-            return Err(Fault::Unavailable(closed()));
-        };
-        let slot_guard = FreeSlot {
-            free: &self.compile_free,
-            index,
+        let lease = match self.slots.lease_compile().await {
+            Ok(lease) => lease,
+            Err(NoLease::Closed) if self.calls.is_closed() => {
+                return Err(Fault::Unavailable(closed()));
+            }
+            Err(NoLease::Closed) => return Err(no_workers()),
+            Err(NoLease::NoFreeSlot) => return Err(Fault::Unavailable(closed())),
         };
         // No build starts while the CPU device is timing.
-        self.pauser.wait_unpaused().await;
-        let slot = &self.compile_slots[index];
+        self.calls.pauser().wait_unpaused().await;
+        let slot = lease.slot();
         // A sandboxed worker cannot write the run directory: it writes the compile log in its own
         // scratch, and we copy it to the run's log.
         let worker_log = match &slot.spec.sandbox {
@@ -146,27 +134,16 @@ impl WorkerPool {
             log_path: worker_log.to_string_lossy().into_owned(),
             build: Some(self.settings.build.as_str().into()),
         });
-        let result = self.call(slot, request, self.deadlines.compile, true).await;
+        let result = self
+            .calls
+            .call(slot, request, self.deadlines.compile, true)
+            .await;
         self.builds.publish_pchs_of(slot).await;
         if worker_log != job.log_path {
             copy_log(&worker_log, &job.log_path).await;
         }
-        if slot.retired.load(Ordering::SeqCst) {
-            // Its host was drained: the slot and its permit leave the pool.
-            std::mem::forget(slot_guard);
-            permit.forget();
-            let live = self
-                .compile_slots
-                .iter()
-                .filter(|s| !s.retired.load(Ordering::SeqCst))
-                .count();
-            if live == 0 {
-                self.compile_permits.close();
-            }
-        } else {
-            drop(slot_guard);
-            drop(permit);
-        }
+        // A slot whose host was drained leaves the pool with its permit.
+        lease.release();
         let ran_on = slot.ran_on();
         match result {
             Ok(ResponseBody::Compile(r)) => {

@@ -318,7 +318,7 @@ fn integrity_spec(
 #[async_trait]
 impl Executor for WorkerPool {
     async fn execute(&self, job: ExecJob, device: &DeviceId) -> Result<ExecOutcome, Unavailable> {
-        let Some(slot) = self.eval_slot(device) else {
+        let Some(slot) = self.slots.eval(device) else {
             return Err(Unavailable(format!(
                 "device {device} is not served by this worker pool"
             )));
@@ -356,7 +356,7 @@ impl Executor for WorkerPool {
         job: ExecJob,
         device: &DeviceId,
     ) -> Result<ProfileOutcome, Unavailable> {
-        let Some(slot) = self.eval_slot(device) else {
+        let Some(slot) = self.slots.eval(device) else {
             return Err(Unavailable(format!(
                 "device {device} is not served by this worker pool"
             )));
@@ -403,7 +403,8 @@ impl Executor for WorkerPool {
     }
 
     fn retired(&self, device: &DeviceId) -> bool {
-        self.eval_slot(device)
+        self.slots
+            .eval(device)
             .is_some_and(|s| s.retired.load(Ordering::SeqCst))
     }
 }
@@ -436,7 +437,7 @@ impl WorkerPool {
             own: self.deadlines.execute,
             reference: Some(self.deadlines.reference),
         };
-        let (result, reference) = self.call_within(slot, request, budget, true).await;
+        let (result, reference) = self.calls.call_within(slot, request, budget, true).await;
         let mut outcome = match result {
             Ok(ResponseBody::Evaluate(r)) => self.exec_outcome(*r, device, started),
             Ok(other) => {
@@ -462,7 +463,7 @@ impl WorkerPool {
                 .phases
                 .insert("reference_s".into(), Value::Number(n));
         }
-        self.check_cow(slot).await;
+        self.calls.check_cow(slot).await;
         outcome.env.ran_on = slot.ran_on();
         Ok(outcome)
     }
@@ -492,8 +493,11 @@ impl WorkerPool {
                 .ncu
                 .then(|| self.integrity_spec(slot.hardware().as_deref())),
         });
-        let result = self.call(slot, request, self.deadlines.profile, true).await;
-        self.check_cow(slot).await;
+        let result = self
+            .calls
+            .call(slot, request, self.deadlines.profile, true)
+            .await;
+        self.calls.check_cow(slot).await;
         match result {
             Ok(ResponseBody::Profile(r)) => Ok(Self::profile_outcome(r, started)),
             Ok(other) => Ok(Self::profile_failure(

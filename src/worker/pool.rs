@@ -10,18 +10,21 @@
 //!   the worker's process group; the next request starts a fresh worker. The job gets a verdict that
 //!   says what happened, in KernelBench's metadata shape where one applies.
 //!
-//! This file holds the pool itself (its state, start, shutdown); the jobs it does live beside it:
-//! `call` (one request through a slot), `compile`, `execute`, `prepare`, `build_cache`, `outcome`.
+//! This file holds the pool itself: a thin owner of its parts (the slots, the call room, the build
+//! room, the input stores), started and shut down here. The parts own their state and live below it
+//! (`slot`, `call`, `build_cache`, `inputs`); the jobs the pool does through them live beside it
+//! (`compile`, `execute`, `prepare`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Mutex;
 
 use super::WorkerError;
 use super::build_cache::{Builds, sweep_build_cache};
+use super::call::{Calls, EXIT_GRACE};
 use super::inputs::{InputStores, InputTiers};
 use super::loss::toolchain_mismatch;
 use super::pause::Pauser;
@@ -31,26 +34,20 @@ use super::sandbox::SandboxLevel;
 use super::sandbox_spec::{resolve_sandbox, visible_dirs, worker_sandbox};
 use super::session::kill_group;
 use super::settings::{Deadlines, WorkerSettings};
-use super::slot::{Slot, SlotState};
+use super::slot::{Slot, SlotState, Slots};
 use super::spawn_spec::{Remote, SpawnSpec};
 use crate::services::DeviceId;
 use crate::types::Problem;
-
-/// How long a worker asked to exit (recycling, shutdown) may take before it is killed.
-pub(super) const EXIT_GRACE: Duration = Duration::from_secs(5);
 
 pub struct WorkerPool {
     pub(super) settings: WorkerSettings,
     pub(super) deadlines: Deadlines,
     /// The build cache, its keys and locks (the build room).
     pub(super) builds: Builds,
-    pub(super) compile_slots: Vec<Slot>,
-    pub(super) compile_free: StdMutex<Vec<usize>>,
-    pub(super) compile_permits: Semaphore,
-    pub(super) eval_slots: Vec<(DeviceId, Slot)>,
-    pub(super) closed: AtomicBool,
-    /// Stops the compile workers while the CPU device times a candidate.
-    pub(super) pauser: Arc<Pauser>,
+    /// The worker positions: compile slots (leased per job) and one evaluation slot per device.
+    pub(super) slots: Slots,
+    /// Sending requests through the slots (closing, pausing builds, lost workers).
+    pub(super) calls: Calls,
     /// What the workers run in (recorded in every result's `env.sandbox`).
     pub(super) sandbox_level: SandboxLevel,
     /// The stores of CPU-made reference inputs (the inputs room).
@@ -62,11 +59,8 @@ impl std::fmt::Debug for WorkerPool {
         f.debug_struct("WorkerPool")
             .field("torch", &self.builds.torch())
             .field("arch_list", &self.builds.arch_list())
-            .field("compile_workers", &self.compile_slots.len())
-            .field(
-                "devices",
-                &self.eval_slots.iter().map(|(d, _)| d).collect::<Vec<_>>(),
-            )
+            .field("compile_workers", &self.slots.compile().len())
+            .field("devices", &self.slots.devices().collect::<Vec<_>>())
             .finish()
     }
 }
@@ -276,11 +270,18 @@ impl WorkerPool {
             .zip(evals)
             .map(|((d, s), p)| (d, make_slot(s, Some(p))))
             .collect();
+        let slots = Slots::new(compile_slots, eval_slots);
         let inputs = input_tiers.for_entries(&settings, &torch);
-        let n = compile_slots.len();
-        let pauser = Pauser::new(compile_slots.iter().map(|s| s.pgid.clone()).collect());
-        Ok(Arc::new(WorkerPool {
+        let pauser = Pauser::new(slots.compile().iter().map(|s| s.pgid.clone()).collect());
+        let calls = Calls::new(
             pauser,
+            settings.launcher.clone(),
+            settings.recycle_after,
+            toolchain.clone(),
+        );
+        Ok(Arc::new(WorkerPool {
+            slots,
+            calls,
             deadlines,
             builds: Builds::new(
                 settings.build_cache.clone(),
@@ -289,11 +290,6 @@ impl WorkerPool {
                 toolchain,
                 arch_list,
             ),
-            compile_free: StdMutex::new((0..n).rev().collect()),
-            compile_permits: Semaphore::new(n),
-            compile_slots,
-            eval_slots,
-            closed: AtomicBool::new(false),
             settings,
             sandbox_level,
             inputs,
@@ -302,7 +298,7 @@ impl WorkerPool {
 
     /// How many times the compile pool was paused for a CPU timing (for tests and diagnostics).
     pub fn build_pauses(&self) -> u32 {
-        self.pauser.pauses()
+        self.calls.pauser().pauses()
     }
 
     /// The torch version the workers run (part of every build key).
@@ -332,11 +328,7 @@ impl WorkerPool {
     /// Process ids of the live workers (for tests and diagnostics).
     pub async fn worker_pids(&self) -> Vec<u32> {
         let mut pids = Vec::new();
-        for slot in self
-            .compile_slots
-            .iter()
-            .chain(self.eval_slots.iter().map(|(_, s)| s))
-        {
+        for slot in self.slots.all() {
             let pid = slot.pgid.load(Ordering::SeqCst);
             if pid != 0 {
                 pids.push(pid);
@@ -348,12 +340,8 @@ impl WorkerPool {
     /// Ask every worker to exit (killing those that do not within a few seconds, and those busy with
     /// a request). Later requests fail with a clear message.
     pub async fn shutdown(&self) {
-        self.closed.store(true, Ordering::SeqCst);
-        let slots = self
-            .compile_slots
-            .iter()
-            .chain(self.eval_slots.iter().map(|(_, s)| s));
-        futures::future::join_all(slots.map(|slot| async move {
+        self.calls.close();
+        futures::future::join_all(self.slots.all().map(|slot| async move {
             match tokio::time::timeout(Duration::from_secs(1), slot.state.lock()).await {
                 Ok(mut state) => {
                     if let Some(p) = state.process.take() {
@@ -370,13 +358,6 @@ impl WorkerPool {
             }
         }))
         .await;
-    }
-
-    pub(super) fn eval_slot(&self, device: &DeviceId) -> Option<&Slot> {
-        self.eval_slots
-            .iter()
-            .find(|(d, _)| d == device)
-            .map(|(_, s)| s)
     }
 
     pub(super) fn problem_spec(problem: &Problem) -> ProblemSpec {

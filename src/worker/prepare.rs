@@ -23,7 +23,7 @@ impl WorkerPool {
         problem: &Problem,
         device: &DeviceId,
     ) -> Result<PrepareOutcome, Unavailable> {
-        let Some(slot) = self.eval_slot(device) else {
+        let Some(slot) = self.slots.eval(device) else {
             return Err(Unavailable(format!(
                 "device {device} is not served by this worker pool"
             )));
@@ -31,6 +31,7 @@ impl WorkerPool {
         let request = RequestBody::Prepare(self.prepare_request(problem, device));
         let started = Instant::now();
         let result = self
+            .calls
             .call(slot, request, self.deadlines.reference, false)
             .await;
         Ok(match result {
@@ -128,7 +129,7 @@ impl WorkerPool {
         device: &DeviceId,
         quiet: bool,
     ) -> Result<PrepareOutcome, Unavailable> {
-        let Some(slot) = self.eval_slot(device) else {
+        let Some(slot) = self.slots.eval(device) else {
             return Err(Unavailable(format!(
                 "device {device} is not served by this worker pool"
             )));
@@ -139,6 +140,7 @@ impl WorkerPool {
         let started = Instant::now();
         // Not a candidate's request: it does not count towards recycling the worker.
         let result = self
+            .calls
             .call(
                 slot,
                 RequestBody::Prepare(request),
