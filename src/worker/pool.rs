@@ -16,11 +16,9 @@
 //! (`compile`, `execute`, `prepare`).
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
-
-use tokio::sync::Mutex;
 
 use super::WorkerError;
 use super::build_cache::{Builds, sweep_build_cache};
@@ -34,8 +32,9 @@ use super::sandbox::SandboxLevel;
 use super::sandbox_spec::{resolve_sandbox, visible_dirs, worker_sandbox};
 use super::session::kill_group;
 use super::settings::{Deadlines, WorkerSettings};
-use super::slot::{Slot, SlotState, Slots};
+use super::slot::{Slot, Slots};
 use super::spawn_spec::{Remote, SpawnSpec};
+use crate::launcher::Placement;
 use crate::services::DeviceId;
 use crate::types::Problem;
 
@@ -71,134 +70,19 @@ impl WorkerPool {
     /// once; the other compile workers start on first use.
     pub async fn start(settings: WorkerSettings) -> Result<Arc<WorkerPool>, WorkerError> {
         let deadlines = Deadlines::from(&settings.timeouts)?;
-        if settings.compile_workers == 0 {
-            return Err(WorkerError::Settings(
-                "compile_workers must be at least 1".into(),
-            ));
-        }
-        if settings.devices.is_empty() {
-            return Err(WorkerError::Settings("no devices to evaluate on".into()));
-        }
-        for (i, d) in settings.devices.iter().enumerate() {
-            if settings.devices[..i].contains(d) {
-                return Err(WorkerError::Settings(format!("device {d} is listed twice")));
-            }
-        }
-        for (dir, what) in [
-            (&settings.scratch_root, "create scratch root"),
-            (&settings.log_dir, "create worker log folder"),
-            (&settings.build_cache, "create build cache"),
-        ] {
-            tokio::fs::create_dir_all(dir)
-                .await
-                .map_err(|e| WorkerError::io(what, dir, e))?;
-        }
-        sweep_build_cache(&settings.build_cache).await;
-        if let Some(dir) = &settings.reference_cache {
-            // Before the sandboxes are made: they show it to the workers (read-only).
-            tokio::fs::create_dir_all(dir)
-                .await
-                .map_err(|e| WorkerError::io("create reference input store", dir, e))?;
-        }
-
+        check_settings(&settings)?;
+        make_folders(&settings).await?;
         let sandbox_level = resolve_sandbox(&settings).await?;
-        let confine = sandbox_level.is_confined();
-        let visible = visible_dirs(&settings);
-        let launcher = settings.launcher.clone();
-        let remote = launcher.is_remote();
-        let spec = |name: String, role, cvd: Option<String>, arch: Option<String>, at| SpawnSpec {
-            sandbox: confine.then(|| worker_sandbox(&settings, &name, &visible)),
-            remote: remote.then(|| Remote {
-                launcher: launcher.clone(),
-                placement: at,
-            }),
-            scratch: settings.scratch_root.join(&name),
-            log_path: settings.log_dir.join(format!("{name}.log")),
-            name,
-            role,
-            python: settings.python.clone(),
-            harness_dir: settings.harness_dir.clone(),
-            cuda_visible_devices: cvd,
-            arch_list: arch,
+        let specs = Specs {
+            settings: &settings,
+            visible: visible_dirs(&settings),
+            confine: sandbox_level.is_confined(),
             load_timeout: deadlines.load,
-            extra_env: settings.extra_env.clone(),
         };
-        let input_tiers = InputTiers::open(&settings, deadlines.reference, || {
-            spec(
-                "inputs".into(),
-                WorkerRole::Compile,
-                Some(String::new()),
-                None,
-                launcher.compile_placement(0),
-            )
-        })
-        .await?;
-        let physical = |i: u32| {
-            crate::gpu::worker_visible_device(i, settings.visible_devices.as_deref())
-                .map_err(WorkerError::Settings)
-        };
-        let eval_specs: Vec<(DeviceId, SpawnSpec)> = settings
-            .devices
-            .iter()
-            .map(|d| {
-                let at = launcher.eval_placement(d);
-                let s = match d {
-                    // A Slurm step gets its GPU from Slurm; an SSH worker's is set remotely.
-                    DeviceId::Gpu(i) if remote => spec(
-                        format!("gpu-{i}"),
-                        WorkerRole::Gpu,
-                        None,
-                        settings.arch_list.clone(),
-                        at,
-                    ),
-                    DeviceId::Gpu(i) => spec(
-                        format!("gpu-{i}"),
-                        WorkerRole::Gpu,
-                        Some(physical(*i)?),
-                        settings.arch_list.clone(),
-                        at,
-                    ),
-                    // An empty CUDA_VISIBLE_DEVICES hides every GPU: "cpu" means CPU only.
-                    DeviceId::Cpu => spec(
-                        "cpu-0".into(),
-                        WorkerRole::Gpu,
-                        Some(String::new()),
-                        settings.arch_list.clone(),
-                        at,
-                    ),
-                };
-                Ok((d.clone(), s))
-            })
-            .collect::<Result<_, WorkerError>>()?;
-        // Compile workers see the run's GPUs, as KernelBench's CPU pre-compile does: a candidate
-        // that picks its sources with `torch.cuda.is_available()` at import must build here what
-        // the device will load. They never run kernels; a candidate that allocates on the GPU at
-        // import costs a CUDA context for the length of its build.
-        // Remote compile workers run as CPU steps (or on hosts whose GPUs serve others): none.
-        let run_gpus = if remote {
-            String::new()
-        } else {
-            settings
-                .devices
-                .iter()
-                .filter_map(|d| match d {
-                    DeviceId::Gpu(i) => Some(physical(*i)),
-                    DeviceId::Cpu => None,
-                })
-                .collect::<Result<Vec<_>, _>>()?
-                .join(",")
-        };
-        let compile_specs: Vec<SpawnSpec> = (0..settings.compile_workers)
-            .map(|i| {
-                spec(
-                    format!("compile-{i}"),
-                    WorkerRole::Compile,
-                    Some(run_gpus.clone()),
-                    settings.arch_list.clone(),
-                    launcher.compile_placement(i),
-                )
-            })
-            .collect();
+        let input_tiers =
+            InputTiers::open(&settings, deadlines.reference, || specs.inputs_generator()).await?;
+        let eval_specs = specs.eval()?;
+        let compile_specs = specs.compile()?;
 
         // Start the device workers and the first compile worker concurrently (each imports torch).
         let first_compile = WorkerProcess::spawn(&compile_specs[0]);
@@ -226,49 +110,19 @@ impl WorkerPool {
         }
         let arch_list = match &settings.arch_list {
             Some(a) => Some(a.clone()),
-            None => {
-                let mut caps: Vec<String> = Vec::new();
-                for w in &evals {
-                    if let Some(dev) = &w.ready().device
-                        && let [major, minor, ..] = dev.capability[..]
-                    {
-                        let cap = format!("{major}.{minor}");
-                        if !caps.contains(&cap) {
-                            caps.push(cap);
-                        }
-                    }
-                }
-                (!caps.is_empty()).then(|| caps.join(";"))
-            }
+            None => arch_list_of(&evals),
         };
 
-        let make_slot = |spec: SpawnSpec, process: Option<WorkerProcess>| {
-            let mut slot = Slot {
-                pgid: Arc::new(AtomicU32::new(process.as_ref().map_or(0, |p| p.pid()))),
-                spec,
-                state: Mutex::new(SlotState {
-                    process: None,
-                    served: 0,
-                }),
-                hardware: StdMutex::new(None),
-                ran_on: StdMutex::new(None),
-                retired: AtomicBool::new(false),
-            };
-            if let Some(p) = process {
-                slot.note_ready(&p, &launcher);
-                slot.state.get_mut().process = Some(p);
-            }
-            slot
-        };
-        let mut compile_slots = Vec::with_capacity(compile_specs.len());
+        let launcher = &settings.launcher;
         let mut first = Some(first_compile);
-        for s in compile_specs {
-            compile_slots.push(make_slot(s, first.take()));
-        }
+        let compile_slots = compile_specs
+            .into_iter()
+            .map(|s| Slot::new(s, first.take(), launcher))
+            .collect();
         let eval_slots = eval_specs
             .into_iter()
             .zip(evals)
-            .map(|((d, s), p)| (d, make_slot(s, Some(p))))
+            .map(|((d, s), p)| (d, Slot::new(s, Some(p), launcher)))
             .collect();
         let slots = Slots::new(compile_slots, eval_slots);
         let inputs = input_tiers.for_entries(&settings, &torch);
@@ -374,5 +228,193 @@ impl WorkerPool {
             DeviceId::Gpu(_) => "cuda:0",
             DeviceId::Cpu => "cpu",
         }
+    }
+}
+
+/// Settings no pool can start with: no compile worker, no device, a device listed twice.
+fn check_settings(settings: &WorkerSettings) -> Result<(), WorkerError> {
+    if settings.compile_workers == 0 {
+        return Err(WorkerError::Settings(
+            "compile_workers must be at least 1".into(),
+        ));
+    }
+    if settings.devices.is_empty() {
+        return Err(WorkerError::Settings("no devices to evaluate on".into()));
+    }
+    for (i, d) in settings.devices.iter().enumerate() {
+        if settings.devices[..i].contains(d) {
+            return Err(WorkerError::Settings(format!("device {d} is listed twice")));
+        }
+    }
+    Ok(())
+}
+
+/// The folders the pool writes (scratch, logs, the build cache, swept of a dead publisher's
+/// leftovers) and the input store's, before any worker or sandbox is made.
+async fn make_folders(settings: &WorkerSettings) -> Result<(), WorkerError> {
+    for (dir, what) in [
+        (&settings.scratch_root, "create scratch root"),
+        (&settings.log_dir, "create worker log folder"),
+        (&settings.build_cache, "create build cache"),
+    ] {
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|e| WorkerError::io(what, dir, e))?;
+    }
+    sweep_build_cache(&settings.build_cache).await;
+    if let Some(dir) = &settings.reference_cache {
+        // Before the sandboxes are made: they show it to the workers (read-only).
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|e| WorkerError::io("create reference input store", dir, e))?;
+    }
+    Ok(())
+}
+
+/// The arch list of the devices the evaluation workers reported (their compute capabilities, each
+/// once); `None` when none reported one (a CPU-only pool).
+fn arch_list_of(evals: &[WorkerProcess]) -> Option<String> {
+    let mut caps: Vec<String> = Vec::new();
+    for w in evals {
+        if let Some(dev) = &w.ready().device
+            && let [major, minor, ..] = dev.capability[..]
+        {
+            let cap = format!("{major}.{minor}");
+            if !caps.contains(&cap) {
+                caps.push(cap);
+            }
+        }
+    }
+    (!caps.is_empty()).then(|| caps.join(";"))
+}
+
+/// How this pool's workers are started: one [`SpawnSpec`] per worker, made from the settings.
+struct Specs<'a> {
+    settings: &'a WorkerSettings,
+    /// The folders every worker's sandbox shows read-only (see `visible_dirs`).
+    visible: Vec<PathBuf>,
+    /// The workers run in a sandbox (the resolved level confines them).
+    confine: bool,
+    /// How long a worker may take to report `ready`.
+    load_timeout: Duration,
+}
+
+impl Specs<'_> {
+    fn worker(
+        &self,
+        name: String,
+        role: WorkerRole,
+        cvd: Option<String>,
+        arch: Option<String>,
+        at: Placement,
+    ) -> SpawnSpec {
+        let settings = self.settings;
+        let launcher = &settings.launcher;
+        SpawnSpec {
+            sandbox: self
+                .confine
+                .then(|| worker_sandbox(settings, &name, &self.visible)),
+            remote: launcher.is_remote().then(|| Remote {
+                launcher: launcher.clone(),
+                placement: at,
+            }),
+            scratch: settings.scratch_root.join(&name),
+            log_path: settings.log_dir.join(format!("{name}.log")),
+            name,
+            role,
+            python: settings.python.clone(),
+            harness_dir: settings.harness_dir.clone(),
+            cuda_visible_devices: cvd,
+            arch_list: arch,
+            load_timeout: self.load_timeout,
+            extra_env: settings.extra_env.clone(),
+        }
+    }
+
+    /// The physical index of the orchestrator's GPU `i` (see [`crate::gpu::worker_visible_device`]).
+    fn physical(&self, i: u32) -> Result<String, WorkerError> {
+        crate::gpu::worker_visible_device(i, self.settings.visible_devices.as_deref())
+            .map_err(WorkerError::Settings)
+    }
+
+    /// The input store's generator: the CPU, every GPU hidden.
+    fn inputs_generator(&self) -> SpawnSpec {
+        self.worker(
+            "inputs".into(),
+            WorkerRole::Compile,
+            Some(String::new()),
+            None,
+            self.settings.launcher.compile_placement(0),
+        )
+    }
+
+    /// One evaluation worker per device.
+    fn eval(&self) -> Result<Vec<(DeviceId, SpawnSpec)>, WorkerError> {
+        let settings = self.settings;
+        let remote = settings.launcher.is_remote();
+        let arch = || settings.arch_list.clone();
+        settings
+            .devices
+            .iter()
+            .map(|d| {
+                let at = settings.launcher.eval_placement(d);
+                let s = match d {
+                    // A Slurm step gets its GPU from Slurm; an SSH worker's is set remotely.
+                    DeviceId::Gpu(i) if remote => {
+                        self.worker(format!("gpu-{i}"), WorkerRole::Gpu, None, arch(), at)
+                    }
+                    DeviceId::Gpu(i) => self.worker(
+                        format!("gpu-{i}"),
+                        WorkerRole::Gpu,
+                        Some(self.physical(*i)?),
+                        arch(),
+                        at,
+                    ),
+                    // An empty CUDA_VISIBLE_DEVICES hides every GPU: "cpu" means CPU only.
+                    DeviceId::Cpu => self.worker(
+                        "cpu-0".into(),
+                        WorkerRole::Gpu,
+                        Some(String::new()),
+                        arch(),
+                        at,
+                    ),
+                };
+                Ok((d.clone(), s))
+            })
+            .collect()
+    }
+
+    /// The compile workers (`compile_workers` of them).
+    fn compile(&self) -> Result<Vec<SpawnSpec>, WorkerError> {
+        let settings = self.settings;
+        // Compile workers see the run's GPUs, as KernelBench's CPU pre-compile does: a candidate
+        // that picks its sources with `torch.cuda.is_available()` at import must build here what
+        // the device will load. They never run kernels; a candidate that allocates on the GPU at
+        // import costs a CUDA context for the length of its build.
+        // Remote compile workers run as CPU steps (or on hosts whose GPUs serve others): none.
+        let run_gpus = if settings.launcher.is_remote() {
+            String::new()
+        } else {
+            settings
+                .devices
+                .iter()
+                .filter_map(|d| match d {
+                    DeviceId::Gpu(i) => Some(self.physical(*i)),
+                    DeviceId::Cpu => None,
+                })
+                .collect::<Result<Vec<_>, _>>()?
+                .join(",")
+        };
+        Ok((0..settings.compile_workers)
+            .map(|i| {
+                self.worker(
+                    format!("compile-{i}"),
+                    WorkerRole::Compile,
+                    Some(run_gpus.clone()),
+                    settings.arch_list.clone(),
+                    settings.launcher.compile_placement(i),
+                )
+            })
+            .collect())
     }
 }

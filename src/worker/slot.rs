@@ -28,6 +28,30 @@ pub(super) struct Slot {
 }
 
 impl Slot {
+    /// A slot for `spec`, holding `process` when one was started already (it reported `ready`).
+    pub(super) fn new(
+        spec: SpawnSpec,
+        process: Option<WorkerProcess>,
+        launcher: &Launcher,
+    ) -> Slot {
+        let mut slot = Slot {
+            pgid: Arc::new(AtomicU32::new(process.as_ref().map_or(0, |p| p.pid()))),
+            spec,
+            state: Mutex::new(SlotState {
+                process: None,
+                served: 0,
+            }),
+            hardware: StdMutex::new(None),
+            ran_on: StdMutex::new(None),
+            retired: AtomicBool::new(false),
+        };
+        if let Some(p) = process {
+            slot.note_ready(&p, launcher);
+            slot.state.get_mut().process = Some(p);
+        }
+        slot
+    }
+
     pub(super) fn ran_on(&self) -> Option<RanOn> {
         match self.ran_on.lock() {
             Ok(r) => r.clone(),
