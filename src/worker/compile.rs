@@ -1,17 +1,21 @@
-//! The pool as [`Compiler`]: one compile attempt on a free compile worker, retried when the worker is lost.
+//! The compile room: one compile job, answered from the build cache or built on a free compile worker
+//! (retried when the worker is lost). [`CompileRoom`] borrows the pool's parts it works through (the
+//! slots, the call room, the build room); the pool as [`Compiler`] only hands it the job.
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
 use super::build_cache::{Builds, FailedBuild, append_file};
 use super::build_store::publish_build;
+use super::call::Calls;
+use super::config::BuildMode;
 use super::loss::{Fault, retry_lost};
 use super::outcome::{CallError, Failure, FailureKind, Phase, closed, elapsed_ms, failure};
 use super::pool::WorkerPool;
 use super::protocol::{CompileRequest, CompileStatusWire, RequestBody, ResponseBody};
-use super::slot::NoLease;
+use super::slot::{NoLease, Slots};
 use super::worker_log::log_tail;
 use crate::services::{BuildPause, CompileJob, Compiler, Unavailable};
 use crate::types::RequestError;
@@ -20,18 +24,15 @@ use crate::types::{BuildCpu, CompileOutcome, CompileStatus};
 #[async_trait]
 impl Compiler for WorkerPool {
     async fn compile(&self, job: CompileJob) -> Result<CompileOutcome, Unavailable> {
-        let started = Instant::now();
-        let build_dir = self.builds.dir_for(&job.code);
-        let _build = self.builds.lock(&build_dir).await?;
-        if let Some(outcome) = self.builds.cached(&build_dir, &job, started).await {
-            return Ok(outcome);
-        }
-        Builds::forget_failure(&build_dir).await;
-        let retries = self.settings.launcher.loss_retries();
-        let attempt = || self.compile_once(&job, &build_dir, started);
-        let (mut outcome, losses) = retry_lost(retries, || false, attempt).await?;
-        outcome.worker_losses = losses;
-        Ok(outcome)
+        let room = CompileRoom {
+            slots: &self.slots,
+            calls: &self.calls,
+            builds: &self.builds,
+            mode: self.settings.build,
+            deadline: self.deadlines.compile,
+            retries: self.settings.launcher.loss_retries(),
+        };
+        room.compile(job).await
     }
 
     async fn cached(&self, job: &CompileJob) -> Option<CompileOutcome> {
@@ -51,9 +52,37 @@ impl Compiler for WorkerPool {
     }
 }
 
-impl WorkerPool {
-    pub(super) async fn compile_failure(
-        &self,
+/// The compile room: what one compile job works through.
+struct CompileRoom<'a> {
+    slots: &'a Slots,
+    calls: &'a Calls,
+    builds: &'a Builds,
+    /// How builds are made (`eval.build`), sent with every compile request.
+    mode: BuildMode,
+    /// A build's deadline (`eval.timeouts.compile_s`), counting only the time it was not paused.
+    deadline: Duration,
+    /// Lost workers retried before the job gives up (`resources.loss_retries`).
+    retries: u32,
+}
+
+impl CompileRoom<'_> {
+    async fn compile(&self, job: CompileJob) -> Result<CompileOutcome, Unavailable> {
+        let started = Instant::now();
+        let build_dir = self.builds.dir_for(&job.code);
+        let _build = self.builds.lock(&build_dir).await?;
+        if let Some(outcome) = self.builds.cached(&build_dir, &job, started).await {
+            return Ok(outcome);
+        }
+        Builds::forget_failure(&build_dir).await;
+        let attempt = || self.compile_once(&job, &build_dir, started);
+        let (mut outcome, losses) = retry_lost(self.retries, || false, attempt).await?;
+        outcome.worker_losses = losses;
+        Ok(outcome)
+    }
+
+    /// The outcome of a compile request that failed (timed out, crashed, broke the protocol): the
+    /// error, and the last lines of the build's and the worker's output.
+    async fn failure(
         err: CallError,
         job: &CompileJob,
         build_dir: &Path,
@@ -99,7 +128,7 @@ impl WorkerPool {
     }
 
     /// One compile attempt on a free compile worker (the build dir is locked by the caller).
-    pub(super) async fn compile_once(
+    async fn compile_once(
         &self,
         job: &CompileJob,
         build_dir: &Path,
@@ -132,12 +161,9 @@ impl WorkerPool {
             build_dir: build_dir.to_string_lossy().into_owned(),
             arch_list: self.builds.arch_list().map(str::to_string),
             log_path: worker_log.to_string_lossy().into_owned(),
-            build: Some(self.settings.build.as_str().into()),
+            build: Some(self.mode.as_str().into()),
         });
-        let result = self
-            .calls
-            .call(slot, request, self.deadlines.compile, true)
-            .await;
+        let result = self.calls.call(slot, request, self.deadline, true).await;
         self.builds.publish_pchs_of(slot).await;
         if worker_log != job.log_path {
             copy_log(&worker_log, &job.log_path).await;
@@ -209,13 +235,13 @@ impl WorkerPool {
                     detail: format!("compile answered with `{}`", other.kind()),
                     log_tail: String::new(),
                 });
-                let mut o = self.compile_failure(err, job, build_dir, started).await;
+                let mut o = Self::failure(err, job, build_dir, started).await;
                 o.ran_on = ran_on;
                 Ok(o)
             }
             Err(e) => {
                 let e = e.candidate_fault()?;
-                let mut o = self.compile_failure(e, job, build_dir, started).await;
+                let mut o = Self::failure(e, job, build_dir, started).await;
                 o.ran_on = ran_on;
                 Ok(o)
             }
