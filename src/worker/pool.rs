@@ -39,7 +39,9 @@ use crate::services::DeviceId;
 use crate::types::Problem;
 
 pub struct WorkerPool {
+    /// What the pool was started with; the jobs read their request settings from it.
     pub(super) settings: WorkerSettings,
+    /// The settings' timeouts, validated once at start (each request's deadline).
     pub(super) deadlines: Deadlines,
     /// The build cache, its keys and locks (the build room).
     pub(super) builds: Builds,
