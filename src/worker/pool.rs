@@ -70,10 +70,6 @@ impl WorkerPool {
     /// Start the pool: the evaluation worker of every device and the first compile worker are started
     /// (and must report `ready`) before this returns, so a broken Python or harness fails the run at
     /// once; the other compile workers start on first use.
-    #[allow(
-        clippy::too_many_lines,
-        reason = "to be split with the pool's rooms (issue 38)"
-    )]
     pub async fn start(settings: WorkerSettings) -> Result<Arc<WorkerPool>, WorkerError> {
         let deadlines = Deadlines::from(&settings.timeouts)?;
         check_settings(&settings)?;
