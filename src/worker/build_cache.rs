@@ -3,19 +3,25 @@
 //! the success marker, and the failure marker of a build that failed in the candidate's own code (its
 //! error and compiler output, replayed to the next request of the same source, toolchain and flags, so
 //! no failing build is paid twice).
+//!
+//! [`Builds`] is the build room: the cache's folder, what its keys are made of, and the locks of the
+//! build dirs in use; the compile and execute jobs ask it for a build dir, its lock and its markers.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
-use tokio::sync::OwnedMutexGuard;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use super::build_store::make_files_read_only;
+use super::build_store::{
+    PCH_DIR, STALE_PUBLISH, make_files_read_only, publish_pchs, sweep_publish_leftovers,
+};
 use super::config::BuildMode;
 use super::outcome::elapsed_ms;
-use super::pool::WorkerPool;
+use super::slot::Slot;
 use crate::services::{CompileJob, Unavailable};
 use crate::types::{CompileOutcome, CompileStatus};
 
@@ -106,13 +112,63 @@ pub(super) struct FailedBuild<'a> {
     pub(super) build_path: Option<&'a str>,
 }
 
-impl WorkerPool {
-    /// Content-addressed build directory of a candidate source.
-    pub fn build_dir_for(&self, source: &str) -> PathBuf {
-        self.settings.build_cache.join(self.build_key(source))
+/// The build room: the content-addressed build cache one pool builds into.
+pub(super) struct Builds {
+    /// The cache's folder (`eval.build_cache`), shared with other runs.
+    root: PathBuf,
+    /// How `load_inline` extensions are built (`eval.build`): a plain build is its own artifact, so
+    /// the mode is part of the key.
+    mode: BuildMode,
+    /// torch version of the workers (part of the build key).
+    torch: String,
+    /// The first compile worker's toolchain (machine, libc, compilers; part of the build key).
+    toolchain: Option<String>,
+    /// The arch list builds use (settings, or derived from the GPUs; part of the build key).
+    arch_list: Option<String>,
+    /// The in-process half of each build dir's lock (see [`Builds::lock`]); an entry nobody holds or
+    /// waits for is dropped at the next lock.
+    locks: StdMutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
+}
+
+impl Builds {
+    pub(super) fn new(
+        root: PathBuf,
+        mode: BuildMode,
+        torch: String,
+        toolchain: Option<String>,
+        arch_list: Option<String>,
+    ) -> Builds {
+        Builds {
+            root,
+            mode,
+            torch,
+            toolchain,
+            arch_list,
+            locks: StdMutex::new(HashMap::new()),
+        }
     }
 
-    pub(super) fn build_key(&self, source: &str) -> String {
+    /// The torch version the workers run.
+    pub(super) fn torch(&self) -> &str {
+        &self.torch
+    }
+
+    /// The `TORCH_CUDA_ARCH_LIST` builds use.
+    pub(super) fn arch_list(&self) -> Option<&str> {
+        self.arch_list.as_deref()
+    }
+
+    /// The cache's folder.
+    pub(super) fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Content-addressed build directory of a candidate source.
+    pub(super) fn dir_for(&self, source: &str) -> PathBuf {
+        self.root.join(self.key(source))
+    }
+
+    fn key(&self, source: &str) -> String {
         let mut h = blake3::Hasher::new();
         let mut parts = vec![
             source,
@@ -125,7 +181,7 @@ impl WorkerPool {
             parts.push(t.as_str());
         }
         // A plain build is its own artifact; fast builds keep the keys builds had before `eval.build`.
-        if self.settings.build == BuildMode::Plain {
+        if self.mode == BuildMode::Plain {
             parts.push("plain");
         }
         for part in parts {
@@ -137,9 +193,9 @@ impl WorkerPool {
 
     /// Lock a build dir for exclusive use (compile, or the load step of an evaluation, which also
     /// writes into it and clears torch's lock files there), in this process and across processes.
-    pub(super) async fn lock_build(&self, dir: &Path) -> Result<BuildGuard, Unavailable> {
+    pub(super) async fn lock(&self, dir: &Path) -> Result<BuildGuard, Unavailable> {
         let lock = {
-            let mut locks = match self.build_locks.lock() {
+            let mut locks = match self.locks.lock() {
                 Ok(l) => l,
                 Err(poisoned) => poisoned.into_inner(),
             };
@@ -169,7 +225,9 @@ impl WorkerPool {
         })
     }
 
-    pub(super) async fn cached_compile(
+    /// The outcome a build dir answers with without building: its success marker's, or the
+    /// failure this harness cached there; `None`: it must be built.
+    pub(super) async fn cached(
         &self,
         build_dir: &Path,
         job: &CompileJob,
@@ -202,7 +260,7 @@ impl WorkerPool {
                 cpu: None,
             });
         }
-        let marker = self.failure_marker(build_dir).await?;
+        let marker = failure_marker(build_dir).await?;
         let log_path = replay_log(
             build_dir,
             job,
@@ -226,15 +284,6 @@ impl WorkerPool {
             build_path: marker.build_path,
             cpu: None,
         })
-    }
-
-    /// The failure cached in `build_dir`, if this harness made it.
-    async fn failure_marker(&self, build_dir: &Path) -> Option<FailureMarker> {
-        let text = tokio::fs::read_to_string(build_dir.join(FAILURE_MARKER))
-            .await
-            .ok()?;
-        let marker: FailureMarker = serde_json::from_str(&text).ok()?;
-        (marker.harness == crate::worker::harness_digest()).then_some(marker)
     }
 
     /// Keep a build that failed in the candidate's own code: its compile log and a marker with its
@@ -325,6 +374,57 @@ impl WorkerPool {
         if let Ok(Err(e)) = sealed {
             tracing::warn!("cannot make build {} read-only: {e}", build_dir.display());
         }
+    }
+
+    /// Publish the precompiled headers a sandboxed compile worker has finished (in the background,
+    /// after a build that missed them) into the shared cache, for every later worker and run. Without
+    /// the sandbox the worker writes the shared `pch/` itself. A failure only costs speed: logged.
+    pub(super) async fn publish_pchs_of(&self, slot: &Slot) {
+        let Some(overlay) = slot.spec.sandbox.as_ref().and_then(|s| s.overlays.first()) else {
+            return;
+        };
+        let (upper, cache) = (overlay.upper.clone(), self.root.clone());
+        match tokio::task::spawn_blocking(move || publish_pchs(&upper, &cache)).await {
+            Ok(Ok(keys)) if !keys.is_empty() => tracing::info!(
+                "published the precompiled header(s) {} of worker {} into the build cache",
+                keys.join(", "),
+                slot.spec.name
+            ),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(
+                "could not publish worker {}'s precompiled headers: {e}",
+                slot.spec.name
+            ),
+            Err(e) => tracing::warn!("publishing precompiled headers failed: {e}"),
+        }
+    }
+}
+
+/// The failure cached in `build_dir`, if this harness made it.
+async fn failure_marker(build_dir: &Path) -> Option<FailureMarker> {
+    let text = tokio::fs::read_to_string(build_dir.join(FAILURE_MARKER))
+        .await
+        .ok()?;
+    let marker: FailureMarker = serde_json::from_str(&text).ok()?;
+    (marker.harness == crate::worker::harness_digest()).then_some(marker)
+}
+
+/// Remove what a krefine killed while publishing into the build cache left there (a build's or a
+/// precompiled header's temporary folder, [`sweep_publish_leftovers`]).
+pub(super) async fn sweep_build_cache(cache: &Path) {
+    let cache = cache.to_path_buf();
+    let swept = tokio::task::spawn_blocking(move || {
+        let mut removed = sweep_publish_leftovers(&cache, STALE_PUBLISH);
+        removed.extend(sweep_publish_leftovers(&cache.join(PCH_DIR), STALE_PUBLISH));
+        removed
+    })
+    .await
+    .unwrap_or_default();
+    if !swept.is_empty() {
+        tracing::info!(
+            "removed {} folder(s) left in the build cache by a publisher that is gone",
+            swept.len()
+        );
     }
 }
 

@@ -1,7 +1,9 @@
-//! One request through a slot: starting its worker when needed, retiring it when it crashed, timed out
-//! or served enough, and charging lost workers to their host.
+//! The call room: one request through a slot, starting its worker when needed, retiring it when it
+//! crashed, timed out or served enough, and charging lost workers to their host. [`Calls`] owns what
+//! that takes beyond the slot itself (whether the pool is closed, the compile pauser, the launcher).
 
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::WorkerError;
@@ -9,14 +11,63 @@ use super::budget::Budget;
 use super::build_store::cow_tainted;
 use super::loss::toolchain_mismatch;
 use super::outcome::{CallError, secs};
-use super::pool::{EXIT_GRACE, WorkerPool};
+use super::pause::Pauser;
 use super::process::WorkerProcess;
 use super::protocol::{RequestBody, ResponseBody, WorkerRole};
 use super::slot::Slot;
+use crate::launcher::Launcher;
 use crate::types::RequestError;
 use crate::types::WorkerLoss;
 
-impl WorkerPool {
+/// How long a worker asked to exit (recycling, shutdown) may take before it is killed.
+pub(super) const EXIT_GRACE: Duration = Duration::from_secs(5);
+
+/// What sending requests through the pool's slots takes, besides the slots.
+pub(super) struct Calls {
+    /// Set by `shutdown`: a later request fails with [`CallError::Closed`], and one whose worker
+    /// was killed under it says so instead of blaming its candidate.
+    closed: AtomicBool,
+    /// Stops the compile workers while the CPU device times a candidate: a build's deadline counts
+    /// only the time it could run.
+    pauser: Arc<Pauser>,
+    /// Where workers run: recognises lost workers, charges and drains their hosts, bounds retries.
+    launcher: Arc<Launcher>,
+    /// Replace a worker after this many candidate requests (0: never).
+    recycle_after: u32,
+    /// The first compile worker's toolchain: a worker that reports another one is refused.
+    toolchain: Option<String>,
+}
+
+impl Calls {
+    pub(super) fn new(
+        pauser: Arc<Pauser>,
+        launcher: Arc<Launcher>,
+        recycle_after: u32,
+        toolchain: Option<String>,
+    ) -> Calls {
+        Calls {
+            closed: AtomicBool::new(false),
+            pauser,
+            launcher,
+            recycle_after,
+            toolchain,
+        }
+    }
+
+    /// From now on every request fails with [`CallError::Closed`].
+    pub(super) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// The compile pool's pauser.
+    pub(super) fn pauser(&self) -> &Arc<Pauser> {
+        &self.pauser
+    }
+
     /// Send one request through a slot, starting its worker if needed, and retire the worker when it
     /// crashed, timed out, reported a sticky error or served `recycle_after` requests. `counts`: the
     /// request is a candidate's, and counts towards recycling the worker.
@@ -98,7 +149,7 @@ impl WorkerPool {
                     Ok(p) => p,
                     Err(e) => return (Err(e), Duration::ZERO),
                 };
-                slot.note_ready(&p, &self.settings.launcher);
+                slot.note_ready(&p, &self.launcher);
                 p
             }
         };
@@ -124,8 +175,7 @@ impl WorkerPool {
         if counts {
             state.served += 1;
         }
-        let recycle =
-            self.settings.recycle_after > 0 && state.served >= self.settings.recycle_after;
+        let recycle = self.recycle_after > 0 && state.served >= self.recycle_after;
         match &result {
             Ok(resp) if resp.sticky() => {
                 // The CUDA context is poisoned; nothing graceful is safe any more.
@@ -153,7 +203,7 @@ impl WorkerPool {
         if died && Self::local_device(slot) && !self.closed.load(Ordering::SeqCst) {
             match self.spawn(slot).await {
                 Ok(p) => {
-                    slot.note_ready(&p, &self.settings.launcher);
+                    slot.note_ready(&p, &self.launcher);
                     slot.pgid.store(p.pid(), Ordering::SeqCst);
                     state.served = 0;
                     state.process = Some(p);
@@ -193,7 +243,7 @@ impl WorkerPool {
     /// starts, the device is lost: its slot is retired (so the engine retires the device and moves
     /// its work to the others) and the failure is a lost worker's.
     async fn spawn_on_device(&self, slot: &Slot) -> Result<WorkerProcess, CallError> {
-        let tries = self.settings.launcher.drain_after();
+        let tries = self.launcher.drain_after();
         let mut last = None;
         for _ in 0..tries {
             match WorkerProcess::spawn(&slot.spec).await {
@@ -247,7 +297,7 @@ impl WorkerPool {
             Ok(mut p) => match toolchain_mismatch(self.toolchain.as_deref(), p.ready()) {
                 None => return Ok(p),
                 Some(why) => {
-                    slot.note_ready(&p, &self.settings.launcher);
+                    slot.note_ready(&p, &self.launcher);
                     p.kill().await;
                     if !remote {
                         return Err(CallError::Start(WorkerError::Start {
@@ -304,7 +354,7 @@ impl WorkerPool {
     /// it lost `resources.drain_after` workers.
     pub(super) fn charge(&self, slot: &Slot, detail: String) -> WorkerLoss {
         let host = slot.host();
-        let launcher = &self.settings.launcher;
+        let launcher = &self.launcher;
         let drained = host.as_deref().is_some_and(|h| launcher.note_loss(h));
         let bound = slot
             .spec

@@ -1,70 +1,45 @@
-//! The pool as [`Compiler`]: one compile attempt on a free compile worker, retried when the worker is lost.
+//! The compile room: one compile job, answered from the build cache or built on a free compile worker
+//! (retried when the worker is lost). [`CompileRoom`] borrows the pool's parts it works through (the
+//! slots, the call room, the build room); the pool as [`Compiler`] only hands it the job.
 
 use std::path::Path;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::build_cache::{FailedBuild, append_file};
-use super::build_store::{publish_build, publish_pchs};
+use super::build_cache::{Builds, FailedBuild, append_file};
+use super::build_store::publish_build;
+use super::call::Calls;
+use super::config::BuildMode;
 use super::loss::{Fault, retry_lost};
 use super::outcome::{CallError, Failure, FailureKind, Phase, closed, elapsed_ms, failure};
 use super::pool::WorkerPool;
 use super::protocol::{CompileRequest, CompileStatusWire, RequestBody, ResponseBody};
-use super::slot::{FreeSlot, Slot};
+use super::slot::{NoLease, Slots};
 use super::worker_log::log_tail;
 use crate::services::{BuildPause, CompileJob, Compiler, Unavailable};
 use crate::types::RequestError;
 use crate::types::{BuildCpu, CompileOutcome, CompileStatus};
 
-impl WorkerPool {
-    /// Publish the precompiled headers a sandboxed compile worker has finished (in the background,
-    /// after a build that missed them) into the shared cache, for every later worker and run. Without
-    /// the sandbox the worker writes the shared `pch/` itself. A failure only costs speed: logged.
-    pub(super) async fn publish_pchs_of(&self, slot: &Slot) {
-        let Some(overlay) = slot.spec.sandbox.as_ref().and_then(|s| s.overlays.first()) else {
-            return;
-        };
-        let (upper, cache) = (overlay.upper.clone(), self.settings.build_cache.clone());
-        match tokio::task::spawn_blocking(move || publish_pchs(&upper, &cache)).await {
-            Ok(Ok(keys)) if !keys.is_empty() => tracing::info!(
-                "published the precompiled header(s) {} of worker {} into the build cache",
-                keys.join(", "),
-                slot.spec.name
-            ),
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::warn!(
-                "could not publish worker {}'s precompiled headers: {e}",
-                slot.spec.name
-            ),
-            Err(e) => tracing::warn!("publishing precompiled headers failed: {e}"),
-        }
-    }
-}
-
 #[async_trait]
 impl Compiler for WorkerPool {
     async fn compile(&self, job: CompileJob) -> Result<CompileOutcome, Unavailable> {
-        let started = Instant::now();
-        let build_dir = self.build_dir_for(&job.code);
-        let _build = self.lock_build(&build_dir).await?;
-        if let Some(outcome) = self.cached_compile(&build_dir, &job, started).await {
-            return Ok(outcome);
-        }
-        WorkerPool::forget_failure(&build_dir).await;
-        let retries = self.settings.launcher.loss_retries();
-        let attempt = || self.compile_once(&job, &build_dir, started);
-        let (mut outcome, losses) = retry_lost(retries, || false, attempt).await?;
-        outcome.worker_losses = losses;
-        Ok(outcome)
+        let room = CompileRoom {
+            slots: &self.slots,
+            calls: &self.calls,
+            builds: &self.builds,
+            mode: self.settings.build,
+            deadline: self.deadlines.compile,
+            retries: self.settings.launcher.loss_retries(),
+        };
+        room.compile(job).await
     }
 
     async fn cached(&self, job: &CompileJob) -> Option<CompileOutcome> {
         // No lock: markers appear whole (written, then renamed) and a build dir is never unsealed;
         // a miss here is looked up again under the build dir's lock.
-        let build_dir = self.build_dir_for(&job.code);
-        self.cached_compile(&build_dir, job, Instant::now()).await
+        let build_dir = self.builds.dir_for(&job.code);
+        self.builds.cached(&build_dir, job, Instant::now()).await
     }
 
     async fn pause_builds(&self) -> Option<BuildPause> {
@@ -73,13 +48,41 @@ impl Compiler for WorkerPool {
         if self.settings.launcher.is_remote() {
             return None;
         }
-        Some(BuildPause::new(self.pauser.pause().await))
+        Some(BuildPause::new(self.calls.pauser().pause().await))
     }
 }
 
-impl WorkerPool {
-    pub(super) async fn compile_failure(
-        &self,
+/// The compile room: what one compile job works through.
+struct CompileRoom<'a> {
+    slots: &'a Slots,
+    calls: &'a Calls,
+    builds: &'a Builds,
+    /// How builds are made (`eval.build`), sent with every compile request.
+    mode: BuildMode,
+    /// A build's deadline (`eval.timeouts.compile_s`), counting only the time it was not paused.
+    deadline: Duration,
+    /// Lost workers retried before the job gives up (`resources.loss_retries`).
+    retries: u32,
+}
+
+impl CompileRoom<'_> {
+    async fn compile(&self, job: CompileJob) -> Result<CompileOutcome, Unavailable> {
+        let started = Instant::now();
+        let build_dir = self.builds.dir_for(&job.code);
+        let _build = self.builds.lock(&build_dir).await?;
+        if let Some(outcome) = self.builds.cached(&build_dir, &job, started).await {
+            return Ok(outcome);
+        }
+        Builds::forget_failure(&build_dir).await;
+        let attempt = || self.compile_once(&job, &build_dir, started);
+        let (mut outcome, losses) = retry_lost(self.retries, || false, attempt).await?;
+        outcome.worker_losses = losses;
+        Ok(outcome)
+    }
+
+    /// The outcome of a compile request that failed (timed out, crashed, broke the protocol): the
+    /// error, and the last lines of the build's and the worker's output.
+    async fn failure(
         err: CallError,
         job: &CompileJob,
         build_dir: &Path,
@@ -125,7 +128,7 @@ impl WorkerPool {
     }
 
     /// One compile attempt on a free compile worker (the build dir is locked by the caller).
-    pub(super) async fn compile_once(
+    async fn compile_once(
         &self,
         job: &CompileJob,
         build_dir: &Path,
@@ -136,28 +139,17 @@ impl WorkerPool {
                 "no compile worker is left: the hosts of all of them were drained".into(),
             ))
         };
-        let Ok(permit) = self.compile_permits.acquire().await else {
-            return Err(if self.closed.load(Ordering::SeqCst) {
-                Fault::Unavailable(closed())
-            } else {
-                no_workers()
-            });
-        };
-        let index = match self.compile_free.lock() {
-            Ok(mut free) => free.pop(),
-            Err(poisoned) => poisoned.into_inner().pop(),
-        };
-        // The semaphore has as many permits as free slots, so a permit always finds one.
-        let Some(index) = index else {
-            return Err(Fault::Unavailable(closed()));
-        };
-        let slot_guard = FreeSlot {
-            free: &self.compile_free,
-            index,
+        let lease = match self.slots.lease_compile().await {
+            Ok(lease) => lease,
+            Err(NoLease::Closed) if self.calls.is_closed() => {
+                return Err(Fault::Unavailable(closed()));
+            }
+            Err(NoLease::Closed) => return Err(no_workers()),
+            Err(NoLease::NoFreeSlot) => return Err(Fault::Unavailable(closed())),
         };
         // No build starts while the CPU device is timing.
-        self.pauser.wait_unpaused().await;
-        let slot = &self.compile_slots[index];
+        self.calls.pauser().wait_unpaused().await;
+        let slot = lease.slot();
         // A sandboxed worker cannot write the run directory: it writes the compile log in its own
         // scratch, and we copy it to the run's log.
         let worker_log = match &slot.spec.sandbox {
@@ -167,31 +159,17 @@ impl WorkerPool {
         let request = RequestBody::Compile(CompileRequest {
             source: job.code.clone(),
             build_dir: build_dir.to_string_lossy().into_owned(),
-            arch_list: self.arch_list.clone(),
+            arch_list: self.builds.arch_list().map(str::to_string),
             log_path: worker_log.to_string_lossy().into_owned(),
-            build: Some(self.settings.build.as_str().into()),
+            build: Some(self.mode.as_str().into()),
         });
-        let result = self.call(slot, request, self.deadlines.compile, true).await;
-        self.publish_pchs_of(slot).await;
+        let result = self.calls.call(slot, request, self.deadline, true).await;
+        self.builds.publish_pchs_of(slot).await;
         if worker_log != job.log_path {
             copy_log(&worker_log, &job.log_path).await;
         }
-        if slot.retired.load(Ordering::SeqCst) {
-            // Its host was drained: the slot and its permit leave the pool.
-            std::mem::forget(slot_guard);
-            permit.forget();
-            let live = self
-                .compile_slots
-                .iter()
-                .filter(|s| !s.retired.load(Ordering::SeqCst))
-                .count();
-            if live == 0 {
-                self.compile_permits.close();
-            }
-        } else {
-            drop(slot_guard);
-            drop(permit);
-        }
+        // A slot whose host was drained leaves the pool with its permit.
+        lease.release();
         let ran_on = slot.ran_on();
         match result {
             Ok(ResponseBody::Compile(r)) => {
@@ -203,8 +181,7 @@ impl WorkerPool {
                 let mut error = r.error;
                 if status == CompileStatus::Ok
                     && let Some(sandbox) = &slot.spec.sandbox
-                    && let Err(e) =
-                        publish_build(sandbox, &self.settings.build_cache, build_dir).await
+                    && let Err(e) = publish_build(sandbox, self.builds.root(), build_dir).await
                 {
                     status = CompileStatus::Error;
                     let message = format!("krefine could not store the build in the cache: {e}");
@@ -212,14 +189,15 @@ impl WorkerPool {
                     error = Some(message);
                 }
                 if status == CompileStatus::Ok {
-                    self.record_success(
-                        build_dir,
-                        job,
-                        &feedback,
-                        r.duration_s,
-                        r.build_path.clone(),
-                    )
-                    .await;
+                    self.builds
+                        .record_success(
+                            build_dir,
+                            job,
+                            &feedback,
+                            r.duration_s,
+                            r.build_path.clone(),
+                        )
+                        .await;
                 } else if r.status == CompileStatusWire::CompileError {
                     // The candidate's own code failed to build: kept, so no request of the same
                     // source pays for it again.
@@ -230,7 +208,7 @@ impl WorkerPool {
                         duration_s: r.duration_s,
                         build_path: r.build_path.as_deref(),
                     };
-                    self.record_failure(build_dir, job, failed).await;
+                    self.builds.record_failure(build_dir, job, failed).await;
                 }
                 Ok(CompileOutcome {
                     ran_on,
@@ -257,13 +235,13 @@ impl WorkerPool {
                     detail: format!("compile answered with `{}`", other.kind()),
                     log_tail: String::new(),
                 });
-                let mut o = self.compile_failure(err, job, build_dir, started).await;
+                let mut o = Self::failure(err, job, build_dir, started).await;
                 o.ran_on = ran_on;
                 Ok(o)
             }
             Err(e) => {
                 let e = e.candidate_fault()?;
-                let mut o = self.compile_failure(e, job, build_dir, started).await;
+                let mut o = Self::failure(e, job, build_dir, started).await;
                 o.ran_on = ran_on;
                 Ok(o)
             }

@@ -121,7 +121,7 @@ impl WorkerPool {
     pub(super) fn candidate_spec(&self, job: &ExecJob) -> (PathBuf, CandidateSpec) {
         let dir = match &job.build_dir {
             Some(d) => PathBuf::from(d),
-            None => self.build_dir_for(&job.code),
+            None => self.builds.dir_for(&job.code),
         };
         let spec = CandidateSpec {
             source: job.code.clone(),
@@ -318,7 +318,7 @@ fn integrity_spec(
 #[async_trait]
 impl Executor for WorkerPool {
     async fn execute(&self, job: ExecJob, device: &DeviceId) -> Result<ExecOutcome, Unavailable> {
-        let Some(slot) = self.eval_slot(device) else {
+        let Some(slot) = self.slots.eval(device) else {
             return Err(Unavailable(format!(
                 "device {device} is not served by this worker pool"
             )));
@@ -356,7 +356,7 @@ impl Executor for WorkerPool {
         job: ExecJob,
         device: &DeviceId,
     ) -> Result<ProfileOutcome, Unavailable> {
-        let Some(slot) = self.eval_slot(device) else {
+        let Some(slot) = self.slots.eval(device) else {
             return Err(Unavailable(format!(
                 "device {device} is not served by this worker pool"
             )));
@@ -378,7 +378,7 @@ impl Executor for WorkerPool {
         problems: Vec<Arc<Problem>>,
         processes: Option<u32>,
     ) -> HashMap<ProblemKey, InputsPlan> {
-        self.plan_inputs_now(&problems, processes).await
+        self.inputs.plan(&problems, processes).await
     }
 
     async fn make_inputs(
@@ -386,11 +386,11 @@ impl Executor for WorkerPool {
         problem: Arc<Problem>,
         processes: Option<u32>,
     ) -> Result<Option<InputsOutcome>, Unavailable> {
-        self.make_inputs_now(&problem, processes).await
+        self.inputs.make(&problem, processes).await
     }
 
     fn hold_inputs(&self, problem: &Problem) -> Option<Box<dyn std::any::Any + Send + Sync>> {
-        self.hold_inputs_of(problem)
+        self.inputs.hold(problem)
     }
 
     async fn prepare_reference(
@@ -403,7 +403,8 @@ impl Executor for WorkerPool {
     }
 
     fn retired(&self, device: &DeviceId) -> bool {
-        self.eval_slot(device)
+        self.slots
+            .eval(device)
             .is_some_and(|s| s.retired.load(Ordering::SeqCst))
     }
 }
@@ -419,7 +420,8 @@ impl WorkerPool {
         let started = Instant::now();
         let (build_dir, candidate) = self.candidate_spec(job);
         let _build = self
-            .lock_build(&build_dir)
+            .builds
+            .lock(&build_dir)
             .await
             .map_err(Fault::Unavailable)?;
         let integrity = self.integrity_spec(slot.hardware().as_deref());
@@ -435,7 +437,7 @@ impl WorkerPool {
             own: self.deadlines.execute,
             reference: Some(self.deadlines.reference),
         };
-        let (result, reference) = self.call_within(slot, request, budget, true).await;
+        let (result, reference) = self.calls.call_within(slot, request, budget, true).await;
         let mut outcome = match result {
             Ok(ResponseBody::Evaluate(r)) => self.exec_outcome(*r, device, started),
             Ok(other) => {
@@ -461,7 +463,7 @@ impl WorkerPool {
                 .phases
                 .insert("reference_s".into(), Value::Number(n));
         }
-        self.check_cow(slot).await;
+        self.calls.check_cow(slot).await;
         outcome.env.ran_on = slot.ran_on();
         Ok(outcome)
     }
@@ -476,7 +478,8 @@ impl WorkerPool {
         let started = Instant::now();
         let (build_dir, candidate) = self.candidate_spec(job);
         let _build = self
-            .lock_build(&build_dir)
+            .builds
+            .lock(&build_dir)
             .await
             .map_err(Fault::Unavailable)?;
         let request = RequestBody::Profile(ProfileRequest {
@@ -490,8 +493,11 @@ impl WorkerPool {
                 .ncu
                 .then(|| self.integrity_spec(slot.hardware().as_deref())),
         });
-        let result = self.call(slot, request, self.deadlines.profile, true).await;
-        self.check_cow(slot).await;
+        let result = self
+            .calls
+            .call(slot, request, self.deadlines.profile, true)
+            .await;
+        self.calls.check_cow(slot).await;
         match result {
             Ok(ResponseBody::Profile(r)) => Ok(Self::profile_outcome(r, started)),
             Ok(other) => Ok(Self::profile_failure(

@@ -23,11 +23,17 @@
 //! - `build_store`: publishing builds into the shared cache, sealing them, the copy-on-write taint
 //!   check.
 //! - [`pause`]: stopping the compile pool while the CPU device times a candidate.
-//! - `settings`: [`WorkerSettings`] and the validated deadlines; `slot`: one worker position;
-//!   `sandbox_spec`: probing the sandbox and each worker's file system view.
-//! - [`pool`]: [`WorkerPool`] itself (state, start, shutdown); above it the jobs it does: `call` (one
-//!   request through a slot), `build_cache`, `compile` (the `Compiler`), `prepare` (reference
-//!   preparation), `execute` (the `Executor`).
+//! - `settings`: [`WorkerSettings`] and the validated deadlines; `slot`: one worker position, and the
+//!   pool's positions with the lease of a compile slot; `sandbox_spec`: probing the sandbox and each
+//!   worker's file system view.
+//! - `inputs`: the inputs room: this pool's input stores (disk and in-memory tiers), what their
+//!   entries are made of, and the CPU stage of reference preparation.
+//! - `build_cache`: the build room (`Builds`: the content-addressed build cache, its keys, the build
+//!   dirs' locks and markers).
+//! - `call`: the call room (`Calls`: one request through a slot, closing, lost workers).
+//! - [`pool`]: [`WorkerPool`] itself, the owner of the parts above (start, shutdown); above it the
+//!   jobs it does through them: `compile` (the `Compiler`), `prepare` (reference preparation),
+//!   `execute` (the `Executor`).
 //! - [`baseline`]: KernelBench baseline timing files.
 
 pub mod baseline;
@@ -41,6 +47,7 @@ mod execute;
 pub mod harness;
 pub mod input_admission;
 pub mod input_store;
+mod inputs;
 mod loss;
 mod outcome;
 pub mod pause;

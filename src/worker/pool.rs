@@ -10,21 +10,20 @@
 //!   the worker's process group; the next request starts a fresh worker. The job gets a verdict that
 //!   says what happened, in KernelBench's metadata shape where one applies.
 //!
-//! This file holds the pool itself (its state, start, shutdown); the jobs it does live beside it:
-//! `call` (one request through a slot), `compile`, `execute`, `prepare`, `build_cache`, `outcome`.
+//! This file holds the pool itself: a thin owner of its parts (the slots, the call room, the build
+//! room, the input stores), started and shut down here. The parts own their state and live below it
+//! (`slot`, `call`, `build_cache`, `inputs`); the jobs the pool does through them live beside it
+//! (`compile`, `execute`, `prepare`).
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex as StdMutex};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::{Mutex, Semaphore};
-
 use super::WorkerError;
-use super::build_store::{PCH_DIR, STALE_PUBLISH, sweep_publish_leftovers};
-use super::config::InputsMode;
-use super::input_store::InputStore;
+use super::build_cache::{Builds, sweep_build_cache};
+use super::call::{Calls, EXIT_GRACE};
+use super::inputs::{InputStores, InputTiers};
 use super::loss::toolchain_mismatch;
 use super::pause::Pauser;
 use super::process::WorkerProcess;
@@ -33,53 +32,36 @@ use super::sandbox::SandboxLevel;
 use super::sandbox_spec::{resolve_sandbox, visible_dirs, worker_sandbox};
 use super::session::kill_group;
 use super::settings::{Deadlines, WorkerSettings};
-use super::slot::{Slot, SlotState};
-use super::spawn_spec::{Remote, SpawnSpec, worker_env};
+use super::slot::{Slot, Slots};
+use super::spawn_spec::{Remote, SpawnSpec};
+use crate::launcher::Placement;
 use crate::services::DeviceId;
 use crate::types::Problem;
 
-/// How long a worker asked to exit (recycling, shutdown) may take before it is killed.
-pub(super) const EXIT_GRACE: Duration = Duration::from_secs(5);
-
 pub struct WorkerPool {
+    /// What the pool was started with; the jobs read their request settings from it.
     pub(super) settings: WorkerSettings,
+    /// The settings' timeouts, validated once at start (each request's deadline).
     pub(super) deadlines: Deadlines,
-    /// torch version of the workers (part of the build key).
-    pub(super) torch: String,
-    /// The first compile worker's toolchain (machine, libc, compilers; part of the build key). A
-    /// worker that reports another one is refused.
-    pub(super) toolchain: Option<String>,
-    /// The arch list builds use (settings, or derived from the GPUs).
-    pub(super) arch_list: Option<String>,
-    pub(super) compile_slots: Vec<Slot>,
-    pub(super) compile_free: StdMutex<Vec<usize>>,
-    pub(super) compile_permits: Semaphore,
-    pub(super) eval_slots: Vec<(DeviceId, Slot)>,
-    pub(super) build_locks: StdMutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
-    pub(super) closed: AtomicBool,
-    /// Stops the compile workers while the CPU device times a candidate.
-    pub(super) pauser: Arc<Pauser>,
+    /// The build cache, its keys and locks (the build room).
+    pub(super) builds: Builds,
+    /// The worker positions: compile slots (leased per job) and one evaluation slot per device.
+    pub(super) slots: Slots,
+    /// Sending requests through the slots (closing, pausing builds, lost workers).
+    pub(super) calls: Calls,
     /// What the workers run in (recorded in every result's `env.sandbox`).
     pub(super) sandbox_level: SandboxLevel,
-    /// The on-disk store of CPU-made inputs, when it is on (`eval.inputs = "kernelbench"`, a size
-    /// above 0, a local launcher: remote workers would not see it).
-    pub(super) input_store: Option<InputStore>,
-    /// The store's in-memory tier (`/dev/shm`), for entries the disk store refuses.
-    pub(super) ram_store: Option<InputStore>,
-    /// Its folder, this run's own: removed when the pool is dropped.
-    _ram_scratch: Option<crate::scratch::Scratch>,
+    /// The stores of CPU-made reference inputs (the inputs room).
+    pub(super) inputs: InputStores,
 }
 
 impl std::fmt::Debug for WorkerPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WorkerPool")
-            .field("torch", &self.torch)
-            .field("arch_list", &self.arch_list)
-            .field("compile_workers", &self.compile_slots.len())
-            .field(
-                "devices",
-                &self.eval_slots.iter().map(|(d, _)| d).collect::<Vec<_>>(),
-            )
+            .field("torch", &self.builds.torch())
+            .field("arch_list", &self.builds.arch_list())
+            .field("compile_workers", &self.slots.compile().len())
+            .field("devices", &self.slots.devices().collect::<Vec<_>>())
             .finish()
     }
 }
@@ -88,203 +70,21 @@ impl WorkerPool {
     /// Start the pool: the evaluation worker of every device and the first compile worker are started
     /// (and must report `ready`) before this returns, so a broken Python or harness fails the run at
     /// once; the other compile workers start on first use.
-    #[allow(
-        clippy::too_many_lines,
-        reason = "to be split with the pool's rooms (issue 38)"
-    )]
     pub async fn start(settings: WorkerSettings) -> Result<Arc<WorkerPool>, WorkerError> {
         let deadlines = Deadlines::from(&settings.timeouts)?;
-        if settings.compile_workers == 0 {
-            return Err(WorkerError::Settings(
-                "compile_workers must be at least 1".into(),
-            ));
-        }
-        if settings.devices.is_empty() {
-            return Err(WorkerError::Settings("no devices to evaluate on".into()));
-        }
-        for (i, d) in settings.devices.iter().enumerate() {
-            if settings.devices[..i].contains(d) {
-                return Err(WorkerError::Settings(format!("device {d} is listed twice")));
-            }
-        }
-        for (dir, what) in [
-            (&settings.scratch_root, "create scratch root"),
-            (&settings.log_dir, "create worker log folder"),
-            (&settings.build_cache, "create build cache"),
-        ] {
-            tokio::fs::create_dir_all(dir)
-                .await
-                .map_err(|e| WorkerError::io(what, dir, e))?;
-        }
-        sweep_build_cache(&settings.build_cache).await;
-        if let Some(dir) = &settings.reference_cache {
-            // Before the sandboxes are made: they show it to the workers (read-only).
-            tokio::fs::create_dir_all(dir)
-                .await
-                .map_err(|e| WorkerError::io("create reference input store", dir, e))?;
-        }
-
+        check_settings(&settings)?;
+        make_folders(&settings).await?;
         let sandbox_level = resolve_sandbox(&settings).await?;
-        let confine = sandbox_level.is_confined();
-        let visible = visible_dirs(&settings);
-        let launcher = settings.launcher.clone();
-        let remote = launcher.is_remote();
-        let spec = |name: String, role, cvd: Option<String>, arch: Option<String>, at| SpawnSpec {
-            sandbox: confine.then(|| worker_sandbox(&settings, &name, &visible)),
-            remote: remote.then(|| Remote {
-                launcher: launcher.clone(),
-                placement: at,
-            }),
-            scratch: settings.scratch_root.join(&name),
-            log_path: settings.log_dir.join(format!("{name}.log")),
-            name,
-            role,
-            python: settings.python.clone(),
-            harness_dir: settings.harness_dir.clone(),
-            cuda_visible_devices: cvd,
-            arch_list: arch,
+        let specs = Specs {
+            settings: &settings,
+            visible: visible_dirs(&settings),
+            confine: sandbox_level.is_confined(),
             load_timeout: deadlines.load,
-            extra_env: settings.extra_env.clone(),
         };
-        let input_store = match &settings.reference_cache {
-            Some(root)
-                if !remote
-                    && settings.reference_cache_bytes > 0
-                    && settings.inputs == InputsMode::Kernelbench =>
-            {
-                // The generator runs the problem's (trusted) code on the CPU with every GPU hidden,
-                // outside the sandbox: it is the only writer of the store.
-                let gen_spec = spec(
-                    "inputs".into(),
-                    WorkerRole::Compile,
-                    Some(String::new()),
-                    None,
-                    launcher.compile_placement(0),
-                );
-                tokio::fs::create_dir_all(&gen_spec.scratch)
-                    .await
-                    .map_err(|e| WorkerError::io("create scratch", &gen_spec.scratch, e))?;
-                Some(InputStore::new(
-                    root.clone(),
-                    settings.reference_cache_bytes,
-                    settings.python.clone(),
-                    settings.harness_dir.clone(),
-                    worker_env(&gen_spec),
-                    deadlines.reference,
-                ))
-            }
-            _ => None,
-        };
-        // The in-memory tier: this run's own folder in /dev/shm (a dead run's is swept), or the
-        // machine's kept one, shared by runs and left in place.
-        let shm = std::path::Path::new("/dev/shm");
-        let ram_root = match &input_store {
-            Some(_) if settings.reference_ram_keep && settings.reference_ram_bytes > 0 => {
-                let dir = super::input_store::ram_store_dir(true);
-                match std::fs::create_dir_all(dir.join("inputs")) {
-                    Ok(()) => Some(dir.join("inputs")),
-                    Err(e) => {
-                        tracing::warn!("no in-memory input store in {}: {e}", dir.display());
-                        None
-                    }
-                }
-            }
-            _ => None,
-        };
-        let ram_scratch = match &input_store {
-            Some(_) if ram_root.is_some() => None,
-            Some(_) if settings.reference_ram_bytes > 0 && shm.is_dir() => {
-                match crate::scratch::Scratch::claim(shm, super::input_store::RAM_STORE_PREFIX) {
-                    Ok(s) => Some(s),
-                    Err(e) => {
-                        tracing::warn!("no in-memory input store in {}: {e}", shm.display());
-                        None
-                    }
-                }
-            }
-            _ => None,
-        };
-        let ram_root = ram_root.or_else(|| ram_scratch.as_ref().map(|s| s.path().join("inputs")));
-        let ram_store = match (&input_store, ram_root) {
-            (Some(disk), Some(root)) => Some(
-                InputStore::new(
-                    root,
-                    settings.reference_ram_bytes,
-                    settings.python.clone(),
-                    settings.harness_dir.clone(),
-                    disk.env().to_vec(),
-                    deadlines.reference,
-                )
-                .in_memory(),
-            ),
-            _ => None,
-        };
-        let physical = |i: u32| {
-            crate::gpu::worker_visible_device(i, settings.visible_devices.as_deref())
-                .map_err(WorkerError::Settings)
-        };
-        let eval_specs: Vec<(DeviceId, SpawnSpec)> = settings
-            .devices
-            .iter()
-            .map(|d| {
-                let at = launcher.eval_placement(d);
-                let s = match d {
-                    // A Slurm step gets its GPU from Slurm; an SSH worker's is set remotely.
-                    DeviceId::Gpu(i) if remote => spec(
-                        format!("gpu-{i}"),
-                        WorkerRole::Gpu,
-                        None,
-                        settings.arch_list.clone(),
-                        at,
-                    ),
-                    DeviceId::Gpu(i) => spec(
-                        format!("gpu-{i}"),
-                        WorkerRole::Gpu,
-                        Some(physical(*i)?),
-                        settings.arch_list.clone(),
-                        at,
-                    ),
-                    // An empty CUDA_VISIBLE_DEVICES hides every GPU: "cpu" means CPU only.
-                    DeviceId::Cpu => spec(
-                        "cpu-0".into(),
-                        WorkerRole::Gpu,
-                        Some(String::new()),
-                        settings.arch_list.clone(),
-                        at,
-                    ),
-                };
-                Ok((d.clone(), s))
-            })
-            .collect::<Result<_, WorkerError>>()?;
-        // Compile workers see the run's GPUs, as KernelBench's CPU pre-compile does: a candidate
-        // that picks its sources with `torch.cuda.is_available()` at import must build here what
-        // the device will load. They never run kernels; a candidate that allocates on the GPU at
-        // import costs a CUDA context for the length of its build.
-        // Remote compile workers run as CPU steps (or on hosts whose GPUs serve others): none.
-        let run_gpus = if remote {
-            String::new()
-        } else {
-            settings
-                .devices
-                .iter()
-                .filter_map(|d| match d {
-                    DeviceId::Gpu(i) => Some(physical(*i)),
-                    DeviceId::Cpu => None,
-                })
-                .collect::<Result<Vec<_>, _>>()?
-                .join(",")
-        };
-        let compile_specs: Vec<SpawnSpec> = (0..settings.compile_workers)
-            .map(|i| {
-                spec(
-                    format!("compile-{i}"),
-                    WorkerRole::Compile,
-                    Some(run_gpus.clone()),
-                    settings.arch_list.clone(),
-                    launcher.compile_placement(i),
-                )
-            })
-            .collect();
+        let input_tiers =
+            InputTiers::open(&settings, deadlines.reference, || specs.inputs_generator()).await?;
+        let eval_specs = specs.eval()?;
+        let compile_specs = specs.compile()?;
 
         // Start the device workers and the first compile worker concurrently (each imports torch).
         let first_compile = WorkerProcess::spawn(&compile_specs[0]);
@@ -312,80 +112,54 @@ impl WorkerPool {
         }
         let arch_list = match &settings.arch_list {
             Some(a) => Some(a.clone()),
-            None => {
-                let mut caps: Vec<String> = Vec::new();
-                for w in &evals {
-                    if let Some(dev) = &w.ready().device
-                        && let [major, minor, ..] = dev.capability[..]
-                    {
-                        let cap = format!("{major}.{minor}");
-                        if !caps.contains(&cap) {
-                            caps.push(cap);
-                        }
-                    }
-                }
-                (!caps.is_empty()).then(|| caps.join(";"))
-            }
+            None => arch_list_of(&evals),
         };
 
-        let make_slot = |spec: SpawnSpec, process: Option<WorkerProcess>| {
-            let mut slot = Slot {
-                pgid: Arc::new(AtomicU32::new(process.as_ref().map_or(0, |p| p.pid()))),
-                spec,
-                state: Mutex::new(SlotState {
-                    process: None,
-                    served: 0,
-                }),
-                hardware: StdMutex::new(None),
-                ran_on: StdMutex::new(None),
-                retired: AtomicBool::new(false),
-            };
-            if let Some(p) = process {
-                slot.note_ready(&p, &launcher);
-                slot.state.get_mut().process = Some(p);
-            }
-            slot
-        };
-        let mut compile_slots = Vec::with_capacity(compile_specs.len());
+        let launcher = &settings.launcher;
         let mut first = Some(first_compile);
-        for s in compile_specs {
-            compile_slots.push(make_slot(s, first.take()));
-        }
+        let compile_slots = compile_specs
+            .into_iter()
+            .map(|s| Slot::new(s, first.take(), launcher))
+            .collect();
         let eval_slots = eval_specs
             .into_iter()
             .zip(evals)
-            .map(|((d, s), p)| (d, make_slot(s, Some(p))))
+            .map(|((d, s), p)| (d, Slot::new(s, Some(p), launcher)))
             .collect();
-        let n = compile_slots.len();
-        let pauser = Pauser::new(compile_slots.iter().map(|s| s.pgid.clone()).collect());
-        Ok(Arc::new(WorkerPool {
+        let slots = Slots::new(compile_slots, eval_slots);
+        let inputs = input_tiers.for_entries(&settings, &torch);
+        let pauser = Pauser::new(slots.compile().iter().map(|s| s.pgid.clone()).collect());
+        let calls = Calls::new(
             pauser,
+            settings.launcher.clone(),
+            settings.recycle_after,
+            toolchain.clone(),
+        );
+        Ok(Arc::new(WorkerPool {
+            slots,
+            calls,
             deadlines,
-            torch,
-            toolchain,
-            arch_list,
-            compile_free: StdMutex::new((0..n).rev().collect()),
-            compile_permits: Semaphore::new(n),
-            compile_slots,
-            eval_slots,
-            build_locks: StdMutex::new(HashMap::new()),
-            closed: AtomicBool::new(false),
+            builds: Builds::new(
+                settings.build_cache.clone(),
+                settings.build,
+                torch,
+                toolchain,
+                arch_list,
+            ),
             settings,
             sandbox_level,
-            input_store,
-            ram_store,
-            _ram_scratch: ram_scratch,
+            inputs,
         }))
     }
 
     /// How many times the compile pool was paused for a CPU timing (for tests and diagnostics).
     pub fn build_pauses(&self) -> u32 {
-        self.pauser.pauses()
+        self.calls.pauser().pauses()
     }
 
     /// The torch version the workers run (part of every build key).
     pub fn torch_version(&self) -> &str {
-        &self.torch
+        self.builds.torch()
     }
 
     /// The sandbox the workers run in.
@@ -395,7 +169,12 @@ impl WorkerPool {
 
     /// The `TORCH_CUDA_ARCH_LIST` builds use.
     pub fn arch_list(&self) -> Option<&str> {
-        self.arch_list.as_deref()
+        self.builds.arch_list()
+    }
+
+    /// Content-addressed build directory of a candidate source.
+    pub fn build_dir_for(&self, source: &str) -> PathBuf {
+        self.builds.dir_for(source)
     }
 
     pub fn settings(&self) -> &WorkerSettings {
@@ -405,11 +184,7 @@ impl WorkerPool {
     /// Process ids of the live workers (for tests and diagnostics).
     pub async fn worker_pids(&self) -> Vec<u32> {
         let mut pids = Vec::new();
-        for slot in self
-            .compile_slots
-            .iter()
-            .chain(self.eval_slots.iter().map(|(_, s)| s))
-        {
+        for slot in self.slots.all() {
             let pid = slot.pgid.load(Ordering::SeqCst);
             if pid != 0 {
                 pids.push(pid);
@@ -421,12 +196,8 @@ impl WorkerPool {
     /// Ask every worker to exit (killing those that do not within a few seconds, and those busy with
     /// a request). Later requests fail with a clear message.
     pub async fn shutdown(&self) {
-        self.closed.store(true, Ordering::SeqCst);
-        let slots = self
-            .compile_slots
-            .iter()
-            .chain(self.eval_slots.iter().map(|(_, s)| s));
-        futures::future::join_all(slots.map(|slot| async move {
+        self.calls.close();
+        futures::future::join_all(self.slots.all().map(|slot| async move {
             match tokio::time::timeout(Duration::from_secs(1), slot.state.lock()).await {
                 Ok(mut state) => {
                     if let Some(p) = state.process.take() {
@@ -435,7 +206,7 @@ impl WorkerPool {
                     slot.pgid.store(0, Ordering::SeqCst);
                     // The headers it finished since its last build, before its layer goes.
                     if slot.spec.role == WorkerRole::Compile {
-                        self.publish_pchs_of(slot).await;
+                        self.builds.publish_pchs_of(slot).await;
                     }
                 }
                 // Busy: the request in flight sees the worker die and reports it.
@@ -443,13 +214,6 @@ impl WorkerPool {
             }
         }))
         .await;
-    }
-
-    pub(super) fn eval_slot(&self, device: &DeviceId) -> Option<&Slot> {
-        self.eval_slots
-            .iter()
-            .find(|(d, _)| d == device)
-            .map(|(_, s)| s)
     }
 
     pub(super) fn problem_spec(problem: &Problem) -> ProblemSpec {
@@ -469,21 +233,190 @@ impl WorkerPool {
     }
 }
 
-/// Remove what a krefine killed while publishing into the build cache left there (a build's or a
-/// precompiled header's temporary folder, [`sweep_publish_leftovers`]).
-async fn sweep_build_cache(cache: &Path) {
-    let cache = cache.to_path_buf();
-    let swept = tokio::task::spawn_blocking(move || {
-        let mut removed = sweep_publish_leftovers(&cache, STALE_PUBLISH);
-        removed.extend(sweep_publish_leftovers(&cache.join(PCH_DIR), STALE_PUBLISH));
-        removed
-    })
-    .await
-    .unwrap_or_default();
-    if !swept.is_empty() {
-        tracing::info!(
-            "removed {} folder(s) left in the build cache by a publisher that is gone",
-            swept.len()
-        );
+/// Settings no pool can start with: no compile worker, no device, a device listed twice.
+fn check_settings(settings: &WorkerSettings) -> Result<(), WorkerError> {
+    if settings.compile_workers == 0 {
+        return Err(WorkerError::Settings(
+            "compile_workers must be at least 1".into(),
+        ));
+    }
+    if settings.devices.is_empty() {
+        return Err(WorkerError::Settings("no devices to evaluate on".into()));
+    }
+    for (i, d) in settings.devices.iter().enumerate() {
+        if settings.devices[..i].contains(d) {
+            return Err(WorkerError::Settings(format!("device {d} is listed twice")));
+        }
+    }
+    Ok(())
+}
+
+/// The folders the pool writes (scratch, logs, the build cache, swept of a dead publisher's
+/// leftovers) and the input store's, before any worker or sandbox is made.
+async fn make_folders(settings: &WorkerSettings) -> Result<(), WorkerError> {
+    for (dir, what) in [
+        (&settings.scratch_root, "create scratch root"),
+        (&settings.log_dir, "create worker log folder"),
+        (&settings.build_cache, "create build cache"),
+    ] {
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|e| WorkerError::io(what, dir, e))?;
+    }
+    sweep_build_cache(&settings.build_cache).await;
+    if let Some(dir) = &settings.reference_cache {
+        // Before the sandboxes are made: they show it to the workers (read-only).
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|e| WorkerError::io("create reference input store", dir, e))?;
+    }
+    Ok(())
+}
+
+/// The arch list of the devices the evaluation workers reported (their compute capabilities, each
+/// once); `None` when none reported one (a CPU-only pool).
+fn arch_list_of(evals: &[WorkerProcess]) -> Option<String> {
+    let mut caps: Vec<String> = Vec::new();
+    for w in evals {
+        if let Some(dev) = &w.ready().device
+            && let [major, minor, ..] = dev.capability[..]
+        {
+            let cap = format!("{major}.{minor}");
+            if !caps.contains(&cap) {
+                caps.push(cap);
+            }
+        }
+    }
+    (!caps.is_empty()).then(|| caps.join(";"))
+}
+
+/// How this pool's workers are started: one [`SpawnSpec`] per worker, made from the settings.
+struct Specs<'a> {
+    settings: &'a WorkerSettings,
+    /// The folders every worker's sandbox shows read-only (see `visible_dirs`).
+    visible: Vec<PathBuf>,
+    /// The workers run in a sandbox (the resolved level confines them).
+    confine: bool,
+    /// How long a worker may take to report `ready`.
+    load_timeout: Duration,
+}
+
+impl Specs<'_> {
+    fn worker(
+        &self,
+        name: String,
+        role: WorkerRole,
+        cvd: Option<String>,
+        arch: Option<String>,
+        at: Placement,
+    ) -> SpawnSpec {
+        let settings = self.settings;
+        let launcher = &settings.launcher;
+        SpawnSpec {
+            sandbox: self
+                .confine
+                .then(|| worker_sandbox(settings, &name, &self.visible)),
+            remote: launcher.is_remote().then(|| Remote {
+                launcher: launcher.clone(),
+                placement: at,
+            }),
+            scratch: settings.scratch_root.join(&name),
+            log_path: settings.log_dir.join(format!("{name}.log")),
+            name,
+            role,
+            python: settings.python.clone(),
+            harness_dir: settings.harness_dir.clone(),
+            cuda_visible_devices: cvd,
+            arch_list: arch,
+            load_timeout: self.load_timeout,
+            extra_env: settings.extra_env.clone(),
+        }
+    }
+
+    /// The physical index of the orchestrator's GPU `i` (see [`crate::gpu::worker_visible_device`]).
+    fn physical(&self, i: u32) -> Result<String, WorkerError> {
+        crate::gpu::worker_visible_device(i, self.settings.visible_devices.as_deref())
+            .map_err(WorkerError::Settings)
+    }
+
+    /// The input store's generator: the CPU, every GPU hidden.
+    fn inputs_generator(&self) -> SpawnSpec {
+        self.worker(
+            "inputs".into(),
+            WorkerRole::Compile,
+            Some(String::new()),
+            None,
+            self.settings.launcher.compile_placement(0),
+        )
+    }
+
+    /// One evaluation worker per device.
+    fn eval(&self) -> Result<Vec<(DeviceId, SpawnSpec)>, WorkerError> {
+        let settings = self.settings;
+        let remote = settings.launcher.is_remote();
+        let arch = || settings.arch_list.clone();
+        settings
+            .devices
+            .iter()
+            .map(|d| {
+                let at = settings.launcher.eval_placement(d);
+                let s = match d {
+                    // A Slurm step gets its GPU from Slurm; an SSH worker's is set remotely.
+                    DeviceId::Gpu(i) if remote => {
+                        self.worker(format!("gpu-{i}"), WorkerRole::Gpu, None, arch(), at)
+                    }
+                    DeviceId::Gpu(i) => self.worker(
+                        format!("gpu-{i}"),
+                        WorkerRole::Gpu,
+                        Some(self.physical(*i)?),
+                        arch(),
+                        at,
+                    ),
+                    // An empty CUDA_VISIBLE_DEVICES hides every GPU: "cpu" means CPU only.
+                    DeviceId::Cpu => self.worker(
+                        "cpu-0".into(),
+                        WorkerRole::Gpu,
+                        Some(String::new()),
+                        arch(),
+                        at,
+                    ),
+                };
+                Ok((d.clone(), s))
+            })
+            .collect()
+    }
+
+    /// The compile workers (`compile_workers` of them).
+    fn compile(&self) -> Result<Vec<SpawnSpec>, WorkerError> {
+        let settings = self.settings;
+        // Compile workers see the run's GPUs, as KernelBench's CPU pre-compile does: a candidate
+        // that picks its sources with `torch.cuda.is_available()` at import must build here what
+        // the device will load. They never run kernels; a candidate that allocates on the GPU at
+        // import costs a CUDA context for the length of its build.
+        // Remote compile workers run as CPU steps (or on hosts whose GPUs serve others): none.
+        let run_gpus = if settings.launcher.is_remote() {
+            String::new()
+        } else {
+            settings
+                .devices
+                .iter()
+                .filter_map(|d| match d {
+                    DeviceId::Gpu(i) => Some(self.physical(*i)),
+                    DeviceId::Cpu => None,
+                })
+                .collect::<Result<Vec<_>, _>>()?
+                .join(",")
+        };
+        Ok((0..settings.compile_workers)
+            .map(|i| {
+                self.worker(
+                    format!("compile-{i}"),
+                    WorkerRole::Compile,
+                    Some(run_gpus.clone()),
+                    settings.arch_list.clone(),
+                    settings.launcher.compile_placement(i),
+                )
+            })
+            .collect())
     }
 }

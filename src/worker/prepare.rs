@@ -1,22 +1,19 @@
 //! Reference preparation through the pool: the `prepare` request, preparing a problem's reference data
-//! ahead of its candidates (see `src/refprep/`), and the verdict when preparing ran out of time.
+//! ahead of its candidates (see `src/refprep/`), and the verdict when preparing ran out of time. Its
+//! CPU stage (the inputs made off the lease) is the inputs room's (`inputs`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
 use super::config::InputsMode;
-use super::input_store::{GenerateStatus, InputStore, entry_key};
 use super::loss::Fault;
 use super::outcome::{CallError, elapsed_ms, secs};
 use super::pool::WorkerPool;
 use super::protocol::{PrepareRequest, ReferenceSpec, RequestBody, ResponseBody, TimingSpec};
-use crate::services::{DeviceId, InputsPlan, Unavailable};
-use crate::types::{
-    ExecOutcome, INPUTS_DEFERRED, InputsOutcome, PrepareOutcome, Problem, ProblemKey, Verdict,
-};
+use crate::services::{DeviceId, Unavailable};
+use crate::types::{ExecOutcome, PrepareOutcome, Problem, Verdict};
 
 impl WorkerPool {
     /// Build all of `problem`'s reference data on `device` in one request, as every evaluation did
@@ -26,7 +23,7 @@ impl WorkerPool {
         problem: &Problem,
         device: &DeviceId,
     ) -> Result<PrepareOutcome, Unavailable> {
-        let Some(slot) = self.eval_slot(device) else {
+        let Some(slot) = self.slots.eval(device) else {
             return Err(Unavailable(format!(
                 "device {device} is not served by this worker pool"
             )));
@@ -34,6 +31,7 @@ impl WorkerPool {
         let request = RequestBody::Prepare(self.prepare_request(problem, device));
         let started = Instant::now();
         let result = self
+            .calls
             .call(slot, request, self.deadlines.reference, false)
             .await;
         Ok(match result {
@@ -83,7 +81,7 @@ impl WorkerPool {
             cast_integer_inputs: self.settings.cast_integer_inputs,
             inputs: (self.settings.inputs == InputsMode::Device)
                 .then(|| InputsMode::Device.as_str().into()),
-            stored_inputs: self.stored_inputs(problem),
+            stored_inputs: self.inputs.stored(problem),
             tolerance: self.settings.tolerance.clone(),
         }
     }
@@ -95,168 +93,6 @@ impl WorkerPool {
             steps: None,
             quiet: None,
         }
-    }
-
-    /// The store key of `problem`'s inputs under this pool's settings.
-    fn inputs_key(&self, problem: &Problem) -> String {
-        entry_key(
-            &problem.code,
-            self.settings.seed,
-            self.settings.correct_trials,
-            self.settings.timing_trials > 0,
-            &self.torch,
-        )
-    }
-
-    /// The store entry of `problem`'s inputs when it is whole (made by this run or any other), on
-    /// disk or in the in-memory tier.
-    fn stored_inputs(&self, problem: &Problem) -> Option<String> {
-        let key = self.inputs_key(problem);
-        let dir = [&self.input_store, &self.ram_store]
-            .into_iter()
-            .flatten()
-            .find_map(|store| store.usable(&key))?;
-        Some(dir.to_string_lossy().into_owned())
-    }
-
-    /// Hold `problem`'s entry in both tiers (see `InputStore::hold`); `None` without a store.
-    pub(super) fn hold_inputs_of(
-        &self,
-        problem: &Problem,
-    ) -> Option<Box<dyn std::any::Any + Send + Sync>> {
-        let key = self.inputs_key(problem);
-        let holds: Vec<_> = [&self.input_store, &self.ram_store]
-            .into_iter()
-            .flatten()
-            .map(|store| store.hold(&key))
-            .collect();
-        (!holds.is_empty()).then(|| Box::new(holds) as Box<dyn std::any::Any + Send + Sync>)
-    }
-
-    async fn ensure_in(
-        &self,
-        store: &InputStore,
-        processes: Option<u32>,
-        key: &str,
-        problem: &Problem,
-    ) -> Result<super::input_store::GenerateAnswer, String> {
-        store
-            .ensure_with(
-                processes,
-                key,
-                &problem.code,
-                self.settings.seed,
-                self.settings.correct_trials,
-                self.settings.timing_trials > 0,
-                &self.torch,
-            )
-            .await
-    }
-
-    /// The plans of `problems`' inputs under this pool's settings (see [`Executor::plan_inputs`]):
-    /// one planner process for all of them; empty without a store or when planning fails (logged).
-    ///
-    /// [`Executor::plan_inputs`]: crate::services::Executor::plan_inputs
-    pub(super) async fn plan_inputs_now(
-        &self,
-        problems: &[Arc<Problem>],
-        processes: Option<u32>,
-    ) -> HashMap<ProblemKey, InputsPlan> {
-        let Some(store) = &self.input_store else {
-            return HashMap::new();
-        };
-        let seeds = self.settings.correct_trials + u32::from(self.settings.timing_trials > 0);
-        let codes: Vec<&str> = problems.iter().map(|p| p.code.as_str()).collect();
-        match store.plan_entries(&codes, seeds, processes).await {
-            Ok(plans) => problems
-                .iter()
-                .zip(plans)
-                .map(|(p, e)| {
-                    let plan = InputsPlan {
-                        bytes: e.bytes,
-                        processes: e.processes.max(1),
-                    };
-                    (p.key, plan)
-                })
-                .collect(),
-            Err(e) => {
-                tracing::warn!("could not plan the problems' inputs (made in arrival order): {e}");
-                HashMap::new()
-            }
-        }
-    }
-
-    /// The CPU stage of `problem` (see `crate::refprep`): its inputs made into the store by a
-    /// process of their own, while no device lease is held. `None` without a store.
-    pub(super) async fn make_inputs_now(
-        &self,
-        problem: &Problem,
-        processes: Option<u32>,
-    ) -> Result<Option<InputsOutcome>, Unavailable> {
-        let Some(store) = &self.input_store else {
-            return Ok(None);
-        };
-        let started = Instant::now();
-        let key = self.inputs_key(problem);
-        let tiers: Vec<&InputStore> = [Some(store), self.ram_store.as_ref()]
-            .into_iter()
-            .flatten()
-            .collect();
-        // Deferred before (and not made since): no generator is started (it would import torch only
-        // to be refused again) until one tier would take the entry now.
-        let known = tiers.iter().find_map(|t| t.refused_for_now(&key));
-        if let Some(planned) = known
-            && self.stored_inputs(problem).is_none()
-            && !admits_now(&tiers, &key, planned).await
-        {
-            return Ok(Some(deferred(planned, elapsed_ms(started))));
-        }
-        let mut answer = self.ensure_in(store, processes, &key, problem).await;
-        // Too large for the disk store: the in-memory tier, still off the lease (the worker would
-        // otherwise draw these inputs inside a candidate's lease).
-        if let (Ok(disk), Some(ram)) = (&answer, &self.ram_store)
-            && disk.status == GenerateStatus::OverBudget
-        {
-            let refused = disk.detail.clone();
-            answer = self
-                .ensure_in(ram, processes, &key, problem)
-                .await
-                .map(|mut a| {
-                    a.detail = match a.status {
-                        GenerateStatus::OverBudget => format!("{refused}; {}", a.detail),
-                        _ => format!("in memory ({refused})"),
-                    };
-                    a
-                });
-        }
-        // Refused by every tier, but one of them has room once queued candidates are done with
-        // their entries: made later (see `crate::refprep`), not inside a lease now.
-        if let Ok(a) = &mut answer
-            && a.status == GenerateStatus::OverBudget
-            && tiers.iter().any(|t| t.refused_for_now(&key).is_some())
-        {
-            a.status = GenerateStatus::Deferred;
-        }
-        let duration_ms = elapsed_ms(started);
-        Ok(Some(match answer {
-            Ok(a) => InputsOutcome {
-                status: serde_json::to_value(a.status)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default(),
-                bytes: a.bytes,
-                duration_ms,
-                parallel: a.parallel,
-                detail: (!a.detail.is_empty()).then_some(a.detail),
-            },
-            Err(e) => InputsOutcome {
-                status: "failed".into(),
-                bytes: 0,
-                duration_ms,
-                parallel: 0,
-                detail: Some(e),
-            },
-        }))
     }
 
     /// Preparing the reference ran out of time: not the candidate's fault, and no candidate code ran.
@@ -293,7 +129,7 @@ impl WorkerPool {
         device: &DeviceId,
         quiet: bool,
     ) -> Result<PrepareOutcome, Unavailable> {
-        let Some(slot) = self.eval_slot(device) else {
+        let Some(slot) = self.slots.eval(device) else {
             return Err(Unavailable(format!(
                 "device {device} is not served by this worker pool"
             )));
@@ -304,6 +140,7 @@ impl WorkerPool {
         let started = Instant::now();
         // Not a candidate's request: it does not count towards recycling the worker.
         let result = self
+            .calls
             .call(
                 slot,
                 RequestBody::Prepare(request),
@@ -334,32 +171,4 @@ impl WorkerPool {
             },
         })
     }
-}
-
-/// The CPU stage's outcome for an entry no tier takes yet (see [`GenerateStatus::Deferred`]).
-fn deferred(planned: u64, duration_ms: u64) -> InputsOutcome {
-    InputsOutcome {
-        status: INPUTS_DEFERRED.into(),
-        bytes: 0,
-        duration_ms,
-        parallel: 0,
-        detail: Some(format!(
-            "{planned} bytes wait for room that queued candidates' entries give back"
-        )),
-    }
-}
-
-/// Would any of `tiers` admit `key`'s entry of `planned` bytes now? Each asks under its admission
-/// lock (a file lock, and a scan of its folder): off the runtime's threads.
-async fn admits_now(tiers: &[&InputStore], key: &str, planned: u64) -> bool {
-    for tier in tiers {
-        let (tier, key) = ((*tier).clone(), key.to_string());
-        let yes = tokio::task::spawn_blocking(move || tier.would_admit(&key, planned))
-            .await
-            .unwrap_or(false);
-        if yes {
-            return true;
-        }
-    }
-    false
 }
