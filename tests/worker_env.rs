@@ -100,10 +100,15 @@ fn workers_cannot_see_orchestrator_secrets() {
                     home.as_ref().is_some_and(|h| h.starts_with(&own)),
                     "{role}: HOME {home:?} outside {own:?}"
                 );
-                assert_eq!(env.get("TMPDIR").map(std::path::PathBuf::from), home, "{role}");
+                assert_eq!(
+                    env.get("TMPDIR").map(std::path::PathBuf::from),
+                    home,
+                    "{role}"
+                );
                 if role == "cpu-0" {
                     assert!(
-                        home.as_ref().is_some_and(|h| h.starts_with(own.join("candidates"))),
+                        home.as_ref()
+                            .is_some_and(|h| h.starts_with(own.join("candidates"))),
                         "{role}: a candidate's HOME {home:?} is not its own folder"
                     );
                 }
