@@ -133,8 +133,10 @@ async fn run_with_budget(
     read_log(&events).unwrap().records
 }
 
-/// Sample `sample`'s execution, its metadata without `worker_clock`: the worker's own timings of
-/// faithful mode's fresh calls (issue 35) differ from run to run, and are not KernelBench's metadata.
+/// Sample `sample`'s execution, its metadata without what the machine decides rather than the inputs:
+/// `worker_clock`, the worker's own timings of faithful mode's fresh calls (issue 35), and
+/// `timing_retimed` / `timing_unsteady`, a wild timing taken again (issue 37). They differ from run to
+/// run and are not KernelBench's metadata.
 fn executed(log: &[LogRecord], sample: u32) -> ExecOutcome {
     let mut outcome = log
         .iter()
@@ -145,7 +147,9 @@ fn executed(log: &[LogRecord], sample: u32) -> ExecOutcome {
             _ => None,
         })
         .unwrap_or_else(|| panic!("no executed event for sample {sample}"));
-    outcome.metadata.remove("worker_clock");
+    for key in ["worker_clock", "timing_retimed", "timing_unsteady"] {
+        outcome.metadata.remove(key);
+    }
     outcome
 }
 
