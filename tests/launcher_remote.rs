@@ -360,7 +360,8 @@ fn remote_launchers_give_the_local_verdicts() {
     std::fs::write(
         &cfg,
         format!(
-            "[dataset]\npath = \"{}\"\nlevel = 1\n[model]\nprovider = \"scripted\"\nanswers = \"{}\"\n\
+            "[dataset]\npath = \"{}\"\nlevel = 1\nproblems = \"1-2\"\n[method]\nkind = \"refine\"\nturns = 3\n\
+             [model]\nprovider = \"scripted\"\nanswers = \"{}\"\n\
              [resources]\npython = \"{}\"\ndevices = \"cpu\"\ncompile_workers = 1\nlauncher = \"slurm\"\n\
              [resources.slurm]\ngpu_cpus = 1\n[output]\ndir = \"{}\"\n",
             repo().join("configs/quickstart/problems").display(),
