@@ -274,8 +274,10 @@ fn start(
         Driven::Ended(code) => Ok(code),
         Driven::Forced(code) => {
             // Nothing is waited for: tasks still running (a step under way, a worker's shutdown)
-            // end with the process.
+            // end with the process. Said here, not by a task of the runtime, which may be dropped
+            // before it printed.
             rt.shutdown_background();
+            super::run_display::say_forced();
             Ok(code)
         }
     }
@@ -498,14 +500,8 @@ async fn drive_engine(
         match tui::run(app, Input::Feed(rx), Some(stop.clone())).await {
             // `q` is only accepted once the run is over.
             Ok(Exit::Quit) => {}
-            Ok(Exit::Forced) => {
-                eprintln!(
-                    "{}: left without waiting for the run to stop; the event log stays valid, \
-                     resume with --resume",
-                    StopReason::SecondSignal
-                );
-                return forced();
-            }
+            // Said once the runtime let go, as every stop at once.
+            Ok(Exit::Forced) => return forced(),
             Err(e) => {
                 stop.request(StopReason::Failed(format!("the terminal UI failed: {e}")));
                 let _ = engine_task.await;

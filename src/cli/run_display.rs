@@ -27,13 +27,12 @@ pub(super) fn notices(stop: &RunStop) -> tokio::task::JoinHandle<()> {
         let mut said = StopState::default();
         while rx.changed().await.is_ok() {
             let now = rx.borrow_and_update().clone();
-            if now.forced && !said.forced {
-                eprintln!(
-                    "\n{}: stopping now, without waiting for the steps under way (they are not \
-                     recorded); the event log stays valid, resume with --resume",
-                    StopReason::SecondSignal
-                );
-            } else if now.reason != said.reason
+            // The stop at once is said by whoever drives the run, once the runtime let go
+            // ([`say_forced`]): a task of the runtime may be dropped before it prints.
+            if now.forced {
+                break;
+            }
+            if now.reason != said.reason
                 && let Some(r) = now.reason.as_ref().filter(|r| r.cancels_steps())
             {
                 eprintln!(
@@ -44,6 +43,15 @@ pub(super) fn notices(stop: &RunStop) -> tokio::task::JoinHandle<()> {
             said = now;
         }
     })
+}
+
+/// Say that the run stopped at once (the second stop request), from the thread that drove it.
+pub(super) fn say_forced() {
+    eprintln!(
+        "\n{}: stopping now, without waiting for the steps under way (they are not recorded); \
+         the event log stays valid, resume with --resume",
+        StopReason::SecondSignal
+    );
 }
 
 /// Where the run is shown.
