@@ -9,7 +9,8 @@ such a process.
 
 One candidate must not reach the next. After its job, a candidate process is killed at once (it gets
 no grace to linger), and before the next timed loop the worker waits until it is gone, frees what it
-lent it, removes its scratch folder, and sweeps: every process descended from the worker that is not
+lent it, removes its scratch folder (and, before the next candidate starts, what it left in the worker's
+own /dev/shm: kb_shm), and sweeps: every process descended from the worker that is not
 the forkserver, its resource tracker, a spare or the job's own process, and that is not in the
 worker's own session, is killed (a candidate process starts a session of its own before its job, so
 whatever it forks carries that mark, however it detaches; the worker is a child subreaper, so such a
@@ -35,6 +36,7 @@ import kb_candidate
 import kb_drive
 import kb_feedback
 import kb_process
+import kb_shm
 import kb_timing
 from kb_channel import ProtocolError
 from kb_correctness import Verdict, is_out_of_memory
@@ -108,6 +110,9 @@ class Worker:
         # How candidate processes start: forked from a torch-preloaded server, or spawned (fallback).
         self.start_method = "forkserver"
         self.scratch_root = os.path.join(os.getcwd(), "candidates")
+        # What candidates leave in the worker's own /dev/shm (PID 1 of its sandbox) is removed before the
+        # next one starts (kb_shm).
+        self.shm = kb_shm.ShmSweeper(private=self.owns_tree)
         become_subreaper()
 
     # -- processes
@@ -116,6 +121,12 @@ class Worker:
         """A warm candidate process for `device` and how long we waited for it to be ready."""
         started = time.perf_counter()
         self.collect(wait=False)
+        if self.shm.has_leftovers():
+            # A file an earlier candidate left for this one: its writer, and whatever it started (which
+            # could hold the file open), must be gone before it is removed.
+            self.collect(wait=True)
+            self.sweep()
+            self.shm.after_candidates()
         self.grant_spares()  # nothing is timed between jobs: every spare that asked may take its device step
         while self.spares and (self.spares[0].device != device or not self.spares[0].process.is_alive()):
             self.spares.pop(0).kill()

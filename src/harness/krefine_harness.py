@@ -41,7 +41,7 @@ the floors or along one, never up, and never in a circle. From the top:
     exchange   kb_exchange (the buffers the worker lends a candidate process: copies only)
     timing     kb_timing (KernelBench's timers, L2 flush)
     leaves     kb_feedback (feedback text, what a candidate's error is),
-               kb_sandbox (confinement), kb_ncu (Nsight Compute's CSV and its P feedback text),
+               kb_sandbox (confinement), kb_shm (the worker's /dev/shm swept between candidates), kb_ncu (Nsight Compute's CSV and its P feedback text),
                kb_channel (the one channel to a candidate process: typed, size-limited JSON frames);
                none imports a harness module
 
@@ -382,6 +382,10 @@ def compile_in_child(request: dict[str, Any]) -> tuple[dict[str, Any], list[Any]
         while chunk := reader.read(1 << 16):
             chunks.append(chunk)
     _, status = os.waitpid(pid, 0)
+    # What the compile left in this worker's own /dev/shm does not wait for the next one (kb_shm).
+    import kb_shm
+
+    kb_shm.ShmSweeper(private=os.getpid() == 1).after_candidates()
     if chunks:
         message = json.loads(b"".join(chunks))
         wanted = message.get("pch_wanted")

@@ -13,7 +13,7 @@ use super::WorkerError;
 pub const HARNESS_ENTRY: &str = "krefine_harness.py";
 
 /// Every harness file: (file name, content).
-pub const HARNESS_FILES: [(&str, &str); 32] = [
+pub const HARNESS_FILES: [(&str, &str); 33] = [
     (
         "krefine_harness.py",
         include_str!("../harness/krefine_harness.py"),
@@ -53,6 +53,7 @@ pub const HARNESS_FILES: [(&str, &str); 32] = [
     ("kb_process.py", include_str!("../harness/kb_process.py")),
     ("kb_feedback.py", include_str!("../harness/kb_feedback.py")),
     ("kb_sandbox.py", include_str!("../harness/kb_sandbox.py")),
+    ("kb_shm.py", include_str!("../harness/kb_shm.py")),
     ("kb_build.py", include_str!("../harness/kb_build.py")),
     ("kb_bench.py", include_str!("../harness/kb_bench.py")),
     ("kb_nvcc.py", include_str!("../harness/kb_nvcc.py")),
