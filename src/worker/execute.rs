@@ -1,4 +1,6 @@
-//! The pool as [`Executor`]: evaluating and profiling a candidate on a device's worker.
+//! Evaluating and profiling a candidate on a device's worker: jobs of the evaluation room
+//! (`eval_room`). The pool as [`Executor`] only builds the room and hands it the job (the input
+//! stages go to the inputs room, `inputs`).
 //!
 //! A correct candidate whose timing is wild (most calls far slower than its fastest, or a few so
 //! slow that they make the mean: something else ran on the device) is evaluated again, at most
@@ -18,6 +20,7 @@ use async_trait::async_trait;
 use serde_json::{Map, Value, json};
 
 use super::budget::Budget;
+use super::eval_room::EvalRoom;
 use super::loss::{Fault, retry_lost};
 use super::outcome::{CallError, Failure, FailureKind, Phase, elapsed_ms, failure, with_tail};
 use super::pool::WorkerPool;
@@ -117,8 +120,53 @@ fn flag_unsteady(o: &mut ExecOutcome, retimed: u32) {
         .insert(UNSTEADY_TIMING.into(), serde_json::json!(message));
 }
 
-impl WorkerPool {
-    pub(super) fn candidate_spec(&self, job: &ExecJob) -> (PathBuf, CandidateSpec) {
+impl EvalRoom<'_> {
+    /// Evaluate a candidate on `device`: lost workers retried, a wild timing taken again.
+    async fn execute(&self, job: ExecJob, device: &DeviceId) -> Result<ExecOutcome, Unavailable> {
+        let slot = self.eval_slot(device)?;
+        let retries = self.retries;
+        let retired = || slot.retired.load(Ordering::SeqCst);
+        let attempt = || self.execute_once(&job, device, slot);
+        let (mut outcome, mut losses) = retry_lost(retries, retired, attempt).await?;
+        // A wild timing is taken again (the whole evaluation, through the same request: the
+        // harness keeps the reference's timing), and the steadiest correct one kept.
+        let mut retimed = 0;
+        while retimed < WILD_RETIMES && retime_wanted(&outcome) {
+            retimed += 1;
+            let (mut again, more) = retry_lost(retries, retired, attempt).await?;
+            losses.extend(more);
+            if again.verdict == Verdict::Correct
+                && candidate_spread(&again) < candidate_spread(&outcome)
+            {
+                // What the first evaluation found of the candidate stays on record.
+                for f in std::mem::take(&mut outcome.findings) {
+                    if !again.findings.contains(&f) {
+                        again.findings.push(f);
+                    }
+                }
+                outcome = again;
+            }
+        }
+        flag_unsteady(&mut outcome, retimed);
+        outcome.worker_losses = losses;
+        Ok(outcome)
+    }
+
+    /// Profile a candidate on `device` (lost workers retried).
+    async fn profile(
+        &self,
+        job: ExecJob,
+        device: &DeviceId,
+    ) -> Result<ProfileOutcome, Unavailable> {
+        let slot = self.eval_slot(device)?;
+        let retired = || slot.retired.load(Ordering::SeqCst);
+        let attempt = || self.profile_once(&job, device, slot);
+        let (mut outcome, losses) = retry_lost(self.retries, retired, attempt).await?;
+        outcome.worker_losses = losses;
+        Ok(outcome)
+    }
+
+    fn candidate_spec(&self, job: &ExecJob) -> (PathBuf, CandidateSpec) {
         let dir = match &job.build_dir {
             Some(d) => PathBuf::from(d),
             None => self.builds.dir_for(&job.code),
@@ -130,7 +178,7 @@ impl WorkerPool {
         (dir, spec)
     }
 
-    pub(super) fn exec_failure(
+    fn exec_failure(
         &self,
         err: CallError,
         device: &DeviceId,
@@ -196,27 +244,7 @@ impl WorkerPool {
         self.with_device(o, &dev, hardware)
     }
 
-    /// Orchestrator-made outcomes still say which device they concern.
-    pub(super) fn with_device(
-        &self,
-        mut o: ExecOutcome,
-        dev: &str,
-        hardware: Option<String>,
-    ) -> ExecOutcome {
-        // KernelBench's metadata always names the hardware and the device.
-        if let Some(h) = hardware {
-            o.metadata.insert("hardware".into(), json!(h));
-            o.env.device_name = h;
-        }
-        o.metadata.insert("device".into(), json!(dev));
-        o.env.driver = self.settings.driver.clone();
-        o.env.precision = Some(self.settings.precision.as_str().into());
-        o.env.mode = Some(self.settings.mode.as_str().into());
-        o.env.sandbox = Some(self.sandbox_level.as_str().into());
-        o
-    }
-
-    pub(super) fn exec_outcome(
+    fn exec_outcome(
         &self,
         r: EvaluateResponse,
         device: &DeviceId,
@@ -237,7 +265,7 @@ impl WorkerPool {
             feedback: r.feedback,
             env: EvalEnv {
                 sandbox: Some(self.sandbox_level.as_str().into()),
-                ..r.env.to_eval_env(self.settings.driver.clone())
+                ..r.env.to_eval_env(self.driver.map(str::to_string))
             },
             device: device.to_string(),
             wall_ms: elapsed_ms(started),
@@ -247,7 +275,7 @@ impl WorkerPool {
         }
     }
 
-    pub(super) fn profile_outcome(r: ProfileResponse, started: Instant) -> ProfileOutcome {
+    fn profile_outcome(r: ProfileResponse, started: Instant) -> ProfileOutcome {
         let ok = r.status == ProfileStatus::Ok;
         let error = if ok {
             None
@@ -275,7 +303,7 @@ impl WorkerPool {
         }
     }
 
-    pub(super) fn profile_failure(err: CallError, started: Instant) -> ProfileOutcome {
+    fn profile_failure(err: CallError, started: Instant) -> ProfileOutcome {
         let f = failure(&err, Phase::Profile);
         let error = with_tail(f.message, &f.log_tail);
         ProfileOutcome {
@@ -289,8 +317,8 @@ impl WorkerPool {
     }
 
     /// The excessive-speedup guard's inputs for this pool's settings ([`integrity_spec`]).
-    pub(super) fn integrity_spec(&self, hardware: Option<&str>) -> IntegritySpec {
-        integrity_spec(self.settings.max_speedup, self.settings.precision, hardware)
+    fn integrity_spec(&self, hardware: Option<&str>) -> IntegritySpec {
+        integrity_spec(self.max_speedup, self.reference.precision, hardware)
     }
 }
 
@@ -318,37 +346,7 @@ fn integrity_spec(
 #[async_trait]
 impl Executor for WorkerPool {
     async fn execute(&self, job: ExecJob, device: &DeviceId) -> Result<ExecOutcome, Unavailable> {
-        let Some(slot) = self.slots.eval(device) else {
-            return Err(Unavailable(format!(
-                "device {device} is not served by this worker pool"
-            )));
-        };
-        let retries = self.settings.launcher.loss_retries();
-        let retired = || slot.retired.load(Ordering::SeqCst);
-        let attempt = || self.execute_once(&job, device, slot);
-        let (mut outcome, mut losses) = retry_lost(retries, retired, attempt).await?;
-        // A wild timing is taken again (the whole evaluation, through the same request: the
-        // harness keeps the reference's timing), and the steadiest correct one kept.
-        let mut retimed = 0;
-        while retimed < WILD_RETIMES && retime_wanted(&outcome) {
-            retimed += 1;
-            let (mut again, more) = retry_lost(retries, retired, attempt).await?;
-            losses.extend(more);
-            if again.verdict == Verdict::Correct
-                && candidate_spread(&again) < candidate_spread(&outcome)
-            {
-                // What the first evaluation found of the candidate stays on record.
-                for f in std::mem::take(&mut outcome.findings) {
-                    if !again.findings.contains(&f) {
-                        again.findings.push(f);
-                    }
-                }
-                outcome = again;
-            }
-        }
-        flag_unsteady(&mut outcome, retimed);
-        outcome.worker_losses = losses;
-        Ok(outcome)
+        self.eval_room().execute(job, device).await
     }
 
     async fn profile(
@@ -356,17 +354,7 @@ impl Executor for WorkerPool {
         job: ExecJob,
         device: &DeviceId,
     ) -> Result<ProfileOutcome, Unavailable> {
-        let Some(slot) = self.slots.eval(device) else {
-            return Err(Unavailable(format!(
-                "device {device} is not served by this worker pool"
-            )));
-        };
-        let retries = self.settings.launcher.loss_retries();
-        let retired = || slot.retired.load(Ordering::SeqCst);
-        let attempt = || self.profile_once(&job, device, slot);
-        let (mut outcome, losses) = retry_lost(retries, retired, attempt).await?;
-        outcome.worker_losses = losses;
-        Ok(outcome)
+        self.eval_room().profile(job, device).await
     }
 
     fn prepares_reference(&self) -> bool {
@@ -399,7 +387,7 @@ impl Executor for WorkerPool {
         device: &DeviceId,
         quiet: bool,
     ) -> Result<PrepareOutcome, Unavailable> {
-        self.prepare_step(problem, device, quiet).await
+        self.eval_room().prepare_step(&problem, device, quiet).await
     }
 
     fn retired(&self, device: &DeviceId) -> bool {
@@ -409,9 +397,9 @@ impl Executor for WorkerPool {
     }
 }
 
-impl WorkerPool {
+impl EvalRoom<'_> {
     /// One evaluation attempt: prepare the reference, then evaluate the candidate.
-    pub(super) async fn execute_once(
+    async fn execute_once(
         &self,
         job: &ExecJob,
         device: &DeviceId,
@@ -469,7 +457,7 @@ impl WorkerPool {
     }
 
     /// One profiling attempt.
-    pub(super) async fn profile_once(
+    async fn profile_once(
         &self,
         job: &ExecJob,
         device: &DeviceId,
@@ -485,11 +473,10 @@ impl WorkerPool {
         let request = RequestBody::Profile(ProfileRequest {
             reference: self.reference_spec(&job.problem, device),
             candidate,
-            row_limit: self.settings.profile_rows,
-            ncu: self.settings.ncu,
-            profiler: self.settings.profiler.map(|p| p.as_str().to_string()),
+            row_limit: self.profile_rows,
+            ncu: self.ncu,
+            profiler: self.profiler.map(|p| p.as_str().to_string()),
             peaks: self
-                .settings
                 .ncu
                 .then(|| self.integrity_spec(slot.hardware().as_deref())),
         });

@@ -32,8 +32,10 @@
 //!   dirs' locks and markers).
 //! - `call`: the call room (`Calls`: one request through a slot, closing, lost workers).
 //! - [`pool`]: [`WorkerPool`] itself, the owner of the parts above (start, shutdown); above it the
-//!   jobs it does through them: `compile` (the `Compiler`), `prepare` (reference preparation),
-//!   `execute` (the `Executor`).
+//!   rooms that do its jobs through them: `compile` (the compile room, the `Compiler`); `eval_room`
+//!   (the evaluation room: what a job on a device's worker works through, and the settings that make
+//!   a reference spec), with its jobs `prepare` (reference preparation) and `execute` (evaluate,
+//!   profile; the `Executor`).
 //! - [`baseline`]: KernelBench baseline timing files.
 
 pub mod baseline;
@@ -43,6 +45,7 @@ mod build_store;
 mod call;
 mod compile;
 pub mod config;
+mod eval_room;
 mod execute;
 pub mod harness;
 pub mod input_admission;

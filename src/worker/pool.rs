@@ -12,8 +12,10 @@
 //!
 //! This file holds the pool itself: a thin owner of its parts (the slots, the call room, the build
 //! room, the input stores), started and shut down here. The parts own their state and live below it
-//! (`slot`, `call`, `build_cache`, `inputs`); the jobs the pool does through them live beside it
-//! (`compile`, `execute`, `prepare`).
+//! (`slot`, `call`, `build_cache`, `inputs`). The jobs live above it, in rooms that borrow the parts
+//! and copy the few settings they need: the compile room (`compile`) and the evaluation room
+//! (`eval_room`, whose jobs are in `execute` and `prepare`). The pool's `Compiler` and `Executor`
+//! only build a room and hand it the job.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,7 +29,7 @@ use super::inputs::{InputStores, InputTiers};
 use super::loss::toolchain_mismatch;
 use super::pause::Pauser;
 use super::process::WorkerProcess;
-use super::protocol::{ProblemSpec, WorkerRole};
+use super::protocol::WorkerRole;
 use super::sandbox::SandboxLevel;
 use super::sandbox_spec::{resolve_sandbox, visible_dirs, worker_sandbox};
 use super::session::kill_group;
@@ -36,10 +38,9 @@ use super::slot::{Slot, Slots};
 use super::spawn_spec::{Remote, SpawnSpec};
 use crate::launcher::Placement;
 use crate::services::DeviceId;
-use crate::types::Problem;
 
 pub struct WorkerPool {
-    /// What the pool was started with; the jobs read their request settings from it.
+    /// What the pool was started with; a room copies the values its requests need when it is built.
     pub(super) settings: WorkerSettings,
     /// The settings' timeouts, validated once at start (each request's deadline).
     pub(super) deadlines: Deadlines,
@@ -214,22 +215,6 @@ impl WorkerPool {
             }
         }))
         .await;
-    }
-
-    pub(super) fn problem_spec(problem: &Problem) -> ProblemSpec {
-        ProblemSpec {
-            key: problem.key.to_string(),
-            code: problem.code.clone(),
-            code_hash: problem.code_hash(),
-        }
-    }
-
-    pub(super) fn worker_device(device: &DeviceId) -> &'static str {
-        match device {
-            // The worker sees only its own GPU (CUDA_VISIBLE_DEVICES), as device 0.
-            DeviceId::Gpu(_) => "cuda:0",
-            DeviceId::Cpu => "cpu",
-        }
     }
 }
 

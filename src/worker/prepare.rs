@@ -1,17 +1,17 @@
-//! Reference preparation through the pool: the `prepare` request, preparing a problem's reference data
-//! ahead of its candidates (see `src/refprep/`), and the verdict when preparing ran out of time. Its
-//! CPU stage (the inputs made off the lease) is the inputs room's (`inputs`).
+//! Reference preparation, a job of the evaluation room (`eval_room`): the `prepare` request,
+//! preparing a problem's reference data ahead of its candidates (see `src/refprep/`), and the verdict
+//! when preparing ran out of time. Its CPU stage (the inputs made off the lease) is the inputs room's
+//! (`inputs`).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::config::InputsMode;
+use super::eval_room::EvalRoom;
 use super::loss::Fault;
 use super::outcome::{CallError, elapsed_ms, secs};
 use super::pool::WorkerPool;
-use super::protocol::{PrepareRequest, ReferenceSpec, RequestBody, ResponseBody, TimingSpec};
+use super::protocol::{PrepareRequest, RequestBody, ResponseBody};
 use crate::services::{DeviceId, Unavailable};
 use crate::types::{ExecOutcome, PrepareOutcome, Problem, Verdict};
 
@@ -23,11 +23,18 @@ impl WorkerPool {
         problem: &Problem,
         device: &DeviceId,
     ) -> Result<PrepareOutcome, Unavailable> {
-        let Some(slot) = self.slots.eval(device) else {
-            return Err(Unavailable(format!(
-                "device {device} is not served by this worker pool"
-            )));
-        };
+        self.eval_room().prepare_everything(problem, device).await
+    }
+}
+
+impl EvalRoom<'_> {
+    /// Everything of `problem`'s reference data on `device`, in one request.
+    async fn prepare_everything(
+        &self,
+        problem: &Problem,
+        device: &DeviceId,
+    ) -> Result<PrepareOutcome, Unavailable> {
+        let slot = self.eval_slot(device)?;
         let request = RequestBody::Prepare(self.prepare_request(problem, device));
         let started = Instant::now();
         let result = self
@@ -53,41 +60,8 @@ impl WorkerPool {
         })
     }
 
-    /// The reference data `problem`'s requests on `device` work against (prepare, evaluate and
-    /// profile all carry it): the one place the pool's settings become the harness's reference spec.
-    pub(super) fn reference_spec(&self, problem: &Problem, device: &DeviceId) -> ReferenceSpec {
-        ReferenceSpec {
-            problem: Self::problem_spec(problem),
-            device: Self::worker_device(device).into(),
-            precision: self.settings.precision.as_str().into(),
-            mode: self.settings.mode.as_str().into(),
-            seed: self.settings.seed,
-            correct_trials: self.settings.correct_trials,
-            timing: TimingSpec {
-                measure: self.settings.timing_trials > 0,
-                warmup: self.settings.warmup,
-                trials: self.settings.timing_trials,
-                // KernelBench's cuda_event defaults: drop the first timed call, flush L2 each time.
-                discard_first: 1,
-                l2_flush: true,
-                method: self.settings.timing_method,
-                reference_compile: self.settings.reference_compile.clone(),
-            },
-            reference_runtime: self
-                .settings
-                .baseline
-                .as_ref()
-                .and_then(|b| b.reference_runtime(problem)),
-            cast_integer_inputs: self.settings.cast_integer_inputs,
-            inputs: (self.settings.inputs == InputsMode::Device)
-                .then(|| InputsMode::Device.as_str().into()),
-            stored_inputs: self.inputs.stored(problem),
-            tolerance: self.settings.tolerance.clone(),
-        }
-    }
-
     /// The `prepare` request for `problem` on `device`: everything (no step limit, timed).
-    pub(super) fn prepare_request(&self, problem: &Problem, device: &DeviceId) -> PrepareRequest {
+    fn prepare_request(&self, problem: &Problem, device: &DeviceId) -> PrepareRequest {
         PrepareRequest {
             reference: self.reference_spec(problem, device),
             steps: None,
@@ -123,18 +97,15 @@ impl WorkerPool {
         self.with_device(o, &dev, hardware)
     }
 
+    /// One step of preparing `problem`'s reference data on `device` (see `src/refprep/`).
     pub(super) async fn prepare_step(
         &self,
-        problem: Arc<Problem>,
+        problem: &Problem,
         device: &DeviceId,
         quiet: bool,
     ) -> Result<PrepareOutcome, Unavailable> {
-        let Some(slot) = self.slots.eval(device) else {
-            return Err(Unavailable(format!(
-                "device {device} is not served by this worker pool"
-            )));
-        };
-        let mut request = self.prepare_request(&problem, device);
+        let slot = self.eval_slot(device)?;
+        let mut request = self.prepare_request(problem, device);
         request.steps = Some(1);
         request.quiet = Some(quiet);
         let started = Instant::now();

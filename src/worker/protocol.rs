@@ -111,7 +111,7 @@ pub struct CompileRequest {
 /// request that reaches the reference (`prepare`, `evaluate`, `profile`), so the fields stay top-level
 /// on the wire; the harness mirrors it once (`kb_protocol.ReferenceSpec`) and reads it once
 /// (`kb_reference.ReferenceSpec`, whose `key` is the worker's cache key). A new way of preparing
-/// reference inputs is a field here, its value in `WorkerPool::reference_spec`, and its reading there.
+/// reference inputs is a field here, its value in `eval_room::ReferenceRecipe`, and its reading there.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReferenceSpec {
     pub problem: ProblemSpec,
