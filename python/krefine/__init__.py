@@ -219,8 +219,10 @@ def compare(
     ``compiled``, ``timed``; ``delta_fast_<p>`` and ``delta_correct_rate`` (this run minus the
     first, with paired interval bounds; NaN for the first run). ``DataFrame.attrs`` holds
     ``axis``, ``axis_title``, ``runs``, ``shared_problems``, ``dropped`` (problems each run lost),
-    ``differs`` and ``same`` (the settings that differ between the runs, and those that do not)
-    and ``settings``.
+    ``differs`` and ``same`` (the settings that differ between the runs, and those that do not),
+    ``settings``, and ``reference_time_warnings`` (problems whose reference took more than twice as
+    long in one run as in another, as ``krefine compare`` warns: each a dict with ``problem``,
+    ``ref_ms`` by run, ``ratio`` and ``message``; each is also issued as a :class:`UserWarning`).
 
     Raises :class:`ValueError` for an unknown axis, an axis these runs cannot be compared on (say,
     no prices for ``usd``), runs with the same name, runs that share no problem, or a level outside
@@ -232,4 +234,8 @@ def compare(
     )
     frame = _frame(columns, _compare_dtypes(columns))
     frame.attrs.update(meta)
+    # As the command warns: a problem whose reference took very different times in the runs (a
+    # shared device while one of them timed it) has speedups that do not compare.
+    for warning in meta["reference_time_warnings"]:
+        warnings.warn(warning["message"], UserWarning, stacklevel=2)
     return frame

@@ -16,7 +16,7 @@ use krefine::metrics::bootstrap::Interval;
 use krefine::metrics::compare::{BudgetAxis, CompareSettings};
 use krefine::report::{
     Format, LoadedRun, axis_title, candidate_rows, compare_runs, differences, frozen_config,
-    load_run_with_log, render, turn_rows,
+    load_run_with_log, reference_time_warnings, render, run_labels, turn_rows,
 };
 use krefine::store::{EVENTS_FILE, log_lines};
 
@@ -385,7 +385,28 @@ fn compare_columns<'py>(
     settings.set_item("seed", c.settings.seed)?;
     settings.set_item("level", c.settings.level)?;
     meta.set_item("settings", settings)?;
+    meta.set_item("reference_time_warnings", reference_warnings(py, &loaded)?)?;
     Ok((cols.dict, meta))
+}
+
+/// `krefine compare`'s warnings about problems whose reference took very different times in the
+/// runs (a shared device, say): each as a dict (problem, ref_ms by run label, ratio, message).
+fn reference_warnings<'py>(py: Python<'py>, runs: &[&LoadedRun]) -> PyResult<Bound<'py, PyList>> {
+    let labels = run_labels(runs);
+    let list = PyList::empty(py);
+    for w in reference_time_warnings(runs, &labels) {
+        let item = PyDict::new(py);
+        item.set_item("problem", w.problem.to_string())?;
+        let ref_ms = PyDict::new(py);
+        for (run, ms) in &w.ref_ms {
+            ref_ms.set_item(run, ms)?;
+        }
+        item.set_item("ref_ms", ref_ms)?;
+        item.set_item("ratio", w.ratio)?;
+        item.set_item("message", w.message())?;
+        list.append(item)?;
+    }
+    Ok(list)
 }
 
 #[pymodule]

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -278,6 +281,32 @@ def test_compare_is_the_commands_comparison(runs: dict[str, Path]) -> None:
     frame = krefine.compare(dirs)
     calls = next(a for a in expected["axes"] if a["axis"] == "llm_calls")
     assert frame["fast_1_lo"].tolist() == [r["ci"]["fast_p"]["1"]["lo"] for row in calls["rows"] for r in row["runs"]]
+
+
+def test_compare_warns_when_a_problems_reference_time_differs_between_runs(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """As ``krefine compare`` warns (issue 37): the same run against a copy whose reference timings were
+    ten times slower (a shared device) names each problem, in ``attrs`` and as a UserWarning."""
+    slowed = tmp_path / "slowed"
+    shutil.copytree(runs["quickstart"], slowed)
+    log = (slowed / "events.jsonl").read_text()
+    times = re.compile(r'"ref_runtime_ms":\s*([0-9.eE+-]+)')
+    assert times.search(log), "the CPU run timed its references"
+    (slowed / "events.jsonl").write_text(times.sub(lambda m: f'"ref_runtime_ms":{float(m.group(1)) * 10}', log))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        alike = krefine.compare([runs["quickstart"], runs["quickstart"]], resamples=0)
+    assert alike.attrs["reference_time_warnings"] == []
+    with pytest.warns(UserWarning, match=r"problem 1/1: the reference took .* \(10\.0x apart\)"):
+        frame = krefine.compare([runs["quickstart"], slowed], resamples=0)
+    expected = json.loads(cli("compare", runs["quickstart"], slowed, "--format", "json", "--resamples", "0"))
+    got = frame.attrs["reference_time_warnings"]
+    assert [w["problem"] for w in got] == [w["problem"] for w in expected["reference_time_warnings"]]
+    assert [w["ref_ms"] for w in got] == [w["ref_ms"] for w in expected["reference_time_warnings"]]
+    assert "1/1" in {w["problem"] for w in got}
+    # Keyed by the runs' labels, the same as the rows'.
+    assert all(set(w["ref_ms"]) == set(frame["run"]) for w in got)
 
 
 def test_bad_paths_raise_errors_that_name_them(runs: dict[str, Path], tmp_path: Path) -> None:
