@@ -546,13 +546,19 @@ fn dropping_a_pool_leaves_no_processes() {
             4,
             "compile and evaluate each imported it, leaving two each"
         );
-        // The compile worker imported it first: its two are alive until the pool goes. The
-        // evaluation's may be gone already: the worker kills a candidate process's strays before
+        // The compile worker imported it first: nothing a compile started outlives it (the worker
+        // kills what its compile child left, so that it cannot write into a later candidate's log).
+        // The evaluation's may be gone already: the worker kills a candidate process's strays before
         // anything is timed (issue 35); the drop must end whatever is left.
         let (compile_kids, _) = grandchildren.split_at(2);
+        let outlived = wait_gone(compile_kids, Duration::from_secs(10)).await;
         assert!(
-            pids.iter().chain(compile_kids).all(|p| pid_alive(*p)),
-            "the workers and the compile worker's grandchildren should run before the drop"
+            outlived.is_empty(),
+            "a compile's grandchildren outlived it: {outlived:?}"
+        );
+        assert!(
+            pids.iter().all(|p| pid_alive(*p)),
+            "the workers should run before the drop"
         );
         pids.extend(&grandchildren);
         drop(pool);

@@ -110,9 +110,10 @@ class Worker:
         # How candidate processes start: forked from a torch-preloaded server, or spawned (fallback).
         self.start_method = "forkserver"
         self.scratch_root = os.path.join(os.getcwd(), "candidates")
-        # What candidates leave in the worker's own /dev/shm (PID 1 of its sandbox) is removed before the
-        # next one starts (kb_shm).
-        self.shm = kb_shm.ShmSweeper(private=self.owns_tree)
+        # What candidates leave in the worker's own /dev/shm is removed before the next one starts (kb_shm):
+        # only as PID 1 of its sandbox is /dev/shm the worker's own (a serving worker that is not owns its
+        # process tree, not the machine's /dev/shm).
+        self.shm = kb_shm.ShmSweeper(private=os.getpid() == 1)
         become_subreaper()
 
     # -- processes
@@ -298,7 +299,7 @@ class Worker:
         if self.current is not None and self.current.pid is not None:
             known.add(self.current.pid)
         own_session = os.getsid(0)
-        killed = 0
+        killed: list[int] = []
         for pid, ppid in descendants_with_parents(os.getpid()):
             if pid in known:
                 continue
@@ -313,12 +314,13 @@ class Worker:
             if session in self.candidate_sessions or leaderless or adopted:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-                    killed += 1
+                    killed.append(pid)
         if killed:
-            self.strays_killed += killed
-            print(f"krefine harness: killed {killed} stray process(es) a candidate left behind", file=sys.stderr)
+            self.strays_killed += len(killed)
+            print(f"krefine harness: killed {len(killed)} stray process(es) a candidate left behind", file=sys.stderr)
+            await_death(killed)
             reap_orphans()
-        return killed
+        return len(killed)
 
     def new_scratch(self) -> str:
         """A fresh folder for one job, named so that no earlier candidate could have guessed it."""
@@ -383,6 +385,53 @@ def descendants_with_parents(root: int) -> list[tuple[int, int]]:
             found.append((child, parent))
             stack.append(child)
     return found
+
+
+def kill_descendants_except(keep: set[int]) -> int:
+    """SIGKILL every descendant of this process that is neither in `keep` nor below one of them; returns
+    how many. A compile worker calls it after each compile child: nothing a candidate started at its
+    import may outlive its compile (it could write into a later candidate's compile log, its feedback)."""
+    me = os.getpid()
+    # The worker's own helpers, whoever asks: its forkserver and multiprocessing's resource tracker.
+    keep = keep | {p for p in (kb_process.forkserver_pid(), _tracker_pid()) if p is not None}
+    pairs = descendants_with_parents(me)
+    parent = dict(pairs)
+    killed: list[int] = []
+    for pid, _ in pairs:
+        ancestor = pid
+        while ancestor != me and ancestor not in keep:
+            ancestor = parent.get(ancestor, me)
+        if ancestor in keep:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    if killed:
+        print(f"krefine harness: killed {len(killed)} process(es) a compile left behind", file=sys.stderr)
+        await_death(killed)
+        reap_orphans()
+    return len(killed)
+
+
+def await_death(pids: list[int], timeout: float = 2.0) -> None:
+    """Wait (briefly) until killed processes have exited: a zombie holds no descriptor and no mapping, so
+    what they held (a file in /dev/shm, say) is free for kb_shm's sweep."""
+    deadline = time.monotonic() + timeout
+    pending = list(pids)
+    while pending and time.monotonic() < deadline:
+        still: list[int] = []
+        for pid in pending:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue  # gone
+            fields = stat[stat.rfind(b")") + 2 :].split()
+            if fields and fields[0] not in (b"Z", b"X"):
+                still.append(pid)
+        pending = still
+        if pending:
+            time.sleep(0.005)
 
 
 def reap_orphans() -> None:

@@ -248,6 +248,16 @@ class Server:
             self._pch = kb_pch.BackgroundPch()
         return self._pch
 
+    def after_compile(self) -> None:
+        """Nothing of a compile outlives it: every process it left (the compile child's descendants,
+        orphaned to this subreaper) is killed, the background header builds (started here, trusted) kept;
+        then what it left in this worker's own /dev/shm is removed (kb_shm)."""
+        import kb_pool
+
+        keep = {job.pid for job in self._pch.jobs.values()} if self._pch is not None else set()
+        kb_pool.kill_descendants_except(keep)
+        self.worker.shm.after_candidates()
+
     def build_wanted_pch(self, request: dict[str, Any], wanted: list[Any]) -> None:
         """Build the shared precompiled headers the compile child missed, here, where no candidate code
         runs, for the next candidates (a failure to start one only costs speed)."""
@@ -320,6 +330,7 @@ class Server:
         if op == "compile":
             self.pch.poll()
             response, wanted = compile_in_child(request)
+            self.after_compile()
             self.build_wanted_pch(request, wanted)
             return response
         if op == "prepare":
@@ -382,10 +393,6 @@ def compile_in_child(request: dict[str, Any]) -> tuple[dict[str, Any], list[Any]
         while chunk := reader.read(1 << 16):
             chunks.append(chunk)
     _, status = os.waitpid(pid, 0)
-    # What the compile left in this worker's own /dev/shm does not wait for the next one (kb_shm).
-    import kb_shm
-
-    kb_shm.ShmSweeper(private=os.getpid() == 1).after_candidates()
     if chunks:
         message = json.loads(b"".join(chunks))
         wanted = message.get("pch_wanted")
