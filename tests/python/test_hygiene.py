@@ -121,6 +121,7 @@ def test_planted_modules_reach_no_later_candidate_even_after_a_forkserver_restar
 
 @pytest.mark.slow
 def test_a_stray_process_is_killed_before_anything_is_timed(worker: kb_eval.Worker, tmp_path: Path) -> None:
+    killed = worker.strays_killed
     leaver = evaluate(worker, tmp_path / "leaver", exploit("stray_helper.py"), "strict")
     assert leaver["status"] == "correct", leaver
     pid_file = tmp_path / "leaver" / "stray.pid"
@@ -128,8 +129,9 @@ def test_a_stray_process_is_killed_before_anything_is_timed(worker: kb_eval.Work
     while not pid_file.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     stray = int(pid_file.read_text())
-    killed = worker.strays_killed
     honest(worker, tmp_path / "after", "strict")
+    # Killed before the honest candidate was timed, or even before a later timed loop of the leaver's own
+    # evaluation (a retake of a timing its spinning slowed, issue 37): either way once, and gone.
     assert worker.strays_killed > killed
     assert not Path(f"/proc/{stray}").exists() or Path(f"/proc/{stray}/stat").read_text().split()[2] == "Z"
     assert stray not in kb_pool.descendants(os.getpid())
