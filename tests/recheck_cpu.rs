@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use cli_support::{krefine, python, read_json, repo, s};
+use cli_support::{cpu_refine_experiment, krefine, python, read_json, repo, s};
 use serde_json::Value;
 
 fn hostile(name: &str) -> String {
@@ -111,40 +111,7 @@ fn a_strict_recheck_withdraws_a_forged_time_and_leaves_the_run_untouched() {
         ]),
     )
     .unwrap();
-    // Builds are content-addressed: share the worker tests' cache, which holds ok_cpp.py already
-    // when they ran first.
-    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("worker-hostile/build-cache");
-    let cfg = root.join("exp.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            r#"[dataset]
-path = "{}"
-level = 1
-[method]
-kind = "refine"
-turns = 2
-feedback = "GE"
-[model]
-provider = "scripted"
-answers = "{}"
-[resources]
-devices = "cpu"
-compile_workers = 1
-python = "{}"
-[eval]
-correct_trials = 2
-timing_trials = 5
-warmup = 1
-build_cache = "{}"
-"#,
-            problems.display(),
-            root.join("answers.jsonl").display(),
-            python().display(),
-            cache.display()
-        ),
-    )
-    .unwrap();
+    let cfg = cpu_refine_experiment(root, &problems, &python(), 5);
     let run = root.join("runs/faithful");
     krefine(&["run", s(&cfg), "--no-tui", "--out", s(&run)]);
     // Faithful mode credits both, the forger at the tenfold speedup it wrote.

@@ -3,13 +3,15 @@
 //! same candidate and records the finding as a warning. Both show up in `krefine report`.
 #![allow(clippy::unwrap_used, reason = "test code: a panic is how a test fails")]
 
+mod cli_support;
 mod worker_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use cli_support::cpu_refine_experiment;
 use serde_json::Value;
-use worker_support::{hostile, persistent_dir, test_python};
+use worker_support::{hostile, test_python};
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_krefine")
@@ -41,41 +43,7 @@ fn fixture(root: &Path, python: &Path) -> PathBuf {
         answers.push('\n');
     }
     std::fs::write(root.join("answers.jsonl"), answers).unwrap();
-    // Builds are content-addressed: share the worker tests' cache, which holds ok_cpp.py already
-    // when they ran first.
-    let cache = persistent_dir("worker-hostile").join("build-cache");
-    let cfg = root.join("exp.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            r#"[dataset]
-path = "{}"
-level = 1
-[method]
-kind = "refine"
-turns = 2
-feedback = "GE"
-[model]
-provider = "scripted"
-answers = "{}"
-[resources]
-devices = "cpu"
-compile_workers = 1
-python = "{}"
-[eval]
-correct_trials = 2
-timing_trials = 3
-warmup = 1
-build_cache = "{}"
-"#,
-            probs.display(),
-            root.join("answers.jsonl").display(),
-            python.display(),
-            cache.display()
-        ),
-    )
-    .unwrap();
-    cfg
+    cpu_refine_experiment(root, &probs, python, 3)
 }
 
 fn events(out: &Path) -> Vec<Value> {

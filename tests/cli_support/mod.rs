@@ -127,3 +127,48 @@ pub fn log_lines(run: &Path) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// A two-turn refine experiment on the CPU: the problems in `problems` (a folder), the scripted
+/// answers in `<root>/answers.jsonl`, the workers' `python`, and the worker tests' build cache
+/// (builds are content-addressed: it holds ok_cpp.py already when they ran first). Written to
+/// `<root>/exp.toml`, whose path is returned.
+pub fn cpu_refine_experiment(
+    root: &Path,
+    problems: &Path,
+    python: &Path,
+    timing_trials: u32,
+) -> PathBuf {
+    let cache = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("worker-hostile/build-cache");
+    let cfg = root.join("exp.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"[dataset]
+path = "{}"
+level = 1
+[method]
+kind = "refine"
+turns = 2
+feedback = "GE"
+[model]
+provider = "scripted"
+answers = "{}"
+[resources]
+devices = "cpu"
+compile_workers = 1
+python = "{}"
+[eval]
+correct_trials = 2
+timing_trials = {timing_trials}
+warmup = 1
+build_cache = "{}"
+"#,
+            problems.display(),
+            root.join("answers.jsonl").display(),
+            python.display(),
+            cache.display()
+        ),
+    )
+    .unwrap();
+    cfg
+}
