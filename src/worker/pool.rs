@@ -130,6 +130,9 @@ impl WorkerPool {
         let slots = Slots::new(compile_slots, eval_slots);
         let inputs = input_tiers.for_entries(&settings, &torch);
         let pauser = Pauser::new(slots.compile().iter().map(|s| s.pgid.clone()).collect());
+        // The toolchain goes to both rooms: the call room refuses a worker that reports another one,
+        // the build room keys builds by it. Set once here and never changed, so the copies cannot
+        // disagree; neither room can borrow it from the other without the pool referring to itself.
         let calls = Calls::new(
             pauser,
             settings.launcher.clone(),
