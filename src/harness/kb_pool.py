@@ -110,9 +110,9 @@ class Worker:
         # How candidate processes start: forked from a torch-preloaded server, or spawned (fallback).
         self.start_method = "forkserver"
         self.scratch_root = os.path.join(os.getcwd(), "candidates")
-        # What candidates leave in the worker's own /dev/shm is removed before the next one starts (kb_shm):
-        # only as PID 1 of its sandbox is /dev/shm the worker's own (a serving worker that is not owns its
-        # process tree, not the machine's /dev/shm).
+        # What candidates leave in the worker's own /dev/shm is removed before the next one starts (kb_shm).
+        # Only as PID 1 of its sandbox does the worker have a /dev/shm of its own; a serving worker outside
+        # one shares the machine's.
         self.shm = kb_shm.ShmSweeper(private=os.getpid() == 1)
         become_subreaper()
 
@@ -299,7 +299,7 @@ class Worker:
         if self.current is not None and self.current.pid is not None:
             known.add(self.current.pid)
         own_session = os.getsid(0)
-        killed: list[int] = []
+        strays: list[int] = []
         for pid, ppid in descendants_with_parents(os.getpid()):
             if pid in known:
                 continue
@@ -312,15 +312,10 @@ class Worker:
             adopted = self.owns_tree and ppid == os.getpid()
             leaderless = session != pid and not os.path.exists(f"/proc/{session}")
             if session in self.candidate_sessions or leaderless or adopted:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-        if killed:
-            self.strays_killed += len(killed)
-            print(f"krefine harness: killed {len(killed)} stray process(es) a candidate left behind", file=sys.stderr)
-            await_death(killed)
-            reap_orphans()
-        return len(killed)
+                strays.append(pid)
+        killed = kill_and_reap(strays, "stray process(es) a candidate left behind")
+        self.strays_killed += killed
+        return killed
 
     def new_scratch(self) -> str:
         """A fresh folder for one job, named so that no earlier candidate could have guessed it."""
@@ -368,15 +363,9 @@ def descendants_with_parents(root: int) -> list[tuple[int, int]]:
     for name in names:
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # pid (comm) state ppid ...: comm may hold spaces and parentheses; split after the last ')'.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1:
-            children.setdefault(int(fields[1]), []).append(int(name))
+        state = proc_state(int(name))
+        if state is not None:
+            children.setdefault(state[1], []).append(int(name))
     found: list[tuple[int, int]] = []
     stack = [root]
     while stack:
@@ -396,21 +385,41 @@ def kill_descendants_except(keep: set[int]) -> int:
     keep = keep | {p for p in (kb_process.forkserver_pid(), _tracker_pid()) if p is not None}
     pairs = descendants_with_parents(me)
     parent = dict(pairs)
-    killed: list[int] = []
+    left: list[int] = []
     for pid, _ in pairs:
         ancestor = pid
         while ancestor != me and ancestor not in keep:
             ancestor = parent.get(ancestor, me)
-        if ancestor in keep:
-            continue
+        if ancestor not in keep:
+            left.append(pid)
+    return kill_and_reap(left, "process(es) a compile left behind")
+
+
+def kill_and_reap(pids: list[int], what: str) -> int:
+    """SIGKILL `pids` (descendants of this subreaper), say so, wait until they are gone and collect them;
+    returns how many were killed."""
+    killed: list[int] = []
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
     if killed:
-        print(f"krefine harness: killed {len(killed)} process(es) a compile left behind", file=sys.stderr)
+        print(f"krefine harness: killed {len(killed)} {what}", file=sys.stderr)
         await_death(killed)
         reap_orphans()
     return len(killed)
+
+
+def proc_state(pid: int) -> tuple[bytes, int] | None:
+    """A process's state letter and parent pid from /proc/<pid>/stat; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # pid (comm) state ppid ...: comm may hold spaces and parentheses; split after the last ')'.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return (fields[0], int(fields[1])) if len(fields) > 1 else None
 
 
 def await_death(pids: list[int], timeout: float = 2.0) -> None:
@@ -419,17 +428,8 @@ def await_death(pids: list[int], timeout: float = 2.0) -> None:
     deadline = time.monotonic() + timeout
     pending = list(pids)
     while pending and time.monotonic() < deadline:
-        still: list[int] = []
-        for pid in pending:
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue  # gone
-            fields = stat[stat.rfind(b")") + 2 :].split()
-            if fields and fields[0] not in (b"Z", b"X"):
-                still.append(pid)
-        pending = still
+        # Gone, or a zombie (Z, X): done.
+        pending = [pid for pid in pending if (state := proc_state(pid)) is not None and state[0] not in (b"Z", b"X")]
         if pending:
             time.sleep(0.005)
 
@@ -438,13 +438,7 @@ def reap_orphans() -> None:
     """Collect exited children that no one waits for (killed strays reparented to this subreaper);
     children this process started itself are left to their owners (multiprocessing, subprocess)."""
     for pid in descendants(os.getpid()):
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if fields and fields[0] == b"Z" and int(fields[1]) == os.getpid():
+        if proc_state(pid) == (b"Z", os.getpid()):
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, os.WNOHANG)
 
