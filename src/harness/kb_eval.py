@@ -200,10 +200,12 @@ def _memory_retries(
     where krefine's cached data may have been in the way is evaluated once more without it."""
     cache, device = worker.references, spec.device
     if verdict.metadata.get("reference_out_of_memory"):
-        # The reference, not the candidate, ran out of memory. When krefine's cache held device memory,
-        # that is krefine's doing: free it and evaluate once more.
-        freed = cache.evict_for_retry(device, spec.code)
-        if freed > 0:
+        # The reference, not the candidate, ran out of memory. Unless the problem itself is too large
+        # for the device, that is krefine's doing (its caches, its buffers beside them, its allocator's
+        # fragments): free everything (this problem's data stays off the device when no cache held
+        # any) and evaluate once more.
+        freed = cache.evict_for_retry(spec)
+        if freed > 0 or not kb_memory.problem_does_not_fit(cache.memory_figures(spec), True, False):
             verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
             verdict = _evaluate_into(verdict, request, worker, device, hardware)
             verdict.metadata["reference_retried_after_eviction"] = freed
@@ -237,6 +239,9 @@ def _record_memory(verdict: Verdict, worker: Worker, spec: ReferenceSpec) -> Non
     reference_failed = bool(verdict.metadata.get("reference_out_of_memory"))
     candidate_failed = verdict.status == "out_of_memory" and not verdict.sticky
     if not kb_memory.problem_does_not_fit(numbers, reference_failed, candidate_failed):
+        if reference_failed:
+            verdict.metadata["krefine_out_of_memory"] = True
+            verdict.feedback.append(kb_memory.unexplained_out_of_memory(numbers))
         return
     verdict.status, verdict.correctness = "reference_error", False
     verdict.metadata["problem_does_not_fit"] = True

@@ -261,16 +261,34 @@ def problem_does_not_fit(numbers: dict[str, Any], reference_failed: bool, candid
     """Does a result that ran out of memory (`reference_failed`: the reference; `candidate_failed`: the
     candidate, its CUDA context still usable) say the problem does not fit the device, from `figures`
     taken with krefine's caches counted as available? The reference: when its own need (one input set
-    and its forward) is over what the device can give krefine, or unknown because its first forward
-    already failed; a reference that fits alone ran out beside a candidate's memory, which stays as it
-    was. A candidate: when KernelBench's own flow could not fit either (`Footprint.kernelbench`)."""
+    and its forward) is over what the device can give krefine; before its first forward ran, when
+    `NEED_FACTOR` times its planned input set is; never when nothing of its size is known (krefine cannot
+    tell, and says so: `unexplained_out_of_memory`). A reference that fits alone ran out beside a
+    candidate's memory or krefine's own, which stays as it was. A candidate: when KernelBench's own flow
+    could not fit either (`Footprint.kernelbench`)."""
     available = int(numbers.get("available_bytes", 0))
     if reference_failed:
-        if "reference_forward_bytes" not in numbers:
-            return True
-        return int(numbers["inputs_bytes"]) + int(numbers["reference_forward_bytes"]) > available
+        if "reference_forward_bytes" in numbers:
+            return int(numbers["inputs_bytes"]) + int(numbers["reference_forward_bytes"]) > available
+        if "inputs_bytes" in numbers:
+            return NEED_FACTOR * int(numbers["inputs_bytes"]) > available
+        return False
     needs = numbers.get("kernelbench_needs_bytes")
     return candidate_failed and needs is not None and int(needs) > available
+
+
+def unexplained_out_of_memory(numbers: dict[str, Any]) -> str:
+    """The plain sentence of a reference that ran out of memory (after one retry with its data off the
+    device) although, by the figures krefine has, the problem fits the device: krefine's, to report."""
+    parts = [f"the device has {gib(numbers['total_bytes'])}", f"{gib(numbers['available_bytes'])} of it free to krefine"]
+    if "inputs_bytes" in numbers:
+        parts.append(f"one input set takes {gib(numbers['inputs_bytes'])}")
+    return (
+        "The reference ran out of memory although, by krefine's figures, this problem fits this device ("
+        + "; ".join(parts)
+        + "): the memory went to krefine's own data and buffers. This is neither your code's nor the "
+        "problem's fault; please report it to krefine."
+    )
 
 
 def does_not_fit(numbers: dict[str, Any], reference_failed: bool) -> str:

@@ -29,6 +29,7 @@ from typing import Any, Literal
 import torch
 
 import kb_feedback
+import kb_memory
 from kb_correctness import Verdict, is_out_of_memory
 from kb_eval import Worker, precision_policy, reference_timing, reference_timing_needed
 from kb_reference import CapturedError, ProblemContext, ReferenceSpec, release_memory, select_device
@@ -39,15 +40,18 @@ BACKGROUND_TIMING_MAX_S = 2.0
 
 
 def prepare(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
-    """`_prepare_once`, once more when the reference ran out of memory while krefine's cache of other
-    problems held device memory (freed first): krefine's caches never make a reference fail."""
+    """`_prepare_once`, once more when the reference ran out of memory, after krefine's caches were
+    freed, unless the problem itself is too large for the device (kb_eval._memory_retries' rule):
+    krefine's caches never make a reference fail."""
     answer = _prepare_once(request, worker)
     if answer.pop("out_of_memory", False):
-        freed = worker.references.evict_for_retry(select_device(request), request["problem"]["code"])
-        if freed > 0:
+        select_device(request)
+        spec = ReferenceSpec.of(request)
+        freed = worker.references.evict_for_retry(spec)
+        if freed > 0 or not kb_memory.problem_does_not_fit(worker.references.memory_figures(spec), True, False):
             print(
-                f"krefine harness: the reference ran out of memory; freed {freed} bytes of other problems' "
-                "cached reference data and prepared it again",
+                f"krefine harness: the reference ran out of memory; freed {freed} bytes of cached reference "
+                "data and prepared it again",
                 file=sys.stderr,
             )
             answer = _prepare_once(request, worker)

@@ -614,6 +614,10 @@ class ReferenceCache:
         self.depth = 0
         # Problems evicted to make room on a device (memory admission and out-of-memory retries).
         self.evicted_for_room = 0
+        # The sizes (footprint, planned input bytes) of problems whose contexts were dropped, by key: a
+        # verdict's memory figures still have them when its own context gave way (a reference that ran
+        # out of memory must not be called too large for the device for want of its sizes).
+        self.sizes: dict[tuple[Any, ...], tuple[Footprint | None, int | None]] = {}
 
     @contextlib.contextmanager
     def reference_work(self) -> Iterator[None]:
@@ -681,7 +685,7 @@ class ReferenceCache:
         evict, fits = evictions(free, need, cached)
         freed = sum(self.contexts[key].device_bytes for key in evict)
         for key in evict:
-            del self.contexts[key]
+            self._drop(key)
         self.evicted_for_room += len(evict)
         if not fits:
             ctx.device_cache = False
@@ -702,18 +706,21 @@ class ReferenceCache:
                 return False
         return True
 
-    def evict_for_retry(self, device: torch.device, code: str) -> int:
-        """The reference of `code` ran out of memory on `device`: forget every problem cached there
-        (this one too, so that it is built again, with its data off the device when its own cache was
-        part of the memory in use) and return the device bytes they held: whether krefine's own caches
-        may have caused it (0: they did not, and a retry would not help)."""
-        mine = self.code_key(code)
+    def evict_for_retry(self, spec: ReferenceSpec) -> int:
+        """`spec`'s reference ran out of memory on its device: forget every problem cached there (this
+        one too, so that it is built again, with its data off the device when its own cache was part of
+        the memory in use, or when no cache held any: then krefine's buffers beside it or its
+        allocator's fragments were what was short, as for a 16 GiB-input problem on an 80 GB card,
+        issue 39). Returns the device bytes the caches held."""
+        device, mine = spec.device, self.code_key(spec.code)
         on_device = [k for k, c in self.contexts.items() if c.device == device]
         held = sum(self.contexts[k].device_bytes for k in on_device)
+        if held == 0:
+            self.off_device.add(spec.key())
         for key in on_device:
             if key[0] == mine and self.contexts[key].device_bytes > 0:
                 self.off_device.add(key)
-            del self.contexts[key]
+            self._drop(key)
         self.evicted_for_room += sum(1 for k in on_device if k[0] != mine)
         release_memory(device)
         return held
@@ -727,7 +734,7 @@ class ReferenceCache:
         others = [k for k, c in self.contexts.items() if c.device == ctx.device and c is not ctx]
         held = sum(self.contexts[k].device_bytes for k in others)
         for key in others:
-            del self.contexts[key]
+            self._drop(key)
         self.evicted_for_room += len(others)
         if held == 0 and ctx.device_bytes > 0:
             ctx.device_cache = False
@@ -740,12 +747,18 @@ class ReferenceCache:
         """The device memory figures of `spec`'s problem as a verdict records them (kb_memory.figures)."""
         if spec.device.type != "cuda":
             return {}
-        ctx = self.contexts.get(spec.key())
+        footprint, planned = self.known_sizes(spec)
         state = device_state(spec.device)
         held = self.device_bytes(spec.device)
-        footprint = ctx.footprint if ctx is not None else None
-        planned = ctx.planned_bytes if ctx is not None else None
         return figures(state.total, state.available + held, held, footprint, planned, spec.mode == "strict")
+
+    def known_sizes(self, spec: ReferenceSpec) -> tuple[Footprint | None, int | None]:
+        """`spec`'s problem's footprint and planned input bytes, from its context or, when the context
+        was dropped, from what it had measured."""
+        ctx = self.contexts.get(spec.key())
+        if ctx is not None:
+            return ctx.footprint, ctx.planned_bytes
+        return self.sizes.get(spec.key(), (None, None))
 
     def host_bytes(self, device: torch.device) -> int:
         return self._used(device, "host_bytes")
@@ -758,16 +771,22 @@ class ReferenceCache:
         reference data off the device from now on."""
         self.off_device.add(spec.key())
         for key in [k for k, c in self.contexts.items() if c.device == spec.device]:
-            del self.contexts[key]
+            self._drop(key)
         release_memory(spec.device)
 
     def _evict_oldest(self, keep: ProblemContext | None) -> bool:
         victim = next((key for key, ctx in self.contexts.items() if ctx is not keep), None)
         if victim is None:
             return False
-        device = self.contexts.pop(victim).device  # drop the last reference before freeing memory
+        device = self._drop(victim).device  # drop the last reference before freeing memory
         release_memory(device)
         return True
+
+    def _drop(self, key: tuple[Any, ...]) -> ProblemContext:
+        """Forget the context of `key` (its memory goes with the last reference), keeping its sizes."""
+        ctx = self.contexts.pop(key)
+        self.sizes[key] = (ctx.footprint, ctx.planned_bytes)
+        return ctx
 
     def _used(self, device: torch.device, attr: str) -> int:
         return sum(getattr(c, attr) for c in self.contexts.values() if c.device == device)

@@ -68,7 +68,9 @@ def scenario(name: str) -> dict[str, Any]:
     if name in ("retry", "neither"):
         cache.make_room = lambda ctx: []  # type: ignore[method-assign]
     if name == "neither":
-        cache.evict_for_retry = lambda device, code: 0  # type: ignore[method-assign]
+        # No retry: nothing freed, and the problem taken as too large for the device.
+        cache.evict_for_retry = lambda spec: 0  # type: ignore[method-assign]
+        cache.memory_figures = lambda spec: {"available_bytes": 0, "inputs_bytes": 1}  # type: ignore[method-assign]
     a = kb_prepare.prepare(prepare_request(1, problem(2, 1), device=DEVICE), worker)
     held_a = sum(c.device_bytes for c in cache.contexts.values())
     free, _ = torch.cuda.mem_get_info(DEVICE)

@@ -86,6 +86,15 @@ def test_a_problem_does_not_fit_only_where_kernelbench_would_not_fit_either() ->
     assert kb_memory.problem_does_not_fit(tiny, reference_failed=True, candidate_failed=False)
     unknown = figures(CARD_24, 23 * GIB, 0, None, 30 * GIB)
     assert kb_memory.problem_does_not_fit(unknown, reference_failed=True, candidate_failed=False)
+    # Level 1's problem 45 (16 GiB of inputs, a small output) on an 80 GB card: its reference ran out
+    # before its first forward was measured, with 62.5 GiB free to krefine. Three input sets fit: the
+    # problem is not too large, the memory was krefine's (issue 39).
+    l1_45 = figures(H100, 62 * GIB, 0, None, 16 * GIB)
+    assert not kb_memory.problem_does_not_fit(l1_45, reference_failed=True, candidate_failed=False)
+    said = kb_memory.unexplained_out_of_memory(l1_45)
+    assert "fits this device" in said and "krefine's own data" in said and "16.0 GiB" in said
+    # Nothing of its size known: krefine cannot tell, and does not blame the problem.
+    assert not kb_memory.problem_does_not_fit(figures(H100, 62 * GIB, 0, None, None), True, False)
     sentence = kb_memory.does_not_fit(on_24, reference_failed=False)
     assert "does not fit this device" in sentence and "not your code's fault" in sentence
     assert "49.0 GiB" in sentence and "24.0 GiB" in sentence
@@ -112,6 +121,25 @@ def _same(a: list[tuple[list[Any], Any, torch.Tensor]], b: list[tuple[list[Any],
         all(torch.equal(x, y) for x, y in zip(ia, ib, strict=True)) and torch.equal(oa, ob) and torch.equal(ra, rb)
         for (ia, oa, ra), (ib, ob, rb) in zip(a, b, strict=True)
     )
+
+
+def test_a_dropped_context_keeps_its_sizes_for_the_verdicts_figures() -> None:
+    """A reference that ran out of memory drops its context before the verdict's figures are taken: its
+    sizes stay known (they were lost, and a 16 GiB-input problem was called too large for an 80 GB
+    card), and its data stays off the device when it is built again."""
+    cache = kb_reference.ReferenceCache()
+    spec = kb_reference.ReferenceSpec(ADD, CPU)
+    ctx = cache.context(spec)
+    _snapshot(ctx)
+    ctx.planned_bytes = 2 * 64 * 64 * 4
+    sizes = (ctx.footprint, ctx.planned_bytes)
+    assert sizes[0] is not None
+    cache.evict_for_retry(spec)
+    assert not cache.contexts and spec.key() in cache.off_device
+    assert cache.known_sizes(spec) == sizes
+    again = cache.context(spec)
+    assert not again.device_cache
+    assert cache.known_sizes(spec) == (None, None)  # the new context's, measured afresh
 
 
 def test_the_footprint_is_measured_as_trials_are_built() -> None:

@@ -378,12 +378,31 @@ def test_a_reference_out_of_memory_next_to_cached_problems_is_retried_after_free
     assert r["status"] == "correct", r
     assert r["metadata"]["reference_retried_after_eviction"] == 4096
     assert other not in cache.contexts.values() and cache.evicted_for_room == 1
-    # With nothing of krefine's to free, the reference's out-of-memory stays the reference's.
+    # With nothing of krefine's cached, the reference is evaluated once more all the same, its data kept
+    # off the device: krefine's buffers and its allocator's fragments may be what was short (issue 39:
+    # level 1's problem 45, 16 GiB of inputs, ran out on an 80 GB card beside no cache at all, and was
+    # called too large for the device).
     flag.touch()
     lone = Harness(tmp_path / "lone")
     r = lone.evaluate(CORRECT, problem=_oom_once(flag))
+    assert r["status"] == "correct", r
+    assert r["metadata"]["reference_retried_after_eviction"] == 0
+    assert len(lone.worker.references.off_device) == 1
+
+
+def test_a_reference_that_always_runs_out_of_memory_is_retried_once_and_stays_the_references(
+    tmp_path: Path,
+) -> None:
+    calls = tmp_path / "calls"
+    always = ADD.replace(
+        "        return a + b",
+        f"        with open({str(calls)!r}, 'a') as f:\n            f.write('x')\n"
+        "        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')",
+    )
+    r = Harness(tmp_path / "h").evaluate(CORRECT, problem=always)
     assert r["status"] == "reference_error" and r["metadata"]["reference_out_of_memory"] is True
-    assert "reference_retried_after_eviction" not in r["metadata"]
+    assert r["metadata"]["reference_retried_after_eviction"] == 0
+    assert calls.read_text() == "xx"  # the first attempt's first trial, and the retry's: no more
 
 
 def test_prepare_retries_a_reference_out_of_memory_after_freeing_other_problems(
