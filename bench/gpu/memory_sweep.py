@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any, Self
 
+from ballast import Ballast, NoBallast, ballast
+
 GIB = 1 << 30
 
 
@@ -108,8 +110,12 @@ def refeq(code: str) -> str:
 class Sampler:
     """nvidia-smi's per-process device memory every `every` s, with a timestamp (ms): (ts, pid, MiB)."""
 
-    def __init__(self, every: float = 0.2) -> None:
+    def __init__(self, every: float = 0.2, ignore: int | None = None, offset_mib: int = 0) -> None:
+        # `ignore`: a ballast process (bench/gpu/ballast.py), not sampled; `offset_mib`: what it holds,
+        # taken off the device's used figure.
         self.every = every
+        self.ignore = ignore
+        self.offset_mib = offset_mib
         self.samples: list[tuple[int, int, int]] = []
         self.device: list[tuple[int, int]] = []
         self._stop = threading.Event()
@@ -132,11 +138,11 @@ class Sampler:
             apps = _smi(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"])
             for line in apps:
                 parts = [x.strip() for x in line.split(",")]
-                if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+                if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit() and int(parts[0]) != self.ignore:
                     self.samples.append((ts, int(parts[0]), int(parts[1])))
             used = _smi(["--query-gpu=memory.used", "--format=csv,noheader,nounits"])
             if used and used[0].strip().isdigit():
-                self.device.append((ts, int(used[0].strip())))
+                self.device.append((ts, int(used[0].strip()) - self.offset_mib))
             self._stop.wait(self.every)
 
 
@@ -235,8 +241,13 @@ def row_of(task: str, outcome: dict[str, Any]) -> dict[str, Any]:
         "oom_mentioned": oom_text,
         "does_not_fit": bool(metadata.get("problem_does_not_fit")),
         # An out of memory where KernelBench's own flow fits this device: krefine's to fix.
-        "krefine_oom": (oom_verdict or oom_text) and (fits or not memory) and not metadata.get("problem_does_not_fit"),
-        "retried": bool(metadata.get("retried_without_device_cache") or metadata.get("reference_retried_after_eviction")),
+        # (krefine_out_of_memory: the reference ran out although krefine's figures say the problem fits.)
+        "krefine_oom": (oom_verdict or oom_text)
+        and (fits or not memory or bool(metadata.get("krefine_out_of_memory")))
+        and not metadata.get("problem_does_not_fit"),
+        "retried": bool(
+            metadata.get("retried_without_device_cache") or metadata.get("reference_retried_after_eviction")
+        ),
     }
 
 
@@ -256,31 +267,55 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     deadline = time.monotonic() + args.limit_s if args.limit_s else None
-    for level in levels:
-        mine = [p for p in problems if p["level"] == level]
-        if not mine:
-            continue
-        gen = out / "gen" / f"level{level}"
-        shutil.rmtree(gen, ignore_errors=True)
-        gen.mkdir(parents=True)
-        for p in mine:
-            (gen / f"level_{level}_problem_{p['problem_id']}_sample_0_kernel.py").write_text(refeq(p["code"]))
-        for mode in args.modes.split(","):
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left < 30:
-                print(f"level {level} {mode}: skipped (time limit)", flush=True)
-                continue
-            rows = run_one(args, gen, level, mode, len(mine), out, left)
-            with results.open("a") as f:
-                for row in rows:
-                    f.write(json.dumps({**row, "mode": mode, "inputs": args.inputs, "label": args.label}) + "\n")
-            bad = [r["problem"] for r in rows if r["krefine_oom"]]
-            print(f"level {level} {mode}: {len(rows)} of {len(mine)} evaluated, krefine-caused out of memory: {bad}", flush=True)
+    with ballast(args.leave_mib) as held:
+        for level in levels:
+            run_level(args, problems, level, out, results, deadline, held)
     return 0
 
 
+def run_level(
+    args: argparse.Namespace,
+    problems: list[dict[str, Any]],
+    level: int,
+    out: Path,
+    results: Path,
+    deadline: float | None,
+    held: Ballast | NoBallast,
+) -> None:
+    mine = [p for p in problems if p["level"] == level]
+    if not mine:
+        return
+    gen = out / "gen" / f"level{level}"
+    shutil.rmtree(gen, ignore_errors=True)
+    gen.mkdir(parents=True)
+    for p in mine:
+        (gen / f"level_{level}_problem_{p['problem_id']}_sample_0_kernel.py").write_text(refeq(p["code"]))
+    for mode in args.modes.split(","):
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left < 30:
+            print(f"level {level} {mode}: skipped (time limit)", flush=True)
+            continue
+        rows = run_one(args, gen, level, mode, len(mine), out, left, held)
+        extra = {"mode": mode, "inputs": args.inputs, "label": args.label, **held.describe()}
+        with results.open("a") as f:
+            for row in rows:
+                f.write(json.dumps({**row, **extra}) + "\n")
+        bad = [r["problem"] for r in rows if r["krefine_oom"]]
+        print(
+            f"level {level} {mode}: {len(rows)} of {len(mine)} evaluated, krefine-caused out of memory: {bad}",
+            flush=True,
+        )
+
+
 def run_one(
-    args: argparse.Namespace, gen: Path, level: int, mode: str, count: int, out: Path, left: float | None
+    args: argparse.Namespace,
+    gen: Path,
+    level: int,
+    mode: str,
+    count: int,
+    out: Path,
+    left: float | None,
+    held: Ballast | NoBallast,
 ) -> list[dict[str, Any]]:
     run_dir = out / "runs" / f"level{level}-{mode}-{args.label}"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -298,12 +333,11 @@ def run_one(
         command += ["--set", kv]
     started = time.monotonic()
     print(f"== level {level} {mode}: {count} problems: {' '.join(command)}", flush=True)
-    sampler = Sampler() if args.device != "cpu" else None
+    offset = held.describe().get("ballast_mib", 0)
+    sampler = Sampler(ignore=held.pid, offset_mib=offset) if args.device != "cpu" else None
     with sampler or _Nothing():
         try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, timeout=left, check=False
-            )
+            done = subprocess.run(command, capture_output=True, text=True, timeout=left, check=False)
             tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
         except subprocess.TimeoutExpired:
             tail = ["(stopped at the time limit)"]
@@ -367,7 +401,16 @@ def plan(args: argparse.Namespace) -> int:
         i, o = meta_sizes(p["code"])
         sized.append(((i or 0) + (o or 0), p, i, o))
     for total, p, i, o in sorted(sized, key=lambda x: -x[0]):
-        print(json.dumps({"problem": f"{p['level']}/{p['problem_id']}", "inputs_gib": _gib(i), "output_gib": _gib(o), "total_gib": _gib(total)}))
+        print(
+            json.dumps(
+                {
+                    "problem": f"{p['level']}/{p['problem_id']}",
+                    "inputs_gib": _gib(i),
+                    "output_gib": _gib(o),
+                    "total_gib": _gib(total),
+                }
+            )
+        )
     return 0
 
 
@@ -387,6 +430,12 @@ def main(argv: list[str]) -> int:
     r.add_argument("--limit-s", type=float, default=0.0, help="stop starting runs after this long (0: no limit)")
     r.add_argument("--label", default="sweep", help="names the run folders (several chunks side by side)")
     r.add_argument("--set", action="append", default=[], help="passed on to krefine eval")
+    r.add_argument(
+        "--leave-mib",
+        type=int,
+        default=0,
+        help="emulate a smaller card: a ballast process holds all of device 0 but this many MiB (81559: an H100 80GB)",
+    )
     t = sub.add_parser("table")
     t.add_argument("dirs", type=Path, nargs="+")
     pl = sub.add_parser("plan")

@@ -26,6 +26,8 @@ from typing import Any, Self
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 
+from ballast import Ballast, NoBallast, ballast  # noqa: E402 - bench/gpu, the script's own folder
+
 from harness_client import evaluate_request, prepare_request  # noqa: E402 - after the path set-up
 
 # isort: split
@@ -77,6 +79,12 @@ def main() -> int:
     parser.add_argument("--problem", default="1/87")
     parser.add_argument("--modes", default="faithful,strict")
     parser.add_argument("--device", default="cuda:0", help="cpu: a check of the script, not a measurement")
+    parser.add_argument(
+        "--leave-mib",
+        type=int,
+        default=0,
+        help="emulate a smaller card: a ballast process holds all of device 0 but this many MiB (81559: an H100 80GB)",
+    )
     args = parser.parse_args()
     level, pid = (int(x) for x in args.problem.split("/"))
     code = next(
@@ -87,6 +95,12 @@ def main() -> int:
     candidate = re.sub(r"\bModel\b", "ModelNew", code)
     os.environ.setdefault("KREFINE_FRAME_TIMEOUT_S", "300")
     os.chdir(tempfile.mkdtemp())
+    with ballast(args.leave_mib if args.device != "cpu" else 0) as held:
+        return measure(args, code, candidate, held)
+
+
+def measure(args: argparse.Namespace, code: str, candidate: str, held: Ballast | NoBallast) -> int:
+    offset = held.describe().get("ballast_mib", 0)
     worker = kb_eval.Worker(isolate=True)
     ok = True
     with Sampler() as sampler:
@@ -105,7 +119,8 @@ def main() -> int:
                 "status": result["status"],
                 "s": round(time.monotonic() - started, 1),
                 "device_total_mib": sampler.total_mib,
-                "device_peak_used_mib": sampler.peak_mib,
+                "device_peak_used_mib": sampler.peak_mib - offset,
+                **held.describe(),
                 "runtime_ms": result.get("runtime_stats", {}).get("mean"),
                 "device_memory": result.get("metadata", {}).get("device_memory"),
                 "issue": {k: v for k, v in result.get("metadata", {}).items() if "issue" in k or "error" in k},
