@@ -271,3 +271,62 @@ async fn entries_are_planned_before_any_is_made() {
     assert_eq!(capped[0].processes, 1, "the cap holds");
     assert!(s.scan().is_empty(), "nothing is made by a plan");
 }
+
+/// The niceness of a process as the processes that ran `get_inputs` wrote it down, one per line.
+fn nices_in(path: &Path) -> Vec<i64> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect()
+}
+
+/// Input makers and the planner run below the timings' priority and ahead of builds (niceness 10 against
+/// the compile workers' 15, `worker_process::compile_workers_run_nicer_than_evaluation_workers`): a
+/// problem's inputs hold back all its candidates, a build one (issue 36's cold batch waited 59 s for
+/// its first inputs while 16 builds ran at the makers' niceness).
+#[tokio::test]
+async fn inputs_are_planned_and_made_ahead_of_builds_below_timings() {
+    let work = tempfile::tempdir().unwrap();
+    let s = store(work.path(), u64::MAX).await;
+    let torch = torch_version().await;
+    let seen = work.path().join("nice");
+    let code = problem(64).replace(
+        "    a = torch.rand(N, N)\n",
+        &format!(
+            "    import os\n    open({:?}, 'a').write(str(os.nice(0)) + '\\n')\n    a = torch.rand(N, N)\n",
+            seen.display().to_string()
+        ),
+    );
+    let own = {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let after = &stat[stat.rfind(')').unwrap() + 1..];
+        after
+            .split_whitespace()
+            .nth(19 - 3)
+            .unwrap()
+            .parse::<i64>()
+            .unwrap()
+    };
+    let want = own.max(10);
+
+    let plans = s.plan_entries(&[&code], 6, Some(6)).await.expect("plans");
+    assert_eq!(plans.len(), 1);
+    let planned = nices_in(&seen);
+    assert!(!planned.is_empty(), "the planner ran get_inputs");
+    assert!(
+        planned.iter().all(|n| *n == want),
+        "{planned:?}, want {want}"
+    );
+
+    std::fs::remove_file(&seen).unwrap();
+    let key = entry_key(&code, 42, 5, true, &torch);
+    let made = s.ensure(&key, &code, 42, 5, true, &torch).await.unwrap();
+    assert_eq!(made.status, GenerateStatus::Generated, "{made:?}");
+    let drawn = nices_in(&seen);
+    assert!(
+        drawn.len() >= 6,
+        "five trials and the timing seed at least (the generator sizes them first): {drawn:?}"
+    );
+    assert!(drawn.iter().all(|n| *n == want), "{drawn:?}, want {want}");
+}

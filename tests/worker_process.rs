@@ -825,8 +825,9 @@ fn nice_of(pid: u32) -> i64 {
         .unwrap()
 }
 
-/// Builds yield the cores to timings: the compile worker runs at niceness 10 (or its parent's, when
-/// that is nicer already), the evaluation worker at its parent's.
+/// Builds yield the cores to timings and to input makers: the compile worker runs at niceness 15 (or
+/// its parent's, when that is nicer already; input makers at 10, `input_store`), the evaluation
+/// worker at its parent's.
 #[tokio::test]
 async fn compile_workers_run_nicer_than_evaluation_workers() {
     let (_tmp, pool) = fake_pool("ok").await;
@@ -835,6 +836,6 @@ async fn compile_workers_run_nicer_than_evaluation_workers() {
     let pids = pool.worker_pids().await;
     assert_eq!(pids.len(), 2);
     let own = nice_of(std::process::id());
-    assert_eq!(nice_of(pids[0]), own.max(10), "the compile worker");
+    assert_eq!(nice_of(pids[0]), own.max(15), "the compile worker");
     assert_eq!(nice_of(pids[1]), own, "the evaluation worker");
 }

@@ -331,7 +331,7 @@ impl InputStore {
     }
 
     /// Start `kb_store.py <verb>` (`generate`, `plan`): in the store's folder, with the generator's
-    /// environment (no GPU visible), at a builder's priority, tied to this process.
+    /// environment (no GPU visible), below the timings' priority, tied to this process.
     async fn spawn_script(&self, verb: &str) -> Result<tokio::process::Child, String> {
         tokio::fs::create_dir_all(&self.root)
             .await
@@ -348,12 +348,13 @@ impl InputStore {
             .kill_on_drop(true);
         // A generator outlives no krefine, even a killed one (see `die_with_parent`).
         let krefine = std::process::id() as libc::pid_t;
-        // It draws inputs beside the evaluation workers' timings: at a builder's priority.
+        // It draws inputs beside the evaluation workers' timings and the builds: below the first,
+        // ahead of the second (see `INPUTS_NICE` and `BUILD_NICE`).
         // SAFETY: only async-signal-safe `getpriority`, `setpriority`, `prctl` and `getppid` between
         // fork and exec.
         unsafe {
             cmd.pre_exec(move || {
-                super::session::lower_priority();
+                super::session::lower_priority_to(super::session::INPUTS_NICE);
                 super::session::die_with_parent(krefine)
             });
         }

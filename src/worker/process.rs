@@ -722,7 +722,7 @@ fn command(spec: &SpawnSpec) -> Result<tokio::process::Command, WorkerError> {
     // worker, see `kill_group`. And the worker dies with krefine, stopped or not (before the
     // sandbox's fork, so that its supervisor, the process we start, is the one tied to us).
     let krefine = std::process::id() as libc::pid_t;
-    // Builds yield the cores to the evaluation workers' timings (see `BACKGROUND_NICE`).
+    // Builds yield the cores to the evaluation workers' timings and to input makers (see `BUILD_NICE`).
     let background = spec.role == WorkerRole::Compile;
     // SAFETY: between fork and exec only the async-signal-safe `setsid`, `getpriority`,
     // `setpriority`, `prctl` and `getppid`.

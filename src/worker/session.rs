@@ -69,24 +69,37 @@ fn session_of(pid: i32) -> Option<i32> {
     rest.split_whitespace().nth(3)?.parse().ok()
 }
 
-/// The niceness of the processes that build candidates and draw reference inputs: they share the
-/// cores with the evaluation workers, whose timings are CUDA events around a launch (or a CPU clock
-/// on the CPU device), so a timing thread that waits for a core while 16 builds run measures the wait
-/// as kernel time. At niceness 10 a build gets about a tenth of a contended core's share against a
+/// The niceness of the processes that plan and draw problems' reference inputs: they share the cores
+/// with the evaluation workers, whose timings are CUDA events around a launch (or a CPU clock on the
+/// CPU device), so a timing thread that waits for a core while they run measures the wait as kernel
+/// time. At niceness 10 such a process gets about a tenth of a contended core's share against a
 /// timing thread at 0, and all of the idle cores.
-pub(crate) const BACKGROUND_NICE: libc::c_int = 10;
+pub(crate) const INPUTS_NICE: libc::c_int = 10;
 
-/// Called between `fork` and `exec` (a `pre_exec` hook): lower this process to
-/// [`BACKGROUND_NICE`], unless it is already at least that nice (an unprivileged process cannot
-/// raise its priority, and one started nicer stays so). Only async-signal-safe calls; a failure
-/// leaves the priority as it was.
+/// The niceness of the processes that build candidates: further below the timings, and below the
+/// input makers (about a third of a maker's share of a contended core): one problem's inputs hold back
+/// every candidate of it, the one that needs no build too, and their plan every problem's inputs, where
+/// a build holds back one candidate. With builds and makers at one niceness (issue 36's cold batch on
+/// an H200, 16 builds at once), the plan took about 40 s, a 1 GB problem's inputs 17 s against 5 s
+/// with no builds running, and the GPU waited 59 s for its first inputs.
+pub(crate) const BUILD_NICE: libc::c_int = 15;
+
+/// Called between `fork` and `exec` (a `pre_exec` hook): lower this process to [`BUILD_NICE`] (see
+/// [`lower_priority_to`]).
 pub(crate) fn lower_priority() {
+    lower_priority_to(BUILD_NICE);
+}
+
+/// Called between `fork` and `exec` (a `pre_exec` hook): lower this process to `nice`, unless it is
+/// already at least that nice (an unprivileged process cannot raise its priority, and one started
+/// nicer stays so). Only async-signal-safe calls; a failure leaves the priority as it was.
+pub(crate) fn lower_priority_to(nice: libc::c_int) {
     // SAFETY: plain system calls without pointers.
     unsafe {
         // getpriority's -1 is also a valid niceness; either way the comparison below is right.
         let now = libc::getpriority(libc::PRIO_PROCESS, 0);
-        if now < BACKGROUND_NICE {
-            libc::setpriority(libc::PRIO_PROCESS, 0, BACKGROUND_NICE);
+        if now < nice {
+            libc::setpriority(libc::PRIO_PROCESS, 0, nice);
         }
     }
 }
