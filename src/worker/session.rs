@@ -80,8 +80,8 @@ pub(crate) const INPUTS_NICE: libc::c_int = 10;
 /// input makers (about a third of a maker's share of a contended core): one problem's inputs hold back
 /// every candidate of it, the one that needs no build too, and their plan every problem's inputs, where
 /// a build holds back one candidate. With builds and makers at one niceness (issue 36's cold batch on
-/// an H200, 16 builds at once), the plan took about 40 s, a 1 GB problem's inputs 17 s against 5 s
-/// with no builds running, and the GPU waited 59 s for its first inputs.
+/// an H200, 16 builds at once), the first inputs were started only at 42 s (after the plan), a 1 GB
+/// problem's took 17 s against 5 s with no builds running, and the GPU waited 59 s for its first.
 pub(crate) const BUILD_NICE: libc::c_int = 15;
 
 /// Called between `fork` and `exec` (a `pre_exec` hook): lower this process to [`BUILD_NICE`] (see
