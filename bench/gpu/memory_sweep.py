@@ -246,8 +246,11 @@ def row_of(task: str, outcome: dict[str, Any]) -> dict[str, Any]:
         and (fits or not memory or bool(metadata.get("krefine_out_of_memory")))
         and not metadata.get("problem_does_not_fit"),
         "retried": bool(
-            metadata.get("retried_without_device_cache") or metadata.get("reference_retried_after_eviction")
+            metadata.get("retried_without_device_cache") or "reference_retried_after_eviction" in metadata
         ),
+        # What the result says, so that a failure is understood from the results alone.
+        "error": str(metadata.get("runtime_error") or "")[:600],
+        "feedback": (outcome.get("feedback") or "")[:1200],
     }
 
 
