@@ -3,10 +3,12 @@
 //!
 //! A lease is held only for execute and profile, so a device times one candidate at a time
 //! (`leases`: [`DevicePool`]). Waiting tasks are served in arrival order across all devices, each
-//! taking whichever device frees first, with one exception: a device that frees serves the waiting
+//! taking whichever device frees first, with two exceptions: a device that frees serves the waiting
 //! candidates of the problem it last ran first ([`AFFINITY_STREAK`] at most in a row past an older
 //! waiter), so a problem's reference data is used by all its queued candidates before another
-//! problem's evicts it. Preparing reference data ahead of candidates (`crate::refprep`) takes a
+//! problem's evicts it; and while a problem's inputs wait for room in the input store, the
+//! candidates of the problems whose entries hold that room go before all
+//! ([`DevicePool::prefer`]). Preparing reference data ahead of candidates (`crate::refprep`) takes a
 //! lease only when no candidate waits for one ([`DevicePool::acquire_idle`]). A device that is lost
 //! (its worker's host drained, or its worker no longer starts on it) is retired through the lease
 //! that found it lost ([`Lease::retire`]): no later lease names it, waiting tasks take the other

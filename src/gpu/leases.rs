@@ -40,6 +40,9 @@ struct PoolState {
     lost: Vec<(DeviceId, String)>,
     /// Every device retired: `acquire` says `None`.
     closed: bool,
+    /// Problems whose waiting candidates go before all others, in this order ([`DevicePool::prefer`]):
+    /// their entries hold the room another problem's inputs wait for.
+    first: Vec<ProblemKey>,
 }
 
 struct Slot {
@@ -136,8 +139,16 @@ impl Inner {
             let same = slot
                 .last
                 .and_then(|last| st.waiters.iter().position(|w| w.problem == Some(last)));
-            let pick = match same {
-                Some(i) if i == 0 || slot.streak < AFFINITY_STREAK => i,
+            // The preferred problems' candidates first (the earliest preferred problem with a
+            // waiter, its oldest waiter): no streak bound, since the preference ends with them.
+            let preferred = st.first.iter().find_map(|p| {
+                st.waiters
+                    .iter()
+                    .position(|w| w.problem.as_ref() == Some(p))
+            });
+            let pick = match (preferred, same) {
+                (Some(i), _) => i,
+                (None, Some(i)) if i == 0 || slot.streak < AFFINITY_STREAK => i,
                 _ => 0,
             };
             let Some(w) = st.waiters.remove(pick) else {
@@ -197,11 +208,25 @@ impl DevicePool {
                     waiters: VecDeque::new(),
                     lost: Vec::new(),
                     closed: false,
+                    first: Vec::new(),
                 }),
                 released: Notify::new(),
             }),
             host: None,
         }
+    }
+
+    /// Serve the waiting candidates of `problems` before any other, in this order (empty: arrival
+    /// order with affinity again). The reference preparation sets it while a problem's inputs wait
+    /// for room that these problems' entries hold: the sooner their candidates are done, the sooner
+    /// those inputs are made, off the lease. Order only: every lease stays exclusive.
+    pub fn prefer(&self, problems: Vec<ProblemKey>) {
+        self.inner.lock().first = problems;
+    }
+
+    /// The problems [`Self::prefer`] set last.
+    pub fn preferred(&self) -> Vec<ProblemKey> {
+        self.inner.lock().first.clone()
     }
 
     /// Candidates waiting for a lease (those that gave up not counted).
@@ -523,6 +548,23 @@ mod tests {
         let problems: Vec<u32> = order.iter().map(|&(_, p)| p).collect();
         assert_eq!(problems, vec![49, 49, 49, 49, 8, 49, 49]);
         assert_eq!(AFFINITY_STREAK, 4);
+    }
+
+    #[tokio::test]
+    async fn preferred_problems_go_first_then_arrival_order_again() {
+        let pool = Arc::new(DevicePool::new(vec![gpu(0, (9, 0))]));
+        let held = pool.acquire_for(problem(8)).await.unwrap();
+        // 93's and 64's entries hold the room 49's inputs wait for: their candidates go first,
+        // 93's (the larger) before 64's, past the device's affinity for 8 and older waiters.
+        pool.prefer(vec![problem(93).unwrap(), problem(64).unwrap()]);
+        let order = served_order(pool.clone(), held, &[8, 15, 64, 93, 8, 64, 93]).await;
+        let problems: Vec<u32> = order.iter().map(|&(_, p)| p).collect();
+        assert_eq!(problems, vec![93, 93, 64, 64, 8, 8, 15]);
+        // Cleared: arrival order (with affinity) again.
+        pool.prefer(Vec::new());
+        let held = pool.acquire_for(problem(1)).await.unwrap();
+        let order = served_order(pool, held, &[15, 93, 8]).await;
+        assert_eq!(order, vec![(0, 15), (1, 93), (2, 8)]);
     }
 
     #[tokio::test]

@@ -140,6 +140,24 @@ impl PrepQueue {
         }
     }
 
+    /// While some problem's inputs wait for room ([`Self::inputs_deferred`]), the problems whose
+    /// inputs are made, largest first (ties by key): their candidates are the ones to run first, as
+    /// their entries hold the most room (the store keeps an entry while a candidate of its problem
+    /// waits for or holds a lease). Empty when nothing waits for room.
+    pub fn room_holders(&self) -> Vec<ProblemKey> {
+        if self.deferred.is_empty() {
+            return Vec::new();
+        }
+        let mut holders: Vec<(u64, ProblemKey)> = self
+            .made
+            .iter()
+            .filter_map(|p| self.sizes.get(p).map(|&b| (b, *p)))
+            .filter(|&(b, _)| b > 0)
+            .collect();
+        holders.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        holders.into_iter().map(|(_, p)| p).collect()
+    }
+
     /// Must a candidate of `problem` wait for its inputs? When they are neither made nor being
     /// made, they are queued first.
     pub fn wait_for_inputs(&mut self, problem: ProblemKey) -> bool {
@@ -263,6 +281,10 @@ impl Preparer {
     pub(super) fn set_sizes(&self, sizes: HashMap<ProblemKey, u64>) {
         self.with(|q| q.set_sizes(sizes));
         self.wake.notify_waiters();
+    }
+
+    pub(super) fn room_holders(&self) -> Vec<ProblemKey> {
+        self.with(|q| q.room_holders())
     }
 
     pub(super) fn retry_inputs(&self, problem: ProblemKey) {
@@ -444,6 +466,31 @@ mod tests {
         q.inputs_done(p(3));
         q.retry_inputs(p(2));
         assert_eq!(q.take_inputs(), None);
+    }
+
+    #[test]
+    fn while_inputs_wait_for_room_the_largest_made_problems_hold_it() {
+        let mut q = PrepQueue::new(1, 4);
+        for id in [8, 43, 49, 64, 93] {
+            q.coming(p(id));
+        }
+        q.set_sizes(HashMap::from([
+            (p(8), 1),
+            (p(43), 25),
+            (p(49), 51),
+            (p(64), 12),
+            (p(93), 32),
+        ]));
+        made(&mut q, &[8, 64, 93]);
+        assert!(q.room_holders().is_empty(), "nothing waits for room");
+        assert_eq!(q.take_inputs(), Some(p(49)), "the largest first");
+        q.inputs_deferred(p(49));
+        // Made problems only (43's inputs are not made: they hold no entry yet), largest first.
+        assert_eq!(q.room_holders(), vec![p(93), p(64), p(8)]);
+        q.retry_inputs(p(49));
+        assert_eq!(q.take_inputs(), Some(p(49)));
+        q.inputs_done(p(49));
+        assert!(q.room_holders().is_empty(), "made: the preference ends");
     }
 
     #[test]

@@ -50,7 +50,7 @@ const MAX_DEFERRED: Duration = Duration::from_secs(600);
 
 /// The CPU stage: coming problems' inputs made, [`cpu_ahead`] at once, no lease held. Inputs that
 /// no tier has room for yet are tried again every [`RETRY_DEFERRED`] while their candidates wait
-/// (off the lease) and other problems' candidates run.
+/// (off the lease) and other problems' candidates run, those whose entries hold the most room first.
 async fn cpu_stage(prep: &Preparer, services: &PrepServices<'_>, cancel: &CancellationToken) {
     let plans = tokio::select! {
         biased;
@@ -99,6 +99,9 @@ async fn cpu_stage(prep: &Preparer, services: &PrepServices<'_>, cancel: &Cancel
                 });
             }
         }
+        // While inputs wait for room, the candidates of the problems holding the most of it run
+        // first (see `DevicePool::prefer`); none wait: arrival order again.
+        services.devices.prefer(prep.room_holders());
     }
 }
 
@@ -487,7 +490,8 @@ mod tests {
         assert!(at(("inputs", 2)) < at(("device", 2)), "{kinds:?}");
     }
 
-    /// An executor whose store has no room for problem 1's inputs until its third try.
+    /// An executor whose store has no room for problem 1's inputs until its third try; problem 2's
+    /// (larger, made at once) hold that room.
     struct NoRoomYet {
         tries: Mutex<u32>,
         prepared: Mutex<Vec<u32>>,
@@ -515,11 +519,35 @@ mod tests {
             true
         }
 
+        async fn plan_inputs(
+            &self,
+            problems: Vec<Arc<Problem>>,
+            _processes: Option<u32>,
+        ) -> HashMap<ProblemKey, crate::services::InputsPlan> {
+            let plan = |bytes| crate::services::InputsPlan {
+                bytes: Some(bytes),
+                processes: 1,
+            };
+            problems
+                .iter()
+                .map(|p| (p.key, plan(u64::from(p.key.problem_id) * 10)))
+                .collect()
+        }
+
         async fn make_inputs(
             &self,
-            _problem: Arc<Problem>,
+            problem: Arc<Problem>,
             _processes: Option<u32>,
         ) -> Result<Option<InputsOutcome>, Unavailable> {
+            if problem.key.problem_id == 2 {
+                return Ok(Some(InputsOutcome {
+                    status: "generated".into(),
+                    bytes: 20,
+                    duration_ms: 0,
+                    parallel: 0,
+                    detail: None,
+                }));
+            }
             let mut tries = self.tries.lock().unwrap();
             *tries += 1;
             let status = if *tries < 3 { "deferred" } else { "generated" };
@@ -539,7 +567,9 @@ mod tests {
             _quiet: bool,
         ) -> Result<PrepareOutcome, Unavailable> {
             // The device stage may take a problem only once its inputs are made.
-            assert_eq!(*self.tries.lock().unwrap(), 3, "prepared before its inputs");
+            if problem.key.problem_id == 1 {
+                assert_eq!(*self.tries.lock().unwrap(), 3, "prepared before its inputs");
+            }
             self.prepared.lock().unwrap().push(problem.key.problem_id);
             Ok(prepared_in_one_step())
         }
@@ -553,15 +583,18 @@ mod tests {
             prepared: Mutex::new(Vec::new()),
         };
         let compiler = crate::sim::SimServices::new(Default::default());
-        let problem = Problem {
-            key: p(1),
-            name: "1_p.py".into(),
-            code: String::new(),
+        let problem = |id: u32| {
+            Arc::new(Problem {
+                key: p(id),
+                name: format!("{id}_p.py"),
+                code: String::new(),
+            })
         };
-        let problems = HashMap::from([(p(1), Arc::new(problem))]);
+        let problems = HashMap::from([(p(1), problem(1)), (p(2), problem(2))]);
         let (tx, mut rx) = tokio::sync::mpsc::channel(64);
         let sink = EventSink::new(tx);
         let prep = Preparer::with_cpu(1, 1);
+        prep.coming(p(2));
         prep.coming(p(1));
         let cancel = CancellationToken::new();
         let services = PrepServices {
@@ -574,18 +607,31 @@ mod tests {
         };
         // A candidate of problem 1 waits for its inputs (as the engine does, before any lease),
         // and holds no device meanwhile.
+        // Meanwhile the device pool is told to serve problem 2's candidates first (its entry holds
+        // room), and told no more once problem 1's inputs are made.
+        let preferred = Mutex::new(Vec::new());
         let candidate = async {
-            prep.inputs_ready(p(1)).await;
+            let wait = prep.inputs_ready(p(1));
+            tokio::pin!(wait);
+            loop {
+                tokio::select! {
+                    () = &mut wait => break,
+                    () = tokio::time::sleep(Duration::from_millis(500)) => {
+                        preferred.lock().unwrap().push(devices.preferred());
+                    }
+                }
+            }
             let tries = *exec.tries.lock().unwrap();
             let free = devices.try_acquire_idle(None).is_some();
             prep.arrived(p(1));
+            prep.arrived(p(2));
             (tries, free)
         };
         let mut events = Vec::new();
         let watch = async {
             while let Some((_, event)) = rx.recv().await {
-                let done = matches!(event, Event::InputsPrepared { ref outcome, .. }
-                    if !outcome.is_deferred());
+                let done = matches!(event, Event::InputsPrepared { ref outcome, problem }
+                    if !outcome.is_deferred() && problem == p(1));
                 events.push(event);
                 if done {
                     break;
@@ -609,11 +655,16 @@ mod tests {
             "the candidate went on only once the inputs were made"
         );
         assert!(free, "no lease was held while it waited");
+        let seen = preferred.into_inner().unwrap();
+        assert!(seen.contains(&vec![p(2)]), "{seen:?}");
+        assert!(devices.preferred().is_empty(), "made: the preference ends");
         // The deferral is logged once, then how it ended.
         let statuses: Vec<&str> = events
             .iter()
             .filter_map(|e| match e {
-                Event::InputsPrepared { outcome, .. } => Some(outcome.status.as_str()),
+                Event::InputsPrepared { outcome, problem } if *problem == p(1) => {
+                    Some(outcome.status.as_str())
+                }
                 _ => None,
             })
             .collect();

@@ -29,13 +29,16 @@
 //!   admission also keeps a quarter of the machine's memory available ([`memory_cap`]), and the
 //!   generator then makes fewer seeds at once (each process holds its seed while the file fills
 //!   memory too). Read back at memory speed instead of being drawn inside a candidate's lease.
+//!   An entry refused only because other processes use that memory now (a batch's builds and
+//!   makers, writes not yet on disk) waits for it like one refused for held entries, for at most
+//!   [`MEMORY_WAIT`]; then its inputs are left to the worker.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
@@ -151,7 +154,15 @@ struct Refusal {
     planned: u64,
     /// Other entries (held or being made) took the room: it comes back, so the entry is deferred.
     room_later: bool,
+    /// In-memory tier: refused since then only for memory other processes use now (builds, input
+    /// makers, writes not yet on disk): deferred for at most [`MEMORY_WAIT`] from then.
+    memory_since: Option<Instant>,
 }
+
+/// How long an entry refused only for memory in use now (not for this tier's own entries) waits for
+/// it to come back before its inputs are left to the worker: another user's job may hold it for
+/// hours, a batch's builds for a minute or two.
+pub const MEMORY_WAIT: Duration = Duration::from_secs(120);
 
 /// An admission decision (see [`InputStore::admit`]).
 struct Plan {
@@ -159,6 +170,9 @@ struct Plan {
     victims: Option<Vec<String>>,
     /// Refused only for room held or reserved by other entries.
     room_later: bool,
+    /// In-memory tier, refused for neither: it would fit were the memory other processes use now
+    /// available again.
+    memory_later: bool,
     /// Bytes other entries being made have reserved (counted against the cap).
     reserved: u64,
     /// The cap this decision was made under ([`effective_cap`], [`memory_cap`]).
@@ -508,7 +522,7 @@ impl InputStore {
         let victims = match plan.victims {
             Some(victims) => victims,
             None => {
-                self.refused(key, planned, plan.room_later);
+                self.refused(key, planned, plan.room_later, plan.memory_later);
                 return Err(plan.why);
             }
         };
@@ -517,7 +531,7 @@ impl InputStore {
         if failed > 0 {
             let left: u64 = self.scan().iter().map(|e| e.bytes).sum();
             if left.saturating_add(plan.reserved).saturating_add(planned) > plan.cap {
-                self.refused(key, planned, true);
+                self.refused(key, planned, true, false);
                 return Err(plan.why);
             }
         }
@@ -538,24 +552,36 @@ impl InputStore {
     }
 
     /// The planned bytes of `key`'s last refusal here when it was refused for want of room that
-    /// other entries (held by queued candidates, or being made) will give back: it fits this store
-    /// alone, so waiting for room beats drawing the inputs inside a lease.
+    /// other entries (held by queued candidates, or being made) will give back, or (in-memory tier,
+    /// for less than [`MEMORY_WAIT`]) memory other processes use now: it fits this store alone,
+    /// so waiting for room beats drawing the inputs inside a lease.
     pub fn refused_for_now(&self, key: &str) -> Option<u64> {
-        self.refusals()
-            .get(key)
-            .and_then(|r| r.room_later.then_some(r.planned))
+        self.refusals().get(key).and_then(|r| {
+            let memory = r.memory_since.is_some_and(|t| t.elapsed() < MEMORY_WAIT);
+            (r.room_later || memory).then_some(r.planned)
+        })
     }
 
     fn refusals(&self) -> std::sync::MutexGuard<'_, HashMap<String, Refusal>> {
         self.refusals.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn refused(&self, key: &str, planned: u64, room_later: bool) {
-        self.refusals().insert(
+    /// Records a refusal; one for memory in use keeps the time of the first such refusal in a row
+    /// (the wait is bounded from there).
+    fn refused(&self, key: &str, planned: u64, room_later: bool, memory_later: bool) {
+        let mut refusals = self.refusals();
+        let memory_since = memory_later.then(|| {
+            refusals
+                .get(key)
+                .and_then(|r| r.memory_since)
+                .unwrap_or_else(Instant::now)
+        });
+        refusals.insert(
             key.to_string(),
             Refusal {
                 planned,
                 room_later,
+                memory_since,
             },
         );
     }
@@ -584,16 +610,25 @@ impl InputStore {
         let entries = self.scan();
         let stored: u64 = entries.iter().map(|e| e.bytes).sum();
         let (free, fs_total) = fs_space(&self.root).unwrap_or((u64::MAX, 0));
-        let mut cap = effective_cap(self.limit, stored, free, fs_total);
+        let disk_cap = effective_cap(self.limit, stored, free, fs_total);
+        let mut cap = disk_cap;
+        // The cap were no other process using memory (the tier's entries still in /dev/shm).
+        let mut cap_memory_free = disk_cap;
         if self.memory
             && let Some((total, available)) = meminfo()
         {
-            cap = memory_cap(cap, stored, available, total);
+            cap = memory_cap(disk_cap, stored, available, total);
+            cap_memory_free = memory_cap(disk_cap, stored, total.saturating_sub(stored), total);
         }
         let victims = plan_admission(&entries, reserved, planned, cap, key, &busy);
         // Refused, but it would fit were the held and reserved entries gone: room comes later.
         let room_later =
             victims.is_none() && plan_admission(&entries, 0, planned, cap, key, &[]).is_some();
+        // Refused for more than that, but it would fit once the memory other processes use now
+        // comes back too.
+        let memory_later = victims.is_none()
+            && !room_later
+            && plan_admission(&entries, 0, planned, cap_memory_free, key, &[]).is_some();
         let (tier, limit_key) = if self.memory {
             ("the in-memory store", "resources.reference_ram_gb")
         } else {
@@ -608,6 +643,8 @@ impl InputStore {
              {free} bytes), {reserved} bytes being made by others{}",
             if room_later {
                 ", the rest held by queued candidates"
+            } else if memory_later {
+                ", the rest in use by other processes now"
             } else {
                 ""
             }
@@ -615,6 +652,7 @@ impl InputStore {
         Plan {
             victims,
             room_later,
+            memory_later,
             reserved,
             cap,
             why,
@@ -860,6 +898,41 @@ mod tests {
         store.admit("y", Some(4000)).unwrap();
         assert!(!exists("old"));
         assert_eq!(store.refused_for_now("y"), None);
+    }
+
+    #[test]
+    fn an_entry_waits_for_memory_in_use_for_a_bounded_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = InputStore::new(
+            dir.path().to_path_buf(),
+            10_000,
+            "python3".into(),
+            dir.path().to_path_buf(),
+            Vec::new(),
+            Duration::from_secs(1),
+        );
+        // Refused for memory other processes use: deferred, and a second refusal in a row keeps
+        // the first one's time.
+        store.refused("big", 5000, false, true);
+        assert_eq!(store.refused_for_now("big"), Some(5000));
+        let first = store.refusals()["big"].memory_since;
+        store.refused("big", 5000, false, true);
+        assert_eq!(store.refusals()["big"].memory_since, first);
+        // Waited longer than MEMORY_WAIT: no longer deferred (the worker makes its inputs).
+        let long_ago = Instant::now().checked_sub(MEMORY_WAIT + Duration::from_secs(1));
+        if let Some(long_ago) = long_ago {
+            store.refusals().get_mut("big").unwrap().memory_since = Some(long_ago);
+            assert_eq!(store.refused_for_now("big"), None);
+            store.refused("big", 5000, false, true);
+            assert_eq!(
+                store.refused_for_now("big"),
+                None,
+                "the wait is not restarted"
+            );
+        }
+        // Refused for neither: not deferred at all.
+        store.refused("huge", 50_000, false, false);
+        assert_eq!(store.refused_for_now("huge"), None);
     }
 
     #[test]

@@ -271,7 +271,8 @@ impl InputStores {
                 });
         }
         // Refused by every tier, but one of them has room once queued candidates are done with
-        // their entries: made later (see `crate::refprep`), not inside a lease now.
+        // their entries (or, for up to `MEMORY_WAIT`, once memory other processes use now comes
+        // back): made later (see `crate::refprep`), not inside a lease now.
         if let Ok(a) = &mut answer
             && a.status == GenerateStatus::OverBudget
             && tiers.iter().any(|t| t.refused_for_now(&key).is_some())
@@ -309,7 +310,8 @@ fn deferred(planned: u64, duration_ms: u64) -> InputsOutcome {
         duration_ms,
         parallel: 0,
         detail: Some(format!(
-            "{planned} bytes wait for room that queued candidates' entries give back"
+            "{planned} bytes wait for room that queued candidates' entries (or, for a while, \
+             other processes' memory) give back"
         )),
     }
 }
