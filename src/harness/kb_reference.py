@@ -583,12 +583,44 @@ class ProblemContext:
         return [prepare_value(x, self.device, self.dtype, self.cast_integers) for x in raw]
 
     def reference_output(self, inputs: list[Any]) -> Any:
-        """The reference's output on (a clone of) `inputs`, for a checked strict call."""
+        """The reference's output on (a clone of) `inputs`, for a checked call of the worker's clock.
+        When the clone does not fit the device (a 16 GiB input set beside the one lent to the candidate
+        on an 80 GB card, issue 39), the reference runs on `inputs` themselves: see `_output_in_place`."""
         assert self.ref_model is not None
         with torch.no_grad():
-            output = self.ref_model(*clone_tensors(inputs))
+            try:
+                args = clone_tensors(inputs)
+            except torch.OutOfMemoryError as exc:
+                oom = exc.with_traceback(None)  # its frames would hold what was cloned so far
+            else:
+                output = self.ref_model(*args)
+                synchronize(self.device)
+                self.counts["strict_checks"] += 1
+                return output
+        return self._output_in_place(inputs, oom)
+
+    def _output_in_place(self, inputs: list[Any], oom: BaseException) -> Any:
+        """The reference's output on `inputs` themselves, which must stay pristine: each tensor's host
+        copy is kept, and one the reference changed in place (its version counter moved: trusted PyTorch
+        code, whose in-place ops all count) is written back. An output that is (a view of) a changed
+        input cannot be kept beside the restored input without the clone that did not fit: `oom` is
+        raised then, as before."""
+        assert self.ref_model is not None
+        release_memory(self.device)  # what the failed clone left in the allocator
+        saved = [(t, t._version, t.detach().to("cpu", copy=True)) for t in tensors_in(inputs)]
+        with torch.no_grad():
+            output = self.ref_model(*inputs)
         synchronize(self.device)
+        changed = [(t, host) for t, version, host in saved if t._version != version]
+        clash = bool(changed) and aliases(output, inputs)
+        with torch.no_grad():
+            for t, host in changed:
+                t.copy_(host)
+        synchronize(self.device)
+        if clash:
+            raise oom
         self.counts["strict_checks"] += 1
+        self.counts["checks_in_place"] += 1
         return output
 
 

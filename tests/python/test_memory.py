@@ -291,3 +291,48 @@ def test_the_workers_sliced_mismatch_reports_what_the_whole_output_would(
     assert sliced.max_diff == whole.max_diff
     assert sliced.avg_diff == pytest.approx(whole.avg_diff, rel=1e-5)
     assert sliced.detail is not None and sliced.detail.bad == 6
+
+
+_IN_PLACE = ADD.replace("return a + b", "{body}")
+
+
+def _no_room_for_a_clone(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(value: Any) -> Any:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB.")
+
+    monkeypatch.setattr(kb_reference, "clone_tensors", refuse)
+
+
+def test_a_checked_call_whose_clone_does_not_fit_runs_the_reference_on_the_inputs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 39: 1/45's 16 GiB input set beside the one lent to the candidate left no room on an 80 GB card
+    for the clone a checked call ran the reference on (krefine's out-of-memory, not the problem's). The
+    reference then runs on the call's inputs themselves: same output, inputs untouched."""
+    ctx = _context()
+    a, b = torch.rand(64, 64), torch.rand(64, 64)
+    with_clone = ctx.reference_output([a, b])
+    _no_room_for_a_clone(monkeypatch)
+    pristine = (a.clone(), b.clone())
+    in_place = ctx.reference_output([a, b])
+    assert torch.equal(in_place, with_clone)
+    assert torch.equal(a, pristine[0]) and torch.equal(b, pristine[1])
+    assert (ctx.counts["strict_checks"], ctx.counts["checks_in_place"]) == (2, 1)
+
+
+def test_a_reference_that_changes_its_inputs_in_place_has_them_written_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ctx = _context(code=_IN_PLACE.format(body="a.mul_(2)\n        return a + b"))
+    a, b = torch.rand(64, 64), torch.rand(64, 64)
+    pristine = (a.clone(), b.clone())
+    expected = ctx.reference_output([a, b])
+    _no_room_for_a_clone(monkeypatch)
+    assert torch.equal(ctx.reference_output([a, b]), expected)
+    assert torch.equal(a, pristine[0]) and torch.equal(b, pristine[1])
+    # An output that is the changed input itself cannot be kept beside the restored input: the
+    # out-of-memory error stands (the reference's, as before), and the inputs are restored still.
+    ctx = _context(code=_IN_PLACE.format(body="return a.add_(b)"))
+    with pytest.raises(torch.OutOfMemoryError):
+        ctx.reference_output([a, b])
+    assert torch.equal(a, pristine[0]) and torch.equal(b, pristine[1])
