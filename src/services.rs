@@ -174,8 +174,8 @@ pub trait Executor: Send + Sync {
     }
 
     /// Keep `problem`'s stored inputs from being evicted while the returned value lives: held by a
-    /// candidate from before it queues for a lease until its evaluation ends. `None`: nothing to
-    /// hold.
+    /// candidate from the start of its build until its evaluation ends (and by its device step on
+    /// its own, as after a resume). `None`: nothing to hold.
     fn hold_inputs(&self, _problem: &Problem) -> Option<Box<dyn std::any::Any + Send + Sync>> {
         None
     }

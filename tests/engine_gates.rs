@@ -64,6 +64,35 @@ struct Probe {
     build_milli_cores: u64,
     /// Every candidate was built before: `cached` answers each one.
     all_cached: std::sync::atomic::AtomicBool,
+    /// Holds on each problem's stored inputs alive now, and the builds and executions that found
+    /// none on their own problem.
+    holds: Arc<std::sync::Mutex<std::collections::HashMap<ProblemKey, usize>>>,
+    unheld_builds: AtomicUsize,
+    unheld_executions: AtomicUsize,
+}
+
+impl Probe {
+    fn held(&self, problem: ProblemKey) -> bool {
+        self.holds
+            .lock()
+            .unwrap()
+            .get(&problem)
+            .copied()
+            .unwrap_or(0)
+            > 0
+    }
+}
+
+/// A hold on a problem's stored inputs, counted while it lives.
+struct Hold {
+    holds: Arc<std::sync::Mutex<std::collections::HashMap<ProblemKey, usize>>>,
+    problem: ProblemKey,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        *self.holds.lock().unwrap().get_mut(&self.problem).unwrap() -= 1;
+    }
 }
 
 struct Services(Arc<Probe>);
@@ -112,7 +141,10 @@ impl Compiler for Services {
             })
     }
 
-    async fn compile(&self, _job: CompileJob) -> Result<CompileOutcome, Unavailable> {
+    async fn compile(&self, job: CompileJob) -> Result<CompileOutcome, Unavailable> {
+        if !self.0.held(job.task.problem) {
+            self.0.unheld_builds.fetch_add(1, Ordering::SeqCst);
+        }
         let n = self.0.compiles.fetch_add(1, Ordering::SeqCst);
         if n < self.0.compile_outage.load(Ordering::SeqCst) {
             return Err(Unavailable("no worker could be started".into()));
@@ -144,7 +176,10 @@ impl Compiler for Services {
 
 #[async_trait]
 impl Executor for Services {
-    async fn execute(&self, _job: ExecJob, device: &DeviceId) -> Result<ExecOutcome, Unavailable> {
+    async fn execute(&self, job: ExecJob, device: &DeviceId) -> Result<ExecOutcome, Unavailable> {
+        if !self.0.held(job.problem.key) {
+            self.0.unheld_executions.fetch_add(1, Ordering::SeqCst);
+        }
         if *device == DeviceId::Gpu(0) && self.0.drain_gpu0.load(Ordering::SeqCst) {
             self.0.gpu0_calls.fetch_add(1, Ordering::SeqCst);
             self.0.gpu0_retired.store(true, Ordering::SeqCst);
@@ -179,6 +214,13 @@ impl Executor for Services {
     }
     fn retired(&self, device: &DeviceId) -> bool {
         *device == DeviceId::Gpu(0) && self.0.gpu0_retired.load(Ordering::SeqCst)
+    }
+    fn hold_inputs(&self, problem: &Problem) -> Option<Box<dyn std::any::Any + Send + Sync>> {
+        *self.0.holds.lock().unwrap().entry(problem.key).or_default() += 1;
+        Some(Box::new(Hold {
+            holds: self.0.holds.clone(),
+            problem: problem.key,
+        }))
     }
 }
 
@@ -252,6 +294,19 @@ fn gpu(i: u32) -> DeviceInfo {
         capability: Some((9, 0)),
         total_memory_bytes: None,
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_problems_stored_inputs_are_held_from_its_candidates_build_to_the_end_of_its_evaluation()
+{
+    let p = run(vec![gpu(0)], 4, 2).await;
+    // 12 tasks x 3 turns, every build and every execution with its problem's inputs held (they were
+    // held from the lease queue on before: an entry could be evicted while its candidates built).
+    assert_eq!(p.compiles.load(Ordering::SeqCst), 36);
+    assert_eq!(p.unheld_builds.load(Ordering::SeqCst), 0);
+    assert_eq!(p.unheld_executions.load(Ordering::SeqCst), 0);
+    // And let go once each evaluation ended.
+    assert!(p.holds.lock().unwrap().values().all(|n| *n == 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -588,24 +588,34 @@ async fn drive(
         problem: task.problem,
         on: false,
     };
+    // The problem's stored inputs are held from the candidate's build to the end of its evaluation:
+    // an entry evicted while its candidates build (to admit another problem's) is made again inside
+    // their leases (2 GPUs, cold: level 1 problem 93's 32 GB twice, 114-122 s of lease each).
+    let mut _inputs_hold = None;
     loop {
         let (turn, step) = match cmd {
             Command::Finish => {
                 shared.finished.fetch_add(1, Ordering::SeqCst);
                 return Ok(());
             }
-            Command::CallLlm { turn, context } => (
-                turn,
-                Box::pin(generate(&shared, task, turn, &context, &mut interest)).await?,
-            ),
+            Command::CallLlm { turn, context } => {
+                _inputs_hold = None;
+                (
+                    turn,
+                    Box::pin(generate(&shared, task, turn, &context, &mut interest)).await?,
+                )
+            }
             Command::Compile { turn, code } => {
+                _inputs_hold = shared.executor.hold_inputs(&*shared.problem(task)?);
                 (turn, Box::pin(compile(&shared, task, turn, code)).await)
             }
             Command::Execute { turn, code } => {
                 interest.end();
                 let build_dir = build_dir(&runner, turn);
                 let stage = on_device(&shared, task, turn, code, build_dir, false);
-                (turn, Box::pin(stage).await?)
+                let step = Box::pin(stage).await?;
+                _inputs_hold = None;
+                (turn, step)
             }
             Command::Profile { turn, code } => {
                 let build_dir = build_dir(&runner, turn);
