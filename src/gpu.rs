@@ -3,10 +3,11 @@
 //!
 //! A lease is held only for execute and profile, so a device times one candidate at a time
 //! (`leases`: [`DevicePool`]). Waiting tasks are served in arrival order across all devices, each
-//! taking whichever device frees first, with two exceptions: a device that frees serves the waiting
-//! candidates of the problem it last ran first ([`AFFINITY_STREAK`] at most in a row past an older
-//! waiter), so a problem's reference data is used by all its queued candidates before another
-//! problem's evicts it; and while a problem's inputs wait for room in the input store, the
+//! taking whichever device frees first, with these exceptions: a device that frees serves the
+//! waiting candidates of the problem it last ran first ([`AFFINITY_STREAK`] at most in a row past an
+//! older waiter), so a problem's reference data is used by all its queued candidates before another
+//! problem's evicts it, and else a problem no other busy device last ran (that device holds its
+//! data); and while a problem's inputs wait for room in the input store, the
 //! candidates of the problems whose entries hold that room go before all
 //! ([`DevicePool::prefer`]). Preparing reference data ahead of candidates (`crate::refprep`) takes a
 //! lease only when no candidate waits for one ([`DevicePool::acquire_idle`]). A device that is lost

@@ -122,8 +122,9 @@ impl Inner {
     }
 
     /// Hand free devices to waiting candidates: each free device (in the configured order) takes
-    /// the oldest waiter of the problem it last ran, unless it already passed an older waiter
-    /// [`AFFINITY_STREAK`] times in a row; otherwise the oldest waiter. Returns the leases whose
+    /// the oldest waiter of the problem it last ran, else the oldest waiter of a problem no other
+    /// busy device last ran, unless it already passed an older waiter [`AFFINITY_STREAK`] times in
+    /// a row; otherwise the oldest waiter. The problems of [`DevicePool::prefer`] go before all. Returns the leases whose
     /// waiter had gone, already settled (their slots freed), for the caller to drop after the lock.
     fn dispatch(inner: &Arc<Inner>, st: &mut PoolState) -> Vec<Lease> {
         let mut unsent = Vec::new();
@@ -146,9 +147,22 @@ impl Inner {
                     .iter()
                     .position(|w| w.problem.as_ref() == Some(p))
             });
-            let pick = match (preferred, same) {
-                (Some(i), _) => i,
-                (None, Some(i)) if i == 0 || slot.streak < AFFINITY_STREAK => i,
+            // Without one of its own, the oldest waiter of a problem no other busy device last ran:
+            // that device's worker holds the problem's reference data, and serves its waiters when
+            // it frees, rather than both devices building the same data.
+            let elsewhere = |w: &Waiter| {
+                w.problem.is_some()
+                    && st
+                        .slots
+                        .iter()
+                        .enumerate()
+                        .any(|(j, s)| j != index && s.busy && !s.retired && s.last == w.problem)
+            };
+            let free_problem = st.waiters.iter().position(|w| !elsewhere(w));
+            let pick = match (preferred, same, free_problem) {
+                (Some(i), _, _) => i,
+                (None, Some(i), _) if i == 0 || slot.streak < AFFINITY_STREAK => i,
+                (None, None, Some(i)) if i == 0 || slot.streak < AFFINITY_STREAK => i,
                 _ => 0,
             };
             let Some(w) = st.waiters.remove(pick) else {
@@ -548,6 +562,38 @@ mod tests {
         let problems: Vec<u32> = order.iter().map(|&(_, p)| p).collect();
         assert_eq!(problems, vec![49, 49, 49, 49, 8, 49, 49]);
         assert_eq!(AFFINITY_STREAK, 4);
+    }
+
+    #[tokio::test]
+    async fn a_free_device_leaves_a_problem_to_the_busy_device_that_holds_its_data() {
+        let pool = Arc::new(DevicePool::new(vec![gpu(0, (9, 0)), gpu(1, (9, 0))]));
+        let on0 = pool.acquire_for(problem(93)).await.unwrap();
+        let on1 = pool.acquire_for(problem(8)).await.unwrap();
+        assert_eq!(
+            (on0.device.id.clone(), on1.device.id.clone()),
+            (DeviceId::Gpu(0), DeviceId::Gpu(1))
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for (i, p) in [93, 93, 15].into_iter().enumerate() {
+            let (taker, tx) = (pool.clone(), tx.clone());
+            tokio::spawn(async move {
+                let l = taker.acquire_for(problem(p)).await.unwrap();
+                tx.send((p, l.device.id.clone())).unwrap();
+                // Held until the test ends: each waiter's device is what is asserted.
+                std::future::pending::<()>().await;
+                drop(l);
+            });
+            while pool.waiting() < i + 1 {
+                tokio::task::yield_now().await;
+            }
+        }
+        // GPU 1 frees while GPU 0 still runs 93: it takes 15, not 93's older waiters.
+        drop(on1);
+        assert_eq!(rx.recv().await, Some((15, DeviceId::Gpu(1))));
+        // GPU 0 frees: 93's first waiter goes to it.
+        drop(on0);
+        assert_eq!(rx.recv().await, Some((93, DeviceId::Gpu(0))));
+        assert_eq!(pool.waiting(), 1);
     }
 
     #[tokio::test]
