@@ -40,6 +40,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -396,22 +397,44 @@ def read_manifest(entry: str) -> dict[str, Any] | None:
 
 
 def _file_crcs(path: str, part: dict[str, Any]) -> list[int] | None:
-    """The chunk CRCs of a seed's file as its manifest part lays it out (per tensor); None when the
-    file is missing or not the size the manifest says."""
+    """The chunk CRCs of a seed's file as its manifest part lays it out (per tensor, from each tensor's
+    start); None when the file is missing or not the size the manifest says. Read on several threads,
+    each into one reused buffer: a hit on a 51.5 GB entry was checked in 57 s reading each tensor into a
+    fresh buffer on one thread, beside a batch waiting for it."""
     try:
         if os.path.getsize(path) != int(part["bytes"]):
             return None
-        crcs: list[int] = []
-        with open(path, "rb") as f:
-            for item in part["items"]:
-                if "nbytes" in item:
-                    data = bytearray(int(item["nbytes"]))
-                    if f.readinto(data) != len(data):
-                        return None
-                    crcs.extend(_crcs(memoryview(data)))
-        return crcs
+        spans: list[tuple[int, int]] = []
+        offset = 0
+        for item in part["items"]:
+            if "nbytes" in item:
+                size = int(item["nbytes"])
+                spans.extend((offset + start, min(_CHUNK, size - start)) for start in range(0, size, _CHUNK))
+                offset += size
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return _span_crcs(fd, spans)
+        finally:
+            os.close(fd)
     except (OSError, KeyError, ValueError):
         return None
+
+
+def _span_crcs(fd: int, spans: list[tuple[int, int]]) -> list[int]:
+    """The CRC-32 of each (offset, length) span of `fd`, read on several threads into one buffer each."""
+    local = threading.local()
+
+    def one(span: tuple[int, int]) -> int:
+        buffer = getattr(local, "buffer", None)
+        if buffer is None:
+            buffer = local.buffer = bytearray(_CHUNK)
+        at, length = span
+        return _read_chunk(fd, memoryview(buffer)[:length], at)
+
+    if len(spans) < 2:
+        return [one(s) for s in spans]
+    with ThreadPoolExecutor(max_workers=min(_THREADS, len(spans))) as pool:
+        return list(pool.map(one, spans))
 
 
 def verify(entry: str, code: str, seeds: list[int]) -> str | None:
