@@ -13,12 +13,15 @@
 //!   it asks until it ends.
 //!
 //! Builds and input makers are served in arrival order ([`CpuBudget::claim`]): a large claim first in
-//! line is not overtaken by a stream of small ones. One exception ([`may_pass`]): a build passes input
-//! makers waiting in line while builds hold at most half the budget, so builds start at once when a
-//! run begins with more problems' inputs to make than fit (each maker claims up to half the budget,
-//! and the makers first in line would otherwise hold every build back until one of them ended). A
-//! maker still gets its cores: builds past half the budget wait behind it. A claim larger than the
-//! whole budget runs alone. Quiet cores go ahead of the line: the builds holding cores are paused by then, so a build
+//! line is not overtaken by a stream of small ones. Two exceptions ([`may_pass`]), each within half the
+//! budget: a build passes input makers waiting in line while builds hold at most half the budget, so
+//! builds start at once when a run begins with more problems' inputs to make than fit (each maker
+//! claims up to half the budget, and the makers first in line would otherwise hold every build back
+//! until one of them ended); and an input maker passes builds waiting in line while makers hold at
+//! most half the budget, the room it waits for kept from builds meanwhile ([`build_room`]): a
+//! problem's inputs hold back all its candidates, a build one, and a run's builds all queue at its
+//! start (the makers of a 64-candidate batch's first inputs waited 43 s behind them). A claim larger
+//! than the whole budget runs alone. Quiet cores go ahead of the line: the builds holding cores are paused by then, so a build
 //! first in line could wait for them forever.
 //! [`admit`] is the whole admission rule, a pure function.
 
@@ -75,10 +78,32 @@ pub fn admit(budget: u64, held: Held, kind: Claim, want: u64) -> bool {
 }
 
 /// May a claim of `want` for `kind` pass a claim of `ahead` waiting before it in line, with `held`
-/// taken out of `budget`? Only a build, past input makers, while builds hold at most half the budget:
-/// the makers' claims (at most half the budget each) then still fit once the other makers end.
+/// taken out of `budget`? A build past input makers while builds hold at most half the budget (the
+/// makers' claims, at most half the budget each, then still fit once the other makers end), and an
+/// input maker past builds while makers hold at most half the budget.
 pub fn may_pass(budget: u64, held: Held, kind: Claim, want: u64, ahead: Claim) -> bool {
-    kind == Claim::Build && ahead == Claim::Inputs && held.builds + want <= budget / 2
+    match (kind, ahead) {
+        (Claim::Build, Claim::Inputs) => held.builds + want <= budget / 2,
+        (Claim::Inputs, Claim::Build) => held.inputs + want <= budget / 2,
+        _ => false,
+    }
+}
+
+/// The part of `budget` builds may hold with `held` taken and input makers wanting `waiting` (each
+/// claim's milli-cores, in line order): the room of the makers entitled to pass builds (makers within
+/// half the budget, see [`may_pass`]) is kept for them, or the builds ahead of a maker would take
+/// every core that frees, one at a time, and the maker would wait for all of them.
+pub fn build_room(budget: u64, held: Held, waiting: impl IntoIterator<Item = u64>) -> u64 {
+    let mut inputs = held.inputs;
+    let mut kept = 0u64;
+    for want in waiting {
+        if inputs + want > budget / 2 {
+            break;
+        }
+        inputs += want;
+        kept += want;
+    }
+    budget - kept
 }
 
 /// The claim of the next build: the mean of `measured` (milli-cores each build used), 1 core when
@@ -114,8 +139,8 @@ pub fn available_cores() -> u32 {
 struct State {
     /// What the grants hold now, and the quiet claims waiting.
     held: Held,
-    /// Tickets of the claims waiting and what each is for, first in line first.
-    line: VecDeque<(u64, Claim)>,
+    /// Tickets of the claims waiting, what each is for and its milli-cores, first in line first.
+    line: VecDeque<(u64, Claim, u64)>,
     /// The next claim's ticket: its place in line.
     next_ticket: u64,
     /// Milli-cores the last builds used, newest last.
@@ -194,7 +219,7 @@ impl CpuBudget {
             if quiet {
                 s.held.quiet_waiting += 1;
             } else {
-                s.line.push_back((t, kind));
+                s.line.push_back((t, kind, want));
             }
             t
         });
@@ -224,12 +249,23 @@ impl CpuBudget {
                 let first = s
                     .line
                     .iter()
-                    .take_while(|(t, _)| *t != ticket)
-                    .all(|(_, ahead)| may_pass(budget, held, kind, want, *ahead));
-                if !(first && admit(budget, held, kind, want)) {
+                    .take_while(|(t, _, _)| *t != ticket)
+                    .all(|(_, ahead, _)| may_pass(budget, held, kind, want, *ahead));
+                let room = match kind {
+                    Claim::Build => build_room(
+                        budget,
+                        held,
+                        s.line
+                            .iter()
+                            .filter(|(_, k, _)| *k == Claim::Inputs)
+                            .map(|(_, _, w)| *w),
+                    ),
+                    Claim::Inputs | Claim::Quiet => budget,
+                };
+                if !(first && admit(room, held, kind, want)) {
                     return false;
                 }
-                s.line.retain(|(t, _)| *t != ticket);
+                s.line.retain(|(t, _, _)| *t != ticket);
                 match kind {
                     Claim::Build => s.held.builds += want,
                     Claim::Inputs | Claim::Quiet => s.held.inputs += want,
@@ -269,7 +305,7 @@ impl Drop for InLine<'_> {
                 if quiet {
                     s.held.quiet_waiting -= 1;
                 } else {
-                    s.line.retain(|(t, _)| *t != ticket);
+                    s.line.retain(|(t, _, _)| *t != ticket);
                 }
             });
             self.budget.wake.notify_waiters();
@@ -481,7 +517,7 @@ mod tests {
     }
 
     #[test]
-    fn only_builds_pass_and_only_input_makers_within_half_the_budget() {
+    fn builds_pass_makers_and_makers_pass_builds_each_within_half_the_budget() {
         let b = 16 * CORE;
         let h = held(7000, 12000, false);
         assert!(may_pass(b, h, Claim::Build, 1000, Claim::Inputs));
@@ -492,6 +528,54 @@ mod tests {
         assert!(!may_pass(b, h, Claim::Build, 1000, Claim::Build));
         assert!(!may_pass(b, h, Claim::Inputs, 1000, Claim::Inputs));
         assert!(!may_pass(b, h, Claim::Inputs, 1000, Claim::Build));
+        // Makers pass builds within half the budget too.
+        let h = held(12000, 2000, false);
+        assert!(may_pass(b, h, Claim::Inputs, 6000, Claim::Build));
+        assert!(!may_pass(b, h, Claim::Inputs, 6001, Claim::Build));
+        // The room kept for them: the makers in line that fit within half, in order.
+        assert_eq!(build_room(b, h, [6000, 6000]), 10_000);
+        assert_eq!(build_room(b, held(0, 0, false), [6000, 2000, 1000]), 8000);
+        assert_eq!(build_room(b, held(0, 9000, false), [1000]), b);
+    }
+
+    #[tokio::test]
+    async fn an_input_maker_gets_its_cores_before_the_builds_queued_ahead_of_it() {
+        // A run's start: the builds took every core and more wait; then a problem's inputs are asked.
+        let budget = CpuBudget::new(16);
+        let mut running: Vec<_> = Vec::new();
+        for _ in 0..16 {
+            running.push(budget.claim(Claim::Build, 1000).await);
+        }
+        let mut queued: Vec<_> = (0..4)
+            .map(|_| Box::pin(budget.claim(Claim::Build, 1000)))
+            .collect();
+        for q in &mut queued {
+            assert!(futures::poll!(q.as_mut()).is_pending());
+        }
+        let mut maker = Box::pin(budget.claim(Claim::Inputs, 6000));
+        assert!(futures::poll!(maker.as_mut()).is_pending());
+        // Builds end one by one: the cores they give back wait for the maker, not for the builds
+        // queued before it.
+        for ended in 1..=6 {
+            drop(running.pop());
+            for q in &mut queued {
+                assert!(futures::poll!(q.as_mut()).is_pending(), "{ended} ended");
+            }
+            if ended < 6 {
+                assert!(futures::poll!(maker.as_mut()).is_pending());
+            }
+        }
+        let maker = maker.await;
+        assert_eq!(budget.held(), held(10_000, 6000, false));
+        // Then the queued builds, as cores free.
+        drop(running.pop());
+        let first = queued.remove(0).await;
+        assert_eq!(budget.held(), held(10_000, 6000, false));
+        drop((maker, first, running));
+        for q in queued {
+            drop(q.await);
+        }
+        assert_eq!(budget.held(), Held::default());
     }
 
     #[tokio::test]
