@@ -849,17 +849,22 @@ fn folder_bytes(dir: &Path) -> u64 {
 mod tests {
     use super::*;
 
+    /// A store of 10,000 bytes in `dir` (no generator is started by these tests).
+    fn store_of_10k(dir: &Path) -> InputStore {
+        InputStore::new(
+            dir.to_path_buf(),
+            10_000,
+            "python3".into(),
+            dir.to_path_buf(),
+            Vec::new(),
+            Duration::from_secs(1),
+        )
+    }
+
     #[test]
     fn a_held_entry_is_never_evicted_to_make_room() {
         let dir = tempfile::tempdir().unwrap();
-        let store = InputStore::new(
-            dir.path().to_path_buf(),
-            10_000,
-            "python3".into(),
-            dir.path().to_path_buf(),
-            Vec::new(),
-            Duration::from_secs(1),
-        );
+        let store = store_of_10k(dir.path());
         let now = SystemTime::now();
         for (key, age) in [("old", 100), ("new", 50)] {
             let e = dir.path().join(key);
@@ -903,14 +908,7 @@ mod tests {
     #[test]
     fn an_entry_waits_for_memory_in_use_for_a_bounded_time() {
         let dir = tempfile::tempdir().unwrap();
-        let store = InputStore::new(
-            dir.path().to_path_buf(),
-            10_000,
-            "python3".into(),
-            dir.path().to_path_buf(),
-            Vec::new(),
-            Duration::from_secs(1),
-        );
+        let store = store_of_10k(dir.path());
         // Refused for memory other processes use: deferred, and a second refusal in a row keeps
         // the first one's time.
         store.refused("big", 5000, false, true);
