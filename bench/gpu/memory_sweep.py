@@ -430,7 +430,13 @@ def main(argv: list[str]) -> int:
     r.add_argument("--heaviest", type=int, default=0, help="only the N problems per level with the largest tensors")
     r.add_argument("--inputs", choices=["kernelbench", "device"], default="kernelbench")
     r.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
-    r.add_argument("--limit-s", type=float, default=0.0, help="stop starting runs after this long (0: no limit)")
+    r.add_argument(
+        "--limit-s",
+        type=float,
+        default=0.0,
+        help="the whole sweep's time: no run starts after it, and a run still going then is stopped "
+        "(its problems get no verdict); 0: no limit",
+    )
     r.add_argument("--label", default="sweep", help="names the run folders (several chunks side by side)")
     r.add_argument("--set", action="append", default=[], help="passed on to krefine eval")
     r.add_argument(
