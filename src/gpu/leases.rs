@@ -124,8 +124,9 @@ impl Inner {
     /// Hand free devices to waiting candidates: each free device (in the configured order) takes
     /// the oldest waiter of the problem it last ran, else the oldest waiter of a problem no other
     /// busy device last ran, unless it already passed an older waiter [`AFFINITY_STREAK`] times in
-    /// a row; otherwise the oldest waiter. The problems of [`DevicePool::prefer`] go before all. Returns the leases whose
-    /// waiter had gone, already settled (their slots freed), for the caller to drop after the lock.
+    /// a row; otherwise the oldest waiter. The problems of [`DevicePool::prefer`] go before all.
+    /// Returns the leases whose waiter had gone, already settled (their slots freed), for the caller
+    /// to drop after the lock.
     fn dispatch(inner: &Arc<Inner>, st: &mut PoolState) -> Vec<Lease> {
         let mut unsent = Vec::new();
         loop {
@@ -158,11 +159,10 @@ impl Inner {
                         .enumerate()
                         .any(|(j, s)| j != index && s.busy && !s.retired && s.last == w.problem)
             };
-            let free_problem = st.waiters.iter().position(|w| !elsewhere(w));
-            let pick = match (preferred, same, free_problem) {
-                (Some(i), _, _) => i,
-                (None, Some(i), _) if i == 0 || slot.streak < AFFINITY_STREAK => i,
-                (None, None, Some(i)) if i == 0 || slot.streak < AFFINITY_STREAK => i,
+            let own = same.or_else(|| st.waiters.iter().position(|w| !elsewhere(w)));
+            let pick = match (preferred, own) {
+                (Some(i), _) => i,
+                (None, Some(i)) if i == 0 || slot.streak < AFFINITY_STREAK => i,
                 _ => 0,
             };
             let Some(w) = st.waiters.remove(pick) else {

@@ -142,8 +142,8 @@ impl PrepQueue {
 
     /// While some problem's inputs wait for room ([`Self::inputs_deferred`]), the problems whose
     /// inputs are made, largest first (ties by key): their candidates are the ones to run first, as
-    /// their entries hold the most room (the store keeps an entry while a candidate of its problem
-    /// waits for or holds a lease). Empty when nothing waits for room.
+    /// their entries hold the most room (the store keeps an entry from a candidate's build to the
+    /// end of its evaluation). Empty when nothing waits for room.
     pub fn room_holders(&self) -> Vec<ProblemKey> {
         if self.deferred.is_empty() {
             return Vec::new();
