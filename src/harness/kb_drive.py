@@ -182,6 +182,12 @@ class Driver:
         # Spans of the timed calls on the worker's clock (ms), for the precision probe's comparison.
         self.spans: list[float] = []
         self.env: dict[str, Any] = {}
+        # Seconds by step of the job on the worker's side (waiting for the process, answering its asks,
+        # the probes, the callbacks): kb_pool's lease trace, a diagnosis of where a lease goes.
+        self.spent: dict[str, float] = {}
+
+    def _spend(self, step: str, started: float) -> None:
+        self.spent[step] = self.spent.get(step, 0.0) + (_perf_counter() - started)
 
     # -- frames
 
@@ -195,6 +201,7 @@ class Driver:
     def recv(self, *ops: str) -> Frame:
         """The process's next frame, one of `ops`; faithful mode's `ask` frames are answered on the way."""
         while True:
+            waited = _perf_counter()
             if FRAME_TIMEOUT_S is not None and not self.channel.poll(FRAME_TIMEOUT_S):
                 # The orchestrator owns every deadline (it ends the worker); a worker run without one
                 # (the harness's own tests) gives up on a silent process after this long.
@@ -205,10 +212,13 @@ class Driver:
                 raise ProcessGone() from exc
             except ProtocolError as exc:
                 raise ForbiddenMessage(str(exc)) from None
+            self._spend("process", waited)
             if frame.op == "ask" and self.job["mode"] == "faithful":
                 # Faithful mode lends copies of reference data on request; strict mode serves none (the
                 # worker drives every call there), so an `ask` is a frame the harness never sends.
+                answering = _perf_counter()
                 self._answer(frame)
+                self._spend("ask_" + frame.get_str("what", limit=32), answering)
                 continue
             if frame.op not in ops:
                 raise ForbiddenMessage(f"a {frame.op!r} frame where {' or '.join(ops)} was due")
@@ -216,7 +226,9 @@ class Driver:
 
     def exchange_frame(self, op: str, reply: str, **fields: Any) -> Frame:
         if not self.timing and not self.timed_once:
+            started = _perf_counter()
             self.between()
+            self._spend("between", started)
         self.send(op, **fields)
         try:
             frame: Frame = self.recv(reply)
@@ -612,11 +624,17 @@ class Driver:
             verdict.phases[key] = result.phases.get(key, 0.0)
         if verdict.status != "correct" or verdict.sticky or not verdict.correctness:
             return
+        started = _perf_counter()
         if verdict.runtime_stats:
             self.fresh_probe(verdict)
+            self._spend("fresh_probe", started)
             if self.ctx.device.type == "cuda":
+                started = _perf_counter()
                 self.escape_probe(verdict)
+                self._spend("escape_probe", started)
+        started = _perf_counter()
         self.precision(verdict, strict=False)
+        self._spend("precision_probe", started)
 
     def _answer(self, frame: Frame) -> None:
         """Faithful mode: the process's request for reference data, answered with copies."""

@@ -56,6 +56,9 @@ SPARE_START_TIMEOUT_S = 60.0
 REAP_TIMEOUT_S = 30.0
 # Starting a candidate process through a forkserver that just died: tries before giving up.
 START_TRIES = 3
+# Set (to anything) in the orchestrator's environment: one line per job in the worker's log saying where
+# its time went (lease_trace).
+LEASE_TRACE = "KREFINE_LEASE_TRACE"
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -512,12 +515,21 @@ def run_candidate(
     reference_before, timing_before = ctx.build_seconds, ctx.timing_build_seconds
     started = time.perf_counter()
     process, waited = worker.take_process(job["device"])
+    took = time.perf_counter()
     if job["device"].startswith("cuda"):
         # The replacement starts its CPU step now; its device step is granted while this job loads and
         # is checked, or after its result, never while it is timed (settle_spares, grant_spares).
         worker.warm_spares(job["device"])
+    warmed = time.perf_counter()
     exchange = Exchange(ctx.device)
     scratch = worker.new_scratch()
+    driver: kb_drive.Driver
+
+    def before_timing() -> None:
+        step = time.perf_counter()
+        worker.before_timing()
+        driver._spend("before_timing", step)
+
     driver = kb_drive.Driver(
         process,
         ctx,
@@ -525,8 +537,9 @@ def run_candidate(
         exchange,
         worker.flusher,
         between=worker.grant_spares,
-        before_timing=worker.before_timing,
+        before_timing=before_timing,
     )
+    driver.spent.update(take=took - started, warm_spares=warmed - took)
     try:
         verdict = driver.run(key=key, every=every)
     except kb_drive.ForbiddenMessage as exc:
@@ -554,7 +567,9 @@ def run_candidate(
         # with its forkserver: not a candidate's crash to report the way the candidate died.
         verdict = Verdict(status="runtime_error", compiled=True, correctness=False)
         verdict.feedback.append(f"the job's process ended without a result ({died})")
+    retiring = time.perf_counter()
     worker.retire(process, exchange, scratch)
+    driver._spend("retire", retiring)
     if not kb_process.forkserver_alive():
         # Only the job's own process ran anything a candidate wrote while the server died.
         if job["kind"] != "reference":
@@ -573,7 +588,21 @@ def run_candidate(
     # reference data, and its exit.
     verdict.phases["isolation_s"] = max(0.0, total - waited - measured)
     verdict.phases["spawn_wait_s"] = verdict.phases.get("spawn_wait_s", 0.0) + waited
+    if os.environ.get(LEASE_TRACE):
+        lease_trace(job, verdict, total, driver.spent)
     return verdict
+
+
+def lease_trace(job: dict[str, Any], verdict: Verdict, total: float, spent: dict[str, float]) -> None:
+    """One line in the worker's log per job (README, "Where a lease goes"): its phases and the worker's
+    steps, in seconds. `process` is time spent waiting for the candidate's process, inside any step."""
+    steps = " ".join(f"{k}={v:.3f}" for k, v in sorted(spent.items()))
+    phases = " ".join(f"{k}={v:.3f}" for k, v in sorted(verdict.phases.items()))
+    print(
+        f"krefine harness: lease trace at={time.time():.3f} {job['kind']} {os.path.basename(job['build_dir'])} "
+        f"{verdict.status} total={total:.3f} | {phases} | {steps}",
+        file=sys.stderr,
+    )
 
 
 def profile_isolated(request: dict[str, Any], worker: Worker, scratch: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ use super::sandbox::SandboxSpec;
 use crate::launcher::{Launcher, Placement};
 
 /// Environment variables passed through from the orchestrator when set. Everything else is dropped.
-const PASS_THROUGH: [&str; 14] = [
+const PASS_THROUGH: [&str; 15] = [
     "PATH",
     // The build switches the harness documents (README "Builds"): a user's own nvcc wrapper, and
     // turning off the overlapped nvcc, the split C++ build or the split CUDA build.
@@ -18,6 +18,8 @@ const PASS_THROUGH: [&str; 14] = [
     "KREFINE_NVCC_OVERLAP",
     "KREFINE_SPLIT_CPP",
     "KREFINE_SPLIT_CUDA",
+    // The harness's lease trace (README, "Where a lease goes"): one line per job in the worker's log.
+    "KREFINE_LEASE_TRACE",
     // The order in which the driver numbers devices must match the orchestrator's, or a worker's
     // CUDA_VISIBLE_DEVICES index names another GPU.
     "CUDA_DEVICE_ORDER",
@@ -166,6 +168,7 @@ mod tests {
                 "KREFINE_SPLIT_CPP" | "KREFINE_SPLIT_CUDA" | "KREFINE_NVCC_OVERLAP" => {
                     Some("0".into())
                 }
+                "KREFINE_LEASE_TRACE" => Some("1".into()),
                 "PYTORCH_NVCC" => Some("ccache nvcc".into()),
                 "OPENAI_API_KEY" => Some("sk-secret".into()),
                 _ => None,
@@ -176,6 +179,7 @@ mod tests {
         assert_eq!(get("KREFINE_SPLIT_CPP"), Some("0".into()));
         assert_eq!(get("KREFINE_NVCC_OVERLAP"), Some("0".into()));
         assert_eq!(get("KREFINE_SPLIT_CUDA"), Some("0".into()));
+        assert_eq!(get("KREFINE_LEASE_TRACE"), Some("1".into()));
         assert_eq!(get("PYTORCH_NVCC"), Some("ccache nvcc".into()));
         assert_eq!(get("OPENAI_API_KEY"), None);
     }

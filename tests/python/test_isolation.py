@@ -17,6 +17,7 @@ import pytest
 
 import kb_candidate
 import kb_eval
+import kb_pool
 import kb_prepare
 import kb_process
 import kb_protocol
@@ -185,3 +186,23 @@ def test_the_output_capture_leaves_no_native_thread_behind(tmp_path: Path) -> No
             print(f"line {i}", flush=True)
         assert kb_candidate.native_threads() == before
     assert "line 49" in (tmp_path / "log.txt").read_text()
+
+
+def test_the_lease_trace_says_where_a_jobs_time_went(
+    worker: IsolatedWorker, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """KREFINE_LEASE_TRACE: one line per job in the worker's log, its phases and the worker's steps;
+    nothing without it."""
+    worker.evaluate("honest.py", timing_trials=3)
+    assert "lease trace" not in capsys.readouterr().err
+    monkeypatch.setenv(kb_pool.LEASE_TRACE, "1")
+    worker.evaluate("honest.py", timing_trials=3)
+    worker.evaluate("zero_out.py", measure=False)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "lease trace" in line]
+    assert len(lines) == 2, lines
+    honest, failing = lines
+    assert " evaluate c" in honest and " correct total=" in honest, honest
+    for step in ("take=", "warm_spares=", "process=", "ask_trial=", "ask_verify=", "fresh_probe=", "retire="):
+        assert step in honest, (step, honest)
+    assert "correctness_s=" in honest and "isolation_s=" in honest, honest
+    assert " incorrect total=" in failing and "fresh_probe=" not in failing, failing
