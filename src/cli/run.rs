@@ -362,17 +362,27 @@ async fn drive(
     let shutdown = async {
         #[cfg(debug_assertions)]
         test_hold_shutdown().await;
+        let began = std::time::Instant::now();
         if let Some(pool) = pool {
             pool.shutdown().await;
         }
+        let workers_s = began.elapsed().as_secs_f64();
         if let Some(l) = launcher {
             l.release().await;
         }
+        let released = std::time::Instant::now();
         // The workers are gone: their scratch goes too (gigabytes of copy-on-write layers on a
         // GPU run), off the runtime's threads.
         if let Some(scratch) = scratch {
             let _ = tokio::task::spawn_blocking(move || drop(scratch)).await;
         }
+        // The end of a run is part of its wall time (`bench throughput` counts it): say where it went.
+        tracing::info!(
+            "after the run: workers shut down in {workers_s:.1} s, launcher released in {:.1} s, \
+             scratch removed in {:.1} s",
+            (released - began).as_secs_f64() - workers_s,
+            released.elapsed().as_secs_f64()
+        );
     };
     // A second signal while the workers shut down (or an allocation is given back) leaves at once.
     tokio::select! {

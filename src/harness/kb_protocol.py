@@ -112,7 +112,14 @@ class ReferenceSpec(ReferenceOptions):
     reference_runtime: BaselineRuntime | None
 
 
-class CompileRequest(TypedDict):
+class CompileOptions(TypedDict, total=False):
+    # `fast` or `plain` (eval.build); absent: fast.
+    build: str
+    # False: start no background build of a shared precompiled header the child missed (absent: start).
+    pch_background: bool
+
+
+class CompileRequest(CompileOptions):
     id: int
     op: Literal["compile"]
     source: str

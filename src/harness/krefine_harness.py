@@ -260,8 +260,10 @@ class Server:
 
     def build_wanted_pch(self, request: dict[str, Any], wanted: list[Any]) -> None:
         """Build the shared precompiled headers the compile child missed, here, where no candidate code
-        runs, for the next candidates (a failure to start one only costs speed)."""
-        if not wanted:
+        runs, for the next candidates (a failure to start one only costs speed). Not where the request
+        says `pch_background: false`: the orchestrator leaves a run's headers to one sandboxed worker
+        (each builds them in its own copy-on-write layer, 40-60 CPU-s a header; src/worker/build_cache.rs)."""
+        if not wanted or request.get("pch_background") is False:
             return
         import kb_pch
 

@@ -128,6 +128,9 @@ pub(super) struct Builds {
     /// The in-process half of each build dir's lock (see [`Builds::lock`]); an entry nobody holds or
     /// waits for is dropped at the next lock.
     locks: StdMutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
+    /// The sandboxed compile worker that builds the run's shared precompiled headers
+    /// ([`Builds::pch_background_for`]).
+    pch_builder: StdMutex<Option<String>>,
 }
 
 impl Builds {
@@ -145,7 +148,26 @@ impl Builds {
             toolchain,
             arch_list,
             locks: StdMutex::new(HashMap::new()),
+            pch_builder: StdMutex::new(None),
         }
+    }
+
+    /// Whether compile worker `worker` may build, in the background, the shared precompiled headers
+    /// its candidate's build missed. A sandboxed worker builds them in its own copy-on-write layer of
+    /// the cache (published after its next build and at shutdown), where no other worker's flock sees
+    /// them: left to every worker, each built the same headers (40-60 CPU-s each; 96 of them in a
+    /// 64-candidate batch on 64 workers, more compiler work than the candidates' own builds). So the
+    /// first sandboxed worker to ask builds the run's headers and no other does. Unsandboxed workers
+    /// share the cache's `pch/` and its per-header flock: each may ask, one builds.
+    pub(super) fn pch_background_for(&self, worker: &str, sandboxed: bool) -> bool {
+        if !sandboxed {
+            return true;
+        }
+        let mut builder = match self.pch_builder.lock() {
+            Ok(b) => b,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        builder.get_or_insert_with(|| worker.to_string()) == worker
     }
 
     /// The torch version the workers run.
@@ -480,4 +502,34 @@ pub(super) async fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<(
     tmp.push(format!(".tmp-{}", std::process::id()));
     tokio::fs::write(&tmp, bytes).await?;
     tokio::fs::rename(&tmp, path).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn builds() -> Builds {
+        Builds::new(
+            PathBuf::from("/cache"),
+            BuildMode::Fast,
+            "2.11.0".into(),
+            None,
+            None,
+        )
+    }
+
+    #[test]
+    fn one_sandboxed_worker_builds_a_runs_precompiled_headers() {
+        let b = builds();
+        assert!(b.pch_background_for("compile-3", true), "the first to ask");
+        assert!(!b.pch_background_for("compile-0", true));
+        assert!(!b.pch_background_for("compile-7", true));
+        assert!(
+            b.pch_background_for("compile-3", true),
+            "and again, for its next builds"
+        );
+        // Unsandboxed workers share the cache's headers and their flock: each may ask.
+        assert!(b.pch_background_for("compile-0", false));
+        assert!(b.pch_background_for("compile-7", false));
+    }
 }

@@ -162,6 +162,10 @@ impl CompileRoom<'_> {
             arch_list: self.builds.arch_list().map(str::to_string),
             log_path: worker_log.to_string_lossy().into_owned(),
             build: Some(self.mode.as_str().into()),
+            pch_background: (!self
+                .builds
+                .pch_background_for(&slot.spec.name, slot.spec.sandbox.is_some()))
+            .then_some(false),
         });
         let result = self.calls.call(slot, request, self.deadline, true).await;
         self.builds.publish_pchs_of(slot).await;

@@ -201,7 +201,8 @@ impl WorkerPool {
     /// a request). Later requests fail with a clear message.
     pub async fn shutdown(&self) {
         self.calls.close();
-        futures::future::join_all(self.slots.all().map(|slot| async move {
+        let mut took = futures::future::join_all(self.slots.all().map(|slot| async move {
+            let began = std::time::Instant::now();
             match tokio::time::timeout(Duration::from_secs(1), slot.state.lock()).await {
                 Ok(mut state) => {
                     if let Some(p) = state.process.take() {
@@ -210,14 +211,35 @@ impl WorkerPool {
                     slot.pgid.store(0, Ordering::SeqCst);
                     // The headers it finished since its last build, before its layer goes.
                     if slot.spec.role == WorkerRole::Compile {
+                        let exited = began.elapsed();
                         self.builds.publish_pchs_of(slot).await;
+                        return (began.elapsed(), exited, slot.spec.name.as_str());
                     }
                 }
                 // Busy: the request in flight sees the worker die and reports it.
                 Err(_) => kill_group(slot.pgid.load(Ordering::SeqCst)),
             }
+            (began.elapsed(), began.elapsed(), slot.spec.name.as_str())
         }))
         .await;
+        // The slowest workers' exits (and header publications) bound the end of every run: named in
+        // the run's log, so a slow end can be traced to a worker.
+        took.sort_by_key(|t| std::cmp::Reverse(t.0));
+        let slowest: Vec<String> = took
+            .iter()
+            .take(3)
+            .filter(|(all, ..)| all.as_secs_f64() >= 1.0)
+            .map(|(all, exited, name)| {
+                format!(
+                    "{name} {:.1} s (exited after {:.1} s)",
+                    all.as_secs_f64(),
+                    exited.as_secs_f64()
+                )
+            })
+            .collect();
+        if !slowest.is_empty() {
+            tracing::info!("slowest worker shutdowns: {}", slowest.join(", "));
+        }
     }
 }
 

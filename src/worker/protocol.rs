@@ -104,6 +104,11 @@ pub struct CompileRequest {
     /// `fast` or `plain` (see `eval.build`); absent means `fast`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build: Option<String>,
+    /// `Some(false)`: the worker starts no background build of a shared precompiled header its
+    /// child missed (another worker of the run builds them: [`super::build_cache::Builds`]); absent
+    /// means it may.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pch_background: Option<bool>,
 }
 
 /// The reference data a request works against: the problem, where and how its reference runs, what

@@ -148,6 +148,23 @@ def test_background_builder_publishes_a_header_lookups_find(tmp_path: Path) -> N
     assert [p.name.endswith(".failed") for p in root.iterdir() if p.suffix == ".failed"] == [True]
 
 
+def test_a_worker_told_not_to_builds_no_background_header(tmp_path: Path) -> None:
+    """`pch_background: false` (the orchestrator left the run's headers to another sandboxed worker):
+    a header the child missed starts no background build here; the request shape accepts the field."""
+    import kb_protocol
+    import krefine_harness
+
+    request = compile_request(1, "x = 1\n", tmp_path / "build-cache" / "k1", tmp_path / "compile.log")
+    request["pch_background"] = False
+    assert kb_protocol.check_request(request) == []
+    server = krefine_harness.Server("compile", str(tmp_path / "scratch"))
+    wanted = [{"extra_cflags": ["-O3"], "with_cuda": False}]
+    assert kb_pch.trusted_pch_request(wanted[0]) == (["-O3"], False, kb_pch.PCH_TEXT)
+    server.build_wanted_pch(request, wanted)
+    assert server._pch is None or server._pch.jobs == {}
+    assert not (tmp_path / "build-cache" / kb_pch.PCH_DIR_NAME).exists()
+
+
 PCH_TAMPERER = '''
 import os, sys
 from pathlib import Path
