@@ -234,3 +234,71 @@ fn baseline_times_references_into_kernelbench_shape() {
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(report["turns"][0]["correct"], 1);
 }
+
+/// The precision probe's float64 forward runs once per problem and kind of device (issue 36): the
+/// first run keeps the worker's summary in the reference cache; the next run's worker takes it from
+/// there (a summary edited in between is the figure the next run reports, so it was not made again).
+#[test]
+fn a_precision_probe_is_kept_in_the_reference_cache_for_the_next_run() {
+    let d = tempfile::tempdir().unwrap();
+    let dataset = repo().join("configs/quickstart/problems");
+    let reference = std::fs::read_to_string(dataset.join("level1/2_ReLU.py")).unwrap();
+    let folder = d.path().join("kb_run");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(
+        folder.join("level_1_problem_2_sample_0_kernel.py"),
+        format!("{reference}\n\nModelNew = Model\n"),
+    )
+    .unwrap();
+    let cache = d.path().join("refs");
+    let py = format!("resources.python=\"{}\"", python().display());
+    let refs = format!("eval.reference_cache=\"{}\"", cache.display());
+    let eval = |out: &Path| {
+        let o = Command::new(env!("CARGO_BIN_EXE_krefine"))
+            .args([
+                "eval",
+                s(&folder),
+                "--dataset",
+                s(&dataset),
+                "--out",
+                s(out),
+                "--set",
+                &py,
+                "--set",
+                &refs,
+                "--set",
+                "resources.devices=cpu",
+                "--set",
+                "resources.compile_workers=1",
+                "--set",
+                "eval.timing_trials=3",
+                "--set",
+                "eval.warmup=1",
+                "--set",
+                "eval.correct_trials=2",
+            ])
+            .env("TMPDIR", d.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let results = read_json(&out.join("eval_results.json"));
+        let first = results["2"][0].clone();
+        assert_eq!(first["correctness"], true, "{first}");
+        first["metadata"]["precision"].clone()
+    };
+    let made = eval(&d.path().join("runs/first"));
+    let probes: Vec<PathBuf> = std::fs::read_dir(cache.join("precision-probes"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(probes.len(), 1, "{probes:?}");
+    let kept = read_json(&probes[0]);
+    assert_eq!(kept["kind"], made["inputs"], "{kept} {made}");
+    assert_eq!(kept["e_ref"], made["reference_error"], "{kept} {made}");
+    // A figure no probe of this problem would make: the next run reports it, so it ran no forward.
+    std::fs::write(&probes[0], r#"{"kind": "signed", "e_ref": 0.00625}"#).unwrap();
+    let next = eval(&d.path().join("runs/next"));
+    assert_eq!(next["reference_error"], 0.00625, "{next}");
+    assert_eq!(next["inputs"], "signed", "{next}");
+}

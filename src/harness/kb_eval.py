@@ -31,6 +31,7 @@ import torch
 import kb_candidate
 import kb_feedback
 import kb_memory
+import kb_precision
 import kb_timing
 from kb_candidate import construct_candidate
 from kb_correctness import (
@@ -187,7 +188,14 @@ def evaluate(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
         verdict = _memory_retries(verdict, request, worker, spec, hardware)
         _record_memory(verdict, worker, spec)
     worker.warm_spares(request["device"])
-    return _response(request, verdict, env)
+    response = _response(request, verdict, env)
+    ctx = worker.references.contexts.get(spec.key())
+    probe = getattr(ctx, "precision_probe", None)
+    if isinstance(probe, kb_precision.Probe) and not probe.from_hint:
+        # Made here, by the worker (never a field a candidate's process sends): the orchestrator keeps
+        # it for the next run on this kind of device (src/worker/probes.rs).
+        response["precision_probe"] = probe.wire()
+    return response
 
 
 # ---------------------------------------------------------------------------------- device memory

@@ -83,6 +83,15 @@ class BaselineRuntime(RuntimeStats):
     source: str
 
 
+class ProbeSummary(TypedDict, total=False):
+    """The precision probe's summary (kb_precision.Probe.wire): the inputs it used and the reference's
+    own error against float64, or why it is not applicable."""
+
+    kind: Literal["signed", "kernelbench"]
+    e_ref: float
+    why: str
+
+
 class ReferenceOptions(TypedDict, total=False):
     """Optional fields of a ReferenceSpec (absent means the default)."""
 
@@ -95,6 +104,8 @@ class ReferenceOptions(TypedDict, total=False):
     stored_inputs: str
     # eval.tolerance resolved to numbers; absent: KernelBench's per-precision table.
     tolerance: ToleranceSpec
+    # An earlier run's precision probe of this problem on this kind of device (src/worker/probes.rs).
+    precision_probe: ProbeSummary
 
 
 class ReferenceSpec(ReferenceOptions):
@@ -332,7 +343,13 @@ class ProgressNotice(TypedDict):
     reference: Literal["start", "end"]
 
 
-class EvaluateResponse(TypedDict):
+class _EvaluateOptions(TypedDict, total=False):
+    # The worker's own precision probe of this problem, when it made one (not from a hint): the
+    # orchestrator sends it back as `precision_probe` in the next run's requests.
+    precision_probe: ProbeSummary
+
+
+class EvaluateResponse(_EvaluateOptions):
     id: int
     ok: Literal[True]
     kind: Literal["evaluate"]

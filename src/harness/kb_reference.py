@@ -115,6 +115,27 @@ def code_key(code: str) -> str:
 
 
 @dataclass(frozen=True)
+class ProbeHint:
+    """A precision probe's summary as the orchestrator keeps it: the inputs it used (`signed` or
+    `kernelbench`) and the reference's own error against float64, or why it is not applicable."""
+
+    kind: str | None = None
+    e_ref: float = 0.0
+    why: str | None = None
+
+    @classmethod
+    def of(cls, wire: Any) -> ProbeHint | None:
+        if type(wire) is not dict:
+            return None
+        why, kind, e_ref = wire.get("why"), wire.get("kind"), wire.get("e_ref")
+        if type(why) is str and why:
+            return cls(why=why[:300])
+        if type(kind) is str and isinstance(e_ref, (int, float)) and type(e_ref) is not bool:
+            return cls(kind=kind, e_ref=float(e_ref))
+        return None
+
+
+@dataclass(frozen=True)
 class ReferenceSpec:
     """The reference data a request works against (kb_protocol.ReferenceSpec, the top-level fields of
     prepare, evaluate and profile requests), read once: the problem's code, the device, precision, mode
@@ -134,12 +155,17 @@ class ReferenceSpec:
     # The store entry holding the problem's CPU-made inputs (kb_store), when the orchestrator has one
     # (src/worker/input_store.rs). Not part of the key: any whole entry of the problem holds the same bits.
     stored: str | None = None
+    # What the precision probe (kb_precision) came to for this problem on this kind of device in an
+    # earlier run, kept by the orchestrator (src/worker/probes.rs): its float64 forward is not run
+    # again. Not part of the key; read as it came, checked where it is used.
+    probe_hint: ProbeHint | None = None
 
     @classmethod
     def of(cls, request: dict[str, Any]) -> ReferenceSpec:
         """The spec of a request (absent optional fields: their defaults)."""
         stored = request.get("stored_inputs")
         return cls(
+            probe_hint=ProbeHint.of(request.get("precision_probe")),
             code=request["problem"]["code"],
             device=normalize_device(request["device"]),
             precision=request["precision"],
@@ -227,6 +253,8 @@ class ProblemContext:
         self.cache = cache
         # What this context is (its key), and its fields as the attributes below for the check's use.
         self.spec = spec
+        # The orchestrator's summary of an earlier run's precision probe (kb_precision), the latest given.
+        self.probe_hint = spec.probe_hint
         self.code = spec.code
         self.device = spec.device
         self.precision = spec.precision
@@ -676,6 +704,7 @@ class ReferenceCache:
         if ctx is not None:
             self.contexts.move_to_end(key)
             ctx.stored = spec.stored or ctx.stored
+            ctx.probe_hint = spec.probe_hint or ctx.probe_hint
             self.make_room(ctx)
             return ctx
         while len(self.contexts) >= self.max_contexts:

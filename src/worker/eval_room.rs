@@ -13,6 +13,7 @@ use super::call::Calls;
 use super::config::{InputsMode, ProfilerKind};
 use super::inputs::InputStores;
 use super::pool::WorkerPool;
+use super::probes::ProbeSummaries;
 use super::protocol::{ProblemSpec, ReferenceCompile, ReferenceSpec, TimingSpec};
 use super::sandbox::SandboxLevel;
 use super::settings::{Deadlines, WorkerSettings};
@@ -37,6 +38,7 @@ impl WorkerPool {
             ncu: s.ncu,
             profiler: s.profiler,
             reference: ReferenceRecipe::of(s, &self.inputs),
+            probes: &self.probes,
         }
     }
 }
@@ -67,6 +69,8 @@ pub(super) struct EvalRoom<'a> {
     pub(super) profiler: Option<ProfilerKind>,
     /// What every request's reference spec is made of (also the run's precision and mode).
     pub(super) reference: ReferenceRecipe<'a>,
+    /// The precision probes' summaries, sent with every request of their problem and device kind.
+    pub(super) probes: &'a ProbeSummaries,
 }
 
 impl EvalRoom<'_> {
@@ -78,9 +82,30 @@ impl EvalRoom<'_> {
     }
 
     /// The reference data `problem`'s requests on `device` work against (prepare, evaluate and
-    /// profile all carry it).
+    /// profile all carry it), with the precision probe's summary when one is kept for it.
     pub(super) fn reference_spec(&self, problem: &Problem, device: &DeviceId) -> ReferenceSpec {
-        self.reference.spec(problem, device)
+        let mut spec = self.reference.spec(problem, device);
+        if let Some(key) = self.probe_key(&spec, device) {
+            spec.precision_probe = self.probes.get(&key);
+        }
+        spec
+    }
+
+    /// The key of `spec`'s precision probe on `device` (`worker::probes`): None until its worker said
+    /// which GPU it has. A CPU worker names no device: its machine stands for it.
+    pub(super) fn probe_key(&self, spec: &ReferenceSpec, device: &DeviceId) -> Option<String> {
+        let slot = self.slots.eval(device)?;
+        let hardware = match (slot.hardware(), device) {
+            (Some(name), _) => name,
+            (None, DeviceId::Cpu) => format!("cpu on {}", slot.host().unwrap_or_default()),
+            (None, DeviceId::Gpu(_)) => return None,
+        };
+        Some(ProbeSummaries::key(
+            spec,
+            &hardware,
+            self.builds.torch(),
+            super::harness::harness_digest(),
+        ))
     }
 
     /// Orchestrator-made outcomes still say which device they concern.
@@ -179,6 +204,7 @@ impl<'a> ReferenceRecipe<'a> {
             inputs: (self.inputs == InputsMode::Device).then(|| InputsMode::Device.as_str().into()),
             stored_inputs: self.stores.stored(problem),
             tolerance: self.tolerance.cloned(),
+            precision_probe: None,
         }
     }
 }

@@ -413,8 +413,10 @@ impl EvalRoom<'_> {
             .await
             .map_err(Fault::Unavailable)?;
         let integrity = self.integrity_spec(slot.hardware().as_deref());
+        let reference = self.reference_spec(&job.problem, device);
+        let probe_key = self.probe_key(&reference, device);
         let request = RequestBody::Evaluate(EvaluateRequest {
-            reference: self.reference_spec(&job.problem, device),
+            reference,
             candidate,
             integrity: Some(integrity),
         });
@@ -427,7 +429,13 @@ impl EvalRoom<'_> {
         };
         let (result, reference) = self.calls.call_within(slot, request, budget, true).await;
         let mut outcome = match result {
-            Ok(ResponseBody::Evaluate(r)) => self.exec_outcome(*r, device, started),
+            Ok(ResponseBody::Evaluate(mut r)) => {
+                // The worker's own probe (a field only the worker writes): kept for the next run.
+                if let (Some(key), Some(summary)) = (&probe_key, r.precision_probe.take()) {
+                    self.probes.record(key, summary).await;
+                }
+                self.exec_outcome(*r, device, started)
+            }
             Ok(other) => {
                 let err = CallError::Request(RequestError::Protocol {
                     detail: format!("evaluate answered with `{}`", other.kind()),

@@ -56,6 +56,7 @@ mod outcome;
 pub mod pause;
 pub mod pool;
 mod prepare;
+mod probes;
 pub mod process;
 pub mod protocol;
 pub mod python;

@@ -28,6 +28,7 @@ use super::call::{Calls, EXIT_GRACE};
 use super::inputs::{InputStores, InputTiers};
 use super::loss::toolchain_mismatch;
 use super::pause::Pauser;
+use super::probes::ProbeSummaries;
 use super::process::WorkerProcess;
 use super::protocol::WorkerRole;
 use super::sandbox::SandboxLevel;
@@ -54,6 +55,8 @@ pub struct WorkerPool {
     pub(super) sandbox_level: SandboxLevel,
     /// The stores of CPU-made reference inputs (the inputs room).
     pub(super) inputs: InputStores,
+    /// The precision probes' summaries, kept across runs in the reference cache.
+    pub(super) probes: ProbeSummaries,
 }
 
 impl std::fmt::Debug for WorkerPool {
@@ -150,6 +153,7 @@ impl WorkerPool {
                 toolchain,
                 arch_list,
             ),
+            probes: ProbeSummaries::new(settings.reference_cache.as_deref()),
             settings,
             sandbox_level,
             inputs,

@@ -145,6 +145,43 @@ pub struct ReferenceSpec {
     /// `eval.tolerance` resolved to numbers; absent: KernelBench's per-precision table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tolerance: Option<Tolerance>,
+    /// An earlier run's precision probe of this problem on this kind of device (`worker::probes`):
+    /// the worker does not run the probe's float64 forward again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision_probe: Option<ProbeSummary>,
+}
+
+/// A reference's own error against float64 above this is no yardstick (`E_REF_MAX` in
+/// kb_precision.py): such a probe says `why` instead.
+const PROBE_E_REF_MAX: f64 = 1e-2;
+const PROBE_WHY_CHARS: usize = 300;
+
+/// A precision probe's summary (kb_precision.py's `Probe.wire`; kept by `worker::probes`): the inputs
+/// it used and the reference's own error against float64, or why there is no probe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeSummary {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e_ref: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+impl ProbeSummary {
+    /// Whether this is a summary a probe can come from: `signed` or `kernelbench` inputs with a finite
+    /// error in [0, PROBE_E_REF_MAX], or a short reason.
+    pub fn is_valid(&self) -> bool {
+        match (&self.kind, self.e_ref, &self.why) {
+            (Some(kind), Some(e), None) => {
+                matches!(kind.as_str(), "signed" | "kernelbench")
+                    && e.is_finite()
+                    && (0.0..=PROBE_E_REF_MAX).contains(&e)
+            }
+            (None, None, Some(why)) => !why.is_empty() && why.chars().count() <= PROBE_WHY_CHARS,
+            _ => false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -512,6 +549,9 @@ pub struct EvaluateResponse {
     /// The excessive-speedup guard, when a speedup was measured.
     #[serde(default)]
     pub speedup_check: Option<crate::types::SpeedupCheck>,
+    /// The worker's own precision probe of the problem, when it made one here (`worker::probes`).
+    #[serde(default)]
+    pub precision_probe: Option<ProbeSummary>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

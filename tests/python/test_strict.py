@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import kb_eval
+import kb_precision
 import kb_prepare
 import kb_protocol
 import kb_reference
@@ -237,3 +238,67 @@ def test_the_reference_is_timed_in_the_candidates_regime(worker: kb_eval.Worker,
     assert candidate["clock"].startswith("worker perf_counter") and candidate["calls"] == 11
     faithful = evaluate(worker, tmp_path, "honest", "faithful")
     assert "strict_timing" not in faithful["metadata"]
+
+
+NO_FLOAT64 = PROBLEM.replace(
+    "        return x * 2 + y",
+    "        if x.dtype == torch.float64:\n            raise RuntimeError('no float64 here')\n        return x * 2 + y",
+)
+
+
+def _probe(code: str, hint: Any = None) -> kb_precision.Probe:
+    spec = kb_reference.ReferenceSpec.of({**prepare_request(1, code), "mode": "strict", "precision_probe": hint})
+    context = kb_reference.ReferenceCache().context(spec)
+    assert context.error is None
+    return kb_precision.probe_for(context)
+
+
+def test_an_earlier_runs_probe_summary_spares_the_float64_forward() -> None:
+    """The orchestrator keeps a probe's summary (src/worker/probes.rs) and sends it back: the probe is
+    then the same inputs and expected output, the summary's error, with no float64 forward run (a
+    reference that cannot run in float64 still gets its probe from the summary)."""
+    full = _probe(PROBLEM)
+    assert full.why is None and not full.from_hint and full.kind == "signed", full
+    hinted = _probe(PROBLEM, full.wire())
+    assert hinted.from_hint and (hinted.kind, hinted.e_ref) == (full.kind, full.e_ref)
+    assert all(torch.equal(a, b) for a, b in zip(hinted.inputs or [], full.inputs or [], strict=True))
+    assert torch.equal(hinted.expected, full.expected)
+    assert _probe(NO_FLOAT64).why == "the reference's float64 forward failed: RuntimeError"
+    spared = _probe(NO_FLOAT64, full.wire())
+    assert spared.from_hint and spared.why is None and spared.e_ref == full.e_ref
+    assert _probe(PROBLEM, {"why": "no floating-point inputs"}).why == "no floating-point inputs"
+
+
+@pytest.mark.parametrize(
+    "hint",
+    [{"kind": "bogus", "e_ref": 1e-7}, {"kind": "signed", "e_ref": 0.5}, {"kind": "signed", "e_ref": -1.0},
+     {"kind": "signed", "e_ref": float("nan")}, {"kind": "signed"}, {"e_ref": True, "kind": "signed"}, [1, 2], "x"],
+)
+def test_a_summary_that_is_not_one_makes_the_probe_in_full(hint: Any) -> None:
+    probe = _probe(PROBLEM, hint)
+    assert not probe.from_hint and probe.why is None and probe.kind == "signed", probe
+
+
+@pytest.mark.slow
+def test_the_worker_reports_its_own_probe_and_takes_a_summary_back(tmp_path: Path) -> None:
+    """An evaluate response carries `precision_probe` when the worker made the probe itself; a worker
+    given that summary judges the same candidate the same way and reports none (nothing made)."""
+    first = kb_eval.Worker(isolate=True)
+    try:
+        made = evaluate(first, tmp_path / "a", "honest", "strict")
+    finally:
+        first.close()
+    summary = made["precision_probe"]
+    assert summary["kind"] == "signed" and summary["e_ref"] == made["metadata"]["precision"]["reference_error"]
+    second = kb_eval.Worker(isolate=True)
+    try:
+        request = evaluate_request(2, MATMUL, HONEST, tmp_path / "b" / "honest", mode="strict", timing_trials=10)
+        request["precision_probe"] = summary
+        assert kb_protocol.check_request(request) == []
+        again = kb_eval.evaluate(request, second)
+        assert kb_protocol.check_response(again) == []
+    finally:
+        second.close()
+    assert again["status"] == "correct" and "precision_probe" not in again, again
+    assert again["metadata"]["precision"]["reference_error"] == summary["e_ref"]
+    assert again["metadata"]["precision"]["ratio"] == made["metadata"]["precision"]["ratio"]
