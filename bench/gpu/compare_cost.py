@@ -1,8 +1,8 @@
 """What a failing correctness check costs in a fresh process (issue 36): the first, second and third
 comparison of a 64 MB output that mismatches (KernelBench's allclose, max and mean, and krefine's
 diagnosis of the mismatch), and one that matches, each in a new process whose CUDA context exists;
-`--warm` first runs kb_correctness.warm_comparisons, as a spare does in its device step. Prints one
-line per process:
+`warm` processes first run the same comparisons on 64 elements (what a spare would do to load the
+kernels before a candidate is in it). Prints one line per process:
 
     python3 bench/gpu/compare_cost.py            # cold, then warm, three processes each
 """
@@ -29,7 +29,10 @@ def child(warm: bool, failing: bool) -> dict[str, object]:
     torch.cuda.synchronize(device)
     started = time.perf_counter()
     if warm:
-        kb_correctness.warm_comparisons(device)
+        small = torch.linspace(-1.0, 1.0, 64, device=device)
+        for other in (small.clone(), small + 0.5, torch.where(small > 0, torch.nan, small)):
+            kb_correctness.compare_trial(small, other, 1e-4, 1e-4, 0)
+        torch.cuda.synchronize(device)
     warm_s = time.perf_counter() - started
     expected = torch.rand(4096, 4096, device=device)
     got = expected + (1e-2 if failing else 0.0)

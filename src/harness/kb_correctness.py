@@ -331,22 +331,6 @@ def compare_trial(
     )
 
 
-def warm_comparisons(device: torch.device) -> list[bool]:
-    """Run compare_trial's kernels once on a few elements (a match, a mismatch, a non-finite value):
-    CUDA loads a kernel on its first launch in a process, so a candidate process that has run none
-    loads them inside its first failing check (the diagnosis of a mismatch takes about fifteen kernels
-    no passing check needs). A spare does this in its device step, before any candidate is in it.
-    Returns whether each comparison passed (the match only)."""
-    expected = torch.linspace(-1.0, 1.0, 64, device=device)
-    passed = []
-    with torch.no_grad():
-        for got in (expected.clone(), expected + 0.5, torch.where(expected > 0, torch.nan, expected)):
-            compared = compare_trial(expected, got, 1e-4, 1e-4, 0)
-            passed.append(compared.passed and compared.detail is None)
-    synchronize(device)
-    return passed
-
-
 @dataclass
 class LoopOutcome:
     passed: int

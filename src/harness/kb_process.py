@@ -39,7 +39,6 @@ import torch
 
 import kb_candidate
 import kb_channel
-import kb_correctness
 import kb_profile
 import kb_tensors
 import kb_timing
@@ -183,7 +182,6 @@ def child_main(conn: Any, device_name: str, harness_dir: str) -> None:
             torch.cuda.set_device(device)
             torch.empty(1, device=device)  # the CUDA context, before it is needed
             torch.cuda.synchronize(device)
-            kb_correctness.warm_comparisons(device)
         channel.send("ready", pid=os.getpid())
         kb_candidate.serve(channel, device, flusher, kb_profile.profile)
     except (EOFError, OSError, ProtocolError):  # the worker let this process go (shutdown, another device)

@@ -848,15 +848,6 @@ def test_module_level_parameters_follow_rng_replay(harness: Harness) -> None:
     assert harness.evaluate(other_init, problem=problem, measure=False)["status"] == "incorrect"
 
 
-def test_a_spares_warm_up_runs_the_whole_comparison_a_mismatch_takes() -> None:
-    """kb_correctness.warm_comparisons (a spare's device step): a match, a mismatch and a non-finite
-    output, each through KernelBench's comparison and the diagnosis of a mismatch (its detail made)."""
-    assert kb_correctness.warm_comparisons(torch.device("cpu")) == [True, False, False]
-    expected = torch.linspace(-1.0, 1.0, 64)
-    compared = kb_correctness.compare_trial(expected, torch.where(expected > 0, torch.nan, expected), 1e-4, 1e-4, 0)
-    assert compared.detail is not None and compared.detail.nonfinite == 32
-
-
 def test_mismatch_detail_counts_as_isclose_does() -> None:
     """The feedback's count of failing elements comes from the difference KernelBench's max/avg use;
     it must agree with torch.isclose, NaN and infinities included."""
