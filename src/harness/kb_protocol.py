@@ -241,6 +241,8 @@ class _CompileMeasures(TypedDict, total=False):
     # CPU seconds of the worker and its build children (getrusage): the build's cores are cpu_s /
     # duration_s, what the orchestrator's CPU budget claims for a build (absent from older workers).
     cpu_s: float
+    # The worker started a background build of a shared precompiled header its child missed.
+    pch_started: bool
 
 
 class CompileResponse(_CompileMeasures):

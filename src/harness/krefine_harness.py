@@ -258,16 +258,18 @@ class Server:
         kb_pool.kill_descendants_except(keep)
         self.worker.shm.after_candidates()
 
-    def build_wanted_pch(self, request: dict[str, Any], wanted: list[Any]) -> None:
+    def build_wanted_pch(self, request: dict[str, Any], wanted: list[Any]) -> bool:
         """Build the shared precompiled headers the compile child missed, here, where no candidate code
         runs, for the next candidates (a failure to start one only costs speed). Not where the request
         says `pch_background: false`: the orchestrator leaves a run's headers to one sandboxed worker
-        (each builds them in its own copy-on-write layer, 40-60 CPU-s a header; src/worker/build_cache.rs)."""
+        (each builds them in its own copy-on-write layer, 40-60 CPU-s a header; src/worker/build_cache.rs).
+        Returns whether a build started (the response's `pch_started`)."""
         if not wanted or request.get("pch_background") is False:
-            return
+            return False
         import kb_pch
 
         root = kb_pch.pch_root_for(request["build_dir"])
+        running = set(self.pch.jobs)
         for item in wanted[:4]:
             try:
                 note = self.pch.request(root, item)
@@ -275,6 +277,7 @@ class Server:
                 note = f"could not start a precompiled header build: {type(exc).__name__}: {exc}"
             if note:
                 print(f"krefine harness: {note}", file=sys.stderr, flush=True)
+        return bool(set(self.pch.jobs) - running)
 
     def handle_line(self, line: bytes) -> dict[str, Any]:
         import kb_protocol
@@ -333,7 +336,8 @@ class Server:
             self.pch.poll()
             response, wanted = compile_in_child(request)
             self.after_compile()
-            self.build_wanted_pch(request, wanted)
+            if self.build_wanted_pch(request, wanted):
+                response["pch_started"] = True
             return response
         if op == "prepare":
             import kb_prepare

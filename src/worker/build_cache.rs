@@ -128,9 +128,21 @@ pub(super) struct Builds {
     /// The in-process half of each build dir's lock (see [`Builds::lock`]); an entry nobody holds or
     /// waits for is dropped at the next lock.
     locks: StdMutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
-    /// The sandboxed compile worker that builds the run's shared precompiled headers
+    /// Which sandboxed compile worker builds the run's shared precompiled headers
     /// ([`Builds::pch_background_for`]).
-    pch_builder: StdMutex<Option<String>>,
+    pch_builder: StdMutex<PchBuilder>,
+}
+
+/// Who builds a run's shared precompiled headers in the background (sandboxed workers only).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+enum PchBuilder {
+    /// No worker yet: the next request may start them.
+    #[default]
+    Open,
+    /// One request in flight may (its worker named); the others do not until it answers.
+    Trying(String),
+    /// This worker started them: only it builds headers from now on.
+    Chosen(String),
 }
 
 impl Builds {
@@ -148,7 +160,7 @@ impl Builds {
             toolchain,
             arch_list,
             locks: StdMutex::new(HashMap::new()),
-            pch_builder: StdMutex::new(None),
+            pch_builder: StdMutex::new(PchBuilder::Open),
         }
     }
 
@@ -156,18 +168,44 @@ impl Builds {
     /// its candidate's build missed. A sandboxed worker builds them in its own copy-on-write layer of
     /// the cache (published after its next build and at shutdown), where no other worker's flock sees
     /// them: left to every worker, each built the same headers (40-60 CPU-s each; 96 of them in a
-    /// 64-candidate batch on 64 workers, more compiler work than the candidates' own builds). So the
-    /// first sandboxed worker to ask builds the run's headers and no other does. Unsandboxed workers
-    /// share the cache's `pch/` and its per-header flock: each may ask, one builds.
+    /// 64-candidate batch on 64 workers, more compiler work than the candidates' own builds). So one
+    /// request at a time may start them until a worker did ([`Builds::pch_answer`]); that worker
+    /// builds the run's headers and no other does. Unsandboxed workers share the cache's `pch/` and
+    /// its per-header flock: each may ask, one builds.
     pub(super) fn pch_background_for(&self, worker: &str, sandboxed: bool) -> bool {
         if !sandboxed {
             return true;
         }
-        let mut builder = match self.pch_builder.lock() {
+        let mut builder = self.pch_builder();
+        match &*builder {
+            PchBuilder::Open => {
+                *builder = PchBuilder::Trying(worker.to_string());
+                true
+            }
+            PchBuilder::Trying(w) | PchBuilder::Chosen(w) => w == worker,
+        }
+    }
+
+    /// What the worker allowed to start headers did (`started`: it started at least one; false also
+    /// for a request that failed): it becomes the run's header builder, or the next request may try.
+    pub(super) fn pch_answer(&self, worker: &str, started: bool) {
+        let mut builder = self.pch_builder();
+        if let PchBuilder::Trying(w) = &*builder
+            && w == worker
+        {
+            *builder = if started {
+                PchBuilder::Chosen(w.clone())
+            } else {
+                PchBuilder::Open
+            };
+        }
+    }
+
+    fn pch_builder(&self) -> std::sync::MutexGuard<'_, PchBuilder> {
+        match self.pch_builder.lock() {
             Ok(b) => b,
             Err(poisoned) => poisoned.into_inner(),
-        };
-        builder.get_or_insert_with(|| worker.to_string()) == worker
+        }
     }
 
     /// The torch version the workers run.
@@ -522,14 +560,34 @@ mod tests {
     fn one_sandboxed_worker_builds_a_runs_precompiled_headers() {
         let b = builds();
         assert!(b.pch_background_for("compile-3", true), "the first to ask");
-        assert!(!b.pch_background_for("compile-0", true));
+        assert!(
+            !b.pch_background_for("compile-0", true),
+            "while compile-3's build is out"
+        );
+        // compile-3's candidate missed no header (a PyTorch-only candidate): the next may try.
+        b.pch_answer("compile-0", true);
+        assert!(
+            !b.pch_background_for("compile-0", true),
+            "an answer not asked for changes nothing"
+        );
+        b.pch_answer("compile-3", false);
+        assert!(b.pch_background_for("compile-0", true));
+        assert!(!b.pch_background_for("compile-3", true));
+        // compile-0 started headers: it builds the run's, and no other worker does.
+        b.pch_answer("compile-0", true);
+        assert!(!b.pch_background_for("compile-3", true));
         assert!(!b.pch_background_for("compile-7", true));
         assert!(
-            b.pch_background_for("compile-3", true),
+            b.pch_background_for("compile-0", true),
             "and again, for its next builds"
         );
+        b.pch_answer("compile-0", false);
+        assert!(
+            b.pch_background_for("compile-0", true),
+            "chosen for the run"
+        );
+        assert!(!b.pch_background_for("compile-7", true));
         // Unsandboxed workers share the cache's headers and their flock: each may ask.
-        assert!(b.pch_background_for("compile-0", false));
         assert!(b.pch_background_for("compile-7", false));
     }
 }

@@ -168,6 +168,8 @@ impl CompileRoom<'_> {
             .then_some(false),
         });
         let result = self.calls.call(slot, request, self.deadline, true).await;
+        let pch_started = matches!(&result, Ok(ResponseBody::Compile(r)) if r.pch_started);
+        self.builds.pch_answer(&slot.spec.name, pch_started);
         self.builds.publish_pchs_of(slot).await;
         if worker_log != job.log_path {
             copy_log(&worker_log, &job.log_path).await;

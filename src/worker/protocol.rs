@@ -339,6 +339,9 @@ pub struct CompileResponse {
     /// build's real core use is cpu_s / duration_s (absent from workers older than the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_s: Option<f64>,
+    /// The worker started a background build of a shared precompiled header its child missed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pch_started: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -160,7 +160,7 @@ def test_a_worker_told_not_to_builds_no_background_header(tmp_path: Path) -> Non
     server = krefine_harness.Server("compile", str(tmp_path / "scratch"))
     wanted = [{"extra_cflags": ["-O3"], "with_cuda": False}]
     assert kb_pch.trusted_pch_request(wanted[0]) == (["-O3"], False, kb_pch.PCH_TEXT)
-    server.build_wanted_pch(request, wanted)
+    assert server.build_wanted_pch(request, wanted) is False
     assert server._pch is None or server._pch.jobs == {}
     assert not (tmp_path / "build-cache" / kb_pch.PCH_DIR_NAME).exists()
 
