@@ -302,3 +302,64 @@ fn a_precision_probe_is_kept_in_the_reference_cache_for_the_next_run() {
     assert_eq!(next["reference_error"], 0.00625, "{next}");
     assert_eq!(next["inputs"], "signed", "{next}");
 }
+
+/// `krefine bench throughput` turns the lease trace on and sums it (issue 36): with real CPU workers,
+/// one traced job per candidate, and the table under the pass's figures.
+#[test]
+fn bench_throughput_says_where_the_leases_went() {
+    let d = tempfile::tempdir().unwrap();
+    let dataset = repo().join("configs/quickstart/problems");
+    let reference = std::fs::read_to_string(dataset.join("level1/2_ReLU.py")).unwrap();
+    let folder = d.path().join("kb_run");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(
+        folder.join("level_1_problem_2_sample_0_kernel.py"),
+        format!("{reference}\n\nModelNew = Model\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        folder.join("level_1_problem_2_sample_1_kernel.py"),
+        "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n",
+    )
+    .unwrap();
+    let py = format!("resources.python=\"{}\"", python().display());
+    let work = d.path().join("bench");
+    let o = Command::new(env!("CARGO_BIN_EXE_krefine"))
+        .args([
+            "bench",
+            "throughput",
+            s(&folder),
+            "--dataset",
+            s(&dataset),
+            "--cold-only",
+            "--work-dir",
+            s(&work),
+            "--set",
+            &py,
+            "--set",
+            "resources.devices=cpu",
+            "--set",
+            "resources.compile_workers=1",
+            "--set",
+            "eval.timing_trials=3",
+            "--set",
+            "eval.warmup=1",
+            "--set",
+            "eval.correct_trials=2",
+        ])
+        .env("TMPDIR", d.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("where the leases went"), "{text}");
+    let jobs = text.lines().find(|l| l.starts_with("jobs traced")).unwrap();
+    assert_eq!(jobs.split_whitespace().last(), Some("2"), "{jobs}");
+    for step in ["total", "take", "retire", "correctness_s"] {
+        assert!(
+            text.lines()
+                .any(|l| l.split_whitespace().next() == Some(step)),
+            "{step} in {text}"
+        );
+    }
+}

@@ -13,6 +13,7 @@ mod compare;
 mod doctor;
 mod doctor_launcher;
 mod eval;
+mod lease_trace;
 mod preflight;
 mod recheck;
 mod repair;

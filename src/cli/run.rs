@@ -675,6 +675,10 @@ async fn build_eval_services(
             }
             s.driver = discovery.driver_version.clone();
             s.extra_env = cfg.eval.hf.worker_env(hf_cache_dir(loaded).as_deref());
+            if cfg.eval.lease_trace {
+                s.extra_env
+                    .push((crate::worker::LEASE_TRACE_ENV.into(), "1".into()));
+            }
             if let Some(b) = &cfg.eval.baseline {
                 s.baseline = Some(Arc::new(BaselineTable::load(&loaded.resolve(b)).await?));
             }

@@ -200,6 +200,10 @@ pub struct EvalSection {
     /// their dtype. Recorded in every result's env as `integer_inputs`.
     #[serde(default)]
     pub cast_integer_inputs: bool,
+    /// Each GPU or CPU worker writes one line per job to its log saying where the job's time went
+    /// (the harness's lease trace, README "Where a lease goes"); `krefine bench throughput` sums them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lease_trace: bool,
     /// The Hugging Face cache the workers load level-4 models from.
     #[serde(default)]
     pub hf: crate::hf::HfSection,
@@ -357,6 +361,7 @@ impl Default for EvalSection {
             rtol: None,
             checks: ChecksSection::default(),
             cast_integer_inputs: false,
+            lease_trace: false,
             hf: crate::hf::HfSection::default(),
             sandbox: None,
         }

@@ -77,6 +77,7 @@ pub use harness::{HARNESS_ENTRY, HARNESS_FILES, deploy_harness, harness_digest};
 pub use pool::WorkerPool;
 pub use python::find_python;
 pub use settings::WorkerSettings;
+pub use spawn_spec::LEASE_TRACE_ENV;
 
 /// Why the worker machinery could not do its job (as opposed to a candidate failing, which is a verdict).
 #[derive(Debug, thiserror::Error)]

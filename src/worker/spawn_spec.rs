@@ -9,6 +9,10 @@ use super::protocol::WorkerRole;
 use super::sandbox::SandboxSpec;
 use crate::launcher::{Launcher, Placement};
 
+/// The harness's lease trace (README, "Where a lease goes"): set, each GPU or CPU worker writes one
+/// line per job to its log (`eval.lease_trace`, or the variable in krefine's own environment).
+pub const LEASE_TRACE_ENV: &str = "KREFINE_LEASE_TRACE";
+
 /// Environment variables passed through from the orchestrator when set. Everything else is dropped.
 const PASS_THROUGH: [&str; 15] = [
     "PATH",
@@ -18,8 +22,7 @@ const PASS_THROUGH: [&str; 15] = [
     "KREFINE_NVCC_OVERLAP",
     "KREFINE_SPLIT_CPP",
     "KREFINE_SPLIT_CUDA",
-    // The harness's lease trace (README, "Where a lease goes"): one line per job in the worker's log.
-    "KREFINE_LEASE_TRACE",
+    LEASE_TRACE_ENV,
     // The order in which the driver numbers devices must match the orchestrator's, or a worker's
     // CUDA_VISIBLE_DEVICES index names another GPU.
     "CUDA_DEVICE_ORDER",
