@@ -169,19 +169,28 @@ impl Builds {
     /// the cache (published after its next build and at shutdown), where no other worker's flock sees
     /// them: left to every worker, each built the same headers (40-60 CPU-s each; 96 of them in a
     /// 64-candidate batch on 64 workers, more compiler work than the candidates' own builds). So one
-    /// request at a time may start them until a worker did ([`Builds::pch_answer`]); that worker
-    /// builds the run's headers and no other does. Unsandboxed workers share the cache's `pch/` and
-    /// its per-header flock: each may ask, one builds.
-    pub(super) fn pch_background_for(&self, worker: &str, sandboxed: bool) -> bool {
+    /// request at a time may start them until a worker did ([`Builds::pch_answer`]), a request whose
+    /// candidate builds an extension (`extension`: its source names `load_inline` or
+    /// `cpp_extension`; a PyTorch-only one would miss no header, and while it held the turn every
+    /// other build of a first wave went out without one); that worker builds the run's headers and no
+    /// other does. Unsandboxed workers share the cache's `pch/` and its per-header flock: each may
+    /// ask, one builds.
+    pub(super) fn pch_background_for(
+        &self,
+        worker: &str,
+        sandboxed: bool,
+        extension: bool,
+    ) -> bool {
         if !sandboxed {
             return true;
         }
         let mut builder = self.pch_builder();
         match &*builder {
-            PchBuilder::Open => {
+            PchBuilder::Open if extension => {
                 *builder = PchBuilder::Trying(worker.to_string());
                 true
             }
+            PchBuilder::Open => false,
             PchBuilder::Trying(w) | PchBuilder::Chosen(w) => w == worker,
         }
     }
@@ -559,35 +568,42 @@ mod tests {
     #[test]
     fn one_sandboxed_worker_builds_a_runs_precompiled_headers() {
         let b = builds();
-        assert!(b.pch_background_for("compile-3", true), "the first to ask");
         assert!(
-            !b.pch_background_for("compile-0", true),
+            !b.pch_background_for("compile-1", true, false),
+            "a PyTorch-only candidate takes no turn"
+        );
+        assert!(
+            b.pch_background_for("compile-3", true, true),
+            "the first to ask"
+        );
+        assert!(
+            !b.pch_background_for("compile-0", true, true),
             "while compile-3's build is out"
         );
-        // compile-3's candidate missed no header (a PyTorch-only candidate): the next may try.
+        // compile-3's candidate missed no header (its flags cannot have one): the next may try.
         b.pch_answer("compile-0", true);
         assert!(
-            !b.pch_background_for("compile-0", true),
+            !b.pch_background_for("compile-0", true, true),
             "an answer not asked for changes nothing"
         );
         b.pch_answer("compile-3", false);
-        assert!(b.pch_background_for("compile-0", true));
-        assert!(!b.pch_background_for("compile-3", true));
+        assert!(b.pch_background_for("compile-0", true, true));
+        assert!(!b.pch_background_for("compile-3", true, true));
         // compile-0 started headers: it builds the run's, and no other worker does.
         b.pch_answer("compile-0", true);
-        assert!(!b.pch_background_for("compile-3", true));
-        assert!(!b.pch_background_for("compile-7", true));
+        assert!(!b.pch_background_for("compile-3", true, true));
+        assert!(!b.pch_background_for("compile-7", true, true));
         assert!(
-            b.pch_background_for("compile-0", true),
+            b.pch_background_for("compile-0", true, true),
             "and again, for its next builds"
         );
         b.pch_answer("compile-0", false);
         assert!(
-            b.pch_background_for("compile-0", true),
+            b.pch_background_for("compile-0", true, true),
             "chosen for the run"
         );
-        assert!(!b.pch_background_for("compile-7", true));
+        assert!(!b.pch_background_for("compile-7", true, true));
         // Unsandboxed workers share the cache's headers and their flock: each may ask.
-        assert!(b.pch_background_for("compile-7", false));
+        assert!(b.pch_background_for("compile-7", false, true));
     }
 }

@@ -162,9 +162,11 @@ impl CompileRoom<'_> {
             arch_list: self.builds.arch_list().map(str::to_string),
             log_path: worker_log.to_string_lossy().into_owned(),
             build: Some(self.mode.as_str().into()),
-            pch_background: (!self
-                .builds
-                .pch_background_for(&slot.spec.name, slot.spec.sandbox.is_some()))
+            pch_background: (!self.builds.pch_background_for(
+                &slot.spec.name,
+                slot.spec.sandbox.is_some(),
+                job.code.contains("load_inline") || job.code.contains("cpp_extension"),
+            ))
             .then_some(false),
         });
         let result = self.calls.call(slot, request, self.deadline, true).await;
