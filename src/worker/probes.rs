@@ -1,7 +1,7 @@
 //! The precision probes' summaries (issue 36): what a problem's precision probe (kb_precision.py: the
 //! reference's own error against float64 on signed inputs) came to, kept across runs so that its
-//! float64 forward runs once per problem and kind of device, not once per worker and run. On an H200 a
-//! transposed convolution's float64 forward took 6-8 s of its first candidate's lease.
+//! float64 forward runs once per problem and kind of device, not once per worker and run (on an H200 a
+//! transposed convolution's probe took 6-8 s of its first candidate's lease).
 //!
 //! A summary is what the worker itself reported in an evaluate response (`precision_probe`, a field
 //! only the worker writes, never one a candidate's process sends); it goes back to the worker in every
@@ -9,7 +9,8 @@
 //! memory and, with a reference cache (`eval.reference_cache`), in `<cache>/precision-probes/<key>.json`
 //! (written under a temporary name and renamed into place; a file that does not read as a summary is
 //! ignored). The key holds everything the probe's figure depends on: the problem's code, the run's
-//! precision, seed and input policy, the device's name, torch and the harness itself.
+//! precision, mode (TF32 in the reference), reference compilation, seed and input policy, the device's
+//! name, torch and the harness itself.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -43,10 +44,14 @@ impl ProbeSummaries {
         } else {
             "-"
         };
+        // The reference's own settings: strict fp32 pins TF32 off, faithful keeps PyTorch's defaults.
+        let compiled = serde_json::to_string(&spec.timing.reference_compile).unwrap_or_default();
         for part in [
             "probe-1",
             spec.problem.code.as_str(),
             spec.precision.as_str(),
+            spec.mode.as_str(),
+            &compiled,
             &seed,
             cast,
             spec.inputs.as_deref().unwrap_or("kernelbench"),
@@ -180,7 +185,10 @@ mod tests {
         // Another problem, device, torch, harness or seed: another key.
         let mut seeded = spec("A");
         seeded.seed = 7;
+        let mut strict = spec("A");
+        strict.mode = "strict".into();
         for other in [
+            ProbeSummaries::key(&strict, "NVIDIA H200", "2.11.0", "h1"),
             ProbeSummaries::key(&spec("B"), "NVIDIA H200", "2.11.0", "h1"),
             ProbeSummaries::key(&spec("A"), "NVIDIA H100 80GB HBM3", "2.11.0", "h1"),
             ProbeSummaries::key(&spec("A"), "NVIDIA H200", "2.10.0", "h1"),
