@@ -20,7 +20,7 @@ use crate::tui::source::Live;
 use crate::tui::{self, Exit, Input};
 use crate::types::{FeedbackMode, MethodKind};
 use crate::view::RunView;
-use crate::worker::{self, BaselineTable, WorkerPool, WorkerSettings};
+use crate::worker::{self, BaselineTable, LEASE_TRACE_ENV, WorkerPool, WorkerSettings};
 use crate::{llm, lock, progress, provenance};
 
 /// Exit status of a run that ended with tasks waiting on the LLM endpoint or on workers.
@@ -366,22 +366,19 @@ async fn drive(
         if let Some(pool) = pool {
             pool.shutdown().await;
         }
-        let workers_s = began.elapsed().as_secs_f64();
         if let Some(l) = launcher {
             l.release().await;
         }
-        let released = std::time::Instant::now();
+        let (workers_s, removing) = (began.elapsed().as_secs_f64(), std::time::Instant::now());
         // The workers are gone: their scratch goes too (gigabytes of copy-on-write layers on a
         // GPU run), off the runtime's threads.
         if let Some(scratch) = scratch {
             let _ = tokio::task::spawn_blocking(move || drop(scratch)).await;
         }
-        // The end of a run is part of its wall time (`bench throughput` counts it): say where it went.
+        // The end of a run is part of its wall time (`bench throughput` counts it): where it went.
+        let scratch_s = removing.elapsed().as_secs_f64();
         tracing::info!(
-            "after the run: workers shut down in {workers_s:.1} s, launcher released in {:.1} s, \
-             scratch removed in {:.1} s",
-            (released - began).as_secs_f64() - workers_s,
-            released.elapsed().as_secs_f64()
+            "after the run: workers shut down in {workers_s:.1} s, scratch removed in {scratch_s:.1} s"
         );
     };
     // A second signal while the workers shut down (or an allocation is given back) leaves at once.
@@ -675,10 +672,11 @@ async fn build_eval_services(
             }
             s.driver = discovery.driver_version.clone();
             s.extra_env = cfg.eval.hf.worker_env(hf_cache_dir(loaded).as_deref());
-            if cfg.eval.lease_trace {
-                s.extra_env
-                    .push((crate::worker::LEASE_TRACE_ENV.into(), "1".into()));
-            }
+            let trace = cfg
+                .eval
+                .lease_trace
+                .then(|| (LEASE_TRACE_ENV.into(), "1".into()));
+            s.extra_env.extend(trace);
             if let Some(b) = &cfg.eval.baseline {
                 s.baseline = Some(Arc::new(BaselineTable::load(&loaded.resolve(b)).await?));
             }
