@@ -353,8 +353,15 @@ fn bench_throughput_says_where_the_leases_went() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("where the leases went"), "{text}");
-    let jobs = text.lines().find(|l| l.starts_with("jobs traced")).unwrap();
-    assert_eq!(jobs.split_whitespace().last(), Some("2"), "{jobs}");
+    // An evaluate job per candidate at least (a noisy time on a busy CPU is measured again, in a
+    // job of its own; the reference's own timing is a job of another kind).
+    let count = |what: &str| -> u32 {
+        let line = text.lines().find(|l| l.trim_start().starts_with(what));
+        line.and_then(|l| l.split_whitespace().last()?.parse().ok())
+            .unwrap_or_else(|| panic!("{what} in {text}"))
+    };
+    assert!(count("evaluate jobs") >= 2, "{text}");
+    assert!(count("jobs traced") >= count("evaluate jobs"), "{text}");
     for step in ["total", "take", "retire", "correctness_s"] {
         assert!(
             text.lines()

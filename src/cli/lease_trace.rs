@@ -32,22 +32,32 @@ const ORDER: [&str; 20] = [
     "spawn_wait_s",
 ];
 
-/// The traced jobs of one run, and their seconds summed by name.
+/// The traced jobs of one run by kind (`evaluate`, and the reference's own timing and re-timings in a
+/// process: `reference`, `retime`), and their seconds summed by name.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct TraceSum {
-    pub jobs: u32,
+    pub jobs: BTreeMap<String, u32>,
     pub seconds: BTreeMap<String, f64>,
 }
 
-/// The `name=seconds` figures of a trace line, or None for any other line (and for a trace line
-/// that does not read whole: a name that is not lower-case words, a figure that is not a finite,
-/// non-negative number).
-pub(super) fn parse_line(line: &str) -> Option<Vec<(String, f64)>> {
+impl TraceSum {
+    fn total_jobs(&self) -> u32 {
+        self.jobs.values().sum()
+    }
+}
+
+/// A trace line's job kind and `name=seconds` figures, or None for any other line (and for a trace
+/// line that does not read whole: no kind, a name that is not lower-case words, a figure that is not
+/// a finite, non-negative number).
+pub(super) fn parse_line(line: &str) -> Option<(String, Vec<(String, f64)>)> {
     let rest = &line[line.find(MARKER)? + MARKER.len()..];
+    let mut kind = None;
     let mut figures = Vec::new();
     for token in rest.split_whitespace() {
         let Some((name, value)) = token.split_once('=') else {
-            continue; // the kind, the build folder, the status, the `|` separators
+            // The kind first, then the build folder, the status, the `|` separators.
+            kind = kind.or(Some(token));
+            continue;
         };
         if name == "at" {
             continue;
@@ -59,7 +69,11 @@ pub(super) fn parse_line(line: &str) -> Option<Vec<(String, f64)>> {
         }
         figures.push((name.to_string(), seconds));
     }
-    figures.iter().any(|(n, _)| n == "total").then_some(figures)
+    let kind = kind.filter(|k| k.bytes().all(|b| b.is_ascii_lowercase()))?;
+    figures
+        .iter()
+        .any(|(n, _)| n == "total")
+        .then(|| (kind.to_string(), figures))
 }
 
 /// The trace lines of the GPU and CPU workers' logs in `dir` (`<run>/logs/workers`), summed; an
@@ -86,8 +100,8 @@ pub(super) fn sum_logs(dir: &Path) -> TraceSum {
             continue;
         };
         for line in String::from_utf8_lossy(&bytes).lines() {
-            if let Some(figures) = parse_line(line) {
-                sum.jobs += 1;
+            if let Some((kind, figures)) = parse_line(line) {
+                *sum.jobs.entry(kind).or_insert(0) += 1;
                 for (name, seconds) in figures {
                     *sum.seconds.entry(name).or_insert(0.0) += seconds;
                 }
@@ -99,7 +113,7 @@ pub(super) fn sum_logs(dir: &Path) -> TraceSum {
 
 /// The passes' sums side by side (seconds over all traced jobs), or nothing when no pass was traced.
 pub(super) fn render(passes: &[(&str, &TraceSum)]) -> String {
-    if passes.iter().all(|(_, s)| s.jobs == 0) {
+    if passes.iter().all(|(_, s)| s.total_jobs() == 0) {
         return String::new();
     }
     let mut names: Vec<&str> = ORDER
@@ -123,7 +137,16 @@ pub(super) fn render(passes: &[(&str, &TraceSum)]) -> String {
     }
     text.push_str(&format!("\n{:<32}", "jobs traced"));
     for (_, s) in passes {
-        text.push_str(&format!("{:>14}", s.jobs));
+        text.push_str(&format!("{:>14}", s.total_jobs()));
+    }
+    let mut kinds: Vec<&String> = passes.iter().flat_map(|(_, s)| s.jobs.keys()).collect();
+    kinds.sort();
+    kinds.dedup();
+    for kind in kinds {
+        text.push_str(&format!("\n{:<32}", format!("  {kind} jobs")));
+        for (_, s) in passes {
+            text.push_str(&format!("{:>14}", s.jobs.get(kind).copied().unwrap_or(0)));
+        }
     }
     for name in names {
         text.push_str(&format!("\n{name:<32}"));
@@ -152,7 +175,8 @@ mod tests {
 
     #[test]
     fn a_trace_line_reads_as_its_figures_and_other_lines_as_none() {
-        let figures = parse_line(LINE).unwrap();
+        let (kind, figures) = parse_line(LINE).unwrap();
+        assert_eq!(kind, "evaluate");
         assert_eq!(figures.len(), 8);
         assert_eq!(figures[0], ("total".to_string(), 2.471));
         assert!(figures.contains(&("precision_probe".to_string(), 0.039)));
@@ -165,6 +189,8 @@ mod tests {
         assert_eq!(parse_line(&LINE.replace("take=0.615", "take=-1")), None);
         assert_eq!(parse_line(&LINE.replace("take=0.615", "Take=1")), None);
         assert_eq!(parse_line(&LINE.replace("total=2.471", "")), None);
+        let reference = LINE.replace(" evaluate ", " reference ");
+        assert_eq!(parse_line(&reference).unwrap().0, "reference");
     }
 
     #[test]
@@ -177,16 +203,26 @@ mod tests {
             line(2.0)
         );
         std::fs::write(dir.path().join("gpu-0.log"), gpu).unwrap();
-        std::fs::write(dir.path().join("gpu-1.log"), line(4.0)).unwrap();
+        std::fs::write(
+            dir.path().join("gpu-1.log"),
+            line(4.0).replace(" evaluate ", " reference "),
+        )
+        .unwrap();
         // A compile worker's log is not read (it evaluates nothing).
         std::fs::write(dir.path().join("compile-0.log"), line(100.0)).unwrap();
         let sum = sum_logs(dir.path());
-        assert_eq!(sum.jobs, 3);
+        assert_eq!(sum.total_jobs(), 3);
+        assert_eq!((sum.jobs["evaluate"], sum.jobs["reference"]), (2, 1));
         assert_eq!(sum.seconds["total"], 7.0);
         assert!((sum.seconds["take"] - 3.0 * 0.615).abs() < 1e-9);
         let empty = TraceSum::default();
         let text = render(&[("cold", &sum), ("warm", &empty)]);
         assert!(text.contains("jobs traced"), "{text}");
+        let evaluate = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("evaluate jobs"))
+            .unwrap();
+        assert!(evaluate.contains('2'), "{evaluate}");
         let total = text.lines().find(|l| l.starts_with("total")).unwrap();
         assert!(
             total.contains("7.0") && total.trim_end().ends_with('-'),
@@ -200,7 +236,8 @@ mod tests {
         #[test]
         fn any_line_reads_as_none_or_as_named_finite_figures(line in ".{0,200}") {
             for candidate in [line.clone(), format!("{MARKER}{line} total=1")] {
-                if let Some(figures) = parse_line(&candidate) {
+                if let Some((kind, figures)) = parse_line(&candidate) {
+                    prop_assert!(!kind.is_empty());
                     for (name, seconds) in figures {
                         prop_assert!(!name.is_empty() && name != "at");
                         prop_assert!(seconds.is_finite() && seconds >= 0.0);
