@@ -27,25 +27,33 @@ fn walk_cache(dir: &Path) -> (usize, Vec<PathBuf>) {
     (builds, locks)
 }
 
-#[test]
-fn runs_folder_and_submission_evaluate_on_cpu_workers() {
-    let d = tempfile::tempdir().unwrap();
+/// A KernelBench runs folder for level 1 problem 2 (ReLU) under `root`: sample 0 the reference
+/// itself (correct, speedup near 1); with `wrong`, sample 1 the identity, which the problem's signed
+/// inputs catch. Returns the quickstart dataset and the folder.
+fn relu_runs_folder(root: &Path, wrong: bool) -> (PathBuf, PathBuf) {
     let dataset = repo().join("configs/quickstart/problems");
     let reference = std::fs::read_to_string(dataset.join("level1/2_ReLU.py")).unwrap();
-    let folder = d.path().join("kb_run");
+    let folder = root.join("kb_run");
     std::fs::create_dir_all(&folder).unwrap();
-    // Sample 0: the reference itself (correct, speedup near 1); sample 1: the identity, which the
-    // problem's signed inputs catch.
     std::fs::write(
         folder.join("level_1_problem_2_sample_0_kernel.py"),
         format!("{reference}\n\nModelNew = Model\n"),
     )
     .unwrap();
-    std::fs::write(
-        folder.join("level_1_problem_2_sample_1_kernel.py"),
-        "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n",
-    )
-    .unwrap();
+    if wrong {
+        std::fs::write(
+            folder.join("level_1_problem_2_sample_1_kernel.py"),
+            "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n",
+        )
+        .unwrap();
+    }
+    (dataset, folder)
+}
+
+#[test]
+fn runs_folder_and_submission_evaluate_on_cpu_workers() {
+    let d = tempfile::tempdir().unwrap();
+    let (dataset, folder) = relu_runs_folder(d.path(), true);
     let py = format!("resources.python=\"{}\"", python().display());
     let sets = [
         "--set",
@@ -241,15 +249,7 @@ fn baseline_times_references_into_kernelbench_shape() {
 #[test]
 fn a_precision_probe_is_kept_in_the_reference_cache_for_the_next_run() {
     let d = tempfile::tempdir().unwrap();
-    let dataset = repo().join("configs/quickstart/problems");
-    let reference = std::fs::read_to_string(dataset.join("level1/2_ReLU.py")).unwrap();
-    let folder = d.path().join("kb_run");
-    std::fs::create_dir_all(&folder).unwrap();
-    std::fs::write(
-        folder.join("level_1_problem_2_sample_0_kernel.py"),
-        format!("{reference}\n\nModelNew = Model\n"),
-    )
-    .unwrap();
+    let (dataset, folder) = relu_runs_folder(d.path(), false);
     let cache = d.path().join("refs");
     let py = format!("resources.python=\"{}\"", python().display());
     let refs = format!("eval.reference_cache=\"{}\"", cache.display());
@@ -308,20 +308,7 @@ fn a_precision_probe_is_kept_in_the_reference_cache_for_the_next_run() {
 #[test]
 fn bench_throughput_says_where_the_leases_went() {
     let d = tempfile::tempdir().unwrap();
-    let dataset = repo().join("configs/quickstart/problems");
-    let reference = std::fs::read_to_string(dataset.join("level1/2_ReLU.py")).unwrap();
-    let folder = d.path().join("kb_run");
-    std::fs::create_dir_all(&folder).unwrap();
-    std::fs::write(
-        folder.join("level_1_problem_2_sample_0_kernel.py"),
-        format!("{reference}\n\nModelNew = Model\n"),
-    )
-    .unwrap();
-    std::fs::write(
-        folder.join("level_1_problem_2_sample_1_kernel.py"),
-        "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n",
-    )
-    .unwrap();
+    let (dataset, folder) = relu_runs_folder(d.path(), true);
     let py = format!("resources.python=\"{}\"", python().display());
     let work = d.path().join("bench");
     let o = Command::new(env!("CARGO_BIN_EXE_krefine"))
