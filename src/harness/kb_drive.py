@@ -624,17 +624,13 @@ class Driver:
             verdict.phases[key] = result.phases.get(key, 0.0)
         if verdict.status != "correct" or verdict.sticky or not verdict.correctness:
             return
-        started = _perf_counter()
-        if verdict.runtime_stats:
-            self.fresh_probe(verdict)
-            self._spend("fresh_probe", started)
-            if self.ctx.device.type == "cuda":
-                started = _perf_counter()
-                self.escape_probe(verdict)
-                self._spend("escape_probe", started)
-        started = _perf_counter()
-        self.precision(verdict, strict=False)
-        self._spend("precision_probe", started)
+        probes = [(self.fresh_probe, "fresh_probe")] if verdict.runtime_stats else []
+        if verdict.runtime_stats and self.ctx.device.type == "cuda":
+            probes.append((self.escape_probe, "escape_probe"))
+        for probe, step in [*probes, (lambda v: self.precision(v, strict=False), "precision_probe")]:
+            started = _perf_counter()
+            probe(verdict)
+            self._spend(step, started)
 
     def _answer(self, frame: Frame) -> None:
         """Faithful mode: the process's request for reference data, answered with copies."""
