@@ -553,7 +553,7 @@ pub struct EvaluateResponse {
     #[serde(default)]
     pub speedup_check: Option<crate::types::SpeedupCheck>,
     /// The worker's own precision probe of the problem, when it made one here (`worker::probes`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub precision_probe: Option<ProbeSummary>,
 }
 
