@@ -43,6 +43,7 @@ _NOISE = re.compile(
     r"|No modifications detected for re-loaded extension"
     r"|The input conditions for extension module"
     r"|(\S*/)?(c\+\+|g\+\+|gcc|cc|clang\+\+|nvcc|x86_64-linux-gnu-g\+\+)\s+-"
+    r"|krefine: (no )?precompiled header"  # krefine's own build notes (kb_build), for its logs only
     r")"
 )
 _ERROR = re.compile(

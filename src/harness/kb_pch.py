@@ -235,7 +235,7 @@ def lookup_pch(root: Path, compiler: str, flags: list[str], text: str = PCH_TEXT
     final = root / pch_key(compiler, flags, text)
     if (final / (PCH_HEADER + ".gch")).is_file():
         return _found(final)
-    return PchResult(None, error="not built yet; this worker builds it for the next candidates")
+    return PchResult(None, error="not built yet")
 
 
 def trusted_pch_request(wanted: Any) -> tuple[list[str], bool, str] | str:

@@ -34,6 +34,16 @@ def test_gcc_log_keeps_the_error_with_context_and_drops_ninja_noise() -> None:
     )
 
 
+def test_krefines_own_build_notes_stay_out_of_the_prompt() -> None:
+    """kb_build's notes on precompiled headers are for the compile log, not for the model."""
+    errors = GCC_LOG.splitlines()[6:]  # the compiler's own lines, from "In function"
+    for note in ("krefine: no precompiled header for 'my_ext': not built yet",
+                 "krefine: precompiled header 0123abcd from the shared build cache"):
+        trimmed = kb_feedback.trim_compile_log("\n".join([note, *errors]), [BUILD])
+        assert trimmed is not None and "krefine" not in trimmed, trimmed
+        assert trimmed == kb_feedback.trim_compile_log(GCC_LOG, [BUILD])
+
+
 def test_nvcc_and_linker_errors_are_found() -> None:
     log = (
         'kernel.cu(12): error: identifier "blockIdx_x" is undefined\n'
