@@ -50,12 +50,10 @@ fn relu_runs_folder(root: &Path, wrong: bool) -> (PathBuf, PathBuf) {
     (dataset, folder)
 }
 
-#[test]
-fn runs_folder_and_submission_evaluate_on_cpu_workers() {
-    let d = tempfile::tempdir().unwrap();
-    let (dataset, folder) = relu_runs_folder(d.path(), true);
+/// The `--set`s of these tests: the test's Python, one CPU device, one compile worker, short checks.
+fn cpu_sets() -> Vec<String> {
     let py = format!("resources.python=\"{}\"", python().display());
-    let sets = [
+    [
         "--set",
         &py,
         "--set",
@@ -68,7 +66,17 @@ fn runs_folder_and_submission_evaluate_on_cpu_workers() {
         "eval.warmup=1",
         "--set",
         "eval.correct_trials=2",
-    ];
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect()
+}
+
+#[test]
+fn runs_folder_and_submission_evaluate_on_cpu_workers() {
+    let d = tempfile::tempdir().unwrap();
+    let (dataset, folder) = relu_runs_folder(d.path(), true);
+    let sets = cpu_sets();
     let run_a = d.path().join("runs/eval-folder");
     let mut args = vec![
         "eval",
@@ -78,7 +86,7 @@ fn runs_folder_and_submission_evaluate_on_cpu_workers() {
         "--out",
         s(&run_a),
     ];
-    args.extend(sets);
+    args.extend(sets.iter().map(String::as_str));
     // Scratch lives in the system temp folder: the run's own goes when it ends, and a dead run's
     // (SIGKILL leaves it) goes when the next one starts (issue 27, 7).
     let temp = d.path().join("tmp");
@@ -144,7 +152,7 @@ fn runs_folder_and_submission_evaluate_on_cpu_workers() {
         "--out",
         s(&run_b),
     ];
-    args.extend(sets);
+    args.extend(sets.iter().map(String::as_str));
     krefine(&args);
     let results = read_json(&run_b.join("eval_results.json"));
     // No lock file outlives its build (issue 27, 6): the builds stay, their locks do not.
@@ -251,7 +259,6 @@ fn a_precision_probe_is_kept_in_the_reference_cache_for_the_next_run() {
     let d = tempfile::tempdir().unwrap();
     let (dataset, folder) = relu_runs_folder(d.path(), false);
     let cache = d.path().join("refs");
-    let py = format!("resources.python=\"{}\"", python().display());
     let refs = format!("eval.reference_cache=\"{}\"", cache.display());
     let eval = |out: &Path| {
         let o = Command::new(env!("CARGO_BIN_EXE_krefine"))
@@ -263,20 +270,9 @@ fn a_precision_probe_is_kept_in_the_reference_cache_for_the_next_run() {
                 "--out",
                 s(out),
                 "--set",
-                &py,
-                "--set",
                 &refs,
-                "--set",
-                "resources.devices=cpu",
-                "--set",
-                "resources.compile_workers=1",
-                "--set",
-                "eval.timing_trials=3",
-                "--set",
-                "eval.warmup=1",
-                "--set",
-                "eval.correct_trials=2",
             ])
+            .args(cpu_sets())
             .env("TMPDIR", d.path())
             .output()
             .unwrap();
@@ -309,7 +305,6 @@ fn a_precision_probe_is_kept_in_the_reference_cache_for_the_next_run() {
 fn bench_throughput_says_where_the_leases_went() {
     let d = tempfile::tempdir().unwrap();
     let (dataset, folder) = relu_runs_folder(d.path(), true);
-    let py = format!("resources.python=\"{}\"", python().display());
     let work = d.path().join("bench");
     let o = Command::new(env!("CARGO_BIN_EXE_krefine"))
         .args([
@@ -321,19 +316,8 @@ fn bench_throughput_says_where_the_leases_went() {
             "--cold-only",
             "--work-dir",
             s(&work),
-            "--set",
-            &py,
-            "--set",
-            "resources.devices=cpu",
-            "--set",
-            "resources.compile_workers=1",
-            "--set",
-            "eval.timing_trials=3",
-            "--set",
-            "eval.warmup=1",
-            "--set",
-            "eval.correct_trials=2",
         ])
+        .args(cpu_sets())
         .env("TMPDIR", d.path())
         .output()
         .unwrap();

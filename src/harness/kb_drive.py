@@ -171,7 +171,7 @@ class Driver:
         self.exchange = exchange
         self.flusher = flusher
         self.between = between or (lambda: None)
-        self.before_timing = before_timing or (lambda: None)
+        self._before_timing = before_timing or (lambda: None)
         self.timing = False
         # Set once the job's first timed loop begins: from then until its result no spare may take its
         # device step (kb_pool.Worker.grant_spares), as creating a CUDA context slows calls timed meanwhile.
@@ -188,6 +188,11 @@ class Driver:
 
     def _spend(self, step: str, started: float) -> None:
         self.spent[step] = self.spent.get(step, 0.0) + (_perf_counter() - started)
+
+    def before_timing(self) -> None:
+        started = _perf_counter()
+        self._before_timing()
+        self._spend("before_timing", started)
 
     # -- frames
 

@@ -523,13 +523,6 @@ def run_candidate(
     warmed = time.perf_counter()
     exchange = Exchange(ctx.device)
     scratch = worker.new_scratch()
-    driver: kb_drive.Driver
-
-    def before_timing() -> None:
-        step = time.perf_counter()
-        worker.before_timing()
-        driver._spend("before_timing", step)
-
     driver = kb_drive.Driver(
         process,
         ctx,
@@ -537,7 +530,7 @@ def run_candidate(
         exchange,
         worker.flusher,
         between=worker.grant_spares,
-        before_timing=before_timing,
+        before_timing=worker.before_timing,
     )
     driver.spent.update(take=took - started, warm_spares=warmed - took)
     try:

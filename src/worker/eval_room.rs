@@ -84,16 +84,26 @@ impl EvalRoom<'_> {
     /// The reference data `problem`'s requests on `device` work against (prepare, evaluate and
     /// profile all carry it), with the precision probe's summary when one is kept for it.
     pub(super) fn reference_spec(&self, problem: &Problem, device: &DeviceId) -> ReferenceSpec {
+        self.reference_spec_keyed(problem, device).0
+    }
+
+    /// [`EvalRoom::reference_spec`] and the key its precision probe's summary is kept under.
+    pub(super) fn reference_spec_keyed(
+        &self,
+        problem: &Problem,
+        device: &DeviceId,
+    ) -> (ReferenceSpec, Option<String>) {
         let mut spec = self.reference.spec(problem, device);
-        if let Some(key) = self.probe_key(&spec, device) {
-            spec.precision_probe = self.probes.get(&key);
+        let key = self.probe_key(&spec, device);
+        if let Some(key) = &key {
+            spec.precision_probe = self.probes.get(key);
         }
-        spec
+        (spec, key)
     }
 
     /// The key of `spec`'s precision probe on `device` (`worker::probes`): None until its worker said
     /// which GPU it has. A CPU worker names no device: its machine stands for it.
-    pub(super) fn probe_key(&self, spec: &ReferenceSpec, device: &DeviceId) -> Option<String> {
+    fn probe_key(&self, spec: &ReferenceSpec, device: &DeviceId) -> Option<String> {
         let slot = self.slots.eval(device)?;
         let hardware = match (slot.hardware(), device) {
             (Some(name), _) => name,

@@ -413,8 +413,7 @@ impl EvalRoom<'_> {
             .await
             .map_err(Fault::Unavailable)?;
         let integrity = self.integrity_spec(slot.hardware().as_deref());
-        let reference = self.reference_spec(&job.problem, device);
-        let probe_key = self.probe_key(&reference, device);
+        let (reference, probe_key) = self.reference_spec_keyed(&job.problem, device);
         let request = RequestBody::Evaluate(EvaluateRequest {
             reference,
             candidate,
