@@ -199,6 +199,16 @@ def other_error_metadata(exc: BaseException, hardware: str, device: torch.device
 # ------------------------------------------------------------------------------------ correctness loop
 
 
+def unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """torch.unravel_index of one flat index, in Python: torch's imports sympy on its first call, which
+    cost a failing check 1-2 s in every fresh candidate process (bench/gpu/lazy_load.py)."""
+    out: list[int] = []
+    for size in reversed(shape):
+        flat, index = divmod(flat, size) if size > 0 else (flat, 0)
+        out.append(index)
+    return tuple(reversed(out))
+
+
 def mismatch_detail(
     trial: int, expected: torch.Tensor, got: torch.Tensor, atol: float, rtol: float, diff: torch.Tensor
 ) -> kb_feedback.Mismatch | None:
@@ -216,7 +226,7 @@ def mismatch_detail(
         expected_value = got_value = None
         if bad:
             flat = int(bad_mask.reshape(-1).to(torch.uint8).argmax().item())
-            first_index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), expected.shape))
+            first_index = unravel(flat, tuple(expected.shape))
             expected_value = float(expected.reshape(-1)[flat].item())
             got_value = float(got.reshape(-1)[flat].item())
         nonfinite = 0
@@ -292,7 +302,7 @@ def sliced_mismatch(trial: int, expected: torch.Tensor, got: torch.Tensor, atol:
     if detailed:
         first_index = None
         if first is not None:
-            first_index = tuple(int(i) for i in torch.unravel_index(torch.tensor(first[0]), expected.shape))
+            first_index = unravel(first[0], tuple(expected.shape))
         detail = kb_feedback.Mismatch(
             trial=trial,
             max_abs=max_abs,
