@@ -39,6 +39,7 @@ import torch
 
 import kb_candidate
 import kb_channel
+import kb_memory
 import kb_profile
 import kb_tensors
 import kb_timing
@@ -182,6 +183,9 @@ def child_main(conn: Any, device_name: str, harness_dir: str) -> None:
             torch.cuda.set_device(device)
             torch.empty(1, device=device)  # the CUDA context, before it is needed
             torch.cuda.synchronize(device)
+        # What the process made to start (torch, the harness, its context) stays out of the collector's
+        # walk: the job's collections (kb_memory.release_memory) see only what the job made.
+        kb_memory.freeze_startup_objects()
         channel.send("ready", pid=os.getpid())
         kb_candidate.serve(channel, device, flusher, kb_profile.profile)
     except (EOFError, OSError, ProtocolError):  # the worker let this process go (shutdown, another device)
