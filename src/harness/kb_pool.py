@@ -220,6 +220,13 @@ class Worker:
         self.start_method = "spawn"
         _kill_all(self.spares)
 
+    def start_early(self) -> None:
+        """A serving GPU worker starts its forkserver (a process importing torch and the harness, about 2 s)
+        as the worker starts, so that its first job's lease does not wait for it. Nothing touches a
+        device: which one the first job names is not known yet."""
+        if self.isolate and self.start_method == "forkserver":
+            kb_process.process_context("forkserver")
+
     def warm_spares(self, device: str) -> None:
         if not self.isolate:
             return

@@ -424,6 +424,11 @@ def serve(role: str, scratch: str) -> int:
 
     channel.write(ready_message(role))
     server = Server(role, os.path.abspath(scratch), channel)
+    import kb_memory
+
+    kb_memory.freeze_startup_objects()
+    if role == "gpu":
+        server.worker.start_early()
     while True:
         line = channel.read_line()
         if line is None:
