@@ -93,15 +93,7 @@ pub fn may_pass(budget: u64, held: Held, kind: Claim, want: u64, ahead: Claim) -
 /// claim's milli-cores, in line order): the room of the makers entitled to pass builds (makers within
 /// half the budget, see [`may_pass`]) is kept for them, or the builds ahead of a maker would take
 /// every core that frees, one at a time, and the maker would wait for all of them.
-///
-/// `reserved` is room kept for input makers not in line yet ([`CpuBudget::reserve_for_inputs`]):
-/// at least that much, less what makers hold, within half the budget, is kept from builds too.
-pub fn build_room(
-    budget: u64,
-    held: Held,
-    waiting: impl IntoIterator<Item = u64>,
-    reserved: u64,
-) -> u64 {
+pub fn build_room(budget: u64, held: Held, waiting: impl IntoIterator<Item = u64>) -> u64 {
     let mut inputs = held.inputs;
     let mut kept = 0u64;
     for want in waiting {
@@ -111,8 +103,7 @@ pub fn build_room(
         inputs += want;
         kept += want;
     }
-    let ahead = reserved.saturating_sub(held.inputs).min(budget / 2);
-    budget - kept.max(ahead)
+    budget - kept
 }
 
 /// The claim of the next build: the mean of `measured` (milli-cores each build used), 1 core when
@@ -154,8 +145,6 @@ struct State {
     next_ticket: u64,
     /// Milli-cores the last builds used, newest last.
     measured: VecDeque<u64>,
-    /// Room kept for input makers before they are in line ([`CpuBudget::reserve_for_inputs`]).
-    reserved: u64,
 }
 
 /// The budget shared by the engine's stages and the background preparation.
@@ -210,28 +199,6 @@ impl CpuBudget {
                 s.measured.pop_front();
             }
         });
-    }
-
-    /// Keep `milli` of the budget from builds for input makers that are not in line yet, until
-    /// [`CpuBudget::release_reservation`]. A run's builds all ask at its start, before the makers of
-    /// its first inputs have a plan; without this they take every core, and the device waits for the
-    /// first inputs until the first builds end (35 s of a 64-candidate batch on 16 cores). Builds
-    /// already running keep their cores.
-    pub fn reserve_for_inputs(&self, milli: u64) {
-        self.with(|s| s.reserved = milli);
-    }
-
-    /// The room kept for input makers not in line yet, in milli-cores.
-    pub fn reserved(&self) -> u64 {
-        self.with(|s| s.reserved)
-    }
-
-    /// The room kept by [`CpuBudget::reserve_for_inputs`] goes back to builds.
-    pub fn release_reservation(&self) {
-        let released = self.with(|s| std::mem::take(&mut s.reserved) > 0);
-        if released {
-            self.wake.notify_waiters();
-        }
     }
 
     /// Claim for one build (the measured estimate).
@@ -292,7 +259,6 @@ impl CpuBudget {
                             .iter()
                             .filter(|(_, k, _)| *k == Claim::Inputs)
                             .map(|(_, _, w)| *w),
-                        s.reserved,
                     ),
                     Claim::Inputs | Claim::Quiet => budget,
                 };
@@ -567,47 +533,9 @@ mod tests {
         assert!(may_pass(b, h, Claim::Inputs, 6000, Claim::Build));
         assert!(!may_pass(b, h, Claim::Inputs, 6001, Claim::Build));
         // The room kept for them: the makers in line that fit within half, in order.
-        assert_eq!(build_room(b, h, [6000, 6000], 0), 10_000);
-        assert_eq!(
-            build_room(b, held(0, 0, false), [6000, 2000, 1000], 0),
-            8000
-        );
-        assert_eq!(build_room(b, held(0, 9000, false), [1000], 0), b);
-        // Room reserved for makers not in line yet: less what makers hold, within half the budget.
-        assert_eq!(build_room(b, held(0, 0, false), [], 6000), 10_000);
-        assert_eq!(build_room(b, held(0, 2000, false), [], 6000), 12_000);
-        assert_eq!(build_room(b, held(0, 0, false), [], 20_000), 8000);
-        assert_eq!(build_room(b, held(0, 0, false), [7000], 6000), 9000);
-    }
-
-    #[tokio::test]
-    async fn builds_leave_the_reserved_room_to_the_first_input_makers_until_it_is_released() {
-        // A run's start: every build asks before the first maker has its plan.
-        let budget = CpuBudget::new(16);
-        budget.reserve_for_inputs(6 * CORE);
-        let mut running = Vec::new();
-        for _ in 0..10 {
-            running.push(budget.claim(Claim::Build, CORE).await);
-        }
-        let mut eleventh = Box::pin(budget.claim(Claim::Build, CORE));
-        assert!(
-            futures::poll!(eleventh.as_mut()).is_pending(),
-            "six cores kept"
-        );
-        // The first maker comes, after the eleventh build, and starts at once on the kept cores.
-        let maker = budget.claim(Claim::Inputs, 4 * CORE).await;
-        assert_eq!(budget.held(), held(10_000, 4000, false));
-        assert!(
-            futures::poll!(eleventh.as_mut()).is_pending(),
-            "two of six still kept"
-        );
-        // Released (the first inputs are made): builds take the rest.
-        budget.release_reservation();
-        let eleventh = eleventh.await;
-        let twelfth = budget.claim(Claim::Build, CORE).await;
-        assert_eq!(budget.held(), held(12_000, 4000, false));
-        drop((eleventh, twelfth, maker, running));
-        assert_eq!(budget.held(), Held::default());
+        assert_eq!(build_room(b, h, [6000, 6000]), 10_000);
+        assert_eq!(build_room(b, held(0, 0, false), [6000, 2000, 1000]), 8000);
+        assert_eq!(build_room(b, held(0, 9000, false), [1000]), b);
     }
 
     #[tokio::test]

@@ -584,39 +584,3 @@ async fn an_input_maker_claims_the_processes_it_runs() {
         "one core for the one process that made the inputs"
     );
 }
-
-/// At a run's start the engine keeps room in the CPU budget for the first input makers (a run's
-/// builds all ask before the makers have their plan, and took every core while the device waited
-/// for the first inputs); the CPU stage gives it back to builds once inputs are made.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_first_input_makers_room_is_kept_at_the_start_and_given_back() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (pool, _store) = pool_with_store(tmp.path(), 1 << 30, 0).await;
-    let budget = Arc::new(CpuBudget::new(12));
-    let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let watch = {
-        let (budget, seen) = (budget.clone(), seen.clone());
-        tokio::spawn(async move {
-            loop {
-                seen.fetch_max(budget.reserved(), std::sync::atomic::Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        })
-    };
-    let log = run_with_budget(
-        &pool,
-        tmp.path(),
-        (*problem_add()).clone(),
-        2,
-        budget.clone(),
-    )
-    .await;
-    watch.abort();
-    assert_eq!(inputs_statuses(&log), ["generated"]);
-    assert_eq!(
-        seen.load(std::sync::atomic::Ordering::SeqCst),
-        6 * krefine::cpu_budget::CORE,
-        "half of 12 cores kept for the makers"
-    );
-    assert_eq!(budget.reserved(), 0, "given back");
-}

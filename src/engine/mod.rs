@@ -32,7 +32,7 @@ mod stages;
 pub use cancel::{Escalation, RunStop, ShutdownSignal, Signals, StopReason, StopState};
 use stages::{Interest, compile, generate, on_device};
 
-use crate::cpu_budget::{CORE, CpuBudget, inputs_claim};
+use crate::cpu_budget::CpuBudget;
 use crate::gpu::{DeviceInfo, DevicePool};
 use crate::machine::{MachineError, Retention, Stage, TaskRunner, TaskSpec};
 use crate::prompt::{PromptSettings, Prompts};
@@ -444,14 +444,7 @@ impl Engine {
             }
         });
 
-        // Reference data for the problems whose answers are being generated, while they are. The
-        // first inputs' makers get their cores ahead of the run's first builds (the CPU stage gives
-        // them back once the first inputs are made: `refprep::stages`).
-        if shared.prep.is_some()
-            && let Some(cpu) = shared.cpu.as_deref()
-        {
-            cpu.reserve_for_inputs(inputs_claim(cpu.budget()) * CORE);
-        }
+        // Reference data for the problems whose answers are being generated, while they are.
         let prep_stop = CancellationToken::new();
         let prep_task = shared.prep.clone().map(|prep| {
             let (shared, stop) = (shared.clone(), prep_stop.clone());

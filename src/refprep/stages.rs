@@ -52,12 +52,6 @@ const MAX_DEFERRED: Duration = Duration::from_secs(600);
 /// no tier has room for yet are tried again every [`RETRY_DEFERRED`] while their candidates wait
 /// (off the lease) and other problems' candidates run, those whose entries hold the most room first.
 async fn cpu_stage(prep: &Preparer, services: &PrepServices<'_>, cancel: &CancellationToken) {
-    // The room the engine kept from builds for the first makers (`CpuBudget::reserve_for_inputs`)
-    // goes back once a problem's inputs are made (or found stored, or deferred), after
-    // [`RESERVED_AT_MOST`], or when this stage ends.
-    let reservation = Reservation(services.cpu);
-    let reserved = tokio::time::sleep(RESERVED_AT_MOST);
-    tokio::pin!(reserved);
     let plans = tokio::select! {
         biased;
         _ = cancel.cancelled() => return,
@@ -77,9 +71,7 @@ async fn cpu_stage(prep: &Preparer, services: &PrepServices<'_>, cancel: &Cancel
         tokio::select! {
             biased;
             _ = cancel.cancelled() => return,
-            () = &mut reserved, if reservation.held() => reservation.release(),
             Some((problem, deferred)) = cpu.next() => {
-                reservation.release();
                 let since = *deferred_since.entry(problem).or_insert_with(Instant::now);
                 if deferred && since.elapsed() < MAX_DEFERRED {
                     prep.inputs_deferred(problem);
@@ -110,32 +102,6 @@ async fn cpu_stage(prep: &Preparer, services: &PrepServices<'_>, cancel: &Cancel
         // While inputs wait for room, the candidates of the problems holding the most of it run
         // first (see `DevicePool::prefer`); none wait: arrival order again.
         services.devices.prefer(prep.room_holders());
-    }
-}
-
-/// The longest the first makers' room is kept from builds ([`cpu_stage`]): a run whose inputs are
-/// all stored gives it back within a second, one whose store is off or whose first inputs are
-/// large does not hold its builds back longer than this.
-const RESERVED_AT_MOST: Duration = Duration::from_secs(30);
-
-/// The room kept for the first input makers, given back to builds once ([`cpu_stage`]).
-struct Reservation<'a>(Option<&'a CpuBudget>);
-
-impl Reservation<'_> {
-    fn held(&self) -> bool {
-        self.0.is_some_and(|cpu| cpu.reserved() > 0)
-    }
-
-    fn release(&self) {
-        if let Some(cpu) = self.0 {
-            cpu.release_reservation();
-        }
-    }
-}
-
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        self.release();
     }
 }
 
