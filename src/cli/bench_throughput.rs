@@ -171,6 +171,11 @@ pub struct Floors {
     pub gpu_floor_s: f64,
     /// Median CPU seconds of the builds made (0 when none was measured).
     pub median_build_cpu_s: f64,
+    /// Problems whose inputs the pass made, and those it found stored (`hit`): by an earlier pass,
+    /// or, in the in-memory tier kept between runs (`resources.reference_ram_keep`), by an earlier
+    /// run on the machine.
+    pub inputs_made: u32,
+    pub inputs_found: u32,
 }
 
 /// A pass's floors from its log, its numbers and the cores it ran on.
@@ -196,6 +201,11 @@ pub fn floors(records: &[LogRecord], t: &Throughput, cores: u32) -> Floors {
             Event::InputsPrepared { outcome, .. } => {
                 f.inputs_cpu_s +=
                     outcome.duration_ms as f64 / 1000.0 * f64::from(outcome.parallel.max(1));
+                match outcome.status.as_str() {
+                    "generated" => f.inputs_made += 1,
+                    "hit" => f.inputs_found += 1,
+                    _ => {}
+                }
             }
             _ => {}
         }
@@ -252,11 +262,14 @@ floors:
     }
     out.push('\n');
     type Row = (&'static str, fn(&Throughput, &Floors) -> String);
-    let rows: [Row; 10] = [
+    let rows: [Row; 11] = [
         ("candidates per GPU-hour", |t, _| {
             format!("{:.0}", t.per_gpu_hour)
         }),
         ("cores", |_, f| f.cores.to_string()),
+        ("problems' inputs made / found", |_, f| {
+            format!("{} / {}", f.inputs_made, f.inputs_found)
+        }),
         ("build CPU (s, summed)", |_, f| {
             format!("{:.1}", f.build_cpu_s)
         }),
@@ -285,6 +298,20 @@ floors:
         "CPU floor: (builds' measured CPU + input makers' process-seconds) / cores. GPU floor: the busiest\n\
          device's lease-held time. per GPU-hour at the CPU floor: the rate were the pass as long as its CPU floor.\n",
     );
+    if let Some((_, _, f)) = passes
+        .iter()
+        .find(|(name, _, f)| *name == "cold" && f.inputs_found > 0)
+    {
+        // The cold pass's stores are fresh folders, but the in-memory tier kept between runs is the
+        // machine's: what it held was not made in this pass, and the pass is not cold for it.
+        let _ = writeln!(
+            out,
+            "NOT COLD: the cold pass found {} problem(s)' inputs stored by an earlier run (the in-memory tier\n\
+             kept between runs on this machine, /dev/shm/krefine-inputs.kept, or the work dir's refs/); for a\n\
+             cold figure remove them first, or pass --set resources.reference_ram_keep=false.",
+            f.inputs_found
+        );
+    }
     out
 }
 

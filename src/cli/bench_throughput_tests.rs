@@ -174,6 +174,11 @@ fn a_pass_is_measured_against_its_cpu_and_gpu_floors() {
             json!({"type": "inputs_prepared", "problem": "1/8",
             "outcome": {"status": "generated", "bytes": 8, "duration_ms": 10_000, "parallel": 6}}),
         ),
+        rec(
+            1_200,
+            json!({"type": "inputs_prepared", "problem": "1/9",
+            "outcome": {"status": "hit", "bytes": 8, "duration_ms": 0, "parallel": 0}}),
+        ),
         compiled(2_000, false, Some(20_000), 10_000),
         compiled(3_000, false, Some(10_000), 5_000),
         compiled(3_500, false, Some(14_000), 7_000),
@@ -200,6 +205,7 @@ fn a_pass_is_measured_against_its_cpu_and_gpu_floors() {
     assert_eq!(f.inputs_cpu_s, 60.0);
     assert_eq!(f.cpu_floor_s, 27.0, "(48 + 60) / 4 cores");
     assert_eq!(f.gpu_floor_s, 40.0, "the busiest device");
+    assert_eq!((f.inputs_made, f.inputs_found), (1, 1));
     let text = render_floors(&[("cold", &t, &f)]);
     let row = |label: &str| {
         text.lines()
@@ -212,6 +218,13 @@ fn a_pass_is_measured_against_its_cpu_and_gpu_floors() {
     assert_eq!(row("per GPU-hour at the CPU floor"), "133");
     assert_eq!(row("wall / CPU floor"), "3.70x");
     assert_eq!(row("wall / GPU floor"), "2.50x");
+    assert_eq!(row("problems' inputs made / found"), "1 / 1");
+    // Inputs a cold pass found stored were not made in it: the table says so.
+    assert!(
+        text.contains("NOT COLD: the cold pass found 1 problem(s)' inputs"),
+        "{text}"
+    );
+    assert!(!render_floors(&[("warm", &t, &f)]).contains("NOT COLD"));
     // No work: no floor to divide by.
     let none = floors(&[], &throughput(&RunState::from_records(&[]), 0.0), 16);
     assert_eq!((none.cpu_floor_s, none.gpu_floor_s), (0.0, 0.0));
