@@ -32,6 +32,9 @@ run)
   n=${2:?usage: throughput_scaling.sh run N}
   work=/tmp/krefine-scaling-$n
   rm -rf "$work"
+  # The in-memory tier kept between runs is the machine's: inputs an earlier call left there would
+  # make this "cold" pass warm for them (the table then says NOT COLD). KEEP_TIER=1 leaves it.
+  [ -n "${KEEP_TIER:-}" ] || rm -rf /dev/shm/krefine-inputs.kept
   {
     nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
     echo "cores $(nproc), memory $(free -g | awk '/Mem:/ {print $2}') GiB"
