@@ -167,3 +167,16 @@ def test_a_serving_gpu_worker_starts_its_forkserver_before_its_first_job(tmp_pat
     finally:
         gpu.close()
         compile_worker.close()
+
+
+def test_a_forkserver_that_cannot_start_early_costs_the_worker_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starting the forkserver at the worker's start is for speed only: a failure there is logged, and the
+    worker goes on (its first job starts the server, with its own retries)."""
+
+    def refuse(method: str) -> Any:
+        raise OSError("no room for a process")
+
+    monkeypatch.setattr(kb_process, "process_context", refuse)
+    worker = kb_pool.Worker(isolate=True)
+    worker.start_early()
+    assert worker.start_method == "forkserver" and worker.spares == []
