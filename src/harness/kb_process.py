@@ -199,8 +199,9 @@ def process_context(method: str) -> Any:
     """`forkserver` (the default): candidate processes fork from a server process that has imported
     torch and this module and never run a candidate or touched CUDA (fork is only unsafe after CUDA is
     initialised), so a new process costs milliseconds plus its own device context, not a torch import
-    (seconds). The server is started (spawned) once per worker, on first use. `spawn`: the fallback
-    when a forked process finds CUDA unusable (see child_main)."""
+    (seconds). The server is started (spawned) once per worker: a serving GPU worker starts it as it
+    starts (kb_pool.Worker.start_early), any other on first use. `spawn`: the fallback when a forked
+    process finds CUDA unusable (see child_main)."""
     import torch.multiprocessing as torch_mp
 
     if method == "spawn":
