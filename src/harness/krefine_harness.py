@@ -424,14 +424,6 @@ def serve(role: str, scratch: str) -> int:
 
     channel.write(ready_message(role))
     server = Server(role, os.path.abspath(scratch), channel)
-    if role == "gpu":
-        import kb_memory
-
-        # Only the GPU worker: it collects after every evaluation, and forks nothing (its candidate
-        # processes fork from the forkserver). A compile worker forks a child per compile; with its
-        # objects frozen, compiles in CI's tests hung until their 300 s timeout.
-        kb_memory.freeze_startup_objects()
-        server.worker.start_early()
     while True:
         line = channel.read_line()
         if line is None:
