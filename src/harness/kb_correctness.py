@@ -201,7 +201,7 @@ def other_error_metadata(exc: BaseException, hardware: str, device: torch.device
 
 def unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     """torch.unravel_index of one flat index, in Python: torch's imports sympy on its first call, which
-    cost a failing check 1-2 s in every fresh candidate process (bench/gpu/lazy_load.py)."""
+    cost a failing check 1-3 s in every fresh candidate process (bench/gpu/lazy_load.py)."""
     out: list[int] = []
     for size in reversed(shape):
         flat, index = divmod(flat, size) if size > 0 else (flat, 0)
