@@ -17,6 +17,19 @@ use tokio::time::Instant;
 
 use super::session::signal_session_async;
 
+/// When the continue that ends a pause is sent again. A process forked while a stop and then a
+/// continue were sent to its session (a compile worker forks a child per compile) is born with both
+/// pending and can be left stopped, its parent running: the build then hangs until its timeout (CI's
+/// `engine_refprep` tests, a compile child stopped for 300 s; a process forking in a loop was left
+/// stopped by 237 of 2,000 stop-continue pairs). A continue sent after the fork has ended wakes it
+/// (and one sent before it acts discards the pending stop); a fork lasts milliseconds.
+const CONTINUE_AGAIN: [Duration; 4] = [
+    Duration::from_millis(10),
+    Duration::from_millis(100),
+    Duration::from_secs(1),
+    Duration::from_secs(5),
+];
+
 /// Whether builds are paused now, and for how long they were paused before.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PauseState {
@@ -78,10 +91,16 @@ impl Pauser {
             self.pauses.fetch_add(1, Ordering::SeqCst);
             self.state.send_modify(|s| s.since = Some(Instant::now()));
         }
-        self.reconcile().await;
-        PauseGuard {
+        // The guard exists before anything is awaited: a caller dropped while the sessions are being
+        // stopped still ends its pause (else the depth would stay raised and builds stopped for good).
+        let guard = PauseGuard {
             pauser: self.clone(),
-        }
+        };
+        // The signalling runs as its own task: a caller dropped half-way cannot leave a stopping pass
+        // running outside the lock, landing after the continue that follows it.
+        let me = self.clone();
+        let _ = tokio::spawn(async move { me.reconcile().await }).await;
+        guard
     }
 
     fn resume(self: &Arc<Self>) {
@@ -101,8 +120,31 @@ impl Pauser {
         let me = self.clone();
         // No runtime (a test dropping the pool at exit): nothing is running to continue.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { me.reconcile().await });
+            rt.spawn(async move {
+                me.reconcile().await;
+                for delay in CONTINUE_AGAIN {
+                    tokio::time::sleep(delay).await;
+                    if !me.continue_again().await {
+                        break;
+                    }
+                }
+            });
         }
+    }
+
+    /// Continue the sessions once more, unless a pause is in force again; false when one is.
+    async fn continue_again(&self) -> bool {
+        let _one_at_a_time = self.signal_lock.lock().await;
+        if *self.depth() > 0 {
+            return false;
+        }
+        for s in &self.sessions {
+            let sid = s.load(Ordering::SeqCst);
+            if sid != 0 {
+                signal_session_async(sid, Signal::SIGCONT).await;
+            }
+        }
+        true
     }
 
     /// Bring the sessions to the state asked for now. Every change of the depth is followed by one
