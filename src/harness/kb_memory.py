@@ -229,6 +229,15 @@ def memory_budgets(device: torch.device) -> tuple[int, int]:
     return int(ram * CPU_DEVICE_CACHE_FRACTION), 0
 
 
+def freeze_startup_objects() -> None:
+    """Move every object alive now (torch's and the harness's, imported at start-up) out of the garbage
+    collector's reach for the rest of the process: `release_memory`'s full collection then walks only
+    what was made since, instead of some 160,000 objects (0.1 s a collection, once in the worker and
+    once in the candidate's process per evaluation, inside the lease). Objects made later are collected
+    as before; what is frozen is what the process keeps for its life anyway."""
+    gc.freeze()
+
+
 def release_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":

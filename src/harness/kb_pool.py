@@ -220,6 +220,17 @@ class Worker:
         self.start_method = "spawn"
         _kill_all(self.spares)
 
+    def start_early(self) -> None:
+        """A serving GPU worker starts its forkserver (a process importing torch and the harness, about 2 s)
+        as the worker starts, so that its first job's lease does not wait for it. Nothing touches a
+        device: which one the first job names is not known yet."""
+        if not (self.isolate and self.start_method == "forkserver"):
+            return
+        try:
+            kb_process.process_context("forkserver")
+        except Exception as exc:  # noqa: BLE001 - only speed is lost: the first job starts it, with its retries
+            print(f"krefine harness: the forkserver did not start early ({exc}); the first job starts it", file=sys.stderr)
+
     def warm_spares(self, device: str) -> None:
         if not self.isolate:
             return

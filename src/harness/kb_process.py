@@ -39,6 +39,7 @@ import torch
 
 import kb_candidate
 import kb_channel
+import kb_memory
 import kb_profile
 import kb_tensors
 import kb_timing
@@ -182,6 +183,9 @@ def child_main(conn: Any, device_name: str, harness_dir: str) -> None:
             torch.cuda.set_device(device)
             torch.empty(1, device=device)  # the CUDA context, before it is needed
             torch.cuda.synchronize(device)
+        # What the process made to start (torch, the harness, its context) stays out of the collector's
+        # walk: the job's collections (kb_memory.release_memory) see only what the job made.
+        kb_memory.freeze_startup_objects()
         channel.send("ready", pid=os.getpid())
         kb_candidate.serve(channel, device, flusher, kb_profile.profile)
     except (EOFError, OSError, ProtocolError):  # the worker let this process go (shutdown, another device)
@@ -195,8 +199,9 @@ def process_context(method: str) -> Any:
     """`forkserver` (the default): candidate processes fork from a server process that has imported
     torch and this module and never run a candidate or touched CUDA (fork is only unsafe after CUDA is
     initialised), so a new process costs milliseconds plus its own device context, not a torch import
-    (seconds). The server is started (spawned) once per worker, on first use. `spawn`: the fallback
-    when a forked process finds CUDA unusable (see child_main)."""
+    (seconds). The server is started (spawned) once per worker: a serving GPU worker starts it as it
+    starts (kb_pool.Worker.start_early), any other on first use. `spawn`: the fallback when a forked
+    process finds CUDA unusable (see child_main)."""
     import torch.multiprocessing as torch_mp
 
     if method == "spawn":

@@ -424,6 +424,14 @@ def serve(role: str, scratch: str) -> int:
 
     channel.write(ready_message(role))
     server = Server(role, os.path.abspath(scratch), channel)
+    if role == "gpu":
+        import kb_memory
+
+        # Only the GPU worker: it collects after every evaluation, inside the lease; a compile worker
+        # collects nothing per job. (Compiles that hung in CI with these changes were a compile child
+        # forked while the CPU device's pause stopped and continued its session: src/worker/pause.rs.)
+        kb_memory.freeze_startup_objects()
+        server.worker.start_early()
     while True:
         line = channel.read_line()
         if line is None:

@@ -9,6 +9,8 @@ imported would serve every later candidate (tests/fixtures/integrity/honest.py s
 from __future__ import annotations
 
 import itertools
+import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -206,3 +208,16 @@ def test_the_lease_trace_says_where_a_jobs_time_went(
         assert step in honest, (step, honest)
     assert "correctness_s=" in honest and "isolation_s=" in honest, honest
     assert " incorrect total=" in failing and "fresh_probe=" not in failing, failing
+
+
+def test_a_candidate_process_keeps_its_start_up_objects_out_of_the_collector(worker: IsolatedWorker) -> None:
+    """Torch's and the harness's objects are frozen before the candidate is loaded
+    (kb_memory.freeze_startup_objects): a collection in the job (kb_memory.release_memory, 0.1 s of
+    the lease each when it walked them all) sees only what the job made."""
+    worker.count += 1
+    source = "import gc\nraise RuntimeError(f'frozen={gc.get_freeze_count()}')\n"
+    request = evaluate_request(worker.count + 1, MATMUL, source, worker.root / f"c{worker.count}", measure=False)
+    response = kb_eval.evaluate(request, worker.worker)
+    said = re.search(r"frozen=(\d+)", json.dumps(response))
+    assert said is not None, response["feedback"]
+    assert int(said[1]) > 10_000

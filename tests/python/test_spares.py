@@ -131,3 +131,52 @@ def test_a_candidate_process_inherits_the_workers_pythonpath_not_the_forkservers
     assert response["status"] != "correct", response
     assert "PYTHONPATH=" + repr(os.environ.get("PYTHONPATH")) in response["feedback"], response["feedback"]
     assert kb_process.HARNESS_DIR not in (os.environ.get("PYTHONPATH") or "")
+
+
+def test_a_serving_gpu_worker_starts_its_forkserver_before_its_first_job(tmp_path: Path) -> None:
+    """The forkserver (a torch import, about 2 s) starts with the worker, not inside the first job's
+    lease (kb_pool.Worker.start_early); a compile worker starts none."""
+    import time
+
+    from harness_client import WorkerProcess
+
+    def children(pid: int) -> list[str]:
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as cmd:
+                    line = cmd.read().replace(b"\0", b" ").decode(errors="replace")
+            except (OSError, ValueError, IndexError):
+                continue
+            if parent == pid:
+                found.append(line)
+        return found
+
+    gpu = WorkerProcess("gpu", tmp_path / "gpu", tmp_path / "gpu.log")
+    compile_worker = WorkerProcess("compile", tmp_path / "compile", tmp_path / "compile.log")
+    try:
+        deadline = time.monotonic() + 60
+        while not any("forkserver" in c for c in children(gpu.proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert any("forkserver" in c for c in children(gpu.proc.pid)), children(gpu.proc.pid)
+        assert not any("forkserver" in c for c in children(compile_worker.proc.pid))
+    finally:
+        gpu.close()
+        compile_worker.close()
+
+
+def test_a_forkserver_that_cannot_start_early_costs_the_worker_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starting the forkserver at the worker's start is for speed only: a failure there is logged, and the
+    worker goes on (its first job starts the server, with its own retries)."""
+
+    def refuse(method: str) -> Any:
+        raise OSError("no room for a process")
+
+    monkeypatch.setattr(kb_process, "process_context", refuse)
+    worker = kb_pool.Worker(isolate=True)
+    worker.start_early()
+    assert worker.start_method == "forkserver" and worker.spares == []
