@@ -231,9 +231,21 @@ def identifiers_of(header: str | None) -> set[str] | None:
 
 def lookup_pch(root: Path, compiler: str, flags: list[str], text: str = PCH_TEXT) -> PchResult:
     """The shared PCH for (compiler, torch, flags, text) if a trusted process has built it. No lock is
-    needed: a PCH folder appears complete, by rename."""
-    final = root / pch_key(compiler, flags, text)
-    if (final / (PCH_HEADER + ".gch")).is_file():
+    needed: a PCH folder appears complete, by rename.
+
+    The folder is listed before the key is looked up. A sandboxed compile worker sees the build cache
+    through an overlay, and krefine publishes a header into the cache beneath it (build_store.rs,
+    publish_pchs) while the worker runs: overlayfs keeps a lookup's miss, so a worker whose child once
+    looked the key up before it was published never found it afterwards (on the GPU host, 47 of 64
+    builds of a cold batch missed headers published 75 s and 118 s into the run). A listing of the
+    folder, which only the cache beneath holds, is read afresh each time."""
+    key = pch_key(compiler, flags, text)
+    try:
+        listed = key in os.listdir(root)
+    except OSError:
+        listed = False
+    final = root / key
+    if listed and (final / (PCH_HEADER + ".gch")).is_file():
         return _found(final)
     return PchResult(None, error="not built yet")
 

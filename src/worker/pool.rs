@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use super::WorkerError;
 use super::build_cache::{Builds, sweep_build_cache};
+use super::build_store::PCH_DIR;
 use super::call::{Calls, EXIT_GRACE};
 use super::inputs::{InputStores, InputTiers};
 use super::loss::toolchain_mismatch;
@@ -277,6 +278,13 @@ async fn make_folders(settings: &WorkerSettings) -> Result<(), WorkerError> {
             .await
             .map_err(|e| WorkerError::io(what, dir, e))?;
     }
+    // The shared precompiled headers' folder, there before any worker's copy-on-write view of the
+    // cache is mounted: a sandboxed compile child that looked for a folder missing from that view
+    // would never see it appear (overlayfs keeps the miss; kb_pch.lookup_pch).
+    let pch = settings.build_cache.join(PCH_DIR);
+    tokio::fs::create_dir_all(&pch)
+        .await
+        .map_err(|e| WorkerError::io("create precompiled header folder", &pch, e))?;
     sweep_build_cache(&settings.build_cache).await;
     if let Some(dir) = &settings.reference_cache {
         // Before the sandboxes are made: they show it to the workers (read-only).
