@@ -64,6 +64,9 @@ _NEEDS_PYTHON = re.compile(r"PYBIND11_|pybind11|\bpy::|torch/python\.h|Python\.h
 PCH_BUILDER = True
 # The PCHs a confined child missed: {"extra_cflags", "with_cuda"} for its worker to build.
 PCH_WANTED: list[dict[str, Any]] = []
+# Called with each PCH the child misses, as it misses it (krefine_harness.compile_in_child tells its
+# worker at once, which starts the header while the child builds without it).
+PCH_MISSED: Callable[[dict[str, Any]], None] | None = None
 
 
 def narrow_cuda_sources(sources: list[str]) -> list[str] | None:
@@ -407,14 +410,15 @@ class FastLoadInline:
         except OSError as exc:
             return kb_pch.PchResult(None, error=str(exc))
         if pch.header is None and request:
-            PCH_WANTED.append(
-                {
-                    "extra_cflags": kb_pch.as_list(a.get("extra_cflags")),
-                    "extra_include_paths": kb_pch.as_list(a.get("extra_include_paths")),
-                    "with_cuda": with_cuda,
-                    "header": kind,
-                }
-            )
+            wanted = {
+                "extra_cflags": kb_pch.as_list(a.get("extra_cflags")),
+                "extra_include_paths": kb_pch.as_list(a.get("extra_include_paths")),
+                "with_cuda": with_cuda,
+                "header": kind,
+            }
+            PCH_WANTED.append(wanted)
+            if PCH_MISSED is not None:
+                PCH_MISSED(wanted)
         return pch
 
     @staticmethod

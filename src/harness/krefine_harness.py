@@ -61,10 +61,13 @@ import platform
 import signal
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
+# Shared precompiled headers one compile may have its worker start (a child names what it missed;
+# each a compiler run of 40-60 CPU-s, so a candidate cannot make its worker build many).
+PCH_PER_COMPILE = 4
 
 
 class ProtocolChannel:
@@ -270,7 +273,7 @@ class Server:
 
         root = kb_pch.pch_root_for(request["build_dir"])
         running = set(self.pch.jobs)
-        for item in wanted[:4]:
+        for item in wanted[:PCH_PER_COMPILE]:
             try:
                 note = self.pch.request(root, item)
             except Exception as exc:  # noqa: BLE001 - a PCH is an optimisation
@@ -278,6 +281,18 @@ class Server:
             if note:
                 print(f"krefine harness: {note}", file=sys.stderr, flush=True)
         return bool(set(self.pch.jobs) - running)
+
+    def pch_starter(self, request: dict[str, Any], started: list[bool]) -> Callable[[Any], None]:
+        """What a compile child's notice of a missed header does: start building it at once, while the
+        child builds without it, so that it is ready for the builds after this one (started when the
+        build had ended, 35-45 s into a cold batch, the next wave of builds missed it too). At most
+        PCH_PER_COMPILE a compile; `started` gets whether each started one."""
+
+        def missed(item: Any) -> None:
+            if len(started) < PCH_PER_COMPILE:
+                started.append(self.build_wanted_pch(request, [item]))
+
+        return missed
 
     def handle_line(self, line: bytes) -> dict[str, Any]:
         import kb_protocol
@@ -334,9 +349,10 @@ class Server:
         op = request["op"]
         if op == "compile":
             self.pch.poll()
-            response, wanted = compile_in_child(request)
+            started: list[bool] = []
+            response, wanted = compile_in_child(request, self.pch_starter(request, started))
             self.after_compile()
-            if self.build_wanted_pch(request, wanted):
+            if self.build_wanted_pch(request, wanted) or any(started):
                 response["pch_started"] = True
             return response
         if op == "prepare":
@@ -357,12 +373,18 @@ class Server:
         return {"id": request["id"], "ok": True, "kind": "shutdown"}
 
 
-def compile_in_child(request: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+def compile_in_child(
+    request: dict[str, Any], on_missed: Callable[[Any], None] | None = None
+) -> tuple[dict[str, Any], list[Any]]:
     """Build and import the candidate in a child forked for this one compile, so that nothing its
     import does (patches, threads, a module named like the next candidate's) stays in the worker. A
     child that dies takes the worker with it the same way, as when compiles ran in the worker.
 
-    Returns the response and the shared precompiled headers the child looked for and did not find."""
+    The child writes a line for each shared precompiled header it misses, as it misses it
+    (`on_missed` is called with it here, while the child builds on), then its result. Returns the
+    response and the headers the child looked for and did not find. What the child writes is the
+    candidate's to forge: a header request is checked by the worker (kb_pch.trusted_pch_request) and
+    capped per compile."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: one compile, then exit without running any teardown
@@ -377,6 +399,11 @@ def compile_in_child(request: dict[str, Any]) -> tuple[dict[str, Any], list[Any]
             # The shared precompiled headers are read-only here: a candidate must not plant a header
             # that later builds include. The worker builds the ones this child misses.
             kb_build.PCH_BUILDER = False
+
+            def tell_missed(wanted: dict[str, Any]) -> None:
+                os.write(write_fd, (encode_json({"pch_missed": wanted}) + "\n").encode("utf-8"))
+
+            kb_build.PCH_MISSED = tell_missed
             writable = [request["build_dir"], os.path.dirname(request["log_path"]), os.getcwd()]
             # Confinement can only grant folders that exist, and the confined child may not create
             # them in their (read-only) parents: make them first.
@@ -394,13 +421,17 @@ def compile_in_child(request: dict[str, Any]) -> tuple[dict[str, Any], list[Any]
         sys.stderr.flush()
         os._exit(code)
     os.close(write_fd)
-    chunks = []
+    result = b""
     with open(read_fd, "rb") as reader:
-        while chunk := reader.read(1 << 16):
-            chunks.append(chunk)
+        for line in reader:
+            notice = _pch_missed(line)
+            if notice is None:
+                result += line
+            elif on_missed is not None:
+                on_missed(notice)
     _, status = os.waitpid(pid, 0)
-    if chunks:
-        message = json.loads(b"".join(chunks))
+    if result:
+        message = json.loads(result)
         wanted = message.get("pch_wanted")
         return message["response"], wanted if isinstance(wanted, list) else []
     if os.WIFSIGNALED(status):
@@ -410,6 +441,17 @@ def compile_in_child(request: dict[str, Any]) -> tuple[dict[str, Any], list[Any]
         # 128 + signal back into that signal.
         os._exit(128 + os.WTERMSIG(status))
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+
+
+def _pch_missed(line: bytes) -> Any:
+    """The header a compile child's line says it missed, or None when the line is not such a notice."""
+    if not line.startswith(b'{"pch_missed"'):
+        return None
+    try:
+        notice = json.loads(line)
+    except ValueError:
+        return None
+    return notice.get("pch_missed") if isinstance(notice, dict) and len(notice) == 1 else None
 
 
 def _die_with_parent() -> None:

@@ -17,7 +17,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::build_store::{
-    PCH_DIR, STALE_PUBLISH, make_files_read_only, publish_pchs, sweep_publish_leftovers,
+    PCH_DIR, STALE_PUBLISH, make_files_read_only, publish_pchs, publish_pchs_as_built,
+    sweep_publish_leftovers,
 };
 use super::config::BuildMode;
 use super::outcome::elapsed_ms;
@@ -131,6 +132,9 @@ pub(super) struct Builds {
     /// Which sandboxed compile worker builds the run's shared precompiled headers
     /// ([`Builds::pch_background_for`]).
     pch_builder: StdMutex<PchBuilder>,
+    /// Whether a task publishes the header builder's headers as they are completed
+    /// ([`Builds::watch_pchs_of`]).
+    pch_watch: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Who builds a run's shared precompiled headers in the background (sandboxed workers only).
@@ -161,6 +165,7 @@ impl Builds {
             arch_list,
             locks: StdMutex::new(HashMap::new()),
             pch_builder: StdMutex::new(PchBuilder::Open),
+            pch_watch: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }
     }
 
@@ -443,6 +448,29 @@ impl Builds {
         if let Ok(Err(e)) = sealed {
             tracing::warn!("cannot make build {} read-only: {e}", build_dir.display());
         }
+    }
+
+    /// After a compile that started shared headers on sandboxed worker `slot`: publish each into the
+    /// shared cache as soon as it is complete (one such task at a time), not only after that worker's
+    /// next build.
+    pub(super) fn watch_pchs_of(&self, slot: &Slot) {
+        use std::sync::atomic::Ordering;
+        let Some(overlay) = slot.spec.sandbox.as_ref().and_then(|s| s.overlays.first()) else {
+            return;
+        };
+        if self.pch_watch.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (upper, cache, worker) = (
+            overlay.upper.clone(),
+            self.root.clone(),
+            slot.spec.name.clone(),
+        );
+        let watching = self.pch_watch.clone();
+        tokio::spawn(async move {
+            publish_pchs_as_built(upper, cache, worker).await;
+            watching.store(false, Ordering::SeqCst);
+        });
     }
 
     /// Publish the precompiled headers a sandboxed compile worker has finished (in the background,

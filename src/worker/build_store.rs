@@ -128,6 +128,55 @@ pub(crate) fn publish_pchs(upper: &Path, cache: &Path) -> std::io::Result<Vec<St
     Ok(published)
 }
 
+/// How often headers being built are looked for ([`publish_pchs_as_built`]), and how long it goes
+/// on looking after the last one in progress: a header started as a build ended may not have made
+/// its temporary folder yet (a Python start and torch's import, seconds under load).
+const PCH_POLL: Duration = Duration::from_secs(2);
+const PCH_GRACE: Duration = Duration::from_secs(15);
+/// The most a header build may take (`PCH_BUILD_TIMEOUT_S` in kb_pch.py).
+const PCH_BUILD_LIMIT: Duration = Duration::from_secs(900);
+
+/// Whether a header is being built in the worker's `pch/` now (`ensure_pch` builds into
+/// `<key>.tmp-*` and renames it into place when complete).
+fn pch_building(upper: &Path) -> bool {
+    std::fs::read_dir(upper.join(PCH_DIR)).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+    })
+}
+
+/// Publish each header a sandboxed compile worker builds in the background as soon as it is
+/// complete, until none is being built. Without it a header waited for the end of that worker's
+/// next build (on the GPU host's cold batch, 20-30 s during which every other worker's builds went
+/// without it). Failures only cost speed: logged.
+pub(crate) async fn publish_pchs_as_built(upper: PathBuf, cache: PathBuf, worker: String) {
+    let started = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(PCH_POLL).await;
+        let (u, c) = (upper.clone(), cache.clone());
+        let Ok((published, building)) =
+            tokio::task::spawn_blocking(move || (publish_pchs(&u, &c), pch_building(&u))).await
+        else {
+            return;
+        };
+        match published {
+            Ok(keys) if !keys.is_empty() => tracing::info!(
+                "published the precompiled header(s) {} of worker {worker} into the build cache",
+                keys.join(", ")
+            ),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!("could not publish worker {worker}'s precompiled headers: {e}")
+            }
+        }
+        let waited = started.elapsed();
+        if (!building && waited >= PCH_GRACE) || waited >= PCH_BUILD_LIMIT {
+            return;
+        }
+    }
+}
+
 /// How long a publish folder whose publisher is gone from this machine must have sat untouched before
 /// [`sweep_publish_leftovers`] removes it. The build cache may be shared by runs on other machines
 /// (a cluster's shared file system), where a live publisher's pid means nothing here; a publish
@@ -355,6 +404,48 @@ mod tests {
         assert_eq!(sweep_publish_leftovers(dir, Duration::ZERO), vec![recent]);
         assert!(live.exists());
         assert!(sweep_publish_leftovers(&dir.join("missing"), Duration::ZERO).is_empty());
+    }
+
+    /// A header the worker's background build completes while the worker is between builds is
+    /// published then (not at its next build's end), and the watch ends once nothing is building.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_header_is_published_as_soon_as_its_build_completes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (upper, cache) = (tmp.path().join("upper"), tmp.path().join("cache"));
+        let building = upper.join(PCH_DIR).join("0a1b.tmp-xyz");
+        std::fs::create_dir_all(&building).unwrap();
+        std::fs::create_dir_all(cache.join(PCH_DIR)).unwrap();
+        let watch = tokio::spawn(publish_pchs_as_built(
+            upper.clone(),
+            cache.clone(),
+            "compile-0".into(),
+        ));
+        tokio::time::sleep(PCH_POLL * 2).await;
+        assert!(
+            !cache.join(PCH_DIR).join("0a1b").exists(),
+            "not complete yet"
+        );
+        assert!(!watch.is_finished(), "a header is being built");
+        // ensure_pch's last step: the complete folder renamed into place.
+        std::fs::write(building.join(PCH_HEADER), b"#include <vector>\n").unwrap();
+        std::fs::write(building.join(format!("{PCH_HEADER}.gch")), b"gch").unwrap();
+        std::fs::rename(&building, upper.join(PCH_DIR).join("0a1b")).unwrap();
+        let published = cache.join(PCH_DIR).join("0a1b").join(PCH_PUBLISHED_MARKER);
+        for _ in 0..50 {
+            if published.exists() {
+                break;
+            }
+            tokio::time::sleep(PCH_POLL / 4).await;
+        }
+        assert!(
+            published.is_file(),
+            "published while the worker builds nothing"
+        );
+        // Nothing is being built any more: the watch ends (after its grace).
+        tokio::time::timeout(PCH_GRACE * 4, watch)
+            .await
+            .expect("the watch ends")
+            .unwrap();
     }
 
     #[test]

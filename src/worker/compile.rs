@@ -173,6 +173,9 @@ impl CompileRoom<'_> {
         let pch_started = matches!(&result, Ok(ResponseBody::Compile(r)) if r.pch_started);
         self.builds.pch_answer(&slot.spec.name, pch_started);
         self.builds.publish_pchs_of(slot).await;
+        if pch_started {
+            self.builds.watch_pchs_of(slot);
+        }
         if worker_log != job.log_path {
             copy_log(&worker_log, &job.log_path).await;
         }

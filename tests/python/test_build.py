@@ -425,3 +425,65 @@ def test_plain_mode_and_opt_outs_call_load_inline_unchanged(tmp_path: Path, monk
         assert fake.calls[0]["extra_cflags"] is None and fake.calls[0]["cuda_sources"] == CUDA_SRC
         assert ctx.builds[0].why == why and ctx.build_path() == "plain"
 
+
+
+NOTICE_WAITER = '''
+import os, time
+from pathlib import Path
+import torch.nn as nn
+import kb_build
+
+# What a real miss of a shared header does inside load_inline (kb_build.Builder._shared_pch).
+kb_build.PCH_MISSED({"extra_cflags": ["-O2"], "with_cuda": False, "header": "extension"})
+marker = Path(MARKER)
+deadline = time.monotonic() + 120
+while not marker.exists():
+    if time.monotonic() > deadline:
+        raise RuntimeError("the worker heard of the missed header only after this compile")
+    time.sleep(0.05)
+
+
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        return a + b
+'''
+
+
+def test_a_compile_child_tells_its_worker_of_a_missed_header_while_it_builds(tmp_path: Path) -> None:
+    """The worker hears of a header the child missed while the child still runs (and starts it then,
+    not once the build has ended): the child waits for what the worker does on the notice."""
+    import krefine_harness
+
+    build = tmp_path / "build-cache" / "k1"
+    build.mkdir(parents=True)
+    marker = build / "heard"
+    heard: list[Any] = []
+
+    def on_missed(item: Any) -> None:
+        heard.append(item)
+        marker.write_text("heard\n")
+
+    source = NOTICE_WAITER.replace("MARKER", repr(str(marker)))
+    response, wanted = krefine_harness.compile_in_child(
+        compile_request(1, source, build, tmp_path / "compile.log"), on_missed
+    )
+    assert response["status"] == "ok", response
+    assert heard == [{"extra_cflags": ["-O2"], "with_cuda": False, "header": "extension"}]
+    assert wanted == []  # a forged notice is not in the child's own list
+
+
+def test_a_compile_starts_at_most_four_headers_from_its_childs_notices(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A child's notices are the candidate's to forge: the worker checks each (here, flags that name a
+    file: refused) and acts on at most PCH_PER_COMPILE of them."""
+    import krefine_harness
+
+    request = compile_request(1, "x = 1\n", tmp_path / "build-cache" / "k1", tmp_path / "compile.log")
+    server = krefine_harness.Server("compile", str(tmp_path / "scratch"))
+    started: list[bool] = []
+    starter = server.pch_starter(request, started)
+    for n in range(7):
+        starter({"extra_cflags": [f"-I/tmp/{n}"], "with_cuda": False, "header": "extension"})
+    assert started == [False] * krefine_harness.PCH_PER_COMPILE
+    assert capsys.readouterr().err.count("no shared precompiled header for these flags") == 4
