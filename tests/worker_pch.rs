@@ -3,7 +3,10 @@
 //! into the cache's `pch/`, sealed read-only, and a later run's worker (fresh scratch, same cache)
 //! builds a never-seen candidate with it from its first build.
 //!
-//! Real workers, real builds (two C++ extensions and one header: minutes on a small CPU).
+//! Within a run, a header published while the workers run reaches every one of them, the ones that
+//! missed it too.
+//!
+//! Real workers, real builds (C++ extensions and their headers: minutes on a small CPU).
 
 mod worker_support;
 
@@ -146,4 +149,76 @@ async fn a_runs_precompiled_header_serves_the_next_runs_first_build() {
         log.contains("from the shared build cache") && !log.contains("no precompiled header"),
         "{log}"
     );
+}
+
+/// Within one run: two sandboxed compile workers both miss the header at their first build; the one
+/// that builds it has it published into the cache as soon as it is complete (no shutdown, no further
+/// build), and then both workers' next builds use it. Before, the other worker never saw it (its view
+/// of the cache, an overlay, kept its first lookup's miss) and it reached the cache only after the
+/// builder's next build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_published_mid_run_serves_every_worker() {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let tmp = tempfile::tempdir().unwrap();
+    let python = test_python().await;
+    let harness = deployed_harness(tmp.path()).await;
+    let cache = tmp.path().join("build-cache");
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    let tag = std::process::id() * 2 + 1_000_000;
+    let mut settings = cpu_settings(python, harness, &tmp.path().join("run"), &cache);
+    settings.compile_workers = 2;
+    let pool = WorkerPool::start(settings).await.unwrap();
+    assert_eq!(pool.sandbox_level(), &SandboxLevel::Namespaces);
+
+    // Two builds at once take both workers; both miss the header.
+    let (a, b) = (
+        compile_job(&never_seen(tag), &logs, "a"),
+        compile_job(&never_seen(tag + 1), &logs, "b"),
+    );
+    let (built_a, built_b) = tokio::join!(pool.compile(a.clone()), pool.compile(b.clone()));
+    for (job, built) in [(&a, built_a), (&b, built_b)] {
+        let built = built.unwrap();
+        assert_eq!(built.status, CompileStatus::Ok, "{}", built.feedback);
+        let log = std::fs::read_to_string(&job.log_path).unwrap();
+        assert!(log.contains("no precompiled header"), "{log}");
+    }
+
+    // Every header a worker started is published into the cache while the pool is idle.
+    let uppers = [0, 1].map(|n| {
+        tmp.path()
+            .join(format!("run/scratch/compile-{n}.cow/upper/pch"))
+    });
+    let deadline = Instant::now() + Duration::from_secs(900);
+    loop {
+        let mut started: Vec<String> = uppers.iter().flat_map(|u| locks(u)).collect();
+        started.sort();
+        started.dedup();
+        let published: Vec<String> = complete_headers(&cache.join("pch"))
+            .iter()
+            .filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
+            .collect();
+        if !started.is_empty() && started.iter().all(|k| published.contains(k)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "headers started {started:?}, published {published:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // Both workers' next builds (two at once again) use the header.
+    let (c, d) = (
+        compile_job(&never_seen(tag + 2), &logs, "c"),
+        compile_job(&never_seen(tag + 3), &logs, "d"),
+    );
+    let (built_c, built_d) = tokio::join!(pool.compile(c.clone()), pool.compile(d.clone()));
+    pool.shutdown().await;
+    for (job, built) in [(&c, built_c), (&d, built_d)] {
+        let built = built.unwrap();
+        assert_eq!(built.status, CompileStatus::Ok, "{}", built.feedback);
+        let log = std::fs::read_to_string(&job.log_path).unwrap();
+        assert!(!log.contains("no precompiled header"), "{log}");
+    }
 }
