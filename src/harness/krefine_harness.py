@@ -421,17 +421,17 @@ def compile_in_child(
         sys.stderr.flush()
         os._exit(code)
     os.close(write_fd)
-    result = b""
+    chunks: list[bytes] = []
     with open(read_fd, "rb") as reader:
         for line in reader:
             notice = _pch_missed(line)
             if notice is None:
-                result += line
+                chunks.append(line)
             elif on_missed is not None:
                 on_missed(notice)
     _, status = os.waitpid(pid, 0)
-    if result:
-        message = json.loads(result)
+    if chunks:
+        message = json.loads(b"".join(chunks))
         wanted = message.get("pch_wanted")
         return message["response"], wanted if isinstance(wanted, list) else []
     if os.WIFSIGNALED(status):
