@@ -59,16 +59,41 @@ fn locks(pch: &Path) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_runs_precompiled_header_serves_the_next_runs_first_build() {
+/// A test's folder, the Python and harness its workers run, its build cache and compile logs' folder.
+struct Setup {
+    tmp: tempfile::TempDir,
+    python: PathBuf,
+    harness: PathBuf,
+    cache: PathBuf,
+    logs: PathBuf,
+}
+
+async fn setup() -> Setup {
     // The pool's warnings (a header it could not publish) in the test's output.
     let _ = tracing_subscriber::fmt().with_test_writer().try_init();
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().expect("a temporary folder");
     let python = test_python().await;
     let harness = deployed_harness(tmp.path()).await;
-    let cache = tmp.path().join("build-cache");
-    let logs = tmp.path().join("logs");
-    std::fs::create_dir_all(&logs).unwrap();
+    let (cache, logs) = (tmp.path().join("build-cache"), tmp.path().join("logs"));
+    std::fs::create_dir_all(&logs).expect("the logs' folder");
+    Setup {
+        tmp,
+        python,
+        harness,
+        cache,
+        logs,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_precompiled_header_serves_the_next_runs_first_build() {
+    let Setup {
+        tmp,
+        python,
+        harness,
+        cache,
+        logs,
+    } = setup().await;
     let tag = std::process::id() * 2;
 
     // The first run: its build misses the header; its worker builds it in the background.
@@ -158,13 +183,13 @@ async fn a_runs_precompiled_header_serves_the_next_runs_first_build() {
 /// builder's next build.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_header_published_mid_run_serves_every_worker() {
-    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
-    let tmp = tempfile::tempdir().unwrap();
-    let python = test_python().await;
-    let harness = deployed_harness(tmp.path()).await;
-    let cache = tmp.path().join("build-cache");
-    let logs = tmp.path().join("logs");
-    std::fs::create_dir_all(&logs).unwrap();
+    let Setup {
+        tmp,
+        python,
+        harness,
+        cache,
+        logs,
+    } = setup().await;
     let tag = std::process::id() * 2 + 1_000_000;
     let mut settings = cpu_settings(python, harness, &tmp.path().join("run"), &cache);
     settings.compile_workers = 2;

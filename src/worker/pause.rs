@@ -124,7 +124,8 @@ impl Pauser {
                 me.reconcile().await;
                 for delay in CONTINUE_AGAIN {
                     tokio::time::sleep(delay).await;
-                    if !me.continue_again().await {
+                    // A pause in force again stops the sessions (once more): nothing to repeat.
+                    if me.reconcile().await == Signal::SIGSTOP {
                         break;
                     }
                 }
@@ -132,25 +133,10 @@ impl Pauser {
         }
     }
 
-    /// Continue the sessions once more, unless a pause is in force again; false when one is.
-    async fn continue_again(&self) -> bool {
-        let _one_at_a_time = self.signal_lock.lock().await;
-        if *self.depth() > 0 {
-            return false;
-        }
-        for s in &self.sessions {
-            let sid = s.load(Ordering::SeqCst);
-            if sid != 0 {
-                signal_session_async(sid, Signal::SIGCONT).await;
-            }
-        }
-        true
-    }
-
     /// Bring the sessions to the state asked for now. Every change of the depth is followed by one
     /// of these, and they run one at a time, so the last to run applies the latest state whatever
-    /// order they were scheduled in.
-    async fn reconcile(&self) {
+    /// order they were scheduled in. Returns the signal sent.
+    async fn reconcile(&self) -> Signal {
         let _one_at_a_time = self.signal_lock.lock().await;
         let signal = if *self.depth() > 0 {
             Signal::SIGSTOP
@@ -163,6 +149,7 @@ impl Pauser {
                 signal_session_async(sid, signal).await;
             }
         }
+        signal
     }
 
     /// Pauses so far.
