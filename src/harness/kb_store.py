@@ -14,10 +14,13 @@ version, and keeps the store bounded):
     manifest.json      written last: the entry is complete only when it exists
     seed-<seed>.bin    the raw bytes of that seed's tensors, one after another
     used               touched by the orchestrator at every use (LRU)
+    verified.json      the seed files' identities when their checksums last matched (see `_stamp`)
 
 Each seed's file carries CRC-32s in the manifest (one per 64 MB of each tensor, checked on several
-threads); a loader that finds a wrong size or checksum says so and makes the inputs itself (never a wrong
-input), and the next `generate` rebuilds the entry.
+threads); a loader that finds a wrong size or checksum says so, makes the inputs itself (never a wrong
+input) and drops `verified.json`, and the next `generate` rebuilds the entry. A `generate` that finds the
+entry answers `hit` without reading it while its files are the ones `verified.json` names (same inode,
+size, mtime and ctime); otherwise it checks every checksum first.
 
 Only plain values are stored: a top-level list of contiguous CPU tensors and JSON scalars. A problem
 whose `get_inputs()` makes anything else (a tensor on a device, a view, a nested structure) is
@@ -35,6 +38,7 @@ nothing written, and the worker makes the inputs.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -55,6 +59,10 @@ if TYPE_CHECKING:
 
 FORMAT = 1
 MANIFEST = "manifest.json"
+# Written after a checksum pass found every seed file whole: the files' identities then (see `_stamp`).
+# A hit whose files still match it answers without reading them (a 32 GB entry took 8 s to check, in
+# front of a warm batch's first lease); the GPU worker checks every chunk as it reads anyway.
+VERIFIED = "verified.json"
 # Each seed's file is checksummed in chunks of this many bytes (one CRC-32 each, listed in the manifest),
 # so that a loader checks a multi-GB file on several threads at once (zlib releases the GIL).
 _CHUNK = 1 << 26
@@ -159,9 +167,11 @@ def _load_to_device(entry: str, code: str, seed: int, device: torch.device) -> t
             os.close(fd)
     except (OSError, ValueError, TypeError, KeyError, RuntimeError) as exc:
         print(f"krefine harness: stored inputs of seed {seed} unusable ({exc}); making them", file=sys.stderr)
+        forget_verified(entry)
         return None
     if crcs != part.get("crcs"):
         print(f"krefine harness: stored inputs of seed {seed} fail their checksum; making them", file=sys.stderr)
+        forget_verified(entry)
         return None
     for t in grads:
         t.requires_grad_(True)
@@ -474,10 +484,77 @@ def _whole_for(entry: str, code: str, request: dict[str, Any]) -> list[int] | No
     parts = manifest.get("seeds", {})
     if not isinstance(order, list) or sorted(str(s) for s in order) != sorted(parts):
         return None
-    for part in parts.values():
-        if _file_crcs(os.path.join(entry, part["file"]), part) != part.get("crcs"):
-            return None
+    if _stamp(entry, parts) != _read_stamp(entry):
+        for part in parts.values():
+            if _file_crcs(os.path.join(entry, part["file"]), part) != part.get("crcs"):
+                return None
+        _write_stamp(entry, parts)
+    _prefetch(entry, parts)
     return [int(s) for s in order]
+
+
+def _stamp(entry: str, parts: dict[str, Any]) -> dict[str, list[int]] | None:
+    """Each seed file's identity as the file system keeps it (device, inode, size, mtime and ctime in ns):
+    what a checksum pass found whole stays whole while these are unchanged. ctime moves with every write
+    and no call can set it back. None when a file is missing."""
+    stamp: dict[str, list[int]] = {}
+    try:
+        for part in parts.values():
+            st = os.stat(os.path.join(entry, str(part["file"])))
+            stamp[str(part["file"])] = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    except (OSError, KeyError, TypeError):
+        return None
+    return stamp
+
+
+def _read_stamp(entry: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(entry, VERIFIED), encoding="utf-8") as f:
+            stamp = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return stamp if isinstance(stamp, dict) else None
+
+
+def _write_stamp(entry: str, parts: dict[str, Any]) -> None:
+    """Record that every seed file of `entry` matched its checksums just now (best effort: without the
+    record the next hit checks them again)."""
+    stamp = _stamp(entry, parts)
+    if stamp is None:
+        return
+    tmp = os.path.join(entry, f".{VERIFIED}.{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(stamp, f)
+        os.replace(tmp, os.path.join(entry, VERIFIED))
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def forget_verified(entry: str) -> None:
+    """A reader found a seed file failing its checksum: the next `generate` checks (and rebuilds) the
+    entry instead of trusting the record (best effort: a reader that may not write leaves it)."""
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(entry, VERIFIED))
+
+
+def _prefetch(entry: str, parts: dict[str, Any]) -> None:
+    """Ask the kernel to read an entry's files ahead (the GPU worker reads them next): a hit no longer
+    reads them itself. A no-op for the in-memory store."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    for part in parts.values():
+        try:
+            fd = os.open(os.path.join(entry, str(part["file"])), os.O_RDONLY)
+        except (OSError, KeyError, TypeError):
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def _request_key(request: dict[str, Any]) -> dict[str, Any]:
@@ -535,6 +612,8 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
         os.fsync(f.fileno())
     shutil.rmtree(entry, ignore_errors=True)
     os.rename(tmp, entry)
+    # The checksums were taken from the bytes written; the GPU worker checks every chunk it reads.
+    _write_stamp(entry, parts)
     size = sum(int(p["bytes"]) for p in parts.values())
     status = "rebuilt" if broken else "generated"
     return _answer(status, started, seeds, size, detail=(why or "") if broken else "", parallel=parallel)
@@ -622,9 +701,11 @@ def load(entry: str, code: str, seed: int, device: torch.device | None = None) -
             os.close(fd)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         print(f"krefine harness: stored inputs of seed {seed} unusable ({exc}); making them", file=sys.stderr)
+        forget_verified(entry)
         return None
     if crcs != part.get("crcs"):
         print(f"krefine harness: stored inputs of seed {seed} fail their checksum; making them", file=sys.stderr)
+        forget_verified(entry)
         return None
     rng = torch.frombuffer(bytearray(base64.b64decode(part["rng"])), dtype=torch.uint8)
     return values, rng

@@ -270,3 +270,56 @@ def test_an_in_memory_generation_stores_the_same_bits(tmp_path: Path, monkeypatc
         expected, expected_rng = kernelbench_inputs(MIXED, seed)
         assert all(same(a, b) for a, b in zip(loaded[0], expected, strict=True))
         assert torch.equal(loaded[1], expected_rng)
+
+
+def test_a_hit_trusts_the_files_it_verified_and_checks_them_again_once_they_change(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    code = (HOSTILE / "problem_add.py").read_text()
+    req = request(code, tmp_path)
+    assert kb_store.generate(req)["status"] == "generated"
+    assert (Path(req["entry"]) / kb_store.VERIFIED).exists()
+    reads: list[str] = []
+    real = kb_store._file_crcs
+
+    def counted(path: str, part: dict[str, Any]) -> list[int] | None:
+        reads.append(path)
+        return real(path, part)
+
+    monkeypatch.setattr(kb_store, "_file_crcs", counted)
+    assert kb_store.generate(req)["status"] == "hit"
+    assert reads == [], "a hit on files unchanged since their checksums matched reads none of them"
+    # A seed file written again (same bytes: only its identity changes) is checked before a hit.
+    seed = kb_problem.trial_seeds(42, 5)[1]
+    path = Path(req["entry"]) / kb_store.seed_file(seed)
+    path.write_bytes(path.read_bytes())
+    assert kb_store.generate(req)["status"] == "hit"
+    assert len(reads) == len(kb_store.seeds_of(req)), "every seed file is checked once"
+    reads.clear()
+    assert kb_store.generate(req)["status"] == "hit"
+    assert reads == [], "and trusted again after that check"
+
+
+def test_a_reader_that_finds_a_bad_checksum_makes_the_next_generate_rebuild(tmp_path: Path) -> None:
+    code = (HOSTILE / "problem_add.py").read_text()
+    req = request(code, tmp_path)
+    assert kb_store.generate(req)["status"] == "generated"
+    seed = kb_problem.trial_seeds(42, 5)[0]
+    path = Path(req["entry"]) / kb_store.seed_file(seed)
+    stat = path.stat()
+    # Bit rot: the bytes change, the file's identity as `verified.json` records it does not.
+    data = bytearray(path.read_bytes())
+    data[64] ^= 0x04
+    with open(path, "r+b") as f:
+        f.write(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    manifest = kb_store.read_manifest(req["entry"])
+    assert manifest is not None
+    kb_store._write_stamp(req["entry"], manifest["seeds"])
+    assert kb_store.generate(req)["status"] == "hit", "the record is trusted until a reader finds the damage"
+    assert kb_store.load(req["entry"], code, seed) is None
+    assert not (Path(req["entry"]) / kb_store.VERIFIED).exists()
+    assert kb_store.generate(req)["status"] == "rebuilt"
+    loaded = kb_store.load(req["entry"], code, seed)
+    assert loaded is not None
+    assert same(loaded[0][0], kernelbench_inputs(code, seed)[0][0])
