@@ -44,7 +44,28 @@ impl TraceSum {
     fn total_jobs(&self) -> u32 {
         self.jobs.values().sum()
     }
+
+    /// One trace line's figures. A `tail` line (what the worker did for an evaluation after its
+    /// job: the reference's timing, memory given back, spares, the response) is no job of its own:
+    /// its figures are `tail_*`, its total `tail_total`.
+    fn add(&mut self, kind: &str, figures: Vec<(String, f64)>) {
+        let tail = kind == TAIL;
+        if !tail {
+            *self.jobs.entry(kind.to_string()).or_insert(0) += 1;
+        }
+        for (name, seconds) in figures {
+            let name = if tail && name == "total" {
+                "tail_total".to_string()
+            } else {
+                name
+            };
+            *self.seconds.entry(name).or_insert(0.0) += seconds;
+        }
+    }
 }
+
+/// The kind of the line that follows an evaluation's trace line (kb_eval.py `_trace_tail`).
+const TAIL: &str = "tail";
 
 /// A trace line's job kind and `name=seconds` figures, or None for any other line (and for a trace
 /// line that does not read whole: no kind, a name that is not lower-case words, a figure that is not
@@ -101,10 +122,7 @@ pub(super) fn sum_logs(dir: &Path) -> TraceSum {
         };
         for line in String::from_utf8_lossy(&bytes).lines() {
             if let Some((kind, figures)) = parse_line(line) {
-                *sum.jobs.entry(kind).or_insert(0) += 1;
-                for (name, seconds) in figures {
-                    *sum.seconds.entry(name).or_insert(0.0) += seconds;
-                }
+                sum.add(&kind, figures);
             }
         }
     }
@@ -197,8 +215,10 @@ mod tests {
     fn the_logs_of_a_run_sum_by_name_and_render_side_by_side() {
         let dir = tempfile::tempdir().unwrap();
         let line = |total: f64| LINE.replace("total=2.471", &format!("total={total}"));
+        let tail = "krefine harness: lease trace at=1795879982.000 tail c9644d6afd2fc832 - \
+            total=0.250 | tail_release=0.125 tail_response=0.125";
         let gpu = format!(
-            "===== krefine: starting worker gpu-0 =====\n{}\nnoise\n{}\n",
+            "===== krefine: starting worker gpu-0 =====\n{}\n{tail}\nnoise\n{}\n{tail}\n",
             line(1.0),
             line(2.0)
         );
@@ -213,7 +233,12 @@ mod tests {
         let sum = sum_logs(dir.path());
         assert_eq!(sum.total_jobs(), 3);
         assert_eq!((sum.jobs["evaluate"], sum.jobs["reference"]), (2, 1));
-        assert_eq!(sum.seconds["total"], 7.0);
+        assert_eq!(
+            sum.seconds["total"], 7.0,
+            "an evaluation's tail is no job of its own"
+        );
+        assert_eq!(sum.seconds["tail_total"], 0.5);
+        assert_eq!(sum.seconds["tail_release"], 0.25);
         assert!((sum.seconds["take"] - 3.0 * 0.615).abs() < 1e-9);
         let empty = TraceSum::default();
         let text = render(&[("cold", &sum), ("warm", &empty)]);

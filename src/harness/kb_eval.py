@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.metadata
+import os
 import platform
 import shutil
 import sys
@@ -43,7 +44,7 @@ from kb_correctness import (
     sticky_error,
 )
 from kb_feedback import CANDIDATE_ERRORS, get_error_name
-from kb_pool import Worker, run_candidate
+from kb_pool import LEASE_TRACE, Worker, run_candidate
 from kb_reference import (
     DTYPES,
     TOLERANCES,
@@ -182,13 +183,22 @@ def evaluate(request: dict[str, Any], worker: Worker) -> dict[str, Any]:
     torch.set_printoptions(precision=4, threshold=10, edgeitems=3, linewidth=80)
     verdict = Verdict(metadata={"hardware": hardware, "device": str(device)})
     kb_memory.reset_worker_peak(device)
+    _TAIL.clear()
     with precision_policy(mode, precision):
         env = environment(device, hardware, precision, mode, spec.cast_integers, spec.inputs, request)
         verdict = _evaluate_into(verdict, request, worker, device, hardware)
+        tail = time.perf_counter()
         verdict = _memory_retries(verdict, request, worker, spec, hardware)
         _record_memory(verdict, worker, spec)
+        _spent("memory", tail)
+    tail = time.perf_counter()
     worker.warm_spares(request["device"])
+    _spent("spares", tail)
+    tail = time.perf_counter()
     response = _response(request, verdict, env)
+    _spent("response", tail)
+    if os.environ.get(LEASE_TRACE):
+        _trace_tail(request)
     ctx = worker.references.contexts.get(spec.key())
     probe = getattr(ctx, "precision_probe", None)
     if isinstance(probe, kb_precision.Probe) and not probe.from_hint:
@@ -305,6 +315,7 @@ def _evaluate_into(
         return verdict
     verdict = run_candidate(worker, _job(request, hardware, "evaluate"), ctx)
     verdict.phases["reference_s"] += reference_s
+    tail = time.perf_counter()
     if verdict.reference_failure is not None:
         trials, index = verdict.reference_failure
         entry = ctx.trials[trials][index]
@@ -320,9 +331,31 @@ def _evaluate_into(
         if verdict.runtime_stats:
             _add_timing_feedback(verdict)
             _guard_speedup(verdict, request, worker, ctx, hardware)
+    _spent("reference", tail)
     if not verdict.sticky:
+        release = time.perf_counter()
         release_memory(device)
+        _spent("release", release)
     return verdict
+
+
+# What the worker does for an evaluation after the candidate's job (whose lease trace line
+# kb_pool.run_candidate writes) and before it answers: the reference's timing, the speedup guard,
+# memory given back, spares warmed, the response. Seconds by step, one `tail` trace line per job.
+_TAIL: dict[str, float] = {}
+
+
+def _spent(step: str, since: float) -> None:
+    _TAIL[step] = _TAIL.get(step, 0.0) + time.perf_counter() - since
+
+
+def _trace_tail(request: dict[str, Any]) -> None:
+    steps = " ".join(f"tail_{k}={v:.3f}" for k, v in sorted(_TAIL.items()))
+    build = os.path.basename(str(request["candidate"]["build_dir"]))
+    print(
+        f"krefine harness: lease trace at={time.time():.3f} tail {build} - total={sum(_TAIL.values()):.3f} | {steps}",
+        file=sys.stderr,
+    )
 
 
 def _reference_failed(verdict: Verdict, error: CapturedError, hardware: str, device: torch.device) -> None:

@@ -200,9 +200,16 @@ def test_the_lease_trace_says_where_a_jobs_time_went(
     monkeypatch.setenv(kb_pool.LEASE_TRACE, "1")
     worker.evaluate("honest.py", timing_trials=3)
     worker.evaluate("zero_out.py", measure=False)
-    lines = [line for line in capsys.readouterr().err.splitlines() if "lease trace" in line]
+    traced = [line for line in capsys.readouterr().err.splitlines() if "lease trace" in line]
+    lines = [line for line in traced if " tail " not in line]
+    tails = [line for line in traced if " tail " in line]
     assert len(lines) == 2, lines
     honest, failing = lines
+    # After each evaluation's job, the worker's own steps until it answers: one `tail` line each.
+    assert len(tails) == 2, tails
+    for tail in tails:
+        for step in ("total=", "tail_reference=", "tail_spares=", "tail_response=", "tail_memory="):
+            assert step in tail, (step, tail)
     assert " evaluate c" in honest and " correct total=" in honest, honest
     for step in ("take=", "warm_spares=", "process=", "ask_trial=", "ask_verify=", "fresh_probe=", "retire="):
         assert step in honest, (step, honest)
