@@ -439,6 +439,7 @@ async fn inputs_too_large_for_the_disk_go_to_the_in_memory_tier() {
 
     let base = problem_add();
     let in_memory = run(&pool, &tmp.path().join("ram"), (*base).clone(), 2).await;
+    let again = run(&pool, &tmp.path().join("ram-again"), (*base).clone(), 2).await;
     let entries_in_memory = std::fs::read_dir(&ram)
         .map(|d| {
             d.filter_map(Result::ok)
@@ -469,6 +470,24 @@ async fn inputs_too_large_for_the_disk_go_to_the_in_memory_tier() {
     assert_eq!(outcomes[0].status, "generated");
     let detail = outcomes[0].detail.clone().unwrap_or_default();
     assert!(detail.starts_with("in memory ("), "{detail}");
+    assert_eq!(outcomes[0].tier.as_deref(), Some("memory"));
+    // The next run finds it there at once: no disk-store generator is asked (and refused) first.
+    let found: Vec<_> = again
+        .iter()
+        .filter_map(|r| match &r.event {
+            Event::InputsPrepared { outcome, .. } => Some(outcome.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "{:?}", kinds(&again));
+    assert_eq!(
+        (
+            found[0].status.as_str(),
+            found[0].detail.as_deref(),
+            found[0].tier.as_deref()
+        ),
+        ("hit", Some("in memory"), Some("memory"))
+    );
     assert_eq!(entries_in_memory, 1, "the entry was in {}", ram.display());
     for sample in [0, 1] {
         let (a, b) = (executed(&in_memory, sample), executed(&lazy, sample));
@@ -583,4 +602,41 @@ async fn an_input_maker_claims_the_processes_it_runs() {
         krefine::cpu_budget::CORE,
         "one core for the one process that made the inputs"
     );
+}
+
+/// A problem's input plan is made once and kept in the disk store (`.plans/<key>.json`): the next
+/// run reads it instead of starting a planner process (torch imported, about 4 s before a warm
+/// batch's first lease). A plan kept under another processes cap is made again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_plan_is_made_once_and_kept_for_the_next_run() {
+    use krefine::services::Executor;
+    let tmp = tempfile::tempdir().unwrap();
+    let (pool, store) = pool_with_store(tmp.path(), 1_000_000_000, 0).await;
+    let problem = problem_add();
+    let first = pool.plan_inputs(vec![problem.clone()], Some(6)).await;
+    let made = first[&problem.key];
+    assert!(made.bytes.is_some_and(|b| b > 0), "{made:?}");
+    let kept: Vec<_> = std::fs::read_dir(store.join(".plans"))
+        .expect("the plans folder")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    // Mark the kept plan: a second planning that ran the planner would answer the real size.
+    let text = std::fs::read_to_string(&kept[0]).unwrap();
+    let marked = text.replace(&made.bytes.unwrap().to_string(), "12345");
+    assert_ne!(marked, text);
+    std::fs::write(&kept[0], marked).unwrap();
+    let again = pool.plan_inputs(vec![problem.clone()], Some(6)).await;
+    assert_eq!(
+        again[&problem.key].bytes,
+        Some(12345),
+        "read from the kept plan"
+    );
+    let other_cap = pool.plan_inputs(vec![problem.clone()], Some(2)).await;
+    assert_eq!(
+        other_cap[&problem.key].bytes, made.bytes,
+        "made again under another cap"
+    );
+    pool.shutdown().await;
 }

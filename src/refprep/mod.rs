@@ -54,4 +54,4 @@ pub mod queue;
 pub mod stages;
 
 pub use queue::{MAX_AHEAD, PrepQueue, Preparer, cpu_ahead};
-pub use stages::{Ended, PrepServices, make_inputs, prepare_problem, run};
+pub use stages::{Ended, Made, PrepServices, make_inputs, prepare_problem, run};

@@ -39,8 +39,15 @@ pub struct PrepQueue {
     sizes: HashMap<ProblemKey, u64>,
     /// CPU stage: inputs being made now.
     making: HashSet<ProblemKey>,
+    /// CPU stage: those of `making` taken because a candidate waits for them.
+    urgent: HashSet<ProblemKey>,
     /// CPU stage: inputs no store tier had room for yet, to be tried again (their candidates wait).
     deferred: HashSet<ProblemKey>,
+    /// Problems waiting for room from their first deferral until their inputs are done (retries
+    /// included), with the only tier they wait for (`None`: either).
+    waiting_room: HashMap<ProblemKey, Option<String>>,
+    /// The tier holding each made problem's entry, where the CPU stage said.
+    tier_of: HashMap<ProblemKey, String>,
     /// CPU stage done (made, found stored, or not storable): the device stage may take them, and
     /// their candidates do not wait.
     made: HashSet<ProblemKey>,
@@ -98,13 +105,19 @@ impl PrepQueue {
 
     /// The next problem whose inputs to make, if fewer than `cpu_parallel` are being made: one a
     /// candidate waits for, else the largest queued (the first wanted among equals; an unknown size
-    /// counts as none).
+    /// counts as none). One a candidate waits for is taken up to twice `cpu_parallel`: the makers
+    /// working ahead of need may all be waiting for their cores while that candidate's device idles
+    /// (its maker then claims ahead of them, see [`Self::is_urgent`]).
     pub fn take_inputs(&mut self) -> Option<ProblemKey> {
-        if self.making.len() >= self.cpu_parallel {
+        let full = self.making.len() >= self.cpu_parallel;
+        if full && (self.cpu_urgent.is_empty() || self.making.len() >= 2 * self.cpu_parallel) {
             return None;
         }
         let problem = match self.cpu_urgent.pop_front() {
-            Some(p) => p,
+            Some(p) => {
+                self.urgent.insert(p);
+                p
+            }
             None => {
                 let size = |p: &ProblemKey| self.sizes.get(p).copied().unwrap_or(0);
                 let (index, _) = self
@@ -119,18 +132,31 @@ impl PrepQueue {
         Some(problem)
     }
 
-    /// The CPU stage of `problem` ended (however it ended: a failure leaves the inputs to the
-    /// device, as before there was a CPU stage).
-    pub fn inputs_done(&mut self, problem: ProblemKey) {
-        self.making.remove(&problem);
-        self.made.insert(problem);
+    /// Was `problem`'s making taken because a candidate waits for it?
+    pub fn is_urgent(&self, problem: ProblemKey) -> bool {
+        self.urgent.contains(&problem)
     }
 
-    /// No store tier had room for `problem`'s inputs yet: they wait for [`Self::retry_inputs`], and
-    /// so do its candidates (off the lease), while other problems go on.
-    pub fn inputs_deferred(&mut self, problem: ProblemKey) {
+    /// The CPU stage of `problem` ended (however it ended: a failure leaves the inputs to the
+    /// device, as before there was a CPU stage), its entry in `tier` when it is stored.
+    pub fn inputs_done(&mut self, problem: ProblemKey, tier: Option<String>) {
+        self.urgent.remove(&problem);
+        self.making.remove(&problem);
+        self.waiting_room.remove(&problem);
+        self.made.insert(problem);
+        if let Some(tier) = tier {
+            self.tier_of.insert(problem, tier);
+        }
+    }
+
+    /// No store tier had room for `problem`'s inputs yet (`tier`: the only one that will): they
+    /// wait for [`Self::retry_inputs`], and so do its candidates (off the lease), while other
+    /// problems go on.
+    pub fn inputs_deferred(&mut self, problem: ProblemKey, tier: Option<String>) {
+        self.urgent.remove(&problem);
         self.making.remove(&problem);
         self.deferred.insert(problem);
+        self.waiting_room.insert(problem, tier);
     }
 
     /// Try a deferred problem's inputs again, before the other queued ones (its candidates wait).
@@ -140,17 +166,26 @@ impl PrepQueue {
         }
     }
 
-    /// While some problem's inputs wait for room ([`Self::inputs_deferred`]), the problems whose
-    /// inputs are made, largest first (ties by key): their candidates are the ones to run first, as
-    /// their entries hold the most room (the store keeps an entry from a candidate's build to the
-    /// end of its evaluation). Empty when nothing waits for room.
+    /// While some problem's inputs wait for room ([`Self::inputs_deferred`], until they are made:
+    /// a retry in flight still waits), the problems whose inputs are made in a tier they wait for,
+    /// largest first (ties by key): their candidates are the ones to run first, as their entries
+    /// hold the most of that room (the store keeps an entry from a candidate's build to the end of
+    /// its evaluation). Empty when nothing waits for room.
     pub fn room_holders(&self) -> Vec<ProblemKey> {
-        if self.deferred.is_empty() {
+        if self.waiting_room.is_empty() {
             return Vec::new();
         }
+        // The tiers waited for; `None` when some problem would take room in either.
+        let wanted: Option<HashSet<&str>> =
+            self.waiting_room.values().map(|t| t.as_deref()).collect();
+        let in_wanted = |p: &ProblemKey| match (&wanted, self.tier_of.get(p)) {
+            (Some(tiers), Some(tier)) => tiers.contains(tier.as_str()),
+            _ => true,
+        };
         let mut holders: Vec<(u64, ProblemKey)> = self
             .made
             .iter()
+            .filter(|p| in_wanted(p))
             .filter_map(|p| self.sizes.get(p).map(|&b| (b, *p)))
             .filter(|&(b, _)| b > 0)
             .collect();
@@ -268,13 +303,13 @@ impl Preparer {
         self.wake.notify_waiters();
     }
 
-    pub(super) fn inputs_done(&self, problem: ProblemKey) {
-        self.with(|q| q.inputs_done(problem));
+    pub(super) fn inputs_done(&self, problem: ProblemKey, tier: Option<String>) {
+        self.with(|q| q.inputs_done(problem, tier));
         self.wake.notify_waiters();
     }
 
-    pub(super) fn inputs_deferred(&self, problem: ProblemKey) {
-        self.with(|q| q.inputs_deferred(problem));
+    pub(super) fn inputs_deferred(&self, problem: ProblemKey, tier: Option<String>) {
+        self.with(|q| q.inputs_deferred(problem, tier));
         self.wake.notify_waiters();
     }
 
@@ -313,13 +348,15 @@ impl Preparer {
     }
 
     /// Wait for the next problem whose inputs to make.
-    pub(super) async fn next_inputs(&self) -> ProblemKey {
+    /// The next problem whose inputs to make, and whether a candidate waits for them.
+    pub(super) async fn next_inputs(&self) -> (ProblemKey, bool) {
         loop {
             let notified = self.wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(problem) = self.with(PrepQueue::take_inputs) {
-                return problem;
+            let taken = self.with(|q| q.take_inputs().map(|p| (p, q.is_urgent(p))));
+            if let Some(taken) = taken {
+                return taken;
             }
             notified.await;
         }
@@ -354,6 +391,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::types::{INPUTS_TIER_DISK, INPUTS_TIER_MEMORY};
 
     fn p(id: u32) -> ProblemKey {
         ProblemKey {
@@ -362,10 +400,20 @@ mod tests {
         }
     }
 
+    /// A queue (1 ahead, 4 makers) with these problems coming and their input sizes planned.
+    fn sized(sizes: &[(u32, u64)]) -> PrepQueue {
+        let mut q = PrepQueue::new(1, 4);
+        for (id, _) in sizes {
+            q.coming(p(*id));
+        }
+        q.set_sizes(sizes.iter().map(|(id, b)| (p(*id), *b)).collect());
+        q
+    }
+
     /// The CPU stage of `ids`, done.
     fn made(q: &mut PrepQueue, ids: &[u32]) {
         for id in ids {
-            q.inputs_done(p(*id));
+            q.inputs_done(p(*id), None);
         }
     }
 
@@ -380,7 +428,7 @@ mod tests {
         assert_eq!(q.take_inputs(), Some(p(1)));
         assert_eq!(q.take_inputs(), Some(p(2)));
         assert_eq!(q.take_inputs(), None, "two being made");
-        q.inputs_done(p(2));
+        q.inputs_done(p(2), None);
         assert_eq!(
             q.take(&DeviceId::Cpu),
             Some(p(2)),
@@ -389,15 +437,15 @@ mod tests {
         assert_eq!(q.take_inputs(), Some(p(3)));
         // A candidate of problem 4 waits for its inputs: problem 4 goes first.
         assert!(q.wait_for_inputs(p(4)));
-        q.inputs_done(p(1));
+        q.inputs_done(p(1), None);
         assert_eq!(q.take_inputs(), Some(p(4)));
         assert!(!q.wait_for_inputs(p(1)), "made: its candidates do not wait");
         // A problem nobody queued is queued first by its candidate.
         assert!(q.wait_for_inputs(p(9)));
-        q.inputs_done(p(3));
+        q.inputs_done(p(3), None);
         assert_eq!(q.take_inputs(), Some(p(9)));
         // Made inputs are not made again when a later turn wants the problem.
-        q.inputs_done(p(4));
+        q.inputs_done(p(4), None);
         q.coming(p(1));
         assert_eq!(q.take_inputs(), None);
     }
@@ -411,14 +459,49 @@ mod tests {
         // Problem 4's size is unknown (counts as none); 2 and 3 are equal: the first wanted first.
         q.set_sizes(HashMap::from([(p(1), 10), (p(2), 500), (p(3), 500)]));
         assert_eq!(q.take_inputs(), Some(p(2)));
-        q.inputs_done(p(2));
+        q.inputs_done(p(2), None);
         // A candidate of problem 4 waits: it goes before the larger ones.
         assert!(q.wait_for_inputs(p(4)));
         assert_eq!(q.take_inputs(), Some(p(4)));
-        q.inputs_done(p(4));
+        q.inputs_done(p(4), None);
         assert_eq!(q.take_inputs(), Some(p(3)));
-        q.inputs_done(p(3));
+        q.inputs_done(p(3), None);
         assert_eq!(q.take_inputs(), Some(p(1)));
+    }
+
+    #[test]
+    fn a_problem_its_candidates_wait_for_is_taken_past_makers_working_ahead() {
+        let mut q = PrepQueue::new(1, 2);
+        for id in [1, 2, 3, 4, 5, 6] {
+            q.coming(p(id));
+        }
+        q.set_sizes(HashMap::from([(p(1), 50), (p(2), 40), (p(3), 30)]));
+        // Both places taken by the largest problems, made ahead of need.
+        assert_eq!(q.take_inputs(), Some(p(1)));
+        assert_eq!(q.take_inputs(), Some(p(2)));
+        assert!(!q.is_urgent(p(1)));
+        assert_eq!(q.take_inputs(), None, "the places are full");
+        // Candidates of 4, 5 and 6 wait: up to twice the places, those go at once, as urgent.
+        for id in [4, 5, 6] {
+            assert!(q.wait_for_inputs(p(id)));
+        }
+        assert_eq!(q.take_inputs(), Some(p(6)), "the latest waiting first");
+        assert_eq!(q.take_inputs(), Some(p(5)));
+        assert!(q.is_urgent(p(6)) && q.is_urgent(p(5)));
+        assert_eq!(q.take_inputs(), None, "twice the places");
+        q.inputs_done(p(6), None);
+        assert!(!q.is_urgent(p(6)));
+        assert_eq!(q.take_inputs(), Some(p(4)));
+        q.inputs_done(p(4), None);
+        q.inputs_done(p(5), None);
+        assert_eq!(
+            q.take_inputs(),
+            None,
+            "3 is made ahead of need: it waits for a place"
+        );
+        q.inputs_done(p(1), None);
+        assert_eq!(q.take_inputs(), Some(p(3)));
+        assert!(!q.is_urgent(p(3)));
     }
 
     /// A candidate waiting for its problem's inputs wakes when they are made, and lets the CPU
@@ -434,13 +517,21 @@ mod tests {
             tokio::spawn(async move { prep.inputs_ready(p(2)).await })
         };
         tokio::task::yield_now().await; // the waiter runs (one thread) and queues problem 2 first
-        assert_eq!(prep.next_inputs().await, p(2));
+        assert_eq!(
+            prep.next_inputs().await,
+            (p(2), true),
+            "its candidate waits"
+        );
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
-        prep.inputs_done(p(2));
+        prep.inputs_done(p(2), None);
         waiter.await.unwrap();
         prep.inputs_ready(p(2)).await; // made: returns at once
-        assert_eq!(prep.next_inputs().await, p(1));
+        assert_eq!(
+            prep.next_inputs().await,
+            (p(1), false),
+            "made ahead of need"
+        );
     }
 
     #[test]
@@ -450,47 +541,61 @@ mod tests {
             q.coming(p(id));
         }
         assert_eq!(q.take_inputs(), Some(p(1)));
-        q.inputs_deferred(p(1));
+        q.inputs_deferred(p(1), None);
         // Its place goes to the next problem; its candidates still wait, and a waiting candidate
         // does not queue it again before its retry.
         assert_eq!(q.take_inputs(), Some(p(2)));
         assert!(q.wait_for_inputs(p(1)));
         assert_eq!(q.take(&DeviceId::Cpu), None, "nothing made yet");
-        q.inputs_done(p(2));
+        q.inputs_done(p(2), None);
         q.retry_inputs(p(1));
         assert_eq!(q.take_inputs(), Some(p(1)), "retried before 3");
-        q.inputs_done(p(1));
+        q.inputs_done(p(1), None);
         assert!(!q.wait_for_inputs(p(1)));
         assert_eq!(q.take_inputs(), Some(p(3)));
         // A retry of a problem that is not deferred changes nothing.
-        q.inputs_done(p(3));
+        q.inputs_done(p(3), None);
         q.retry_inputs(p(2));
         assert_eq!(q.take_inputs(), None);
     }
 
     #[test]
     fn while_inputs_wait_for_room_the_largest_made_problems_hold_it() {
-        let mut q = PrepQueue::new(1, 4);
-        for id in [8, 43, 49, 64, 93] {
-            q.coming(p(id));
-        }
-        q.set_sizes(HashMap::from([
-            (p(8), 1),
-            (p(43), 25),
-            (p(49), 51),
-            (p(64), 12),
-            (p(93), 32),
-        ]));
+        let mut q = sized(&[(8, 1), (43, 25), (49, 51), (64, 12), (93, 32)]);
         made(&mut q, &[8, 64, 93]);
         assert!(q.room_holders().is_empty(), "nothing waits for room");
         assert_eq!(q.take_inputs(), Some(p(49)), "the largest first");
-        q.inputs_deferred(p(49));
+        q.inputs_deferred(p(49), None);
         // Made problems only (43's inputs are not made: they hold no entry yet), largest first.
         assert_eq!(q.room_holders(), vec![p(93), p(64), p(8)]);
         q.retry_inputs(p(49));
         assert_eq!(q.take_inputs(), Some(p(49)));
-        q.inputs_done(p(49));
+        assert_eq!(
+            q.room_holders(),
+            vec![p(93), p(64), p(8)],
+            "a retry in flight still waits for room (the preference held only between retries)"
+        );
+        q.inputs_done(p(49), None);
         assert!(q.room_holders().is_empty(), "made: the preference ends");
+    }
+
+    #[test]
+    fn inputs_waiting_for_memory_prefer_the_problems_holding_memory() {
+        let mut q = sized(&[(8, 1), (43, 25), (49, 51), (64, 12), (70, 8), (93, 32)]);
+        let memory = || Some(INPUTS_TIER_MEMORY.to_string());
+        let disk = || Some(INPUTS_TIER_DISK.to_string());
+        for (id, tier) in [(43, disk()), (93, memory()), (70, memory()), (8, None)] {
+            q.inputs_done(p(id), tier);
+        }
+        // 49 fits only the in-memory tier: the disk store's 43, larger than 70, frees none of it
+        // (8's tier is not known: it may).
+        q.inputs_deferred(p(49), memory());
+        assert_eq!(q.room_holders(), vec![p(93), p(70), p(8)]);
+        // Another problem that would take room in either tier: every holder counts again.
+        q.inputs_deferred(p(64), None);
+        assert_eq!(q.room_holders(), vec![p(93), p(43), p(70), p(8)]);
+        q.inputs_done(p(64), memory());
+        assert_eq!(q.room_holders(), vec![p(93), p(64), p(70), p(8)]);
     }
 
     #[test]

@@ -71,31 +71,32 @@ async fn cpu_stage(prep: &Preparer, services: &PrepServices<'_>, cancel: &Cancel
         tokio::select! {
             biased;
             _ = cancel.cancelled() => return,
-            Some((problem, deferred)) = cpu.next() => {
+            Some((problem, made)) = cpu.next() => {
+                let made: Made = made;
                 let since = *deferred_since.entry(problem).or_insert_with(Instant::now);
-                if deferred && since.elapsed() < MAX_DEFERRED {
-                    prep.inputs_deferred(problem);
+                if made.deferred && since.elapsed() < MAX_DEFERRED {
+                    prep.inputs_deferred(problem, made.tier);
                     retries.push(async move {
                         tokio::time::sleep(RETRY_DEFERRED).await;
                         problem
                     });
                 } else {
                     deferred_since.remove(&problem);
-                    prep.inputs_done(problem);
+                    prep.inputs_done(problem, made.tier);
                 }
             }
             Some(problem) = retries.next() => prep.retry_inputs(problem),
-            problem = prep.next_inputs() => {
+            (problem, urgent) = prep.next_inputs() => {
                 let spec = services.problems.get(&problem).cloned();
                 // A deferral is logged once; the retries that follow log only how they end.
                 let again = deferred_since.contains_key(&problem);
                 let plan = plans.get(&problem).copied();
                 cpu.push(async move {
-                    let deferred = match spec {
-                        Some(spec) => make_inputs(services, spec, again, plan).await,
-                        None => false,
+                    let made = match spec {
+                        Some(spec) => make_inputs(services, spec, again, plan, urgent).await,
+                        None => Made::default(),
                     };
-                    (problem, deferred)
+                    (problem, made)
                 });
             }
         }
@@ -150,15 +151,27 @@ async fn plan_inputs(services: &PrepServices<'_>) -> HashMap<ProblemKey, InputsP
         .unwrap_or_default()
 }
 
+/// How one problem's CPU stage ended, for the queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Made {
+    /// No tier had room yet ([`InputsOutcome::is_deferred`]): tried again later.
+    pub deferred: bool,
+    /// The tier holding the entry, or the only one a deferred entry waits for
+    /// ([`InputsOutcome::tier`]).
+    pub tier: Option<String>,
+}
+
 /// The CPU stage of one problem: its inputs made into the store, no lease held. Logged when the
 /// executor has a store (a repeated deferral, `again`, is not); a failure is logged and leaves the
-/// inputs to the device stage. True when no tier had room yet ([`InputsOutcome::is_deferred`]).
+/// inputs to the device stage. `urgent`: a candidate waits for them (its maker claims its cores
+/// ahead of the makers working ahead of need).
 pub async fn make_inputs(
     services: &PrepServices<'_>,
     problem: Arc<Problem>,
     again: bool,
     plan: Option<InputsPlan>,
-) -> bool {
+    urgent: bool,
+) -> Made {
     // The processes drawing inputs are the budget's: claimed first, and the maker kept to them. Its
     // plan says how many it runs (one, in its own process, unless its inputs are large); without a
     // plan it may run as many as the budget grants a problem.
@@ -166,7 +179,20 @@ pub async fn make_inputs(
         Some(cpu) => {
             let cap = inputs_claim(cpu.budget());
             let processes = plan.map_or(cap, |p| u64::from(p.processes).clamp(1, cap));
-            Some(cpu.claim(Claim::Inputs, processes * CORE).await)
+            let asked = Instant::now();
+            let grant = if urgent {
+                cpu.claim_urgent(processes * CORE).await
+            } else {
+                cpu.claim(Claim::Inputs, processes * CORE).await
+            };
+            if asked.elapsed() > Duration::from_secs(1) {
+                tracing::info!(
+                    "inputs of {} waited {} ms for {processes} core(s) of the CPU budget",
+                    problem.key,
+                    asked.elapsed().as_millis()
+                );
+            }
+            Some(grant)
         }
         None => None,
     };
@@ -177,7 +203,7 @@ pub async fn make_inputs(
         .make_inputs(problem.clone(), processes)
         .await
     {
-        Ok(None) => return false,
+        Ok(None) => return Made::default(),
         Ok(Some(outcome)) => outcome,
         Err(Unavailable(error)) => InputsOutcome {
             status: "failed".into(),
@@ -185,17 +211,21 @@ pub async fn make_inputs(
             duration_ms: started.elapsed().as_millis() as u64,
             parallel: 0,
             detail: Some(error),
+            tier: None,
         },
     };
-    let deferred = outcome.is_deferred();
-    if !(deferred && again) {
+    let made = Made {
+        deferred: outcome.is_deferred(),
+        tier: outcome.tier.clone(),
+    };
+    if !(made.deferred && again) {
         let event = Event::InputsPrepared {
             problem: problem.key,
             outcome,
         };
         services.sink.record(None, event).await;
     }
-    deferred
+    made
 }
 
 /// How preparing one problem ended.
@@ -396,6 +426,7 @@ mod tests {
                 duration_ms: 0,
                 parallel: 0,
                 detail: None,
+                tier: None,
             }))
         }
 
@@ -546,6 +577,7 @@ mod tests {
                     duration_ms: 0,
                     parallel: 0,
                     detail: None,
+                    tier: None,
                 }));
             }
             let mut tries = self.tries.lock().unwrap();
@@ -557,6 +589,7 @@ mod tests {
                 duration_ms: 0,
                 parallel: 0,
                 detail: None,
+                tier: None,
             }))
         }
 

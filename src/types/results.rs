@@ -508,10 +508,18 @@ pub struct InputsOutcome {
     pub parallel: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// The store tier holding the entry ([`INPUTS_TIER_DISK`] or [`INPUTS_TIER_MEMORY`]); for
+    /// `deferred`, the only tier whose room it waits for (absent: either, or not known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
 }
 
 /// [`InputsOutcome::status`] of inputs that wait for room in the store.
 pub const INPUTS_DEFERRED: &str = "deferred";
+/// [`InputsOutcome::tier`]: the on-disk store.
+pub const INPUTS_TIER_DISK: &str = "disk";
+/// [`InputsOutcome::tier`]: the in-memory tier (`/dev/shm`).
+pub const INPUTS_TIER_MEMORY: &str = "memory";
 
 impl InputsOutcome {
     /// No tier had room yet: the CPU stage tries again later.

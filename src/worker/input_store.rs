@@ -763,7 +763,7 @@ impl InputStore {
 }
 
 /// One entry's plan, as `kb_store.py plan` answers it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlannedEntry {
     /// The entry's bytes (every seed); `None`: unknown until made.
     pub bytes: Option<u64>,

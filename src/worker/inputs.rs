@@ -7,20 +7,26 @@
 //! know what an entry is made of and answer every question the pool has about inputs.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
 
 use super::WorkerError;
 use super::config::InputsMode;
 use super::input_store::{
-    GenerateAnswer, GenerateStatus, InputStore, RAM_STORE_PREFIX, entry_key, ram_store_dir,
+    GenerateAnswer, GenerateStatus, InputStore, PlannedEntry, RAM_STORE_PREFIX, entry_key,
+    ram_store_dir,
 };
 use super::outcome::elapsed_ms;
 use super::settings::WorkerSettings;
 use super::spawn_spec::{SpawnSpec, worker_env};
 use crate::scratch::Scratch;
 use crate::services::{InputsPlan, Unavailable};
-use crate::types::{INPUTS_DEFERRED, InputsOutcome, Problem, ProblemKey};
+use crate::types::{
+    INPUTS_DEFERRED, INPUTS_TIER_DISK, INPUTS_TIER_MEMORY, InputsOutcome, Problem, ProblemKey,
+};
 
 /// The store's tiers, opened before the workers start.
 pub(super) struct InputTiers {
@@ -210,24 +216,51 @@ impl InputStores {
             return HashMap::new();
         };
         let seeds = self.correct_trials + u32::from(self.timed);
-        let codes: Vec<&str> = problems.iter().map(|p| p.code.as_str()).collect();
-        match store.plan_entries(&codes, seeds, processes).await {
-            Ok(plans) => problems
-                .iter()
-                .zip(plans)
-                .map(|(p, e)| {
-                    let plan = InputsPlan {
-                        bytes: e.bytes,
-                        processes: e.processes.max(1),
-                    };
-                    (p.key, plan)
-                })
-                .collect(),
-            Err(e) => {
-                tracing::warn!("could not plan the problems' inputs (made in arrival order): {e}");
-                HashMap::new()
+        let started = Instant::now();
+        let folder = store.root().join(PLANS_DIR);
+        let mut planned: HashMap<ProblemKey, PlannedEntry> = HashMap::new();
+        let mut missing: Vec<&Arc<Problem>> = Vec::new();
+        for problem in problems {
+            match read_plan(&folder, &self.key(problem), processes).await {
+                Some(entry) => {
+                    planned.insert(problem.key, entry);
+                }
+                None => missing.push(problem),
             }
         }
+        if !missing.is_empty() {
+            let codes: Vec<&str> = missing.iter().map(|p| p.code.as_str()).collect();
+            match store.plan_entries(&codes, seeds, processes).await {
+                Ok(plans) => {
+                    for (problem, entry) in missing.iter().zip(plans) {
+                        write_plan(&folder, &self.key(problem), processes, entry).await;
+                        planned.insert(problem.key, entry);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "could not plan the problems' inputs (made in arrival order): {e}"
+                    );
+                    return HashMap::new();
+                }
+            }
+        }
+        tracing::info!(
+            "inputs of {} problem(s) planned in {} ms ({} plan(s) kept from earlier runs)",
+            problems.len(),
+            started.elapsed().as_millis(),
+            problems.len() - missing.len()
+        );
+        planned
+            .into_iter()
+            .map(|(key, e)| {
+                let plan = InputsPlan {
+                    bytes: e.bytes,
+                    processes: e.processes.max(1),
+                };
+                (key, plan)
+            })
+            .collect()
     }
 
     /// The CPU stage of `problem` (see `crate::refprep`): its inputs made into the store by a
@@ -250,15 +283,38 @@ impl InputStores {
             && self.stored(problem).is_none()
             && !admits_now(&tiers, &key, planned).await
         {
-            return Ok(Some(deferred(planned, elapsed_ms(started))));
+            let tier = waits_in(&tiers, &key);
+            return Ok(Some(deferred(planned, elapsed_ms(started), tier)));
         }
-        let mut answer = self.ensure_in(store, processes, &key, problem).await;
+        // An entry kept in the in-memory tier only is read there at once: asking the disk store
+        // first started a generator (torch imported, the entry planned) only to be refused, about
+        // 2 s in front of each such problem's first lease.
+        let ram_only = self
+            .ram
+            .as_ref()
+            .filter(|ram| store.usable(&key).is_none() && ram.usable(&key).is_some());
+        let (mut answer, mut tier) = match ram_only {
+            Some(ram) => (
+                self.ensure_in(ram, processes, &key, problem)
+                    .await
+                    .map(|mut a| {
+                        a.detail = "in memory".into();
+                        a
+                    }),
+                INPUTS_TIER_MEMORY,
+            ),
+            None => (
+                self.ensure_in(store, processes, &key, problem).await,
+                INPUTS_TIER_DISK,
+            ),
+        };
         // Too large for the disk store: the in-memory tier, still off the lease (the worker would
         // otherwise draw these inputs inside a candidate's lease).
-        if let (Ok(disk), Some(ram)) = (&answer, &self.ram)
+        if let (Ok(disk), Some(ram), true) = (&answer, &self.ram, ram_only.is_none())
             && disk.status == GenerateStatus::OverBudget
         {
             let refused = disk.detail.clone();
+            tier = INPUTS_TIER_MEMORY;
             answer = self
                 .ensure_in(ram, processes, &key, problem)
                 .await
@@ -272,38 +328,96 @@ impl InputStores {
         }
         // Refused by every tier, but one of them has room once queued candidates are done with
         // their entries (or, for up to `MEMORY_WAIT`, once memory other processes use now comes
-        // back): made later (see `crate::refprep`), not inside a lease now.
+        // back): made later (see `crate::refprep`), not inside a lease now. The tier it waits for
+        // is named when only one would take it (the CPU stage then runs the candidates holding
+        // room there first).
+        let mut waits_for = None;
         if let Ok(a) = &mut answer
             && a.status == GenerateStatus::OverBudget
             && tiers.iter().any(|t| t.refused_for_now(&key).is_some())
         {
             a.status = GenerateStatus::Deferred;
+            waits_for = waits_in(&tiers, &key);
         }
         let duration_ms = elapsed_ms(started);
         Ok(Some(match answer {
-            Ok(a) => InputsOutcome {
-                status: serde_json::to_value(a.status)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default(),
-                bytes: a.bytes,
-                duration_ms,
-                parallel: a.parallel,
-                detail: (!a.detail.is_empty()).then_some(a.detail),
-            },
+            Ok(a) => {
+                let tier = match a.status {
+                    GenerateStatus::Hit | GenerateStatus::Generated | GenerateStatus::Rebuilt => {
+                        Some(tier)
+                    }
+                    GenerateStatus::Deferred => waits_for,
+                    _ => None,
+                };
+                InputsOutcome {
+                    status: serde_json::to_value(a.status)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                    bytes: a.bytes,
+                    duration_ms,
+                    parallel: a.parallel,
+                    detail: (!a.detail.is_empty()).then_some(a.detail),
+                    tier: tier.map(str::to_string),
+                }
+            }
             Err(e) => InputsOutcome {
                 status: "failed".into(),
                 bytes: 0,
                 duration_ms,
                 parallel: 0,
                 detail: Some(e),
+                tier: None,
             },
         }))
     }
 }
 
+/// The disk store's folder of plans already made (`<key>.json`, see [`read_plan`]).
+pub const PLANS_DIR: &str = ".plans";
+
+/// A plan kept from an earlier run, as written by [`write_plan`].
+#[derive(Debug, Serialize, Deserialize)]
+struct KeptPlan {
+    /// The processes cap the plan was made under (the CPU budget's share for input makers).
+    cap: Option<u32>,
+    #[serde(flatten)]
+    entry: PlannedEntry,
+}
+
+/// The plan of entry `key` made by an earlier run under the same processes cap, if any. An entry's
+/// bytes follow from its key (the problem's code, seeds, trials and torch): planning them again
+/// started a process that imported torch (about 4 s before a warm batch's first lease). The
+/// processes its maker runs also depend on the memory available when it was planned: a kept plan
+/// may claim a little more or less than a fresh one would (the maker itself still decides within
+/// the grant).
+async fn read_plan(folder: &Path, key: &str, cap: Option<u32>) -> Option<PlannedEntry> {
+    let bytes = tokio::fs::read(folder.join(format!("{key}.json")))
+        .await
+        .ok()?;
+    let kept: KeptPlan = serde_json::from_slice(&bytes).ok()?;
+    (kept.cap == cap).then_some(kept.entry)
+}
+
+/// Keep entry `key`'s plan for later runs (best effort: a plan not kept is made again).
+async fn write_plan(folder: &Path, key: &str, cap: Option<u32>, entry: PlannedEntry) {
+    let Ok(text) = serde_json::to_vec(&KeptPlan { cap, entry }) else {
+        return;
+    };
+    let tmp = folder.join(format!(".{key}.{}", std::process::id()));
+    let write = async {
+        tokio::fs::create_dir_all(folder).await?;
+        tokio::fs::write(&tmp, text).await?;
+        tokio::fs::rename(&tmp, folder.join(format!("{key}.json"))).await
+    };
+    if let Err(e) = write.await {
+        let _ = tokio::fs::remove_file(&tmp).await;
+        tracing::debug!("could not keep the plan of {key}: {e}");
+    }
+}
+
 /// The CPU stage's outcome for an entry no tier takes yet (see [`GenerateStatus::Deferred`]).
-fn deferred(planned: u64, duration_ms: u64) -> InputsOutcome {
+fn deferred(planned: u64, duration_ms: u64, tier: Option<&str>) -> InputsOutcome {
     InputsOutcome {
         status: INPUTS_DEFERRED.into(),
         bytes: 0,
@@ -313,6 +427,21 @@ fn deferred(planned: u64, duration_ms: u64) -> InputsOutcome {
             "{planned} bytes wait for room that queued candidates' entries (or, for a while, \
              other processes' memory) give back"
         )),
+        tier: tier.map(str::to_string),
+    }
+}
+
+/// The only tier of `tiers` that will have room for `key`'s refused entry later, when only one
+/// will (`None`: both, or neither).
+fn waits_in(tiers: &[&InputStore], key: &str) -> Option<&'static str> {
+    let later: Vec<&&InputStore> = tiers
+        .iter()
+        .filter(|t| t.refused_for_now(key).is_some())
+        .collect();
+    match later.as_slice() {
+        [only] if only.is_in_memory() => Some(INPUTS_TIER_MEMORY),
+        [_] => Some(INPUTS_TIER_DISK),
+        _ => None,
     }
 }
 
