@@ -13,10 +13,7 @@
 //!   it asks until it ends.
 //!
 //! Builds and input makers are served in arrival order ([`CpuBudget::claim`]): a large claim first in
-//! line is not overtaken by a stream of small ones. A maker whose problem's candidates already wait
-//! for it ([`CpuBudget::claim_urgent`]) takes its place ahead of the makers working ahead of need (a
-//! cold batch's small problems, their candidates built and the device idle, waited up to 57 s behind
-//! the largest problems' six-process makers). Two exceptions ([`may_pass`]), each within half the
+//! line is not overtaken by a stream of small ones. Two exceptions ([`may_pass`]), each within half the
 //! budget: a build passes input makers waiting in line while builds hold at most half the budget, so
 //! builds start at once when a run begins with more problems' inputs to make than fit (each maker
 //! claims up to half the budget, and the makers first in line would otherwise hold every build back
@@ -144,8 +141,6 @@ struct State {
     held: Held,
     /// Tickets of the claims waiting, what each is for and its milli-cores, first in line first.
     line: VecDeque<(u64, Claim, u64)>,
-    /// Tickets of the input makers a candidate waits for (see [`CpuBudget::claim_urgent`]).
-    urgent: Vec<u64>,
     /// The next claim's ticket: its place in line.
     next_ticket: u64,
     /// Milli-cores the last builds used, newest last.
@@ -216,18 +211,6 @@ impl CpuBudget {
     /// still), in arrival order; held until the grant is dropped. Dropping the future gives up its
     /// place in line.
     pub async fn claim(&self, kind: Claim, want: u64) -> Grant<'_> {
-        self.claim_placed(kind, want, false).await
-    }
-
-    /// Claim `want` milli-cores for an input maker whose problem's candidates wait for it (built,
-    /// holding no lease, the device perhaps idle): it goes ahead of the makers in line that make
-    /// inputs before they are needed (after the urgent ones already there), never ahead of builds.
-    /// Otherwise as [`Self::claim`].
-    pub async fn claim_urgent(&self, want: u64) -> Grant<'_> {
-        self.claim_placed(Claim::Inputs, want, true).await
-    }
-
-    async fn claim_placed(&self, kind: Claim, want: u64, urgent: bool) -> Grant<'_> {
         let quiet = kind == Claim::Quiet;
         let want = if quiet { 0 } else { want };
         let ticket = self.with(|s| {
@@ -235,17 +218,6 @@ impl CpuBudget {
             s.next_ticket += 1;
             if quiet {
                 s.held.quiet_waiting += 1;
-            } else if urgent {
-                let urgent_tickets = &s.urgent;
-                let at = s
-                    .line
-                    .iter()
-                    .position(|(other, k, _)| {
-                        *k == Claim::Inputs && !urgent_tickets.contains(other)
-                    })
-                    .unwrap_or(s.line.len());
-                s.line.insert(at, (t, kind, want));
-                s.urgent.push(t);
             } else {
                 s.line.push_back((t, kind, want));
             }
@@ -294,7 +266,6 @@ impl CpuBudget {
                     return false;
                 }
                 s.line.retain(|(t, _, _)| *t != ticket);
-                s.urgent.retain(|t| *t != ticket);
                 match kind {
                     Claim::Build => s.held.builds += want,
                     Claim::Inputs | Claim::Quiet => s.held.inputs += want,
@@ -335,7 +306,6 @@ impl Drop for InLine<'_> {
                     s.held.quiet_waiting -= 1;
                 } else {
                     s.line.retain(|(t, _, _)| *t != ticket);
-                    s.urgent.retain(|t| *t != ticket);
                 }
             });
             self.budget.wake.notify_waiters();
@@ -605,45 +575,6 @@ mod tests {
         for q in queued {
             drop(q.await);
         }
-        assert_eq!(budget.held(), Held::default());
-    }
-
-    #[tokio::test]
-    async fn a_maker_its_candidates_wait_for_goes_ahead_of_makers_working_ahead() {
-        // A cold batch: builds hold most of the cores, a large problem's maker (made ahead of need)
-        // waits for six, then a small problem whose candidates are built and waiting asks for one.
-        let budget = CpuBudget::new(16);
-        let mut running: Vec<_> = Vec::new();
-        for _ in 0..14 {
-            running.push(budget.claim(Claim::Build, 1000).await);
-        }
-        let mut ahead = Box::pin(budget.claim(Claim::Inputs, 6000));
-        assert!(futures::poll!(ahead.as_mut()).is_pending());
-        let mut later = Box::pin(budget.claim(Claim::Inputs, 1000));
-        assert!(futures::poll!(later.as_mut()).is_pending());
-        let mut urgent = Box::pin(budget.claim_urgent(1000));
-        // Two cores are free: the urgent maker takes one at once, past both makers in line (the
-        // one working ahead of need that came after the large one still waits behind it).
-        let urgent = urgent.as_mut().await;
-        assert_eq!(budget.held(), held(14_000, 1000, false));
-        assert!(futures::poll!(later.as_mut()).is_pending());
-        // A second urgent maker goes after the first urgent one, still ahead of the others.
-        let mut second = Box::pin(budget.claim_urgent(1000));
-        let second = second.as_mut().await;
-        assert_eq!(budget.held(), held(14_000, 2000, false));
-        assert!(futures::poll!(ahead.as_mut()).is_pending());
-        drop((urgent, second));
-        // Then the makers in arrival order: the large one first, as builds end.
-        for _ in 0..4 {
-            drop(running.pop());
-        }
-        let ahead = ahead.await;
-        assert_eq!(budget.held(), held(10_000, 6000, false));
-        assert!(futures::poll!(later.as_mut()).is_pending(), "no core free");
-        drop(running.pop());
-        let later = later.await;
-        assert_eq!(budget.held(), held(9_000, 7000, false));
-        drop((ahead, later, running));
         assert_eq!(budget.held(), Held::default());
     }
 
