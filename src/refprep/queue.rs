@@ -39,8 +39,6 @@ pub struct PrepQueue {
     sizes: HashMap<ProblemKey, u64>,
     /// CPU stage: inputs being made now.
     making: HashSet<ProblemKey>,
-    /// CPU stage: those of `making` taken because a candidate waits for them.
-    urgent: HashSet<ProblemKey>,
     /// CPU stage: inputs no store tier had room for yet, to be tried again (their candidates wait).
     deferred: HashSet<ProblemKey>,
     /// Problems waiting for room from their first deferral until their inputs are done (retries
@@ -105,19 +103,13 @@ impl PrepQueue {
 
     /// The next problem whose inputs to make, if fewer than `cpu_parallel` are being made: one a
     /// candidate waits for, else the largest queued (the first wanted among equals; an unknown size
-    /// counts as none). One a candidate waits for is taken up to twice `cpu_parallel`: the makers
-    /// working ahead of need may all be waiting for their cores while that candidate's device idles
-    /// (its maker then claims ahead of them, see [`Self::is_urgent`]).
+    /// counts as none).
     pub fn take_inputs(&mut self) -> Option<ProblemKey> {
-        let full = self.making.len() >= self.cpu_parallel;
-        if full && (self.cpu_urgent.is_empty() || self.making.len() >= 2 * self.cpu_parallel) {
+        if self.making.len() >= self.cpu_parallel {
             return None;
         }
         let problem = match self.cpu_urgent.pop_front() {
-            Some(p) => {
-                self.urgent.insert(p);
-                p
-            }
+            Some(p) => p,
             None => {
                 let size = |p: &ProblemKey| self.sizes.get(p).copied().unwrap_or(0);
                 let (index, _) = self
@@ -132,15 +124,9 @@ impl PrepQueue {
         Some(problem)
     }
 
-    /// Was `problem`'s making taken because a candidate waits for it?
-    pub fn is_urgent(&self, problem: ProblemKey) -> bool {
-        self.urgent.contains(&problem)
-    }
-
     /// The CPU stage of `problem` ended (however it ended: a failure leaves the inputs to the
     /// device, as before there was a CPU stage), its entry in `tier` when it is stored.
     pub fn inputs_done(&mut self, problem: ProblemKey, tier: Option<String>) {
-        self.urgent.remove(&problem);
         self.making.remove(&problem);
         self.waiting_room.remove(&problem);
         self.made.insert(problem);
@@ -153,7 +139,6 @@ impl PrepQueue {
     /// wait for [`Self::retry_inputs`], and so do its candidates (off the lease), while other
     /// problems go on.
     pub fn inputs_deferred(&mut self, problem: ProblemKey, tier: Option<String>) {
-        self.urgent.remove(&problem);
         self.making.remove(&problem);
         self.deferred.insert(problem);
         self.waiting_room.insert(problem, tier);
@@ -348,15 +333,13 @@ impl Preparer {
     }
 
     /// Wait for the next problem whose inputs to make.
-    /// The next problem whose inputs to make, and whether a candidate waits for them.
-    pub(super) async fn next_inputs(&self) -> (ProblemKey, bool) {
+    pub(super) async fn next_inputs(&self) -> ProblemKey {
         loop {
             let notified = self.wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let taken = self.with(|q| q.take_inputs().map(|p| (p, q.is_urgent(p))));
-            if let Some(taken) = taken {
-                return taken;
+            if let Some(problem) = self.with(PrepQueue::take_inputs) {
+                return problem;
             }
             notified.await;
         }
@@ -469,41 +452,6 @@ mod tests {
         assert_eq!(q.take_inputs(), Some(p(1)));
     }
 
-    #[test]
-    fn a_problem_its_candidates_wait_for_is_taken_past_makers_working_ahead() {
-        let mut q = PrepQueue::new(1, 2);
-        for id in [1, 2, 3, 4, 5, 6] {
-            q.coming(p(id));
-        }
-        q.set_sizes(HashMap::from([(p(1), 50), (p(2), 40), (p(3), 30)]));
-        // Both places taken by the largest problems, made ahead of need.
-        assert_eq!(q.take_inputs(), Some(p(1)));
-        assert_eq!(q.take_inputs(), Some(p(2)));
-        assert!(!q.is_urgent(p(1)));
-        assert_eq!(q.take_inputs(), None, "the places are full");
-        // Candidates of 4, 5 and 6 wait: up to twice the places, those go at once, as urgent.
-        for id in [4, 5, 6] {
-            assert!(q.wait_for_inputs(p(id)));
-        }
-        assert_eq!(q.take_inputs(), Some(p(6)), "the latest waiting first");
-        assert_eq!(q.take_inputs(), Some(p(5)));
-        assert!(q.is_urgent(p(6)) && q.is_urgent(p(5)));
-        assert_eq!(q.take_inputs(), None, "twice the places");
-        q.inputs_done(p(6), None);
-        assert!(!q.is_urgent(p(6)));
-        assert_eq!(q.take_inputs(), Some(p(4)));
-        q.inputs_done(p(4), None);
-        q.inputs_done(p(5), None);
-        assert_eq!(
-            q.take_inputs(),
-            None,
-            "3 is made ahead of need: it waits for a place"
-        );
-        q.inputs_done(p(1), None);
-        assert_eq!(q.take_inputs(), Some(p(3)));
-        assert!(!q.is_urgent(p(3)));
-    }
-
     /// A candidate waiting for its problem's inputs wakes when they are made, and lets the CPU
     /// stage run meanwhile (on one thread: a waiter that woke itself would starve it; this test hung
     /// before).
@@ -517,21 +465,13 @@ mod tests {
             tokio::spawn(async move { prep.inputs_ready(p(2)).await })
         };
         tokio::task::yield_now().await; // the waiter runs (one thread) and queues problem 2 first
-        assert_eq!(
-            prep.next_inputs().await,
-            (p(2), true),
-            "its candidate waits"
-        );
+        assert_eq!(prep.next_inputs().await, p(2));
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
         prep.inputs_done(p(2), None);
         waiter.await.unwrap();
         prep.inputs_ready(p(2)).await; // made: returns at once
-        assert_eq!(
-            prep.next_inputs().await,
-            (p(1), false),
-            "made ahead of need"
-        );
+        assert_eq!(prep.next_inputs().await, p(1));
     }
 
     #[test]

@@ -86,14 +86,14 @@ async fn cpu_stage(prep: &Preparer, services: &PrepServices<'_>, cancel: &Cancel
                 }
             }
             Some(problem) = retries.next() => prep.retry_inputs(problem),
-            (problem, urgent) = prep.next_inputs() => {
+            problem = prep.next_inputs() => {
                 let spec = services.problems.get(&problem).cloned();
                 // A deferral is logged once; the retries that follow log only how they end.
                 let again = deferred_since.contains_key(&problem);
                 let plan = plans.get(&problem).copied();
                 cpu.push(async move {
                     let made = match spec {
-                        Some(spec) => make_inputs(services, spec, again, plan, urgent).await,
+                        Some(spec) => make_inputs(services, spec, again, plan).await,
                         None => Made::default(),
                     };
                     (problem, made)
@@ -163,14 +163,12 @@ pub struct Made {
 
 /// The CPU stage of one problem: its inputs made into the store, no lease held. Logged when the
 /// executor has a store (a repeated deferral, `again`, is not); a failure is logged and leaves the
-/// inputs to the device stage. `urgent`: a candidate waits for them (its maker claims its cores
-/// ahead of the makers working ahead of need).
+/// inputs to the device stage.
 pub async fn make_inputs(
     services: &PrepServices<'_>,
     problem: Arc<Problem>,
     again: bool,
     plan: Option<InputsPlan>,
-    urgent: bool,
 ) -> Made {
     // The processes drawing inputs are the budget's: claimed first, and the maker kept to them. Its
     // plan says how many it runs (one, in its own process, unless its inputs are large); without a
@@ -180,11 +178,7 @@ pub async fn make_inputs(
             let cap = inputs_claim(cpu.budget());
             let processes = plan.map_or(cap, |p| u64::from(p.processes).clamp(1, cap));
             let asked = Instant::now();
-            let grant = if urgent {
-                cpu.claim_urgent(processes * CORE).await
-            } else {
-                cpu.claim(Claim::Inputs, processes * CORE).await
-            };
+            let grant = cpu.claim(Claim::Inputs, processes * CORE).await;
             if asked.elapsed() > Duration::from_secs(1) {
                 tracing::info!(
                     "inputs of {} waited {} ms for {processes} core(s) of the CPU budget",
