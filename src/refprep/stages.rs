@@ -71,18 +71,17 @@ async fn cpu_stage(prep: &Preparer, services: &PrepServices<'_>, cancel: &Cancel
         tokio::select! {
             biased;
             _ = cancel.cancelled() => return,
-            Some((problem, made)) = cpu.next() => {
-                let made: Made = made;
+            Some((problem, Made { deferred, tier })) = cpu.next() => {
                 let since = *deferred_since.entry(problem).or_insert_with(Instant::now);
-                if made.deferred && since.elapsed() < MAX_DEFERRED {
-                    prep.inputs_deferred(problem, made.tier);
+                if deferred && since.elapsed() < MAX_DEFERRED {
+                    prep.inputs_deferred(problem, tier);
                     retries.push(async move {
                         tokio::time::sleep(RETRY_DEFERRED).await;
                         problem
                     });
                 } else {
                     deferred_since.remove(&problem);
-                    prep.inputs_done(problem, made.tier);
+                    prep.inputs_done(problem, tier);
                 }
             }
             Some(problem) = retries.next() => prep.retry_inputs(problem),

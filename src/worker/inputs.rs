@@ -310,7 +310,8 @@ impl InputStores {
         };
         // Too large for the disk store: the in-memory tier, still off the lease (the worker would
         // otherwise draw these inputs inside a candidate's lease).
-        if let (Ok(disk), Some(ram), true) = (&answer, &self.ram, ram_only.is_none())
+        if let (Ok(disk), Some(ram)) = (&answer, &self.ram)
+            && ram_only.is_none()
             && disk.status == GenerateStatus::OverBudget
         {
             let refused = disk.detail.clone();
