@@ -208,7 +208,7 @@ def test_the_lease_trace_says_where_a_jobs_time_went(
     # After each evaluation's job, the worker's own steps until it answers: one `tail` line each.
     assert len(tails) == 2, tails
     for tail in tails:
-        for step in ("total=", "tail_reference=", "tail_spares=", "tail_response=", "tail_memory="):
+        for step in ("total=", "tail_reference=", "tail_release_gc=", "tail_spares=", "tail_response=", "tail_memory="):
             assert step in tail, (step, tail)
     assert " evaluate c" in honest and " correct total=" in honest, honest
     for step in ("take=", "warm_spares=", "process=", "ask_trial=", "ask_verify=", "fresh_probe=", "retire="):
