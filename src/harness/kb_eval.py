@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import importlib.metadata
 import os
 import platform
@@ -334,10 +333,10 @@ def _evaluate_into(
             _guard_speedup(verdict, request, worker, ctx, hardware)
     _spent("reference", tail)
     if not verdict.sticky:
-        # release_memory's two steps, timed apart in the lease trace: the collection walks only what
-        # this job made, while giving the cache back synchronises the device and frees its segments.
+        # release_memory's two steps, timed apart in the lease trace: the collection (what this job
+        # made), then the cache given back (the device synchronised, its segments freed).
         release = time.perf_counter()
-        gc.collect()
+        kb_memory.collect()
         _spent("release_gc", release)
         if device.type == "cuda":
             release = time.perf_counter()

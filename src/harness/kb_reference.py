@@ -41,6 +41,7 @@ from kb_memory import (
     device_state,
     evictions,
     figures,
+    let_go,
     memory_budgets,
     need_bytes,
     peak_of,
@@ -589,6 +590,8 @@ class ProblemContext:
             self.device_bytes -= size
             freed += size
         self.counts["demoted"] += 1
+        if freed:
+            let_go()
         return freed
 
 
@@ -847,6 +850,7 @@ class ReferenceCache:
         """Forget the context of `key` (its memory goes with the last reference), keeping its sizes."""
         ctx = self.contexts.pop(key)
         self.sizes[key] = (ctx.footprint, ctx.planned_bytes)
+        let_go()
         return ctx
 
     def _used(self, device: torch.device, attr: str) -> int:

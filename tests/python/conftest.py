@@ -4,6 +4,7 @@ worker."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -55,6 +56,14 @@ def _working_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         yield
     finally:
         os.chdir(before)
+
+
+@pytest.fixture(autouse=True)
+def _collector_unfrozen() -> Iterator[None]:
+    """kb_memory.collect freezes what survives it (for a worker's life); a test that ran the harness in
+    this process gives the collector its reach back, so the next test's garbage is collected as usual."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(scope="session")
