@@ -10,7 +10,9 @@
 # (default .gpu/problems-tb.jsonl), LIMIT_S (default 560: a device call's 10 minutes, less the copy-back),
 # EXTRA (more --set arguments, e.g. "--set eval.inputs=\"device\""). Compile workers and the CPU budget
 # are left at their defaults (one worker per core, at most 64): the machine's cores are shared by all
-# its GPUs, which is what the curve measures. Outputs go to $OUT (default /tmp/krefine-out):
+# its GPUs, which is what the curve measures. The page cache is warmed first (warm_page_cache.sh;
+# WARM_CACHE=0 skips it), so that no device count pays for a fresh machine's cold files. Outputs go to
+# $OUT (default /tmp/krefine-out):
 # scaling-N.txt (the table), scaling-N.tgz (the run, scratch left out).
 set -uo pipefail
 cmd=${1:?usage: throughput_scaling.sh run N | summary}
@@ -38,6 +40,7 @@ run)
   {
     nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
     echo "cores $(nproc), memory $(free -g | awk '/Mem:/ {print $2}') GiB"
+    [ "${WARM_CACHE:-1}" = 0 ] || bash "$(dirname "$0")/warm_page_cache.sh"
   } > "$OUT/machine.txt" 2>&1
   # shellcheck disable=SC2086 # EXTRA is a list of arguments
   timeout --signal=INT --kill-after=30 "$LIMIT_S" "$KREFINE" bench throughput "$SRC" --dataset "$DATASET" \
