@@ -238,7 +238,7 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-# Collections between two that walk every object again (`release_memory`).
+# Collections between two that walk every object again (`collect`).
 SETTLE_EVERY = 64
 _released = 0
 _let_go = False
@@ -246,7 +246,7 @@ _let_go = False
 
 def let_go() -> None:
     """Long-lived data was just let go (a problem's cached reference data dropped or moved off its
-    device): the next `release_memory` walks every object again, so that cycles among what earlier
+    device): the next `collect` walks every object again, so that cycles among what earlier
     collections froze (a problem's code: its functions' globals hold its classes) give their memory,
     device memory included, back now."""
     global _let_go
