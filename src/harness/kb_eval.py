@@ -333,15 +333,9 @@ def _evaluate_into(
             _guard_speedup(verdict, request, worker, ctx, hardware)
     _spent("reference", tail)
     if not verdict.sticky:
-        # release_memory's two steps, timed apart in the lease trace: the collection (what this job
-        # made), then the cache given back (the device synchronised, its segments freed).
-        release = time.perf_counter()
-        kb_memory.collect()
-        _spent("release_gc", release)
-        if device.type == "cuda":
-            release = time.perf_counter()
-            torch.cuda.empty_cache()
-            _spent("release_cache", release)
+        # Its two steps timed apart in the lease trace: the collection (what this job made), then the
+        # cache given back (the device synchronised, its segments freed).
+        release_memory(device, lambda step, since: _spent(f"release_{step}", since))
     return verdict
 
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -270,12 +271,19 @@ def collect() -> None:
     gc.freeze()
 
 
-def release_memory(device: torch.device) -> None:
+def release_memory(device: torch.device, spent: Callable[[str, float], None] | None = None) -> None:
     """Give back what the last job made and no longer uses: `collect`, then the CUDA allocator's unused
-    cache."""
+    cache. With `spent`, each step is reported as it ends (`"gc"`, `"cache"`, with its start on
+    `time.perf_counter`) for the lease trace."""
+    started = time.perf_counter()
     collect()
+    if spent is not None:
+        spent("gc", started)
     if device.type == "cuda":
+        started = time.perf_counter()
         torch.cuda.empty_cache()
+        if spent is not None:
+            spent("cache", started)
 
 
 def gib(n: int) -> str:
