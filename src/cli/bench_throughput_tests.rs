@@ -155,8 +155,8 @@ fn the_figures_of_a_recorded_run() {
 #[test]
 fn a_pass_is_measured_against_its_cpu_and_gpu_floors() {
     let compiled = |ts, cached: bool, cpu_ms: Option<u64>, duration_ms: u64| {
-        let mut o =
-            json!({"status": "ok", "cached": cached, "feedback": "", "duration_ms": duration_ms});
+        let mut o = json!({"status": "ok", "cached": cached, "feedback": "",
+            "duration_ms": duration_ms, "build_path": "fast"});
         if let Some(c) = cpu_ms {
             o["cpu"] = json!({"cpu_ms": c, "wall_ms": duration_ms});
         }
@@ -185,6 +185,13 @@ fn a_pass_is_measured_against_its_cpu_and_gpu_floors() {
         compiled(3_600, true, None, 1),
         // A build without its measure counts its wall time at one core.
         compiled(4_000, false, None, 4_000),
+        // A candidate in plain PyTorch: its import is checked, no extension is built. Its CPU counts
+        // towards the floor, not towards the median build (which it would pull down to 12.0).
+        rec(
+            4_100,
+            json!({"type": "compiled", "turn": 1, "outcome": {"status": "ok", "cached": false,
+                "feedback": "", "duration_ms": 1_000, "cpu": {"cpu_ms": 1_000, "wall_ms": 1_000}}}),
+        ),
         rec(
             4_500,
             json!({"type": "lease_granted", "device": "cuda:0", "wait_ms": 0, "turn": 1}),
@@ -200,10 +207,14 @@ fn a_pass_is_measured_against_its_cpu_and_gpu_floors() {
     ];
     let t = throughput(&fold(&log), 100.0);
     let f = floors(&log, &t, 4);
-    assert_eq!(f.build_cpu_s, 48.0);
-    assert_eq!(f.median_build_cpu_s, 14.0, "the measured builds' median");
+    assert_eq!(f.build_cpu_s, 49.0);
+    assert_eq!(
+        f.median_build_cpu_s, 14.0,
+        "the median of the measured builds that compiled an extension"
+    );
+    assert_eq!(f.extension_builds, 3);
     assert_eq!(f.inputs_cpu_s, 60.0);
-    assert_eq!(f.cpu_floor_s, 27.0, "(48 + 60) / 4 cores");
+    assert_eq!(f.cpu_floor_s, 27.25, "(49 + 60) / 4 cores");
     assert_eq!(f.gpu_floor_s, 40.0, "the busiest device");
     assert_eq!((f.inputs_made, f.inputs_found), (1, 1));
     let text = render_floors(&[("cold", &t, &f)]);
@@ -213,10 +224,12 @@ fn a_pass_is_measured_against_its_cpu_and_gpu_floors() {
             .map(|l| l[34..].trim().to_string())
             .unwrap_or_default()
     };
-    // 2 candidates in 100 s on 2 devices: 36 per GPU-hour; in 27 s: 133.
+    // 2 candidates in 100 s on 2 devices: 36 per GPU-hour; in 27.25 s: 132.
     assert_eq!(row("candidates per GPU-hour"), "36");
-    assert_eq!(row("per GPU-hour at the CPU floor"), "133");
-    assert_eq!(row("wall / CPU floor"), "3.70x");
+    assert_eq!(row("per GPU-hour at the CPU floor"), "132");
+    assert_eq!(row("wall / CPU floor"), "3.67x");
+    assert_eq!(row("extension builds"), "3");
+    assert_eq!(row("median extension build CPU (s)"), "14.0");
     assert_eq!(row("wall / GPU floor"), "2.50x");
     assert_eq!(row("problems' inputs made / found"), "1 / 1");
     // Inputs a cold pass found stored were not made in it: the table says so.
