@@ -212,3 +212,55 @@ async fn a_sandboxed_worker_dead_behind_its_supervisor_is_a_lost_worker() {
         loss.detail
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxed_worker_whose_supervisor_passes_its_death_on_late_says_how_it_ended() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pool = pool(tmp.path()).await;
+    if *pool.sandbox_level() != SandboxLevel::Namespaces {
+        eprintln!(
+            "skipped: no namespaces sandbox here ({}), so no supervisor between the pool and its worker",
+            pool.sandbox_level().as_str()
+        );
+        pool.shutdown().await;
+        return;
+    }
+    let first = evaluate(&pool, tmp.path()).await;
+    assert_eq!(first.verdict, Verdict::Correct, "{}", first.feedback);
+
+    // The supervisor held up between its worker's death and its own exit, as a loaded machine holds
+    // it (CI saw the next request come first), and let go while that request waits.
+    let worker = eval_worker(&tmp.path().join("work"));
+    let supervisor = parent(worker).expect("the worker's parent");
+    assert_ne!(supervisor, std::process::id(), "sandboxed: a supervisor");
+    kill(Pid::from_raw(supervisor as i32), Signal::SIGSTOP).unwrap();
+    kill(Pid::from_raw(worker as i32), Signal::SIGKILL).unwrap();
+    assert!(
+        wait_gone(&[worker], Duration::from_secs(10))
+            .await
+            .is_empty()
+    );
+    let built = pool
+        .compile(compile_job(CORRECT, tmp.path(), "idle"))
+        .await
+        .expect("a build");
+    assert_eq!(built.status, CompileStatus::Ok, "{}", built.feedback);
+    let resume = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let _ = kill(Pid::from_raw(supervisor as i32), Signal::SIGCONT);
+    });
+    let second = pool
+        .execute(exec_job(CORRECT, built.build_dir), &DeviceId::Cpu)
+        .await
+        .expect("a verdict");
+    resume.await.unwrap();
+    pool.shutdown().await;
+    assert_eq!(second.verdict, Verdict::Correct, "{}", second.feedback);
+    assert_eq!(second.worker_losses.len(), 1, "{:?}", second.worker_losses);
+    let loss = &second.worker_losses[0];
+    assert!(
+        loss.detail.contains("ended while idle with") && loss.detail.contains("SIGKILL"),
+        "the loss says how the worker ended: {}",
+        loss.detail
+    );
+}

@@ -301,6 +301,22 @@ impl WorkerProcess {
         }
     }
 
+    /// How a sandboxed worker ended, once its supervisor has passed the death on by exiting (it dies
+    /// of the worker's signal: sandbox_enter), waiting at most `within` for that (the group is cleaned
+    /// up); None when the supervisor is still there by then (held up, e.g. stopped) or already reaped.
+    pub async fn ended_within(&mut self, within: Duration) -> Option<ExitInfo> {
+        if !self.alive {
+            return None;
+        }
+        let status = tokio::time::timeout(within, self.child.wait())
+            .await
+            .ok()?
+            .ok()?;
+        self.alive = false;
+        kill_group(self.pid);
+        Some(ExitInfo::from_status(status))
+    }
+
     /// True when a sandboxed worker's own process is gone while the supervisor krefine holds still
     /// runs: between its child's death and its own exit it passes the death on, and until then
     /// [`Self::ended_while_idle`] cannot see it (nor if the supervisor is held up, e.g. stopped). Read
