@@ -160,26 +160,25 @@ async fn a_compile_worker_killed_while_idle_is_a_lost_worker() {
     assert_eq!(second.worker_losses[0].worker, "compile-0");
 }
 
-/// Inside the sandbox the process krefine holds is the supervisor, which passes its child's death on
-/// a moment later. The supervisor is held stopped here, so the worker's death never reaches krefine
-/// as an exit status: the idle check finds the supervisor childless, and the request is retried on a
-/// fresh worker. (Before, the request was written to the dead worker's pipe: `crashed`.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sandboxed_worker_dead_behind_its_supervisor_is_a_lost_worker() {
-    let tmp = tempfile::tempdir().unwrap();
-    let pool = pool(tmp.path()).await;
+/// A pool whose evaluation worker served one candidate, then was killed while idle behind its
+/// supervisor, held stopped (so that the death has not reached krefine): (the pool, the supervisor's
+/// pid); None, with the pool shut down, where there is no namespaces sandbox and so no supervisor.
+async fn killed_behind_a_stopped_supervisor(
+    tmp: &Path,
+) -> Option<(std::sync::Arc<WorkerPool>, u32)> {
+    let pool = pool(tmp).await;
     if *pool.sandbox_level() != SandboxLevel::Namespaces {
         eprintln!(
             "skipped: no namespaces sandbox here ({}), so no supervisor between the pool and its worker",
             pool.sandbox_level().as_str()
         );
         pool.shutdown().await;
-        return;
+        return None;
     }
-    let first = evaluate(&pool, tmp.path()).await;
+    let first = evaluate(&pool, tmp).await;
     assert_eq!(first.verdict, Verdict::Correct, "{}", first.feedback);
 
-    let worker = eval_worker(&tmp.path().join("work"));
+    let worker = eval_worker(&tmp.join("work"));
     let supervisor = parent(worker).expect("the worker's parent");
     assert_ne!(supervisor, std::process::id(), "sandboxed: a supervisor");
     kill(Pid::from_raw(supervisor as i32), Signal::SIGSTOP).unwrap();
@@ -189,7 +188,19 @@ async fn a_sandboxed_worker_dead_behind_its_supervisor_is_a_lost_worker() {
             .await
             .is_empty()
     );
+    Some((pool, supervisor))
+}
 
+/// Inside the sandbox the process krefine holds is the supervisor, which passes its child's death on
+/// a moment later. The supervisor is held stopped here, so the worker's death never reaches krefine
+/// as an exit status: the idle check finds the supervisor childless, and the request is retried on a
+/// fresh worker. (Before, the request was written to the dead worker's pipe: `crashed`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxed_worker_dead_behind_its_supervisor_is_a_lost_worker() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some((pool, supervisor)) = killed_behind_a_stopped_supervisor(tmp.path()).await else {
+        return;
+    };
     let second = evaluate(&pool, tmp.path()).await;
     // The pool killed the stopped supervisor with the rest of the worker's session.
     let left = wait_gone(&[supervisor], Duration::from_secs(10)).await;
@@ -216,30 +227,11 @@ async fn a_sandboxed_worker_dead_behind_its_supervisor_is_a_lost_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandboxed_worker_whose_supervisor_passes_its_death_on_late_says_how_it_ended() {
     let tmp = tempfile::tempdir().unwrap();
-    let pool = pool(tmp.path()).await;
-    if *pool.sandbox_level() != SandboxLevel::Namespaces {
-        eprintln!(
-            "skipped: no namespaces sandbox here ({}), so no supervisor between the pool and its worker",
-            pool.sandbox_level().as_str()
-        );
-        pool.shutdown().await;
-        return;
-    }
-    let first = evaluate(&pool, tmp.path()).await;
-    assert_eq!(first.verdict, Verdict::Correct, "{}", first.feedback);
-
     // The supervisor held up between its worker's death and its own exit, as a loaded machine holds
     // it (CI saw the next request come first), and let go while that request waits.
-    let worker = eval_worker(&tmp.path().join("work"));
-    let supervisor = parent(worker).expect("the worker's parent");
-    assert_ne!(supervisor, std::process::id(), "sandboxed: a supervisor");
-    kill(Pid::from_raw(supervisor as i32), Signal::SIGSTOP).unwrap();
-    kill(Pid::from_raw(worker as i32), Signal::SIGKILL).unwrap();
-    assert!(
-        wait_gone(&[worker], Duration::from_secs(10))
-            .await
-            .is_empty()
-    );
+    let Some((pool, supervisor)) = killed_behind_a_stopped_supervisor(tmp.path()).await else {
+        return;
+    };
     let built = pool
         .compile(compile_job(CORRECT, tmp.path(), "idle"))
         .await
