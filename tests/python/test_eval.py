@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import platform
+import re
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -733,7 +734,8 @@ def test_excessive_speedup_is_flagged_at_the_guards_bound_only(harness: Harness)
     assert r["speedup_check"]["flagged"] is True and r["speedup_check"]["bound"] == 5.0
     assert r["metadata"]["excessive_speedup"] is True
     assert "above what this problem's reference allows on this device (5.0x, config)" in r["feedback"]
-    assert "10x" not in r["feedback"]
+    # No fixed 10x named; the measured speedup itself may read "487.10x" (a substring test failed on it).
+    assert re.search(r"(?<![\d.])10(\.0+)?x", r["feedback"]) is None, r["feedback"]
     # Above 10x but within the bound: nothing flagged anywhere.
     r = harness.evaluate(CORRECT, problem=SLOW_REFERENCE, timing_trials=5, max_speedup=1e9)
     assert r["speedup"] > 10 and r["speedup_check"]["flagged"] is False
