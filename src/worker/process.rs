@@ -283,22 +283,25 @@ impl WorkerProcess {
             return None;
         }
         match self.child.try_wait() {
-            Ok(Some(status)) => {
-                self.alive = false;
-                kill_group(self.pid);
-                let exit = ExitInfo::from_status(status);
-                tracing::warn!(
-                    "worker {} (pid {}) ended while idle with {}",
-                    self.name,
-                    self.pid,
-                    exit.describe()
-                );
-                Some(exit)
-            }
+            Ok(Some(status)) => Some(self.ended_idle(status)),
             Ok(None) => None,
             // Cannot tell: treat it as alive; a real problem shows up as a failed request.
             Err(_) => None,
         }
+    }
+
+    /// Record an end found while idle: the group cleaned up, the end logged.
+    fn ended_idle(&mut self, status: ExitStatus) -> ExitInfo {
+        self.alive = false;
+        kill_group(self.pid);
+        let exit = ExitInfo::from_status(status);
+        tracing::warn!(
+            "worker {} (pid {}) ended while idle with {}",
+            self.name,
+            self.pid,
+            exit.describe()
+        );
+        exit
     }
 
     /// How a sandboxed worker ended, once its supervisor has passed the death on by exiting (it dies
@@ -312,9 +315,7 @@ impl WorkerProcess {
             .await
             .ok()?
             .ok()?;
-        self.alive = false;
-        kill_group(self.pid);
-        Some(ExitInfo::from_status(status))
+        Some(self.ended_idle(status))
     }
 
     /// True when a sandboxed worker's own process is gone while the supervisor krefine holds still
