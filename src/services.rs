@@ -121,6 +121,18 @@ pub trait Compiler: Send + Sync {
     async fn pause_builds(&self) -> Option<BuildPause> {
         None
     }
+
+    /// Whether `job`'s build would use the shared headers [`Compiler::warm_headers`] makes, so that
+    /// it waits for them rather than compile torch's headers itself (false: this compiler makes none).
+    fn uses_warm_headers(&self, _job: &CompileJob) -> bool {
+        false
+    }
+
+    /// Make the shared precompiled headers that builds with torch's default flags use, before the
+    /// first of them asks (on a cold build cache each of a run's first builds otherwise compiles
+    /// torch's headers itself). Returns when they are made or `wait` has passed (they are then
+    /// stored when done); a header made before costs nothing. Holds one compile worker meanwhile.
+    async fn warm_headers(&self, _wait: std::time::Duration) {}
 }
 
 /// A compiled candidate to check, time or profile on a leased device.

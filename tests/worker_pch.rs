@@ -247,3 +247,54 @@ async fn a_header_published_mid_run_serves_every_worker() {
         assert!(!log.contains("no precompiled header"), "{log}");
     }
 }
+
+/// A run's headers made before its first build (issue 36): `warm_headers` has one sandboxed compile
+/// worker build the headers of torch's default flags and publishes them into the shared cache when
+/// they are complete, so the run's first build of a never-seen candidate with default flags uses them
+/// (before, the first builds of a cold cache each compiled torch's headers themselves). A second
+/// warm-up finds them made and builds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warmed_headers_serve_a_runs_first_build() {
+    let Setup {
+        tmp,
+        python,
+        harness,
+        cache,
+        logs,
+    } = setup().await;
+    let pool = WorkerPool::start(cpu_settings(
+        python,
+        harness,
+        &tmp.path().join("run"),
+        &cache,
+    ))
+    .await
+    .unwrap();
+    pool.warm_headers(Duration::from_secs(900)).await;
+    let published = complete_headers(&cache.join("pch"));
+    // `main.cpp`'s header; a second, the CUDA split's host unit's, where torch builds CUDA.
+    assert!(
+        !published.is_empty(),
+        "the warmed headers are in the shared cache: {published:?}"
+    );
+    for dir in &published {
+        assert!(dir.join("krefine-published.json").is_file());
+    }
+    let upper_pch = tmp.path().join("run/scratch/compile-0.cow/upper/pch");
+    let started = locks(&upper_pch).len();
+
+    pool.warm_headers(Duration::from_secs(900)).await;
+    assert_eq!(
+        locks(&upper_pch).len(),
+        started,
+        "a second warm-up started another header build"
+    );
+    let job = compile_job(&never_seen(std::process::id() * 2 + 7), &logs, "warmed");
+    let built = pool.compile(job.clone()).await.unwrap();
+    pool.shutdown().await;
+    assert_eq!(built.status, CompileStatus::Ok, "{}", built.feedback);
+    // A C++ extension builds the fast way only with a header (else "nothing to speed up": plain).
+    assert_eq!(built.build_path.as_deref(), Some("fast"));
+    let log = std::fs::read_to_string(&job.log_path).unwrap();
+    assert!(!log.contains("no precompiled header"), "{log}");
+}

@@ -93,9 +93,24 @@ fn every_fixture_round_trips_through_the_rust_types() {
             panic!("{name} does not round-trip: {diff}");
         }
     }
-    let want_ops = BTreeSet::from(["compile", "prepare", "evaluate", "profile", "shutdown"]);
+    let want_ops = BTreeSet::from([
+        "compile",
+        "prepare",
+        "evaluate",
+        "profile",
+        "warm_headers",
+        "shutdown",
+    ]);
     let want_kinds = BTreeSet::from([
-        "ready", "compile", "prepare", "progress", "evaluate", "profile", "shutdown", "error",
+        "ready",
+        "compile",
+        "prepare",
+        "progress",
+        "evaluate",
+        "profile",
+        "warm_headers",
+        "shutdown",
+        "error",
     ]);
     assert_eq!(ops, want_ops, "fixtures must cover every request");
     assert_eq!(kinds, want_kinds, "fixtures must cover every response");

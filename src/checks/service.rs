@@ -67,6 +67,14 @@ impl Compiler for CheckedCompiler {
     async fn pause_builds(&self) -> Option<BuildPause> {
         self.inner.pause_builds().await
     }
+
+    fn uses_warm_headers(&self, job: &CompileJob) -> bool {
+        self.inner.uses_warm_headers(job)
+    }
+
+    async fn warm_headers(&self, wait: std::time::Duration) {
+        self.inner.warm_headers(wait).await
+    }
 }
 
 fn outcome(status: CompileStatus) -> CompileOutcome {

@@ -269,6 +269,24 @@ def trusted_pch_request(wanted: Any) -> tuple[list[str], bool, str] | str:
     return cflags, with_cuda, text
 
 
+def warm_requests() -> list[dict[str, Any]]:
+    """The shared headers a CUDA candidate that passes `load_inline` no flags uses, in the form a compile
+    child asks for them (kb_build): its `main.cpp`'s (`extension`; a `load_inline` with CUDA sources is
+    never split into C++ units, kb_split.split_reason) and the CUDA split's host unit's (`cuda_host`).
+    Where torch builds no CUDA, the first alone, for a C++ extension's `main.cpp`. What the orchestrator
+    has a trusted worker make at a run's start (`warm_headers`), before its first candidates ask."""
+    from torch.utils import cpp_extension
+
+    cuda = cpp_extension.CUDA_HOME is not None
+    wanted: list[dict[str, Any]] = [
+        {"extra_cflags": [], "extra_include_paths": [], "with_cuda": cuda, "header": "extension"}
+    ]
+    if cuda:
+        host = kb_cusplit.host_extra_cflags([], [])
+        wanted.append({"extra_cflags": host, "extra_include_paths": [], "with_cuda": True, "header": "cuda_host"})
+    return wanted
+
+
 class BackgroundPch:
     """PCH builds a trusted worker starts between requests without waiting for them: each one a
     separate `kb_pch.py ensure-pch` process (no candidate code has run in it), which takes the
@@ -311,11 +329,16 @@ class BackgroundPch:
             if process.poll() is not None:
                 del self.jobs[key]
 
-    def wait(self, timeout_s: float = PCH_BUILD_TIMEOUT_S) -> None:
+    def wait(self, timeout_s: float = PCH_BUILD_TIMEOUT_S) -> int:
+        """Wait for the builds started, `timeout_s` in all; how many are still running."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
         for process in self.jobs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=timeout_s)
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
         self.poll()
+        return len(self.jobs)
 
     def stop(self) -> None:
         for process in self.jobs.values():

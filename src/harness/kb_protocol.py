@@ -183,6 +183,18 @@ class PrepareRequest(ReferenceSpec, PrepareOptions):
     op: Literal["prepare"]
 
 
+class WarmHeadersRequest(TypedDict):
+    """Build the shared precompiled headers of torch's default flags before candidates ask (a compile
+    worker; no candidate code runs)."""
+
+    id: int
+    op: Literal["warm_headers"]
+    # A build dir of the run's cache: the headers go to its `pch/` (kb_pch.pch_root_for).
+    build_dir: str
+    # How long to wait for the headers before answering; the builds go on after it.
+    wait_s: float
+
+
 class ShutdownRequest(TypedDict):
     id: int
     op: Literal["shutdown"]
@@ -193,6 +205,7 @@ REQUEST_SHAPES: dict[str, type] = {
     "prepare": PrepareRequest,
     "evaluate": EvaluateRequest,
     "profile": ProfileRequest,
+    "warm_headers": WarmHeadersRequest,
     "shutdown": ShutdownRequest,
 }
 
@@ -393,6 +406,16 @@ class ProfileResponse(TypedDict):
     sticky: bool
 
 
+class WarmHeadersResponse(TypedDict):
+    id: int
+    ok: Literal[True]
+    kind: Literal["warm_headers"]
+    # Header builds started (0: made before, or none can be made here).
+    started: int
+    # Of those, still building when the wait ended.
+    pending: int
+
+
 class ShutdownResponse(TypedDict):
     id: int
     ok: Literal[True]
@@ -406,6 +429,7 @@ RESPONSE_SHAPES: dict[str, type] = {
     "progress": ProgressNotice,
     "evaluate": EvaluateResponse,
     "profile": ProfileResponse,
+    "warm_headers": WarmHeadersResponse,
     "shutdown": ShutdownResponse,
 }
 

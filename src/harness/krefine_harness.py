@@ -282,6 +282,27 @@ class Server:
                 print(f"krefine harness: {note}", file=sys.stderr, flush=True)
         return bool(set(self.pch.jobs) - running)
 
+    def warm_headers(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Build the shared headers a candidate with torch's default flags uses (kb_pch.warm_requests),
+        here, where no candidate code has run, before the run's first candidates ask: waits for them up
+        to `wait_s` and says how many it started and how many still build (published by the
+        orchestrator when done). A header already made is not built again."""
+        import kb_pch
+
+        root = kb_pch.pch_root_for(request["build_dir"])
+        self.pch.poll()
+        running = set(self.pch.jobs)
+        for item in kb_pch.warm_requests():
+            try:
+                note = self.pch.request(root, item)
+            except Exception as exc:  # noqa: BLE001 - a PCH is an optimisation
+                note = f"could not start a precompiled header build: {type(exc).__name__}: {exc}"
+            if note:
+                print(f"krefine harness: {note}", file=sys.stderr, flush=True)
+        started = len(set(self.pch.jobs) - running)
+        pending = self.pch.wait(timeout_s=float(request["wait_s"])) if self.pch.jobs else 0
+        return {"id": request["id"], "ok": True, "kind": "warm_headers", "started": started, "pending": pending}
+
     def pch_starter(self, request: dict[str, Any], started: list[bool]) -> Callable[[Any], None]:
         """What a compile child's notice of a missed header does: start building it at once, while the
         child builds without it, so that it is ready for the builds after this one (started when the
@@ -355,6 +376,8 @@ class Server:
             if self.build_wanted_pch(request, wanted) or any(started):
                 response["pch_started"] = True
             return response
+        if op == "warm_headers":
+            return self.warm_headers(request)
         if op == "prepare":
             import kb_prepare
 

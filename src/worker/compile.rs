@@ -14,7 +14,9 @@ use super::config::BuildMode;
 use super::loss::{Fault, retry_lost};
 use super::outcome::{CallError, Failure, FailureKind, Phase, closed, elapsed_ms, failure};
 use super::pool::WorkerPool;
-use super::protocol::{CompileRequest, CompileStatusWire, RequestBody, ResponseBody};
+use super::protocol::{
+    CompileRequest, CompileStatusWire, RequestBody, ResponseBody, WarmHeadersRequest,
+};
 use super::slot::{NoLease, Slots};
 use super::worker_log::log_tail;
 use crate::services::{BuildPause, CompileJob, Compiler, Unavailable};
@@ -42,6 +44,22 @@ impl Compiler for WorkerPool {
         self.builds.cached(&build_dir, job, Instant::now()).await
     }
 
+    fn uses_warm_headers(&self, job: &CompileJob) -> bool {
+        self.settings.build == BuildMode::Fast && cuda_build_with_default_flags(&job.code)
+    }
+
+    async fn warm_headers(&self, wait: Duration) {
+        let room = CompileRoom {
+            slots: &self.slots,
+            calls: &self.calls,
+            builds: &self.builds,
+            mode: self.settings.build,
+            deadline: self.deadlines.compile,
+            retries: self.settings.launcher.loss_retries(),
+        };
+        room.warm_headers(wait).await;
+    }
+
     async fn pause_builds(&self) -> Option<BuildPause> {
         // Remote builds run on other machines' cores (and stopping a local srun/ssh would not
         // stop them): the engine drains the compile pool instead.
@@ -50,6 +68,24 @@ impl Compiler for WorkerPool {
         }
         Some(BuildPause::new(self.calls.pauser().pause().await))
     }
+}
+
+/// Whether a candidate's source builds a CUDA extension with torch's default flags, the build the
+/// warmed headers are made for (`kb_pch.warm_requests`): it names `load_inline` (or `cpp_extension`)
+/// and `cuda_sources`, and none of the arguments that change a header's flags. Read from the text,
+/// not run: a candidate that passes them some other way only waits for headers it then does not use.
+/// A C++-only extension does not wait: without torch's CUDA headers its build is short, and a header
+/// would not pay for the wait.
+pub(crate) fn cuda_build_with_default_flags(code: &str) -> bool {
+    const FLAG_ARGUMENTS: [&str; 4] = [
+        "extra_cflags",
+        "extra_cuda_cflags",
+        "extra_include_paths",
+        "with_cuda",
+    ];
+    (code.contains("load_inline") || code.contains("cpp_extension"))
+        && code.contains("cuda_sources")
+        && !FLAG_ARGUMENTS.iter().any(|a| code.contains(a))
 }
 
 /// The compile room: what one compile job works through.
@@ -124,6 +160,65 @@ impl CompileRoom<'_> {
             findings: Vec::new(),
             build_path: None,
             cpu: None,
+        }
+    }
+
+    /// [`Compiler::warm_headers`] on the next free compile worker, which becomes the run's header
+    /// builder (one worker builds a run's headers: [`Builds::pch_background_for`]). A failure only
+    /// costs speed: logged.
+    async fn warm_headers(&self, wait: Duration) {
+        let started = Instant::now();
+        let Ok(lease) = self.slots.lease_compile().await else {
+            return;
+        };
+        let slot = lease.slot();
+        if !self
+            .builds
+            .pch_background_for(&slot.spec.name, slot.spec.sandbox.is_some(), true)
+        {
+            // Another worker builds the run's headers already.
+            lease.release();
+            return;
+        }
+        let request = RequestBody::WarmHeaders(WarmHeadersRequest {
+            build_dir: self.builds.dir_for("").to_string_lossy().into_owned(),
+            wait_s: wait.as_secs_f64(),
+        });
+        // The worker answers when the headers are made or `wait` has passed; the margin is its
+        // start-up and answer.
+        let result = self
+            .calls
+            .call(slot, request, wait + WARM_ANSWER_MARGIN, false)
+            .await;
+        let answer = match &result {
+            Ok(ResponseBody::WarmHeaders(a)) => Some(*a),
+            _ => None,
+        };
+        let started_any = answer.is_some_and(|a| a.started > 0);
+        self.builds.pch_answer(&slot.spec.name, started_any);
+        self.builds.publish_pchs_of(slot).await;
+        if answer.is_some_and(|a| a.pending > 0) {
+            self.builds.watch_pchs_of(slot);
+        }
+        lease.release();
+        match (answer, result) {
+            (Some(a), _) => tracing::info!(
+                "shared precompiled headers warmed on {} in {} ms: {} built, {} still building",
+                slot.spec.name,
+                elapsed_ms(started),
+                a.started - a.pending.min(a.started),
+                a.pending
+            ),
+            (None, Err(e)) => tracing::warn!(
+                "could not warm the shared precompiled headers on {}: {}",
+                slot.spec.name,
+                failure(&e, Phase::Compile).message
+            ),
+            (None, Ok(other)) => tracing::warn!(
+                "warm_headers on {} answered with `{}`",
+                slot.spec.name,
+                other.kind()
+            ),
         }
     }
 
@@ -262,6 +357,9 @@ impl CompileRoom<'_> {
 
 /// Lines of the compiler's output quoted in a failed build's feedback.
 const TAIL_LINES: usize = 20;
+
+/// What a `warm_headers` answer may take beyond its wait (the request's way and the answer's).
+const WARM_ANSWER_MARGIN: Duration = Duration::from_secs(30);
 
 /// The compile log a sandboxed compile worker writes, in its scratch folder.
 pub(super) const WORKER_COMPILE_LOG: &str = "krefine-compile-job.log";

@@ -247,7 +247,27 @@ pub enum RequestBody {
     Prepare(PrepareRequest),
     Evaluate(EvaluateRequest),
     Profile(ProfileRequest),
+    WarmHeaders(WarmHeadersRequest),
     Shutdown,
+}
+
+/// Build the shared precompiled headers of torch's default flags on a compile worker before the run's
+/// candidates ask for them (`kb_pch.warm_requests`; no candidate code runs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WarmHeadersRequest {
+    /// A build dir of the run's cache: the headers go to its `pch/` folder.
+    pub build_dir: String,
+    /// How long the worker waits for them before it answers; the builds go on after it.
+    pub wait_s: f64,
+}
+
+/// What a `warm_headers` request did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarmHeadersResponse {
+    /// Header builds started (0: made before, or none can be made on this worker).
+    pub started: u32,
+    /// Of those, still building when the worker answered.
+    pub pending: u32,
 }
 
 impl RequestBody {
@@ -258,6 +278,7 @@ impl RequestBody {
             RequestBody::Prepare(_) => "prepare",
             RequestBody::Evaluate(_) => "evaluate",
             RequestBody::Profile(_) => "profile",
+            RequestBody::WarmHeaders(_) => "warm_headers",
             RequestBody::Shutdown => "shutdown",
         }
     }
@@ -603,6 +624,7 @@ pub enum ResponseBody {
     Progress(ProgressNotice),
     Evaluate(Box<EvaluateResponse>),
     Profile(ProfileResponse),
+    WarmHeaders(WarmHeadersResponse),
     Shutdown,
 }
 
@@ -615,6 +637,7 @@ impl ResponseBody {
             ResponseBody::Progress(_) => "progress",
             ResponseBody::Evaluate(_) => "evaluate",
             ResponseBody::Profile(_) => "profile",
+            ResponseBody::WarmHeaders(_) => "warm_headers",
             ResponseBody::Shutdown => "shutdown",
         }
     }

@@ -127,6 +127,27 @@ def test_only_flags_that_cannot_name_a_file_get_a_shared_header() -> None:
     assert kb_pch.trusted_pch_request(None) == "malformed request"
 
 
+def test_the_warmed_headers_are_the_ones_a_default_flags_candidate_asks_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`warm_requests` (what a run makes before its first candidates ask) asks exactly what a compile
+    child of a `load_inline` with CUDA sources and no flags would miss (kb_build: `main.cpp`'s header
+    and the CUDA split's host unit's), every request one a trusted builder accepts; without CUDA, the
+    C++ extension's `main.cpp` header alone."""
+    from torch.utils import cpp_extension
+
+    import kb_cusplit
+
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", "/usr/local/cuda")
+    cuda = kb_pch.warm_requests()
+    assert [(w["header"], w["with_cuda"]) for w in cuda] == [("extension", True), ("cuda_host", True)]
+    assert cuda[0]["extra_cflags"] == []
+    assert cuda[1]["extra_cflags"] == kb_cusplit.host_extra_cflags([], [])
+    assert all(not isinstance(kb_pch.trusted_pch_request(w), str) for w in cuda)
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    cpu = kb_pch.warm_requests()
+    assert [(w["header"], w["with_cuda"], w["extra_cflags"]) for w in cpu] == [("extension", False, [])]
+    assert kb_pch.trusted_pch_request(cpu[0]) == ([], False, kb_pch.PCH_TEXT)
+
+
 def test_background_builder_publishes_a_header_lookups_find(tmp_path: Path) -> None:
     """What the worker does for a child that missed a PCH: a separate process builds it; a lookup (all a
     confined child may do) finds nothing before and the complete header after; asking again while it

@@ -26,6 +26,8 @@ EXPECTED_FIXTURES = {
     "evaluate_response_incorrect.json",
     "profile_request.json",
     "profile_response.json",
+    "warm_headers_request.json",
+    "warm_headers_response.json",
     "shutdown_request.json",
     "shutdown_response.json",
     "error_response.json",
@@ -40,8 +42,11 @@ def test_every_expected_fixture_exists() -> None:
 def test_fixture_matches_its_shape_strictly(name: str) -> None:
     message = json.loads((PROTOCOL / name).read_text())
     assert kb_protocol.check_message(message) == []
+    # `<op>_request*.json`, `<kind>_response*.json`, or `<kind>[_what].json` (an op may hold a `_`).
     if "_request" in name:
-        assert message["op"] == name.split("_")[0]
+        assert message["op"] == name.split("_request")[0]
+    elif "_response" in name and name != "error_response.json":
+        assert message["kind"] == name.split("_response")[0]
     elif name != "error_response.json":
         assert message["kind"] == name.split("_")[0].removesuffix(".json")
 
