@@ -69,6 +69,16 @@ struct Probe {
     holds: Arc<std::sync::Mutex<std::collections::HashMap<ProblemKey, usize>>>,
     unheld_builds: AtomicUsize,
     unheld_executions: AtomicUsize,
+    /// Header warm-up: builds of even-numbered problems use the warmed headers; the warm-ups made,
+    /// whether one ended, the cores the budget held for builds during it, whether a build that uses
+    /// no header ran during it, and builds that use them started before it ended.
+    warm: std::sync::atomic::AtomicBool,
+    warms: AtomicUsize,
+    warm_ended: std::sync::atomic::AtomicBool,
+    warm_cores: std::sync::atomic::AtomicU64,
+    other_built: tokio::sync::Notify,
+    other_built_during_warm: std::sync::atomic::AtomicBool,
+    built_before_warm: AtomicUsize,
 }
 
 impl Probe {
@@ -141,7 +151,36 @@ impl Compiler for Services {
             })
     }
 
+    fn uses_warm_headers(&self, job: &CompileJob) -> bool {
+        self.0.warm.load(Ordering::SeqCst) && job.task.problem.problem_id.is_multiple_of(2)
+    }
+
+    async fn warm_headers(&self, _wait: Duration) {
+        self.0.warms.fetch_add(1, Ordering::SeqCst);
+        if let Some(budget) = &self.0.cpu_budget {
+            self.0
+                .warm_cores
+                .store(budget.held().builds, Ordering::SeqCst);
+        }
+        // Ends once a build that uses no header has run meanwhile (or after 20 s, which the test
+        // then reports).
+        let other = tokio::time::timeout(Duration::from_secs(20), self.0.other_built.notified());
+        self.0
+            .other_built_during_warm
+            .store(other.await.is_ok(), Ordering::SeqCst);
+        self.0.warm_ended.store(true, Ordering::SeqCst);
+    }
+
     async fn compile(&self, job: CompileJob) -> Result<CompileOutcome, Unavailable> {
+        if self.0.warm.load(Ordering::SeqCst) {
+            if self.uses_warm_headers(&job) {
+                if !self.0.warm_ended.load(Ordering::SeqCst) {
+                    self.0.built_before_warm.fetch_add(1, Ordering::SeqCst);
+                }
+            } else {
+                self.0.other_built.notify_one();
+            }
+        }
         if !self.0.held(job.task.problem) {
             self.0.unheld_builds.fetch_add(1, Ordering::SeqCst);
         }
@@ -373,6 +412,40 @@ async fn a_cached_build_is_found_before_a_compile_slot_or_cores_are_taken() {
         .filter(|r| matches!(&r.event, krefine::types::Event::Compiled { outcome, .. } if outcome.cached))
         .count();
     assert_eq!(cached, 12 * 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn builds_that_use_the_shared_headers_wait_for_one_warm_up_and_the_others_do_not() {
+    // Half the problems' candidates would use the warmed headers. The first of them has them made
+    // (once for the run, on a compile slot and two cores of the budget); the others start no
+    // build until it ended, while the other half's builds go on meanwhile.
+    let budget = Arc::new(CpuBudget::new(8));
+    let probe = Arc::new(Probe {
+        cpu_budget: Some(budget.clone()),
+        ..Probe::default()
+    });
+    probe.warm.store(true, Ordering::SeqCst);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = RunDir::create(&tmp.path().join("run"), "").unwrap();
+    let summary = run_in(&probe, dir, None, vec![gpu(0)], 4, 3).await;
+    assert_eq!((summary.finished, summary.tasks), (12, 12));
+    assert_eq!(probe.warms.load(Ordering::SeqCst), 1, "one warm-up a run");
+    assert_eq!(
+        probe.built_before_warm.load(Ordering::SeqCst),
+        0,
+        "a build that uses the headers started before they were made"
+    );
+    assert!(
+        probe.other_built_during_warm.load(Ordering::SeqCst),
+        "a build that uses no header waited for the warm-up"
+    );
+    assert!(
+        probe.warm_cores.load(Ordering::SeqCst) >= 2 * CORE,
+        "the warm-up held {} milli-cores of the budget",
+        probe.warm_cores.load(Ordering::SeqCst)
+    );
+    assert_eq!(probe.compiles.load(Ordering::SeqCst), 36);
+    assert_eq!(budget.held(), krefine::cpu_budget::Held::default());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,6 +26,7 @@ use tokio::sync::{Semaphore, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 mod cancel;
+mod header_warm;
 mod resume;
 mod stages;
 
@@ -219,6 +220,8 @@ struct Shared {
     llm_gate: Semaphore,
     /// Builds at once (`resources.compile_workers`): one permit per compile worker.
     compile_gate: Semaphore,
+    /// The shared headers made before the builds that use them (see [`header_warm`]).
+    header_warm: header_warm::HeaderWarm,
     /// The compile gate's permits in all: taking every one drains the builds while the CPU device
     /// times a candidate (when the compiler cannot pause them).
     compile_slots: u32,
@@ -346,6 +349,7 @@ impl Engine {
             problems,
             llm_gate: Semaphore::new(parts.llm_concurrency.max(1)),
             compile_gate: Semaphore::new(parts.compile_workers.max(1)),
+            header_warm: header_warm::HeaderWarm::new(),
             compile_slots: parts.compile_workers.max(1) as u32,
             cpu: parts.cpu_budget,
             devices: match parts.host_locks {

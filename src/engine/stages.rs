@@ -152,6 +152,8 @@ pub(super) async fn compile(shared: &Shared, task: TaskId, turn: u32, code: Stri
         if let Some(outcome) = shared.compiler.cached(&job).await {
             return Ok(outcome);
         }
+        // A build that would use the run's shared headers waits for them while they are made.
+        shared.header_warm.before(shared, &job).await;
         let _permit = shared.compile_gate.acquire().await;
         // The build's share of the CPU budget: what builds were measured to use.
         let _cores = match &shared.cpu {
