@@ -377,3 +377,33 @@ pub(super) async fn copy_log(from: &Path, to: &Path) {
     }
     let _ = tokio::fs::remove_file(from).await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::cuda_build_with_default_flags;
+
+    #[test]
+    fn only_a_cuda_load_inline_that_names_no_flag_argument_waits_for_the_warmed_headers() {
+        let call = |args: &str| {
+            format!(
+                "from torch.utils.cpp_extension import load_inline\n\
+                 ext = load_inline(name='x', cpp_sources=decl, {args}functions=['f'])\n"
+            )
+        };
+        assert!(cuda_build_with_default_flags(&call("cuda_sources=src, ")));
+        for flags in [
+            "extra_cflags=['-O3'], ",
+            "extra_cuda_cflags=['-O3', '--use_fast_math'], ",
+            "extra_include_paths=['/x'], ",
+            "with_cuda=True, ",
+        ] {
+            let code = call(&format!("cuda_sources=src, {flags}"));
+            assert!(!cuda_build_with_default_flags(&code), "{flags}");
+        }
+        // A C++-only extension, and a candidate in plain PyTorch.
+        assert!(!cuda_build_with_default_flags(&call("")));
+        assert!(!cuda_build_with_default_flags(
+            "import torch\nclass ModelNew(torch.nn.Module): pass\n"
+        ));
+    }
+}
