@@ -269,18 +269,24 @@ class Server:
         Returns whether a build started (the response's `pch_started`)."""
         if not wanted or request.get("pch_background") is False:
             return False
+        return self.start_pch_builds(request["build_dir"], wanted[:PCH_PER_COMPILE]) > 0
+
+    def start_pch_builds(self, build_dir: str, wanted: list[Any]) -> int:
+        """Start building each shared header `wanted` names (kb_pch.BackgroundPch.request: only those a
+        trusted builder accepts, none already made or under way) for the cache of `build_dir`; logs
+        what each did. How many started."""
         import kb_pch
 
-        root = kb_pch.pch_root_for(request["build_dir"])
+        root = kb_pch.pch_root_for(build_dir)
         running = set(self.pch.jobs)
-        for item in wanted[:PCH_PER_COMPILE]:
+        for item in wanted:
             try:
                 note = self.pch.request(root, item)
             except Exception as exc:  # noqa: BLE001 - a PCH is an optimisation
                 note = f"could not start a precompiled header build: {type(exc).__name__}: {exc}"
             if note:
                 print(f"krefine harness: {note}", file=sys.stderr, flush=True)
-        return bool(set(self.pch.jobs) - running)
+        return len(set(self.pch.jobs) - running)
 
     def warm_headers(self, request: dict[str, Any]) -> dict[str, Any]:
         """Build the shared headers a candidate with torch's default flags uses (kb_pch.warm_requests),
@@ -289,17 +295,8 @@ class Server:
         orchestrator when done). A header already made is not built again."""
         import kb_pch
 
-        root = kb_pch.pch_root_for(request["build_dir"])
         self.pch.poll()
-        running = set(self.pch.jobs)
-        for item in kb_pch.warm_requests():
-            try:
-                note = self.pch.request(root, item)
-            except Exception as exc:  # noqa: BLE001 - a PCH is an optimisation
-                note = f"could not start a precompiled header build: {type(exc).__name__}: {exc}"
-            if note:
-                print(f"krefine harness: {note}", file=sys.stderr, flush=True)
-        started = len(set(self.pch.jobs) - running)
+        started = self.start_pch_builds(request["build_dir"], kb_pch.warm_requests())
         pending = self.pch.wait(timeout_s=float(request["wait_s"])) if self.pch.jobs else 0
         return {"id": request["id"], "ok": True, "kind": "warm_headers", "started": started, "pending": pending}
 

@@ -26,15 +26,7 @@ use crate::types::{BuildCpu, CompileOutcome, CompileStatus};
 #[async_trait]
 impl Compiler for WorkerPool {
     async fn compile(&self, job: CompileJob) -> Result<CompileOutcome, Unavailable> {
-        let room = CompileRoom {
-            slots: &self.slots,
-            calls: &self.calls,
-            builds: &self.builds,
-            mode: self.settings.build,
-            deadline: self.deadlines.compile,
-            retries: self.settings.launcher.loss_retries(),
-        };
-        room.compile(job).await
+        self.compile_room().compile(job).await
     }
 
     async fn cached(&self, job: &CompileJob) -> Option<CompileOutcome> {
@@ -49,15 +41,7 @@ impl Compiler for WorkerPool {
     }
 
     async fn warm_headers(&self, wait: Duration) {
-        let room = CompileRoom {
-            slots: &self.slots,
-            calls: &self.calls,
-            builds: &self.builds,
-            mode: self.settings.build,
-            deadline: self.deadlines.compile,
-            retries: self.settings.launcher.loss_retries(),
-        };
-        room.warm_headers(wait).await;
+        self.compile_room().warm_headers(wait).await;
     }
 
     async fn pause_builds(&self) -> Option<BuildPause> {
@@ -86,6 +70,20 @@ pub(crate) fn cuda_build_with_default_flags(code: &str) -> bool {
     (code.contains("load_inline") || code.contains("cpp_extension"))
         && code.contains("cuda_sources")
         && !FLAG_ARGUMENTS.iter().any(|a| code.contains(a))
+}
+
+impl WorkerPool {
+    /// The parts of the pool a compile job (or a header warm-up) works through.
+    fn compile_room(&self) -> CompileRoom<'_> {
+        CompileRoom {
+            slots: &self.slots,
+            calls: &self.calls,
+            builds: &self.builds,
+            mode: self.settings.build,
+            deadline: self.deadlines.compile,
+            retries: self.settings.launcher.loss_retries(),
+        }
+    }
 }
 
 /// The compile room: what one compile job works through.
