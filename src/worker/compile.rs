@@ -178,6 +178,8 @@ impl CompileRoom<'_> {
             lease.release();
             return;
         }
+        // Like a build, not while the CPU device is timing.
+        self.calls.pauser().wait_unpaused().await;
         let request = RequestBody::WarmHeaders(WarmHeadersRequest {
             build_dir: self.builds.dir_for("").to_string_lossy().into_owned(),
             wait_s: wait.as_secs_f64(),
