@@ -68,6 +68,23 @@ struct Setup {
     logs: PathBuf,
 }
 
+impl Setup {
+    /// A pool of `compile_workers` sandboxed compile workers on this test's Python, harness and cache,
+    /// its scratch under `run`.
+    async fn pool(&self, run: &str, compile_workers: usize) -> std::sync::Arc<WorkerPool> {
+        let mut settings = cpu_settings(
+            self.python.clone(),
+            self.harness.clone(),
+            &self.tmp.path().join(run),
+            &self.cache,
+        );
+        settings.compile_workers = compile_workers;
+        WorkerPool::start(settings)
+            .await
+            .expect("a pool of compile workers")
+    }
+}
+
 async fn setup() -> Setup {
     // The pool's warnings (a header it could not publish) in the test's output.
     let _ = tracing_subscriber::fmt().with_test_writer().try_init();
@@ -87,30 +104,18 @@ async fn setup() -> Setup {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runs_precompiled_header_serves_the_next_runs_first_build() {
-    let Setup {
-        tmp,
-        python,
-        harness,
-        cache,
-        logs,
-    } = setup().await;
+    let setup = setup().await;
+    let (tmp, cache, logs) = (&setup.tmp, &setup.cache, &setup.logs);
     let tag = std::process::id() * 2;
 
     // The first run: its build misses the header; its worker builds it in the background.
-    let first = WorkerPool::start(cpu_settings(
-        python.clone(),
-        harness.clone(),
-        &tmp.path().join("run1"),
-        &cache,
-    ))
-    .await
-    .unwrap();
+    let first = setup.pool("run1", 1).await;
     assert_eq!(
         first.sandbox_level(),
         &SandboxLevel::Namespaces,
         "this machine allows user namespaces; the compile workers' copy-on-write layer is the case"
     );
-    let job = compile_job(&never_seen(tag), &logs, "first");
+    let job = compile_job(&never_seen(tag), logs, "first");
     let built = first.compile(job.clone()).await.unwrap();
     assert_eq!(built.status, CompileStatus::Ok, "{}", built.feedback);
     let log = std::fs::read_to_string(&job.log_path).unwrap();
@@ -156,15 +161,8 @@ async fn a_runs_precompiled_header_serves_the_next_runs_first_build() {
     }
 
     // The next run: fresh workers and scratch, the same cache, a candidate never built before.
-    let second = WorkerPool::start(cpu_settings(
-        python,
-        harness,
-        &tmp.path().join("run2"),
-        &cache,
-    ))
-    .await
-    .unwrap();
-    let job = compile_job(&never_seen(tag + 1), &logs, "second");
+    let second = setup.pool("run2", 1).await;
+    let job = compile_job(&never_seen(tag + 1), logs, "second");
     let built = second.compile(job.clone()).await.unwrap();
     second.shutdown().await;
     assert_eq!(built.status, CompileStatus::Ok, "{}", built.feedback);
@@ -183,23 +181,16 @@ async fn a_runs_precompiled_header_serves_the_next_runs_first_build() {
 /// builder's next build.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_header_published_mid_run_serves_every_worker() {
-    let Setup {
-        tmp,
-        python,
-        harness,
-        cache,
-        logs,
-    } = setup().await;
+    let setup = setup().await;
+    let (tmp, cache, logs) = (&setup.tmp, &setup.cache, &setup.logs);
     let tag = std::process::id() * 2 + 1_000_000;
-    let mut settings = cpu_settings(python, harness, &tmp.path().join("run"), &cache);
-    settings.compile_workers = 2;
-    let pool = WorkerPool::start(settings).await.unwrap();
+    let pool = setup.pool("run", 2).await;
     assert_eq!(pool.sandbox_level(), &SandboxLevel::Namespaces);
 
     // Two builds at once take both workers; both miss the header.
     let (a, b) = (
-        compile_job(&never_seen(tag), &logs, "a"),
-        compile_job(&never_seen(tag + 1), &logs, "b"),
+        compile_job(&never_seen(tag), logs, "a"),
+        compile_job(&never_seen(tag + 1), logs, "b"),
     );
     let (built_a, built_b) = tokio::join!(pool.compile(a.clone()), pool.compile(b.clone()));
     for (job, built) in [(&a, built_a), (&b, built_b)] {
@@ -235,8 +226,8 @@ async fn a_header_published_mid_run_serves_every_worker() {
 
     // Both workers' next builds (two at once again) use the header.
     let (c, d) = (
-        compile_job(&never_seen(tag + 2), &logs, "c"),
-        compile_job(&never_seen(tag + 3), &logs, "d"),
+        compile_job(&never_seen(tag + 2), logs, "c"),
+        compile_job(&never_seen(tag + 3), logs, "d"),
     );
     let (built_c, built_d) = tokio::join!(pool.compile(c.clone()), pool.compile(d.clone()));
     pool.shutdown().await;
@@ -255,21 +246,9 @@ async fn a_header_published_mid_run_serves_every_worker() {
 /// warm-up finds them made and builds nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warmed_headers_serve_a_runs_first_build() {
-    let Setup {
-        tmp,
-        python,
-        harness,
-        cache,
-        logs,
-    } = setup().await;
-    let pool = WorkerPool::start(cpu_settings(
-        python,
-        harness,
-        &tmp.path().join("run"),
-        &cache,
-    ))
-    .await
-    .unwrap();
+    let setup = setup().await;
+    let (tmp, cache, logs) = (&setup.tmp, &setup.cache, &setup.logs);
+    let pool = setup.pool("run", 1).await;
     pool.warm_headers(Duration::from_secs(900)).await;
     let published = complete_headers(&cache.join("pch"));
     // `main.cpp`'s header; a second, the CUDA split's host unit's, where torch builds CUDA.
@@ -289,7 +268,7 @@ async fn warmed_headers_serve_a_runs_first_build() {
         started,
         "a second warm-up started another header build"
     );
-    let job = compile_job(&never_seen(std::process::id() * 2 + 7), &logs, "warmed");
+    let job = compile_job(&never_seen(std::process::id() * 2 + 7), logs, "warmed");
     let built = pool.compile(job.clone()).await.unwrap();
     pool.shutdown().await;
     assert_eq!(built.status, CompileStatus::Ok, "{}", built.feedback);
