@@ -153,8 +153,7 @@ pub(super) async fn compile(shared: &Shared, task: TaskId, turn: u32, code: Stri
             return Ok(outcome);
         }
         // A build that would use the run's shared headers waits for them while they are made.
-        shared.header_warm.before(shared, &job).await;
-        let _permit = shared.compile_gate.acquire().await;
+        let _permit = shared.header_warm.gate(shared, &job).await;
         // The build's share of the CPU budget: what builds were measured to use.
         let _cores = match &shared.cpu {
             Some(cpu) => Some(cpu.build().await),
