@@ -26,10 +26,10 @@ use crate::services::CompileJob;
 
 /// The longest a build waits for the warmed headers; past it, it builds without them. One header is
 /// one compiler process of 40-60 CPU s; a cold batch's headers were made 48-53 s into its run.
-pub(super) const WARM_WAIT: Duration = Duration::from_secs(120);
+const WARM_WAIT: Duration = Duration::from_secs(120);
 /// The cores a warm-up claims: one per header it builds at once (`kb_pch.warm_requests`: two where
 /// torch builds CUDA).
-pub(super) const WARM_CORES: u64 = 2 * CORE;
+const WARM_CORES: u64 = 2 * CORE;
 
 pub(super) struct HeaderWarm {
     /// A build has started the warm-up (only one does, for the run).

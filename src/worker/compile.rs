@@ -60,7 +60,7 @@ impl Compiler for WorkerPool {
 /// not run: a candidate that passes them some other way only waits for headers it then does not use.
 /// A C++-only extension does not wait: without torch's CUDA headers its build is short, and a header
 /// would not pay for the wait.
-pub(crate) fn cuda_build_with_default_flags(code: &str) -> bool {
+fn cuda_build_with_default_flags(code: &str) -> bool {
     const FLAG_ARGUMENTS: [&str; 4] = [
         "extra_cflags",
         "extra_cuda_cflags",
