@@ -109,20 +109,29 @@ struct InLine<'a> {
     seq: u64,
 }
 
+impl<'a> InLine<'a> {
+    /// Leave the line: the turn when this build was given it (under the line's lock), to hand on
+    /// once it has its place on the gate; none when it was still waiting (it is taken out).
+    fn leave(&mut self) -> Option<Turn<'a>> {
+        let turn = self.turn.take()?;
+        let was_waiting = {
+            let mut line = turn.warm.lock();
+            let at = line.waiting.iter().position(|w| w.seq == self.seq);
+            at.map(|i| line.waiting.swap_remove(i)).is_some()
+        };
+        if was_waiting {
+            // Never given the turn: nothing to hand on.
+            std::mem::forget(turn);
+            return None;
+        }
+        Some(turn)
+    }
+}
+
 impl Drop for InLine<'_> {
     fn drop(&mut self) {
-        if let Some(turn) = self.turn.take() {
-            let was_waiting = {
-                let mut line = turn.warm.lock();
-                let at = line.waiting.iter().position(|w| w.seq == self.seq);
-                at.map(|i| line.waiting.swap_remove(i)).is_some()
-            };
-            if was_waiting {
-                // Never given the turn: nothing to hand on.
-                std::mem::forget(turn);
-            }
-            // Else it was given the turn (under that lock): `turn` hands it on as it drops.
-        }
+        // A turn given meanwhile is handed on as it drops here.
+        drop(self.leave());
     }
 }
 
@@ -218,23 +227,7 @@ impl HeaderWarm {
         // Given the turn, or past the longest wait: either way this build goes on (leaving the
         // line, or handing the turn on once it has its place on the gate).
         let _ = tokio::time::timeout(WARM_WAIT, woken).await;
-        let turn = {
-            let mut line = self.lock();
-            let still_waiting = line.waiting.iter().position(|w| w.seq == seq);
-            if let Some(i) = still_waiting {
-                line.waiting.swap_remove(i);
-            }
-            drop(line);
-            let turn = place.turn.take();
-            match (still_waiting, turn) {
-                (None, Some(turn)) => Some(turn),
-                (_, turn) => {
-                    // Timed out in line: it never had the turn.
-                    std::mem::forget(turn);
-                    None
-                }
-            }
-        };
+        let turn = place.leave();
         in_turn(gate, turn).await
     }
 }
